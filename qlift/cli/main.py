@@ -1,0 +1,102 @@
+"""Entry point: global options, lazy command registry, and the one error handler."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import platform
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from qlift import __version__
+from qlift.cli.output import STATE, configure_logging
+from qlift.errors import INTERNAL_ERROR_EXIT, QliftError, exit_code_for
+from qlift.settings import debug_enabled
+
+# name -> (module, attribute, one-line summary). Summaries live here so that
+# `qlift --help` imports no command module, and so no torch or vLLM.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "inspect": ("qlift.cli.inspect", "inspect_cmd", "Describe a model directory: shape, size, dtype, lineage."),
+    "import-gguf": ("qlift.cli.import_gguf", "import_gguf_cmd", "Convert a GGUF checkpoint (or the built-in SmolLM2) to safetensors."),
+}
+
+EPILOG = """\b
+Examples:
+  qlift import-gguf --builtin smollm2 -o smollm2     # the embedded default model
+  qlift inspect smollm2 --json
+"""
+
+
+class QliftGroup(click.Group):
+    """Loads command modules on first use and maps every error to one line + exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module, attr, _ = entry
+        cmd: click.Command = getattr(importlib.import_module(module), attr)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except QliftError as exc:
+            _report(exc, f"error: {exc.one_line()}")
+            ctx.exit(exit_code_for(exc))
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # a bug in qlift or a library: say so, keep it short
+            _report(
+                exc,
+                f"internal error: {type(exc).__name__}: {exc} "
+                "(rerun with --debug for the traceback and report it)",
+            )
+            ctx.exit(INTERNAL_ERROR_EXIT)
+
+
+def _report(exc: BaseException, line: str) -> None:
+    if STATE.debug:
+        traceback.print_exception(exc, file=sys.stderr)
+        click.echo(f"qlift {__version__}, Python {platform.python_version()}", err=True)
+    click.echo(line, err=True)
+
+
+@click.group(cls=QliftGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="qlift")
+@click.option("--json", "json_", is_flag=True, help="Machine-readable result on stdout; logs on stderr.")
+@click.option("-v", "--verbose", count=True, help="More log output (repeatable).")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors; no progress bars.")
+@click.option("--debug", is_flag=True, envvar="QLIFT_DEBUG", help="Show tracebacks (also QLIFT_DEBUG=1).")
+def cli(json_: bool, verbose: int, quiet: bool, debug: bool) -> None:
+    """qlift: take a fine-tuned LLM checkpoint from the hub to production traffic.
+
+    Download, merge, quantize, evaluate, serve and promote Qwen2.5-class models on vLLM.
+    """
+    from qlift import progress
+
+    STATE.json = json_
+    STATE.verbose = verbose
+    STATE.quiet = quiet
+    STATE.debug = debug or debug_enabled()
+    progress.set_enabled(not quiet)
+    configure_logging()
+
+
+def main() -> None:
+    logging.captureWarnings(True)
+    cli(prog_name="qlift")

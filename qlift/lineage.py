@@ -1,0 +1,158 @@
+"""The lineage manifest ``qlift.json`` that every stage writes into its output.
+
+It records what was done (operation, parameters, qlift version, times), to what
+(inputs with a content hash), what came out (every file's size and sha256) and the
+manifests of the inputs themselves, so a served model can be traced back to the hub
+commit it started from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from qlift import __version__
+from qlift.fsutil import sha256_file
+
+MANIFEST_NAME = "qlift.json"
+SCHEMA_VERSION = 1
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class FileRecord:
+    size: int
+    sha256: str
+    mtime_ns: int = 0
+
+
+@dataclass
+class InputRef:
+    role: str
+    path: str
+    content_hash: str
+
+
+@dataclass
+class Manifest:
+    operation: str
+    parameters: dict[str, Any]
+    inputs: list[InputRef]
+    outputs: dict[str, FileRecord]
+    parents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started_at: str = field(default_factory=utc_now)
+    finished_at: str = field(default_factory=utc_now)
+    qlift_version: str = __version__
+    python: str = field(default_factory=platform.python_version)
+    schema: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any] | None:
+    p = Path(model_dir) / MANIFEST_NAME
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def hash_files(
+    root: Path, known: dict[str, dict[str, Any]] | None = None
+) -> dict[str, FileRecord]:
+    """sha256 of every file under ``root`` except the manifest.
+
+    ``known`` (records from an earlier manifest) is reused for files whose size and
+    mtime still match, so hashing an unchanged multi-GB input costs nothing.
+    """
+    known = known or {}
+    records: dict[str, FileRecord] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not p.is_file() or rel == MANIFEST_NAME:
+            continue
+        st = p.stat()
+        prev = known.get(rel)
+        if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+            records[rel] = FileRecord(st.st_size, prev["sha256"], st.st_mtime_ns)
+        else:
+            records[rel] = FileRecord(st.st_size, sha256_file(p), st.st_mtime_ns)
+    return records
+
+
+def content_hash(records: dict[str, FileRecord]) -> str:
+    """One digest over (path, size, sha256) of every file: the identity of a directory."""
+    h = hashlib.sha256()
+    for rel in sorted(records):
+        r = records[rel]
+        h.update(f"{rel}\0{r.size}\0{r.sha256}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def describe_input(role: str, path: Path) -> tuple[InputRef, dict[str, Any] | None]:
+    """Content-hash an input file or directory and return its manifest, if it has one."""
+    path = Path(path)
+    if path.is_file():
+        rec = FileRecord(path.stat().st_size, sha256_file(path))
+        return InputRef(role, str(path.resolve()), "sha256:" + rec.sha256), None
+    parent = read_manifest(path)
+    known = parent.get("outputs") if parent else None
+    records = hash_files(path, known)
+    return InputRef(role, str(path.resolve()), content_hash(records)), parent
+
+
+def write_manifest(
+    out_dir: Path,
+    *,
+    operation: str,
+    inputs: dict[str, Path],
+    parameters: dict[str, Any],
+    started_at: str,
+) -> Manifest:
+    """Hash ``out_dir`` and its inputs and write ``out_dir/qlift.json``.
+
+    Call it last, once every other output file is in place.
+    """
+    refs: list[InputRef] = []
+    parents: dict[str, dict[str, Any]] = {}
+    for role, path in inputs.items():
+        ref, parent = describe_input(role, path)
+        refs.append(ref)
+        if parent is not None:
+            parents[role] = parent
+    manifest = Manifest(
+        operation=operation,
+        parameters=parameters,
+        inputs=refs,
+        outputs=hash_files(Path(out_dir)),
+        parents=parents,
+        started_at=started_at,
+    )
+    tmp = Path(out_dir) / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, Path(out_dir) / MANIFEST_NAME)
+    return manifest
+
+
+def lineage_chain(manifest: dict[str, Any] | None) -> list[str]:
+    """Operations from the oldest ancestor to ``manifest``, following the first parent."""
+    chain: list[str] = []
+    node = manifest
+    while node:
+        chain.append(str(node.get("operation", "?")))
+        parents = node.get("parents") or {}
+        node = next(iter(parents.values()), None)
+    return list(reversed(chain))

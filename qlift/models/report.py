@@ -1,0 +1,76 @@
+"""``qlift inspect``: a summary of a model directory, computed from headers only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift.lineage import lineage_chain, read_manifest
+from qlift.models.modeldir import ModelDir
+
+
+@dataclass
+class ModelReport:
+    path: str
+    architecture: str
+    model_type: str | None
+    parameters: int
+    weight_dtypes: dict[str, int]
+    config_dtype: str | None
+    size_on_disk: int
+    shards: list[str]
+    tied_embeddings: bool
+    vocab_size: int | None
+    tokenizer_length: int | None
+    hidden_size: int | None
+    num_layers: int | None
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    max_position_embeddings: int | None
+    has_chat_template: bool
+    quantization: dict[str, Any] | None
+    lineage: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def inspect_model(path: Path | str) -> ModelReport:
+    md = ModelDir.open(path)
+    md.require_weights(allow_pickle=True)
+    tc = md.text_config
+    warnings: list[str] = []
+    vocab, tok_len = md.vocab_size, md.tokenizer_length
+    if vocab is not None and tok_len is not None and tok_len > vocab:
+        warnings.append(
+            f"tokenizer has {tok_len} tokens but the embedding has only {vocab} rows: "
+            "token ids past the last row will crash the model"
+        )
+    if not md.chat_template:
+        warnings.append("no chat template: chat completions will fail on vLLM")
+    if md.pickle_files and not md.safetensors_files:
+        warnings.append("weights are pickle files only; qlift reads safetensors headers")
+    manifest = read_manifest(md.path)
+    return ModelReport(
+        path=str(md.path.resolve()),
+        architecture=md.architecture,
+        model_type=md.config.get("model_type"),
+        parameters=md.parameter_count,
+        weight_dtypes=md.weight_dtypes,
+        config_dtype=md.torch_dtype,
+        size_on_disk=md.size_on_disk,
+        shards=[p.name for p in md.safetensors_files],
+        tied_embeddings=md.tie_word_embeddings,
+        vocab_size=vocab,
+        tokenizer_length=tok_len,
+        hidden_size=tc.get("hidden_size"),
+        num_layers=tc.get("num_hidden_layers"),
+        num_attention_heads=tc.get("num_attention_heads"),
+        num_key_value_heads=tc.get("num_key_value_heads", tc.get("num_attention_heads")),
+        max_position_embeddings=tc.get("max_position_embeddings"),
+        has_chat_template=md.chat_template is not None,
+        quantization=md.quantization_config,
+        lineage=lineage_chain(manifest),
+        manifest=manifest,
+        warnings=warnings,
+    )

@@ -1,0 +1,1 @@
+"""Serving: vLLM processes, recipes, memory plans."""

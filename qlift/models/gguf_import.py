@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from qlift import progress
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
 from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, sha256_file
 from qlift.lineage import utc_now, write_manifest
@@ -71,6 +72,10 @@ def import_gguf(gguf: Path, out: Path, *, force: bool = False) -> ImportResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    if not progress.enabled():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     log.info("reading %s (dequantizing, ~20 s)", gguf.name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

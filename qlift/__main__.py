@@ -1,0 +1,3 @@
+from qlift.cli import main
+
+main()

@@ -22,6 +22,11 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else qlift_home() / "cache"
 
 
+def tool_envs_dir() -> Path:
+    """Managed tool environments (llm-compressor's, ...), keyed by spec hash, in the cache dir."""
+    return cache_dir() / "envs"
+
+
 def debug_enabled() -> bool:
     return os.environ.get("QLIFT_DEBUG", "").lower() in {"1", "true", "yes"}
 

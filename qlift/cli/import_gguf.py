@@ -12,7 +12,10 @@ from qlift.cli.output import emit, json_option
 @click.command("import-gguf")
 @click.argument("gguf_file", required=False, type=click.Path(path_type=Path))
 @click.option("--builtin", type=click.Choice(["smollm2"]), help="Use a model shipped in an installed package.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (default for --builtin: print the cached copy).")
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path),
+    help="Output directory (with --builtin and no -o: print the path of the cached copy).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @json_option
 def import_gguf_cmd(gguf_file: Path | None, builtin: str | None, output: Path | None, force: bool) -> None:

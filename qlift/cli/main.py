@@ -20,7 +20,7 @@ from qlift.settings import debug_enabled
 # `qlift --help` imports no command module, and so no torch or vLLM.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("qlift.cli.inspect", "inspect_cmd", "Describe a model directory: shape, size, dtype, lineage."),
-    "import-gguf": ("qlift.cli.import_gguf", "import_gguf_cmd", "Convert a GGUF checkpoint (or the built-in SmolLM2) to safetensors."),
+    "import-gguf": ("qlift.cli.import_gguf", "import_gguf_cmd", "GGUF (or the built-in SmolLM2) to safetensors."),
 }
 
 EPILOG = """\b
@@ -34,18 +34,21 @@ class QliftGroup(click.Group):
     """Loads command modules on first use and maps every error to one line + exit code."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(set(COMMANDS) | set(self.commands))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         entry = COMMANDS.get(cmd_name)
         if entry is None:
-            return None
+            return super().get_command(ctx, cmd_name)
         module, attr, _ = entry
         cmd: click.Command = getattr(importlib.import_module(module), attr)
         return cmd
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        rows = [
+            (name, COMMANDS[name][2] if name in COMMANDS else self.commands[name].get_short_help_str())
+            for name in self.list_commands(ctx)
+        ]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

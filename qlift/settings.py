@@ -34,3 +34,9 @@ def debug_enabled() -> bool:
 def vllm_python() -> str | None:
     """Python interpreter that has vLLM installed, when it is not the current one."""
     return os.environ.get("QLIFT_VLLM_PYTHON") or None
+
+
+def recipes_dir_override() -> Path | None:
+    """Directory of serving recipes (*.yaml) to use instead of the shipped ones (QLIFT_RECIPES_DIR)."""
+    env = os.environ.get("QLIFT_RECIPES_DIR")
+    return Path(env).expanduser() if env else None

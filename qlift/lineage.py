@@ -71,14 +71,17 @@ def read_manifest(model_dir: Path) -> dict[str, Any] | None:
 
 
 def hash_files(
-    root: Path, known: dict[str, dict[str, Any]] | None = None
+    root: Path, known: dict[str, dict[str, Any]] | None = None, precomputed: dict[str, str] | None = None
 ) -> dict[str, FileRecord]:
     """sha256 of every file under ``root`` except the manifest.
 
     ``known`` (records from an earlier manifest) is reused for files whose size and
     mtime still match, so hashing an unchanged multi-GB input costs nothing.
+    ``precomputed`` maps resolved file paths to sha256 hex digests the caller already
+    computed while streaming the bytes (e.g. merge), so they are not read again.
     """
     known = known or {}
+    precomputed = precomputed or {}
     records: dict[str, FileRecord] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
@@ -86,7 +89,10 @@ def hash_files(
             continue
         st = p.stat()
         prev = known.get(rel)
-        if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+        pre = precomputed.get(str(p.resolve()))
+        if pre:
+            records[rel] = FileRecord(st.st_size, pre, st.st_mtime_ns)
+        elif prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
             records[rel] = FileRecord(st.st_size, prev["sha256"], st.st_mtime_ns)
         else:
             records[rel] = FileRecord(st.st_size, sha256_file(p), st.st_mtime_ns)
@@ -102,7 +108,9 @@ def content_hash(records: dict[str, FileRecord]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def describe_input(role: str, path: Path) -> tuple[InputRef, dict[str, Any] | None]:
+def describe_input(
+    role: str, path: Path, precomputed: dict[str, str] | None = None
+) -> tuple[InputRef, dict[str, Any] | None]:
     """Content-hash an input file or directory and return its manifest, if it has one."""
     path = Path(path)
     if path.is_file():
@@ -110,7 +118,7 @@ def describe_input(role: str, path: Path) -> tuple[InputRef, dict[str, Any] | No
         return InputRef(role, str(path.resolve()), "sha256:" + rec.sha256), None
     parent = read_manifest(path)
     known = parent.get("outputs") if parent else None
-    records = hash_files(path, known)
+    records = hash_files(path, known, precomputed)
     return InputRef(role, str(path.resolve()), content_hash(records)), parent
 
 
@@ -121,15 +129,16 @@ def write_manifest(
     inputs: dict[str, Path],
     parameters: dict[str, Any],
     started_at: str,
+    precomputed: dict[str, str] | None = None,
 ) -> Manifest:
     """Hash ``out_dir`` and its inputs and write ``out_dir/qlift.json``.
 
-    Call it last, once every other output file is in place.
+    Call it last, once every other output file is in place. ``precomputed``: see hash_files.
     """
     refs: list[InputRef] = []
     parents: dict[str, dict[str, Any]] = {}
     for role, path in inputs.items():
-        ref, parent = describe_input(role, path)
+        ref, parent = describe_input(role, path, precomputed)
         refs.append(ref)
         if parent is not None:
             parents[role] = parent
@@ -137,7 +146,7 @@ def write_manifest(
         operation=operation,
         parameters=parameters,
         inputs=refs,
-        outputs=hash_files(Path(out_dir)),
+        outputs=hash_files(Path(out_dir), precomputed=precomputed),
         parents=parents,
         started_at=started_at,
     )

@@ -21,6 +21,7 @@ from qlift.settings import debug_enabled
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("qlift.cli.inspect", "inspect_cmd", "Describe a model directory: shape, size, dtype, lineage."),
     "import-gguf": ("qlift.cli.import_gguf", "import_gguf_cmd", "GGUF (or the built-in SmolLM2) to safetensors."),
+    "merge": ("qlift.cli.merge", "merge_cmd", "Merge LoRA adapters into a base model, shard by shard, exact to peft."),
 }
 
 EPILOG = """\b

@@ -1,0 +1,67 @@
+"""qlift merge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from qlift.cli.output import emit, human_bytes, json_option
+
+
+@click.command("merge")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("adapters", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Output model directory.")
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default="auto", show_default=True,
+              help="Dtype of the merged weights (auto: keep the base's).")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 2GiB.")
+@click.option("--device", default="cpu", show_default=True, help="Where deltas are computed: cpu or cuda.")
+@click.option("--verify/--no-verify", default=None,
+              help="Compare logits with peft on a few chat prompts [default: on under 2B parameters].")
+@click.option("--tolerance", type=float, default=0.02, show_default=True,
+              help="--verify fails above this max |logit delta| relative to the largest logit.")
+@click.option("--strict", is_flag=True, help="Fail (not warn) when an adapter names a different base model.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--allow-pickle", is_flag=True, help="Accept adapter_model.bin (pickle) from a trusted source.")
+@json_option
+def merge_cmd(
+    base: Path, adapters: tuple[Path, ...], output: Path, dtype: str, max_shard_size: str, device: str,
+    verify: bool | None, tolerance: float, strict: bool, force: bool, allow_pickle: bool,
+) -> None:
+    """Merge LoRA ADAPTERS into the BASE model, one shard at a time.
+
+    The arithmetic is peft's merge_and_unload (DoRA, rsLoRA, rank/alpha patterns,
+    lora_bias, modules_to_save, trainable tokens, embedding LoRA), computed in fp32;
+    several adapters apply in the order given. The output has config, tokenizer
+    (from the adapter when it saved one), chat template, generation config, an index
+    and a qlift.json lineage manifest. Nothing is written when a check fails.
+
+    \b
+    Examples:
+      qlift merge ./Qwen2.5-1.5B-Instruct ./my-lora -o ./merged
+      qlift merge ./base ./sft-lora ./dpo-lora -o ./merged --dtype bf16 --max-shard-size 2GB
+      qlift merge ./base ./lora -o ./merged --no-verify --device cuda --json
+    """
+    from qlift.merge import merge_model
+
+    r = merge_model(
+        base=base, adapters=list(adapters), out=output, dtype=dtype, max_shard_size=max_shard_size, device=device,
+        verify=verify, tolerance=tolerance, force=force, allow_pickle=allow_pickle, strict=strict,
+    )
+
+    def human() -> None:
+        click.echo(f"wrote {r.output}: {len(r.shards)} shard(s), {r.tensors} tensors "
+                   f"({r.modified_tensors} changed by {r.adapter_modules} adapter modules), {r.dtype}")
+        tie = "tied" if r.tie_word_embeddings else "untied"
+        click.echo(f"vocab {r.vocab_size} rows, {tie} embeddings, tokenizer from {r.tokenizer_from}")
+        click.echo(f"{r.wall_s:.1f} s, read {human_bytes(r.bytes_read)}, wrote {human_bytes(r.bytes_written)}, "
+                   f"peak RSS {human_bytes(r.peak_rss_bytes)}")
+        if r.verify is not None:
+            v = r.verify
+            click.echo(f"verify: max |logit delta| {v.max_abs_logit_delta:.3g} ({v.relative_delta:.3%}), "
+                       f"greedy agreement {v.greedy_agreement:.1%} over {v.tokens} tokens")
+        for n in r.notes:
+            click.echo(f"note: {n}", err=True)
+
+    emit(r, human)

@@ -1,0 +1,103 @@
+"""The merge arithmetic, step for step as peft's ``merge`` does it.
+
+Deltas are computed in fp32 (peft upcasts bf16/fp16 adapter weights on load) and
+the result is cast back to the working dtype after each adapter, as peft's in-place
+``weight.data += delta`` does. Each step mirrors the peft expression it names, so
+results match ``merge_and_unload`` bit for bit where the operations are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from qlift.merge.adapter import LoraModule
+
+
+@dataclass
+class Replace:
+    """A full tensor from the adapter (modules_to_save, saved embedding layers)."""
+
+    tensor: torch.Tensor
+    adapter: int
+
+
+@dataclass
+class Lora:
+    lm: LoraModule
+    fan_in_fan_out: bool
+    adapter: int
+
+
+@dataclass
+class BiasAdd:
+    """lora_bias: the B layer's bias times the scale, added to the base bias."""
+
+    bias: torch.Tensor
+    scale: float
+    adapter: int
+
+
+@dataclass
+class Tokens:
+    """trainable_token_indices: rows of the embedding replaced by the trained ones."""
+
+    ids: list[int]
+    rows: torch.Tensor
+    adapter: int
+
+
+Step = Replace | Lora | BiasAdd | Tokens
+
+
+def _t(x: torch.Tensor, fan_in_fan_out: bool) -> torch.Tensor:
+    return x.T if fan_in_fan_out else x
+
+
+def delta_weight(step: Lora, device: torch.device) -> torch.Tensor:
+    """peft's get_delta_weight, in fp32."""
+    lm = step.lm
+    assert lm.A is not None and lm.B is not None
+    a = lm.A.to(device=device, dtype=_f32())
+    b = lm.B.to(device=device, dtype=_f32())
+    if lm.embedding:  # lora.Embedding: transpose(B @ A, True) * scaling
+        return (b @ a).T * lm.scale
+    return _t(b @ a, step.fan_in_fan_out) * lm.scale
+
+
+def _f32() -> torch.dtype:
+    import torch
+
+    return torch.float32
+
+
+def apply_step(w: torch.Tensor, step: Step, device: torch.device) -> torch.Tensor:
+    """One adapter step on ``w`` (working dtype, on ``device``); returns the new tensor."""
+    import torch
+
+    dtype = w.dtype
+    if isinstance(step, Replace):
+        return step.tensor.to(device=device, dtype=dtype)
+    if isinstance(step, BiasAdd):
+        return (w + step.bias.to(device=device, dtype=torch.float32) * step.scale).to(dtype)
+    if isinstance(step, Tokens):
+        idx = torch.tensor(step.ids, device=device)
+        return w.index_copy(0, idx, step.rows.to(w))
+    delta = delta_weight(step, device)
+    lm = step.lm
+    if lm.magnitude is None:
+        if lm.embedding:  # lora.Embedding.merge: weight += delta.to(orig_dtype)
+            return w + delta.to(dtype)
+        return (w + delta).to(dtype)  # lora.Linear.merge: weight.data += delta (fp32 maths)
+    # DoRA (DoraLinearVariant / DoraEmbeddingVariant.merge_unsafe); the embedding
+    # variant is a DoRA layer with fan_in_fan_out=True.
+    fif = True if lm.embedding else step.fan_in_fan_out
+    lora_weight = delta.T if lm.embedding else _t(delta, step.fan_in_fan_out)
+    norm_in = _t(w, fif) + 1 * lora_weight
+    weight_norm = torch.linalg.norm(norm_in, dim=1).to(norm_in.dtype)
+    factor = lm.magnitude.to(device=device, dtype=torch.float32) / weight_norm
+    factor = _t(factor.view(-1, 1), fif)
+    return (factor * (w + delta)).to(dtype)

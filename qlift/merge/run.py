@@ -1,0 +1,211 @@
+"""merge_model: validate, plan, stream the shards, carry the serving files, verify, record lineage."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import resource
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import BadInputError, GateFailedError, IncompatibleError
+from qlift.fsutil import atomic_output_dir, check_output_path
+from qlift.lineage import read_manifest, utc_now, write_manifest
+from qlift.merge.adapter import Adapter, load_adapter
+from qlift.merge.plan import Plan, build_plan, updated_config
+from qlift.merge.verify import VerifyResult
+from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bf16": ("BF16", "bfloat16"), "fp16": ("F16", "float16"), "fp32": ("F32", "float32")}
+_ST_TO_NAME = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+VERIFY_MAX_PARAMS = 2_000_000_000
+DEFAULT_TOLERANCE = 0.02
+
+
+@dataclass
+class MergeResult:
+    output: Path
+    base: Path
+    adapters: list[Path]
+    dtype: str
+    shards: list[str]
+    tensors: int
+    modified_tensors: int
+    adapter_modules: int
+    vocab_size: int | None
+    tie_word_embeddings: bool
+    bytes_read: int
+    bytes_written: int
+    total_size: int
+    wall_s: float
+    peak_rss_bytes: int
+    tokenizer_from: Path
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    verify: VerifyResult | None = None
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB', '1000000' -> bytes (decimal units as Hugging Face uses)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", text.upper())
+    if not m:
+        raise BadInputError(f"cannot read size {text!r}", field="--max-shard-size",
+                            hint="Write it like 5GB, 500MB or 2GiB.")
+    unit = m.group(2).rstrip("B") or ""
+    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
+    mult = (1024 if unit.endswith("I") else 1000) ** power
+    size = int(float(m.group(1)) * mult)
+    if size <= 0:
+        raise BadInputError("size must be positive", field="--max-shard-size", hint="Write it like 5GB.")
+    return size
+
+
+def _base_matches(adapter: Adapter, base: ModelDir) -> bool:
+    name = adapter.base_name
+    if not name:
+        return True
+    if (Path(name).expanduser().exists() and Path(name).expanduser().resolve() == base.path.resolve()) or \
+            name.rstrip("/").rsplit("/", 1)[-1] == base.path.resolve().name:
+        return True
+    manifest = read_manifest(base.path)
+    return bool(manifest and name in json.dumps(manifest))
+
+
+def _tokenizer_source(base: ModelDir, adapters: list[Adapter]) -> Path:
+    for a in reversed(adapters):  # a fine-tune that changed its tokenizer saves it beside the adapter
+        if any((a.path / n).is_file() for n in TOKENIZER_FILES):
+            return a.path
+    return base.path
+
+
+def _carry_files(base: ModelDir, adapters: list[Adapter], tok_dir: Path, out: Path) -> None:
+    for n in TOKENIZER_FILES:
+        if (tok_dir / n).is_file():
+            shutil.copyfile(tok_dir / n, out / n)
+    gen = next((a.path / GENERATION_CONFIG for a in reversed(adapters) if (a.path / GENERATION_CONFIG).is_file()),
+               base.path / GENERATION_CONFIG)
+    if gen.is_file():
+        shutil.copyfile(gen, out / GENERATION_CONFIG)
+
+
+def _check_base(base: ModelDir) -> None:
+    if base.quantization_config:
+        method = base.quantization_config.get("quant_method", "quantized")
+        raise IncompatibleError(f"base model {base.path} is {method}-quantized; LoRA merges need full weights",
+                                hint="Merge into the unquantized base, then quantize the merged model.")
+    if not base.safetensors_files:
+        if base.pickle_files:
+            raise IncompatibleError(f"base model {base.path} has only pickle weights; merge streams safetensors",
+                                    hint="Convert the base to safetensors first.")
+        base.require_weights()
+
+
+def _dtype(base: ModelDir, dtype: str) -> tuple[str | None, str]:
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    if dtype != "auto":
+        raise BadInputError(f"unknown dtype {dtype!r}", field="--dtype", hint="Use auto, bf16, fp16 or fp32.")
+    name = base.torch_dtype
+    if not name:
+        counts = {k: v for k, v in base.weight_dtypes.items() if k in _ST_TO_NAME}
+        name = _ST_TO_NAME[max(counts, key=counts.__getitem__)] if counts else "float32"
+    return None, str(name)
+
+
+def merge_model(
+    *,
+    base: Path,
+    adapters: list[Path],
+    out: Path,
+    dtype: str = "auto",
+    max_shard_size: str = "5GB",
+    device: str = "cpu",
+    verify: bool | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    force: bool = False,
+    allow_pickle: bool = False,
+    strict: bool = False,
+) -> MergeResult:
+    """Merge LoRA ``adapters`` (in order) into ``base`` and write the merged model to ``out``."""
+    t0 = time.perf_counter()
+    started = utc_now()
+    if not adapters:
+        raise BadInputError("no adapter given", hint="Pass at least one adapter directory after BASE.")
+    out = Path(out)
+    check_output_path(out, force=force)
+    shard_bytes = parse_size(max_shard_size)
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise BadInputError(f"unknown device {device!r}", field="--device", hint="Use cpu or cuda.")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise IncompatibleError("--device cuda was given but torch sees no CUDA GPU", hint="Use --device cpu.")
+    mdir = ModelDir.open(base)
+    _check_base(mdir)
+    st_dtype, dtype_name = _dtype(mdir, dtype)
+    loaded = [load_adapter(Path(a), allow_pickle=allow_pickle) for a in adapters]
+    warnings: list[str] = []
+    for a in loaded:
+        if not _base_matches(a, mdir):
+            msg = f"adapter {a.path} was trained on {a.base_name!r}, not obviously {mdir.path}"
+            if strict:
+                raise IncompatibleError(msg, hint="Pass the matching base, or drop --strict to merge anyway.")
+            warnings.append(msg)
+            log.warning(msg)
+    plan = build_plan(mdir, loaded, out_dtype=st_dtype)
+    tok_dir = _tokenizer_source(mdir, loaded)
+    tok_len = ModelDir(tok_dir).tokenizer_length
+    if plan.vocab_rows is not None and tok_len is not None and tok_len > plan.vocab_rows:
+        raise IncompatibleError(
+            f"the tokenizer in {tok_dir} has {tok_len} tokens but the merged embeddings only {plan.vocab_rows} rows",
+            hint="The adapter must save its resized embeddings (peft save_embedding_layers=True).")
+    if verify is None:
+        verify = mdir.parameter_count < VERIFY_MAX_PARAMS
+    files = sorted(mdir.tensors_by_file())
+    with atomic_output_dir(out, force=force) as tmp:
+        from qlift.merge.writer import write_shards
+
+        written = write_shards(plan, base_dir=mdir.path, base_files=files, out_dir=tmp,
+                               max_shard_bytes=shard_bytes, device=device)
+        config = updated_config(mdir.config, plan, dtype_name)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        index = {"metadata": {"total_size": written.total_size}, "weight_map": dict(sorted(written.weight_map.items()))}
+        (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        _carry_files(mdir, loaded, tok_dir, tmp)
+        checked = _verify(mdir, loaded, plan, tmp, tolerance) if verify else None
+        inputs: dict[str, Path] = {"base": mdir.path}
+        inputs.update({f"adapter{i + 1}" if len(loaded) > 1 else "adapter": a.path for i, a in enumerate(loaded)})
+        params: dict[str, Any] = {"dtype": dtype_name, "max_shard_size": max_shard_size, "device": device,
+                                  "adapters": [str(a.path) for a in loaded], "verify": bool(verify)}
+        write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
+                       precomputed=written.hashes)
+    return MergeResult(
+        output=out, base=mdir.path, adapters=[a.path for a in loaded], dtype=dtype_name, shards=written.files,
+        tensors=len(plan.entries), modified_tensors=written.modified, adapter_modules=plan.targets,
+        vocab_size=plan.vocab_rows, tie_word_embeddings=mdir.tie_word_embeddings and not plan.untied,
+        bytes_read=written.bytes_read, bytes_written=written.bytes_written, total_size=written.total_size,
+        wall_s=time.perf_counter() - t0,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, tokenizer_from=tok_dir,
+        notes=plan.notes, warnings=warnings, verify=checked,
+    )
+
+
+def _verify(mdir: ModelDir, loaded: list[Adapter], plan: Plan, merged: Path, tolerance: float) -> VerifyResult:
+    from qlift.merge.verify import verify_merge
+
+    ref_merged = bool(plan.tied and plan.embed_name and plan.entries[plan.embed_name].steps)
+    r = verify_merge(base=mdir.path, adapters=[a.path for a in loaded], merged=merged, tolerance=tolerance,
+                     reference_merged=ref_merged)
+    if not r.passed:
+        raise GateFailedError(
+            f"merged logits differ from peft's by {r.max_abs_logit_delta:.4g} "
+            f"({r.relative_delta:.2%} of the largest logit, tolerance {tolerance:.2%}); nothing was written",
+            hint="Check the adapter and base match, or rerun with --no-verify to keep the output anyway.")
+    return r

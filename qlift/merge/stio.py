@@ -1,0 +1,171 @@
+"""Streaming safetensors I/O: read shards in file order and write shards tensor by tensor.
+
+safetensors' ``save_file`` needs every tensor of a shard in memory at once; writing
+the header first (every shape is known from the plan) lets the merge hold one tensor
+at a time, copy untouched tensors as raw bytes, and hash inputs and outputs on a
+second core while the bytes pass through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from qlift.errors import BadInputError
+
+CHUNK = 16 * 1024 * 1024
+ALIGN = 8  # safetensors pads the header so the data section starts 8-byte aligned
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """Where one tensor's bytes sit inside a safetensors file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute file offsets
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def read_layout(path: Path) -> list[RawTensor]:
+    """Tensors of one safetensors file in the order their bytes appear."""
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, struct.error) as exc:
+        raise BadInputError(f"not a readable safetensors file ({exc})", path=path,
+                            hint="Re-download or re-export the checkpoint.") from exc
+    header.pop("__metadata__", None)
+    base = 8 + n
+    out = [
+        RawTensor(name, e["dtype"], tuple(e["shape"]), base + e["data_offsets"][0], base + e["data_offsets"][1])
+        for name, e in header.items()
+    ]
+    return sorted(out, key=lambda t: t.start)
+
+
+class Hasher:
+    """sha256 of several byte streams, computed on a background thread.
+
+    hashlib releases the GIL on large buffers, so hashing overlaps the main thread's
+    reads, writes and tensor maths. Callers must not mutate a buffer after ``feed``.
+    """
+
+    def __init__(self, depth: int = 8) -> None:
+        self._q: queue.Queue[tuple[Any, Any] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="qlift-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            h, data = item
+            try:
+                h.update(data)
+            except BaseException as exc:  # surfaced by close()
+                self._error = exc
+
+    def feed(self, h: Any, data: Any) -> None:
+        self._q.put((h, data))
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+class ShardReader:
+    """Reads one safetensors file front to back, hashing every byte it reads."""
+
+    def __init__(self, path: Path, hasher: Hasher) -> None:
+        self.path = path
+        self.sha = hashlib.sha256()
+        self._hasher = hasher
+        self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in finish()
+        self._pos = 0
+        self.bytes_read = 0
+
+    def _read(self, n: int) -> bytes:
+        data = self._fh.read(n)
+        if len(data) != n:
+            raise BadInputError(f"file ends early (wanted {n} bytes at offset {self._pos})", path=self.path,
+                                hint="Re-download the checkpoint.")
+        self._pos += n
+        self.bytes_read += n
+        self._hasher.feed(self.sha, data)
+        return data
+
+    def _skip_to(self, offset: int) -> None:
+        while self._pos < offset:
+            self._read(min(CHUNK, offset - self._pos))
+
+    def chunks(self, t: RawTensor) -> Iterator[bytes]:
+        self._skip_to(t.start)
+        left = t.nbytes
+        while left:
+            data = self._read(min(CHUNK, left))
+            left -= len(data)
+            yield data
+
+    def read(self, t: RawTensor) -> bytearray:
+        buf = bytearray(t.nbytes)
+        view = memoryview(buf)
+        pos = 0
+        for data in self.chunks(t):
+            view[pos:pos + len(data)] = data
+            pos += len(data)
+        return buf
+
+    def finish(self) -> None:
+        """Read the rest of the file (for its hash) and close it; ``sha`` is final after Hasher.close()."""
+        while data := self._fh.read(CHUNK):
+            self.bytes_read += len(data)
+            self._hasher.feed(self.sha, data)
+        self._fh.close()
+
+
+def header_bytes(entries: list[tuple[str, str, tuple[int, ...], int]]) -> bytes:
+    """A safetensors header for (name, dtype, shape, nbytes) laid out in that order."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape, nbytes in entries:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % ALIGN)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class ShardWriter:
+    """Writes one safetensors file whose header is known up front, hashing as it goes."""
+
+    def __init__(self, path: Path, entries: list[tuple[str, str, tuple[int, ...], int]], hasher: Hasher) -> None:
+        self.path = path
+        self.sha = hashlib.sha256()
+        self._hasher = hasher
+        self._fh: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.bytes_written = 0
+        self.write(header_bytes(entries))
+
+    def write(self, data: Any) -> None:
+        self._fh.write(data)
+        self.bytes_written += memoryview(data).nbytes
+        self._hasher.feed(self.sha, data)
+
+    def close(self) -> None:
+        """Close the file (again is fine); ``sha`` is final after Hasher.close()."""
+        self._fh.close()

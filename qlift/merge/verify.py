@@ -1,0 +1,64 @@
+"""--verify: compare the merged model's logits with peft's base + adapters on a few chat prompts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPTS = (
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "List three prime numbers.",
+)
+
+
+@dataclass
+class VerifyResult:
+    prompts: int
+    tokens: int
+    max_abs_logit_delta: float
+    max_abs_logit: float
+    relative_delta: float
+    greedy_agreement: float
+    tolerance: float
+    passed: bool
+
+
+def verify_merge(
+    *, base: Path, adapters: list[Path], merged: Path, tolerance: float, reference_merged: bool = False
+) -> VerifyResult:
+    """Teacher-forced logits of the merged model against peft, both in fp32.
+
+    The reference applies the adapters in order: all but the last merged with peft's
+    ``merge_and_unload``, the last one live (or merged too when ``reference_merged``:
+    a tied base whose embeddings changed behaves like peft's merge, not its forward).
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(merged)
+    texts = [_render(tok, p) for p in PROMPTS]
+    with torch.inference_mode():
+        model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+        got = [model(**tok(t, return_tensors="pt")).logits[0] for t in texts]
+        del model
+        ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        for i, a in enumerate(adapters):
+            peft_model = PeftModel.from_pretrained(ref_model, a)
+            last = i == len(adapters) - 1
+            ref_model = peft_model if last and not reference_merged else peft_model.merge_and_unload()
+        want = [ref_model(**tok(t, return_tensors="pt")).logits[0] for t in texts]
+    delta = max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True))
+    scale = max(float(w.abs().max()) for w in want) or 1.0
+    agree = sum(int((g.argmax(-1) == w.argmax(-1)).sum()) for g, w in zip(got, want, strict=True))
+    n = sum(g.shape[0] for g in got)
+    rel = delta / scale
+    return VerifyResult(len(texts), n, delta, scale, rel, agree / n, tolerance, rel <= tolerance)
+
+
+def _render(tok, prompt: str) -> str:  # type: ignore[no-untyped-def]
+    if getattr(tok, "chat_template", None):
+        return str(tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                           add_generation_prompt=True))
+    return prompt

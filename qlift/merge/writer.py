@@ -1,0 +1,159 @@
+"""Run a merge plan: read each base shard once, front to back, and write the output shards.
+
+Only one tensor is in memory at a time. Tensors no adapter touches are copied as raw
+bytes. Every byte read or written is hashed on a background thread, so the lineage
+manifest needs no second pass over multi-GB files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qlift.errors import IncompatibleError
+from qlift.merge.maths import apply_step
+from qlift.merge.plan import Entry, Plan
+from qlift.merge.stio import Hasher, RawTensor, ShardReader, ShardWriter, read_layout
+from qlift.progress import bar
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    table = {
+        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+        "BOOL": torch.bool,
+    }
+    if name not in table:
+        raise IncompatibleError(f"tensors of dtype {name} cannot be merged",
+                                hint="Merge into an unquantized (bf16/fp16/fp32) base model.")
+    return table[name]
+
+
+def _nbytes(e: Entry) -> int:
+    n = 1
+    for d in e.shape:
+        n *= d
+    return n * DTYPE_BYTES[e.out_dtype] if e.out_dtype in DTYPE_BYTES else -1
+
+
+@dataclass
+class WriteResult:
+    files: list[str]
+    weight_map: dict[str, str]
+    total_size: int
+    bytes_read: int = 0
+    bytes_written: int = 0
+    modified: int = 0
+    hashes: dict[str, str] = field(default_factory=dict)  # resolved path -> sha256, inputs and outputs
+
+
+def _layout(plan: Plan, base_dir: Path, files: list[str]) -> list[tuple[str, list[tuple[RawTensor, list[Entry]]]]]:
+    by_source = plan.sources()
+    return [(f, [(t, by_source.get(t.name, [])) for t in read_layout(base_dir / f)]) for f in files]
+
+
+def _pack(order: list[Entry], max_bytes: int) -> list[list[Entry]]:
+    shards: list[list[Entry]] = [[]]
+    size = 0
+    for e in order:
+        n = _nbytes(e)
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += n
+    return shards
+
+
+def write_shards(
+    plan: Plan, *, base_dir: Path, base_files: list[str], out_dir: Path, max_shard_bytes: int, device: str = "cpu"
+) -> WriteResult:
+    import torch
+
+    dev = torch.device(device)
+    layout = _layout(plan, base_dir, base_files)
+    order = [e for _, items in layout for _, consumers in items for e in consumers]
+    for e in order:
+        if _nbytes(e) < 0:
+            raise IncompatibleError(f"tensor {e.name} has dtype {e.out_dtype}, which qlift cannot write",
+                                    hint="Merge into an unquantized (bf16/fp16/fp32) base model.")
+    shards = _pack(order, max_shard_bytes)
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    owner = {e.name: i for i, shard in enumerate(shards) for e in shard}
+    result = WriteResult(files=names, weight_map={e.name: names[owner[e.name]] for e in order},
+                         total_size=sum(_nbytes(e) for e in order))
+    hasher = Hasher()
+    readers: list[ShardReader] = []
+    writers: list[ShardWriter] = []
+
+    def writer_for(e: Entry) -> ShardWriter:
+        i = owner[e.name]
+        while len(writers) <= i:
+            if writers:
+                writers[-1].close()
+            shard = shards[len(writers)]
+            meta = [(x.name, x.out_dtype, x.shape, _nbytes(x)) for x in shard]
+            writers.append(ShardWriter(out_dir / names[len(writers)], meta, hasher))
+        return writers[i]
+
+    try:
+        total = sum(len(items) for _, items in layout)
+        flat = ((f, t, c) for f, items in layout for t, c in items)
+        current: str | None = None
+        for f, t, consumers in bar(flat, total=total, desc="merge", unit="tensor"):
+            if f != current:
+                if readers:
+                    readers[-1].finish()
+                readers.append(ShardReader(base_dir / f, hasher))
+                current = f
+            reader = readers[-1]
+            if len(consumers) == 1 and not consumers[0].steps and consumers[0].out_dtype == t.dtype:
+                w = writer_for(consumers[0])
+                for chunk in reader.chunks(t):
+                    w.write(chunk)
+                continue
+            raw = reader.read(t)
+            if not consumers:
+                continue
+            src = _as_tensor(raw, t)
+            for e in consumers:
+                out = _compute(src, e, dev)
+                writer_for(e).write(out.contiguous().view(-1).view(torch.uint8).numpy())
+                result.modified += bool(e.steps)
+        if readers:
+            readers[-1].finish()
+    finally:
+        for w in writers:
+            w.close()
+        hasher.close()
+    for r in readers:
+        result.bytes_read += r.bytes_read
+        result.hashes[str(r.path.resolve())] = r.sha.hexdigest()
+    for w in writers:
+        result.bytes_written += w.bytes_written
+        result.hashes[str(w.path.resolve())] = w.sha.hexdigest()
+    return result
+
+
+def _as_tensor(raw: bytearray, t: RawTensor) -> torch.Tensor:
+    import torch
+
+    dtype = torch_dtype(t.dtype)
+    if not raw:
+        return torch.empty(t.shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=dtype).reshape(t.shape)
+
+
+def _compute(src: torch.Tensor, e: Entry, dev: torch.device) -> torch.Tensor:
+    w = src.to(device=dev, dtype=torch_dtype(e.out_dtype))
+    for step in e.steps:
+        w = apply_step(w, step, dev)
+    return w.cpu()

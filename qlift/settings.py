@@ -40,3 +40,18 @@ def recipes_dir_override() -> Path | None:
     """Directory of serving recipes (*.yaml) to use instead of the shipped ones (QLIFT_RECIPES_DIR)."""
     env = os.environ.get("QLIFT_RECIPES_DIR")
     return Path(env).expanduser() if env else None
+
+
+def hf_endpoint() -> str | None:
+    """Hugging Face Hub (or mirror) URL for `qlift download` (HF_ENDPOINT, as huggingface_hub reads it).
+
+    ModelScope's endpoint and both hubs' tokens (HF_TOKEN, MODELSCOPE_ENDPOINT,
+    MODELSCOPE_API_TOKEN) are read by their client libraries, not by qlift.
+    """
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def eval_cache_dir() -> Path:
+    """Cached eval generations (QLIFT_EVAL_CACHE overrides; default CACHE_DIR/eval)."""
+    env = os.environ.get("QLIFT_EVAL_CACHE")
+    return Path(env).expanduser() if env else cache_dir() / "eval"

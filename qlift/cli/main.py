@@ -20,8 +20,14 @@ from qlift.settings import debug_enabled
 # `qlift --help` imports no command module, and so no torch or vLLM.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("qlift.cli.inspect", "inspect_cmd", "Describe a model directory: shape, size, dtype, lineage."),
+    "download": ("qlift.cli.download", "download_cmd", "Download a Hub/ModelScope repo pinned to a commit, hashed."),
+    "verify": ("qlift.cli.download", "verify_cmd", "Re-hash a downloaded directory against its qlift.lock.json."),
     "import-gguf": ("qlift.cli.import_gguf", "import_gguf_cmd", "GGUF (or the built-in SmolLM2) to safetensors."),
     "merge": ("qlift.cli.merge", "merge_cmd", "Merge LoRA adapters into a base model, shard by shard, exact to peft."),
+    "serve": ("qlift.cli.serve", "serve_cmd", "Serve a model with vLLM using a hardware-profiled recipe."),
+    "plan": ("qlift.cli.serve", "plan_cmd", "Memory plan: will a model fit a recipe on this (or a named) GPU?"),
+    "recipes": ("qlift.cli.serve", "recipes_cmd", "List and show serving recipes (vLLM settings per GPU/workload)."),
+    "eval": ("qlift.cli.eval", "eval_cmd", "Candidate vs baseline on held-out prompts: metrics, bootstrap CIs, gates."),
 }
 
 EPILOG = """\b

@@ -1,0 +1,6 @@
+"""Downloading model repos from the Hugging Face Hub and ModelScope, pinned and verified."""
+
+from qlift.hub.download import DownloadResult, download
+from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, VerifyResult, read_lock, verify_dir
+
+__all__ = ["LOCK_NAME", "DownloadResult", "Lock", "LockedFile", "VerifyResult", "download", "read_lock", "verify_dir"]

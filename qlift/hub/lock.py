@@ -1,0 +1,115 @@
+"""``qlift.lock.json``: where a download came from and every file's size and sha256; and
+``verify``, which re-hashes a directory against it offline."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift import progress
+from qlift.errors import BadInputError, NotFoundError
+from qlift.fsutil import sha256_file
+from qlift.lineage import MANIFEST_NAME, utc_now
+
+LOCK_NAME = "qlift.lock.json"
+LOCK_SCHEMA = 1
+
+
+@dataclass
+class LockedFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass
+class Lock:
+    source: str
+    endpoint: str
+    repo: str
+    revision: str
+    commit: str
+    files: list[LockedFile]
+    created_at: str = field(default_factory=utc_now)
+    schema: int = LOCK_SCHEMA
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def write_lock(directory: Path, lock: Lock) -> Path:
+    target = Path(directory) / LOCK_NAME
+    tmp = target.with_name(LOCK_NAME + ".tmp")
+    tmp.write_text(json.dumps(asdict(lock), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def read_lock(directory: Path) -> Lock:
+    path = Path(directory) / LOCK_NAME
+    if not path.is_file():
+        raise NotFoundError(
+            f"{directory} has no {LOCK_NAME}",
+            hint="verify checks directories written by `qlift download`; download it again to get a lockfile.",
+        )
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        files = [LockedFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"]]
+        return Lock(
+            source=str(data["source"]), endpoint=str(data["endpoint"]), repo=str(data["repo"]),
+            revision=str(data["revision"]), commit=str(data["commit"]), files=files,
+            created_at=str(data.get("created_at", "")), schema=int(data.get("schema", LOCK_SCHEMA)),
+        )
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"not valid JSON: {exc.msg}", path=path, line=exc.lineno,
+                            hint="Restore the lockfile or download again.") from exc
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInputError(f"malformed lockfile ({type(exc).__name__}: {exc})", path=path,
+                            hint="Restore the lockfile or download again.") from exc
+
+
+@dataclass
+class VerifyResult:
+    path: str
+    ok: bool
+    repo: str
+    source: str
+    commit: str
+    checked: int
+    total_bytes: int
+    missing: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+
+
+def verify_dir(directory: Path) -> VerifyResult:
+    """Re-hash every locked file; report missing, changed and extra files. Reads nothing remote."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NotFoundError(f"{directory} is not a directory", hint="Give the directory `qlift download` wrote.")
+    lock = read_lock(directory)
+    result = VerifyResult(str(directory), True, lock.repo, lock.source, lock.commit, 0, lock.total_bytes)
+    locked = {f.path for f in lock.files}
+    bar = progress.byte_bar(lock.total_bytes, desc="verify")
+    try:
+        for f in lock.files:
+            p = directory / f.path
+            if not p.is_file():
+                result.missing.append(f.path)
+                continue
+            if p.stat().st_size != f.size or sha256_file(p) != f.sha256:
+                result.changed.append(f.path)
+            result.checked += 1
+            bar.update(f.size)
+    finally:
+        bar.close()
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory).as_posix()
+        if p.is_file() and rel not in locked and rel not in (LOCK_NAME, MANIFEST_NAME):
+            result.extra.append(rel)
+    result.ok = not (result.missing or result.changed or result.extra)
+    return result

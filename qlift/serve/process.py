@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -64,6 +65,8 @@ class VllmServer:
     env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
     proc: subprocess.Popen[bytes] | None = None
+    # Linux: SIGTERM the server if the process that started it dies (even by SIGKILL).
+    die_with_parent: bool = False
 
     def __post_init__(self) -> None:
         if not self.port:
@@ -96,6 +99,7 @@ class VllmServer:
             self.proc = subprocess.Popen(
                 self.argv(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,
+                preexec_fn=_term_on_parent_death if self.die_with_parent else None,
             )
         return self
 
@@ -108,12 +112,17 @@ class VllmServer:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        """Poll ``/health`` until it answers 200; raise with vLLM's own error if it dies."""
+    def wait_ready(self, timeout: float = 300.0, on_poll: Callable[[], None] | None = None) -> None:
+        """Poll ``/health`` until it answers 200; raise with vLLM's own error if it dies.
+
+        ``on_poll`` runs before each poll (to stream the log, or to raise on a signal).
+        """
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
+                if on_poll is not None:
+                    on_poll()
                 if self.proc.poll() is not None:
                     cause = first_error_line(self.log_text()) or f"exit code {self.proc.returncode}"
                     raise ExternalToolError(
@@ -162,6 +171,14 @@ class VllmServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _term_on_parent_death() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def cpu_engine_args(max_model_len: int = 2048) -> list[str]:

@@ -105,8 +105,12 @@ class Recipe(BaseModel):
     name: str = Field(description="Recipe name; must match the file name.")
     description: str = Field(description="One line: what it is for.")
     workload: Workload = Field("chat", description="chat, long-doc, multi-tenant or batch.")
-    hardware: HardwareMatch = Field(default_factory=lambda: HardwareMatch.model_validate({}), description="Where it applies.")
-    engine: EngineSpec = Field(default_factory=lambda: EngineSpec.model_validate({}), description="vLLM engine arguments.")
+    hardware: HardwareMatch = Field(
+        default_factory=lambda: HardwareMatch.model_validate({}), description="Where it applies."
+    )
+    engine: EngineSpec = Field(
+        default_factory=lambda: EngineSpec.model_validate({}), description="vLLM engine arguments."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the vLLM process.")
     sources: list[str] = Field(default_factory=list, description="Where the values come from.")
     path: Path | None = Field(None, exclude=True, description="The file it was loaded from.")

@@ -1,0 +1,265 @@
+"""qlift serve, qlift plan, qlift recipes list/show."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from qlift.cli.output import STATE, emit, human_bytes, json_option
+
+if TYPE_CHECKING:
+    from qlift.serve.hardware import Hardware
+    from qlift.serve.launch import LaunchSpec
+    from qlift.serve.plan import MemoryPlan
+
+WORKLOADS = ("chat", "long-doc", "multi-tenant", "batch")
+
+
+def _hardware_options(f: Any) -> Any:
+    f = click.option("--gpus", type=int, default=None, help="With --gpu: how many of them.")(f)
+    return click.option(
+        "--gpu", "gpu", metavar="NAME", default=None,
+        help='Plan for this GPU instead of the detected hardware, e.g. "RTX 4090", T4, A100-80GB.',
+    )(f)
+
+
+def _recipe_options(f: Any) -> Any:
+    f = click.option(
+        "--set", "sets", multiple=True, metavar="KEY=VALUE",
+        help="Override a vLLM engine argument (vLLM's name), e.g. --set max_model_len=8192. Repeatable.",
+    )(f)
+    f = click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
+                     help="What the server is for; --recipe auto picks among recipes of this workload.")(f)
+    return click.option("--recipe", "-r", default="auto", show_default=True, metavar="NAME|auto|FILE",
+                        help="Recipe name (`qlift recipes list`), a recipe YAML file, or auto.")(f)
+
+
+def _hardware(gpu: str | None, gpus: int | None) -> Hardware:
+    from qlift.serve.hardware import resolve
+
+    return resolve(gpu, gpus)
+
+
+def _print_plan(p: MemoryPlan) -> None:
+    gib = human_bytes
+    if p.device == "gpu":
+        memory = f"{gib(p.memory_bytes)} x {p.gpu_memory_utilization:g} = {gib(p.budget_bytes)}"
+    else:
+        memory = f"{gib(p.memory_bytes)} RAM, serving needs {gib(p.budget_bytes)}"
+    rows = [
+        ("hardware", p.hardware),
+        ("recipe", f"{p.recipe} (dtype {p.dtype}, kv cache {p.kv_cache_dtype}, tp {p.tensor_parallel_size})"),
+        ("memory per GPU" if p.device == "gpu" else "memory", memory),
+        ("weights", gib(p.weight_bytes)),
+        ("activations", f"{gib(p.activation_bytes)} ({p.max_num_batched_tokens} tokens, {p.max_num_seqs} seqs)"),
+        ("cuda graphs + runtime", f"{gib(p.cuda_graph_bytes)} + {gib(p.overhead_bytes)}"),
+        ("kv cache", f"{gib(p.kv_cache_bytes)} = {p.kv_capacity_tokens:,} tokens "
+                     f"({gib(p.kv_bytes_per_token)}/token)"),
+        ("max_model_len", f"{p.max_model_len:,} -> {p.concurrent_sequences:g} sequences at once"),
+    ]
+    verdict = p.verdict
+    if p.largest_max_model_len:
+        verdict += f" (largest max_model_len that fits: {p.largest_max_model_len:,})"
+    rows.append(("verdict", verdict))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k.ljust(width)}  {v}")
+    for n in p.notes:
+        click.echo(f"note: {n}", err=True)
+
+
+@click.command("plan")
+@click.argument("model", type=click.Path(path_type=Path))
+@_recipe_options
+@_hardware_options
+@json_option
+def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu: str | None,
+             gpus: int | None) -> None:
+    """Will MODEL fit? Memory plan for serving MODEL with a recipe, before launching anything.
+
+    Weights come from the safetensors headers (quantized checkpoints count at their
+    stored size), KV cache per token from config.json. The verdict is fits, low memory
+    (with the largest max_model_len that fits) or does not fit.
+
+    \b
+    Examples:
+      qlift plan ./merged --recipe chat-4090 --gpu "RTX 4090"
+      qlift plan ./merged --recipe auto --gpu T4 --json
+      qlift plan ./merged --recipe multi-tenant-a100x2 --gpu A100-40GB --gpus 2
+      qlift plan ./merged -r chat-h100 --gpu H100 --set max_model_len=131072
+    """
+    from qlift.models.modeldir import ModelDir
+    from qlift.serve.launch import _resolve_recipe
+    from qlift.serve.plan import fit_to_model, plan_memory
+    from qlift.serve.recipes import apply_overrides
+
+    hw = _hardware(gpu, gpus)
+    md = ModelDir.open(model)
+    md.require_weights()
+    chosen, reason = _resolve_recipe(recipe, hw, workload, md)
+    chosen, notes = fit_to_model(apply_overrides(chosen, list(sets)), md)
+    p = plan_memory(md, chosen, hw)
+    p.notes[:0] = notes
+    if recipe == "auto":
+        p.notes.insert(0, f"recipe auto: {reason}")
+    emit(p, lambda: _print_plan(p))
+
+
+@click.command("serve")
+@click.argument("model", type=click.Path(path_type=Path))
+@_recipe_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it).")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port for the OpenAI-compatible API.")
+@click.option("--served-model-name", default=None, help="Model name clients send (default: the directory name).")
+@click.option("--api-key-env", metavar="NAME", default=None,
+              help="Require this API key, read from environment variable NAME (never printed).")
+@click.option("--dry-run", is_flag=True, help="Print the command, config and plan; start nothing.")
+@click.option("--timeout", type=float, default=900, show_default=True, help="Seconds to wait for /health.")
+@_hardware_options
+@json_option
+def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], host: str, port: int,
+              served_model_name: str | None, api_key_env: str | None, dry_run: bool, timeout: float,
+              gpu: str | None, gpus: int | None) -> None:
+    """Serve MODEL with vLLM (OpenAI-compatible API) using a hardware-profiled recipe.
+
+    Resolves the recipe (auto: the best one that fits this hardware and workload),
+    applies --set overrides, prints the memory plan, writes the effective config as a
+    `vllm serve --config` YAML into a run directory under $QLIFT_HOME/runs, starts vLLM
+    and waits for /health. Logs stream to stderr once it is up (-v: from the start).
+    Ctrl-C or SIGTERM stops vLLM's whole process group.
+
+    \b
+    Examples:
+      qlift serve ./smollm2 --recipe cpu --port 8000
+      qlift serve ./merged --recipe auto --served-model-name support-bot
+      qlift serve ./merged -r chat-4090 --set max_model_len=4096 --api-key-env MY_KEY
+      qlift serve ./merged --recipe auto --gpu T4 --dry-run
+    """
+    from qlift.errors import BadInputError
+    from qlift.serve.launch import prepare, run
+
+    if gpu and not dry_run:
+        raise BadInputError("--gpu simulates hardware, so it only works with --dry-run",
+                            hint="Drop --gpu to serve on this machine, or add --dry-run.")
+    hw = _hardware(gpu, gpus)
+    spec = prepare(model, recipe=recipe, hardware=hw, workload=workload, host=host, port=port,
+                   served_model_name=served_model_name, sets=list(sets), api_key_env=api_key_env)
+    if dry_run:
+        emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
+        return
+    if not STATE.json:
+        _print_plan(spec.plan)
+    from qlift.serve.launch import check_plan
+
+    check_plan(spec.plan)
+    click.echo(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}", err=True)
+    stream = None if STATE.quiet else _stderr_write
+    outcome = run(spec, timeout=timeout, on_ready=_ready, stream=stream, stream_startup=STATE.verbose > 0)
+    click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by}", err=True)
+
+
+def _stderr_write(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _ready(spec: LaunchSpec, pid: int) -> None:
+    info = {"status": "ready", "base_url": f"{spec.base_url}/v1", "model": spec.served_model_name,
+            "pid": pid, "run_dir": str(spec.run_dir), "log": str(spec.run_dir / "vllm.log")}
+    if STATE.json:
+        emit(info)
+        sys.stdout.flush()
+    else:
+        click.echo(f"serving {spec.served_model_name} at {spec.base_url}/v1 (pid {pid}); Ctrl-C stops it")
+        sys.stdout.flush()
+
+
+def _dry_run_result(spec: LaunchSpec) -> dict[str, Any]:
+    return {"argv": spec.argv, "command": shlex.join(spec.argv), "config": spec.config_yaml,
+            "config_path": str(spec.run_dir / "config.yaml"), "recipe": spec.recipe,
+            "recipe_reason": spec.recipe_reason, "env": spec.env,
+            "api_key_env": spec.api_key_env, "plan": spec.plan, "notes": spec.notes}
+
+
+def _print_dry_run(spec: LaunchSpec) -> None:
+    click.echo(f"# recipe {spec.recipe}: {spec.recipe_reason}")
+    if spec.env:
+        click.echo("# environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))
+    if spec.api_key_env:
+        click.echo(f"# API key from ${spec.api_key_env}, passed as $VLLM_API_KEY")
+    click.echo(shlex.join(spec.argv))
+    click.echo(f"\n# {spec.run_dir / 'config.yaml'}")
+    click.echo(spec.config_yaml.rstrip())
+    click.echo("")
+    _print_plan(spec.plan)
+
+
+@click.group("recipes")
+def recipes_cmd() -> None:
+    """Serving recipes: vLLM settings profiled per GPU and workload.
+
+    \b
+    Examples:
+      qlift recipes list
+      qlift recipes list --gpu A100-80GB --json
+      qlift recipes show chat-4090
+    """
+
+
+@recipes_cmd.command("list")
+@_hardware_options
+@json_option
+def recipes_list_cmd(gpu: str | None, gpus: int | None) -> None:
+    """List recipes; mark those that suit this machine (or the --gpu given).
+
+    \b
+    Examples:
+      qlift recipes list
+      qlift recipes list --gpu "RTX 4090" --json
+    """
+    from qlift.serve.recipes import list_recipes
+    from qlift.serve.select import mismatch
+
+    hw = _hardware(gpu, gpus)
+    rows: list[dict[str, Any]] = []
+    for r in list_recipes():
+        why = mismatch(r, hw)
+        rows.append({"name": r.name, "workload": r.workload, "description": r.description,
+                     "suits_this_machine": why is None, "why_not": why, "path": str(r.path)})
+
+    def human() -> None:
+        click.echo(f"hardware: {hw.describe()}")
+        width = max(len(r["name"]) for r in rows)
+        for r in rows:
+            mark = "*" if r["suits_this_machine"] else " "
+            click.echo(f"{mark} {str(r['name']).ljust(width)}  {str(r['workload']).ljust(12)}  {r['description']}")
+        click.echo("* suits this machine")
+
+    emit(rows, human)
+
+
+@recipes_cmd.command("show")
+@click.argument("name")
+@json_option
+def recipes_show_cmd(name: str) -> None:
+    """Show recipe NAME (or a recipe YAML file) as vLLM arguments and sources.
+
+    \b
+    Examples:
+      qlift recipes show cpu
+      qlift recipes show ./my-recipe.yaml --json
+    """
+    from qlift.serve.recipes import load_recipe
+
+    r = load_recipe(name)
+
+    def human() -> None:
+        assert r.path is not None
+        click.echo(f"# {r.path}")
+        click.echo(r.path.read_text(encoding="utf-8").rstrip())
+
+    emit(r.model_dump(mode="json") | {"path": str(r.path)}, human)

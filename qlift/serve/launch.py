@@ -1,0 +1,247 @@
+"""Launch vLLM for a recipe: effective config, run directory, health wait, log stream, clean stop.
+
+``prepare`` resolves everything (recipe, overrides, plan, argv, config YAML) without side
+effects, which is all ``--dry-run`` needs; ``run`` writes the run directory, starts the
+server in its own process group and stops that group on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import yaml
+
+from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
+from qlift.models.modeldir import ModelDir
+from qlift.serve.hardware import Hardware
+from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
+from qlift.serve.process import VllmServer, first_error_line
+from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
+from qlift.serve.select import choose_recipe, mismatch
+from qlift.settings import qlift_home, vllm_python
+
+log = logging.getLogger(__name__)
+API_KEY_VAR = "VLLM_API_KEY"  # vLLM reads the key from here; argv would show it in `ps`
+
+
+@dataclass
+class LaunchSpec:
+    """Everything about one launch, decided before anything starts."""
+
+    model: Path
+    recipe: str
+    recipe_reason: str
+    served_model_name: str
+    host: str
+    port: int
+    engine_args: dict[str, Any]
+    env: dict[str, str]  # set for vLLM from the recipe (the caller's own environment wins)
+    run_dir: Path
+    argv: list[str]
+    config_yaml: str
+    plan: MemoryPlan
+    api_key_env: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _resolve_recipe(name: str, hw: Hardware, workload: str, md: ModelDir) -> tuple[Recipe, str]:
+    if name == "auto":
+        choice = choose_recipe(hw, workload=workload, model=md)
+        return choice.recipe, choice.reason
+    recipe = load_recipe(name)
+    why = mismatch(recipe, hw)
+    if why and hw.source != "simulated" and recipe.hardware.device == "gpu":
+        raise IncompatibleError(
+            f"recipe {recipe.name} does not suit this machine: {why}",
+            hint="Use --recipe auto, or plan for other hardware with `qlift plan --gpu NAME`.",
+        )
+    return recipe, f"chosen by --recipe{f' (warning: {why})' if why else ''}"
+
+
+def new_run_dir(served_name: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in served_name)[:40]
+    return qlift_home() / "runs" / f"serve-{stamp}-{safe}-{os.getpid()}"
+
+
+def config_yaml(model: Path, host: str, port: int, served: str, engine: dict[str, Any]) -> str:
+    """A ``vllm serve --config`` file: dashed keys (so ``false`` becomes ``--no-KEY``)."""
+    data: dict[str, Any] = {"model": str(model), "host": host, "port": port, "served-model-name": served}
+    data.update({k.replace("_", "-"): v for k, v in engine.items()})
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def prepare(
+    model: Path,
+    *,
+    recipe: str,
+    hardware: Hardware,
+    workload: str = "chat",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    sets: list[str] | None = None,
+    api_key_env: str | None = None,
+) -> LaunchSpec:
+    """Resolve recipe, overrides and plan into a launch; starts and writes nothing."""
+    md = ModelDir.open(model)
+    md.require_weights()
+    chosen, reason = _resolve_recipe(recipe, hardware, workload, md)
+    chosen = apply_overrides(chosen, sets or [])
+    chosen, notes = fit_to_model(chosen, md)
+    plan = plan_memory(md, chosen, hardware)
+    if api_key_env is not None and not os.environ.get(api_key_env):
+        raise BadInputError(
+            f"--api-key-env {api_key_env}: that environment variable is not set or empty",
+            hint=f"Export {api_key_env} with the key first.",
+        )
+    served = served_model_name or md.path.resolve().name
+    engine = chosen.engine.args()
+    engine.setdefault("dtype", plan.dtype)
+    env = {k: v for k, v in chosen.env.items() if k not in os.environ}
+    notes += [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
+              if k in os.environ and os.environ[k] != v]
+    run_dir = new_run_dir(served)
+    server = _server(md.path, run_dir, host, port, served, env)
+    return LaunchSpec(
+        model=md.path, recipe=chosen.name, recipe_reason=reason, served_model_name=served, host=host,
+        port=port, engine_args=engine, env=env, run_dir=run_dir, argv=server.argv(),
+        config_yaml=config_yaml(md.path.resolve(), host, port, served, engine), plan=plan,
+        api_key_env=api_key_env, notes=notes + plan.notes,
+    )
+
+
+def _server(model: Path, run_dir: Path, host: str, port: int, served: str, env: dict[str, str]) -> VllmServer:
+    return VllmServer(
+        model=model.resolve(), log_path=run_dir / "vllm.log", port=port, host=host, served_model_name=served,
+        extra_args=["--config", str(run_dir / "config.yaml")], env=env,
+        python=vllm_python() or sys.executable, die_with_parent=True,
+    )
+
+
+def check_plan(plan: MemoryPlan) -> None:
+    """Refuse a launch the plan says cannot work."""
+    if plan.verdict == "does not fit":
+        raise IncompatibleError(
+            f"{plan.model} does not fit {plan.hardware} with recipe {plan.recipe}: weights "
+            f"{plan.weight_bytes / 2**30:.1f} GiB + allowances leave {plan.kv_cache_bytes / 2**30:.1f} GiB of KV cache",
+            hint="Pick a bigger GPU or a quantized model; `qlift plan` shows the figures.",
+        )
+    if plan.verdict == "low memory":
+        raise IncompatibleError(
+            f"low memory: one {plan.max_model_len}-token sequence needs more KV cache than the "
+            f"{plan.kv_cache_bytes / 2**30:.1f} GiB left",
+            hint=f"Pass --set max_model_len={plan.largest_max_model_len} (the largest that fits).",
+        )
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _LogFollower:
+    """Copies what vLLM appends to its log onto a stream."""
+
+    def __init__(self, path: Path, write: Callable[[str], None] | None) -> None:
+        self.path, self.write, self.offset = path, write, 0
+
+    def __call__(self) -> None:
+        if self.write is None:
+            return
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        text, _, _rest = chunk.decode("utf-8", errors="replace").rpartition("\n")
+        if text:
+            self.offset += len(text.encode("utf-8", errors="replace")) + 1
+            self.write(text + "\n")
+
+
+@dataclass
+class ServeOutcome:
+    run_dir: Path
+    log_path: Path
+    pid: int
+    stopped_by: str  # the signal's name
+
+
+def run(
+    spec: LaunchSpec,
+    *,
+    timeout: float = 900.0,
+    on_ready: Callable[[LaunchSpec, int], None] | None = None,
+    stream: Callable[[str], None] | None = None,
+    stream_startup: bool = False,
+) -> ServeOutcome:
+    """Serve until SIGINT/SIGTERM (then stop vLLM's process group) or until vLLM dies (an error)."""
+    check_plan(spec.plan)
+    spec.run_dir.mkdir(parents=True, exist_ok=False)
+    (spec.run_dir / "config.yaml").write_text(spec.config_yaml)
+    from qlift.cli.output import to_jsonable
+
+    (spec.run_dir / "plan.json").write_text(json.dumps(to_jsonable(spec.plan), indent=2))
+    env = dict(spec.env)
+    if spec.api_key_env:
+        env[API_KEY_VAR] = os.environ[spec.api_key_env]
+    server = _server(spec.model, spec.run_dir, spec.host, spec.port, spec.served_model_name, env)
+    stopped: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopped.append(signum)  # acted on at the next poll: never between fork and bookkeeping
+
+    def check() -> None:
+        if stopped:
+            raise _Stop(stopped[0])
+
+    follow = _LogFollower(server.log_path, stream)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        assert server.proc is not None
+        (spec.run_dir / "server.pid").write_text(str(server.proc.pid))
+
+        def startup_poll() -> None:
+            check()
+            if stream_startup:
+                follow()
+
+        server.wait_ready(timeout=timeout, on_poll=startup_poll)
+        if not stream_startup:
+            follow.offset = server.log_path.stat().st_size  # the startup log stays in the file
+        if on_ready is not None:
+            on_ready(spec, server.proc.pid)
+        while server.proc.poll() is None:
+            check()
+            follow()
+            time.sleep(0.5)
+        follow()
+        cause = first_error_line(server.log_text()) or f"exit code {server.proc.returncode}"
+        raise ExternalToolError(f"vLLM exited: {cause}", hint=f"Full log: {server.log_path}", tool="vllm")
+    except _Stop as stop:
+        pid = server.proc.pid if server.proc else 0
+        server.stop()
+        return ServeOutcome(spec.run_dir, server.log_path, pid, str(stop))
+    finally:
+        server.stop()
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -19,10 +19,12 @@ class ModelScopeSource:
 
     def __init__(self, *, endpoint: str | None, token: str | None) -> None:
         from modelscope_hub.api import HubApi
+        from modelscope_hub.config import HubConfig
 
-        # endpoint None: the SDK's MODELSCOPE_ENDPOINT / MODELSCOPE_DOMAIN / default;
+        # A fresh config, not the SDK's process-wide one, so the environment is read now.
+        # endpoint None: MODELSCOPE_ENDPOINT / MODELSCOPE_DOMAIN / the default;
         # token None: MODELSCOPE_API_TOKEN or the SDK's stored login.
-        self._api = HubApi(endpoint=endpoint, token=token)
+        self._api = HubApi(config=HubConfig(endpoint=endpoint, token=token))
         self.endpoint: str = self._api.legacy.endpoint
 
     def resolve(self, repo: str, revision: str | None) -> RepoSnapshot:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -85,6 +86,8 @@ class HubServer:
         self.requests: list[Request] = []
         self.sent: dict[str, int] = {}  # repo file -> body bytes sent, all requests together
         self.status_override: int | None = None
+        self.published_size: dict[str, int] = {}  # lie about a file's size in listings
+        self.after_listing: list[Callable[[], None]] = []  # run once, after the next repo listing
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -147,6 +150,12 @@ class HubServer:
                 fault.corrupt -= 1
             return True
 
+    def run_after_listing(self) -> None:
+        with self._lock:
+            hooks, self.after_listing = self.after_listing, []
+        for hook in hooks:
+            hook()
+
     def count_sent(self, path: str, n: int) -> None:
         with self._lock:
             self.sent[path] = self.sent.get(path, 0) + n
@@ -201,12 +210,14 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             siblings = []
             for path in sorted(commit.files):
                 data = commit.files[path]
-                sib: dict[str, object] = {"rfilename": path, "size": len(data), "blobId": git_blob_id(data)}
+                size = hub.published_size.get(path, len(data))
+                sib: dict[str, object] = {"rfilename": path, "size": size, "blobId": git_blob_id(data)}
                 if is_lfs(path, data):
                     sha = hashlib.sha256(data).hexdigest()
-                    sib["lfs"] = {"size": len(data), "sha256": sha, "pointerSize": 134}
+                    sib["lfs"] = {"size": size, "sha256": sha, "pointerSize": 134}
                     sib["blobId"] = git_blob_id(_lfs_pointer(sha, len(data)))
                 siblings.append(sib)
+            hub.run_after_listing()
             self._json(200, {
                 "_id": commit.sha[:24], "id": repo_id, "modelId": repo_id, "sha": commit.sha,
                 "private": False, "disabled": False, "gated": False, "downloads": 0, "likes": 0,
@@ -246,10 +257,12 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 data = commit.files[path]
                 changed = repo.last_change(commit, path)
                 files.append({
-                    "Name": path.rsplit("/", 1)[-1], "Path": path, "Type": "blob", "Size": len(data),
+                    "Name": path.rsplit("/", 1)[-1], "Path": path, "Type": "blob",
+                    "Size": hub.published_size.get(path, len(data)),
                     "Sha256": hashlib.sha256(data).hexdigest(), "Revision": changed.sha,
                     "CommittedDate": changed.time, "IsLFS": is_lfs(path, data), "Mode": "33188",
                 })
+            hub.run_after_listing()
             self._json(200, {"Code": 200, "Success": True, "Message": "success", "Data": {
                 "Files": files, "TotalCount": len(files), "IsVisual": 0,
                 "LatestCommitter": {"Id": commit.sha, "ShortId": commit.sha[:8]},

@@ -41,7 +41,7 @@ _SUFFIXES = (
     ("lora_A.weight", "A"), ("lora_B.weight", "B"), ("lora_B.bias", "bias"),
     ("lora_magnitude_vector.weight", "magnitude"), ("lora_magnitude_vector", "magnitude"),
     ("lora_embedding_A", "emb_A"), ("lora_embedding_B", "emb_B"),
-    ("token_adapter.trainable_tokens_delta", "tokens"),
+    ("trainable_tokens_delta", "tokens"),
 )
 
 
@@ -164,10 +164,11 @@ def _parse(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor])
         split = _split(name)
         if split is None:
             # modules_to_save and saved embedding layers: full tensors replacing the base's
-            adapter.replacements[name.replace(".base_layer.", ".")] = tensor
+            adapter.replacements[name.replace(".token_adapter.", ".").replace(".base_layer.", ".")] = tensor
             continue
         module, kind = split
         if kind == "tokens":
+            module = module.removesuffix(".token_adapter")
             adapter.tokens[module] = (_token_indices(config, module), tensor)
             continue
         lm = adapter.loras.get(module)

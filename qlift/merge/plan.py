@@ -97,14 +97,20 @@ class _Builder:
     def add(self, adapter: Adapter, k: int) -> None:
         import torch
 
-        repl = dict(adapter.replacements)
-        if self.tied and LM_HEAD in repl and self.embed in repl and torch.equal(repl[LM_HEAD], repl[self.embed]):
-            del repl[LM_HEAD]  # the tied head saved beside the embeddings: nothing of its own
+        repl, tokens = dict(adapter.replacements), dict(adapter.tokens)
         head_module = LM_HEAD.rsplit(".", 1)[0]
-        if self.tied and (LM_HEAD in repl or head_module in adapter.loras or head_module in adapter.tokens):
+        embed_module = self.embed.rsplit(".", 1)[0] if self.embed else ""
+        # peft saves a tied head beside the embeddings; when it holds nothing of its own, it stays tied
+        if self.tied and LM_HEAD in repl and self.embed in repl and torch.equal(repl[LM_HEAD], repl[self.embed]):
+            del repl[LM_HEAD]
+        if self.tied and head_module in tokens and embed_module in tokens:
+            (hi, hr), (ei, er) = tokens[head_module], tokens[embed_module]
+            if hi == ei and torch.equal(hr, er):
+                del tokens[head_module]
+        if self.tied and (LM_HEAD in repl or head_module in adapter.loras or head_module in tokens):
             self._untie()
         for name, tensor in repl.items():
-            e = self._entry(adapter, name, "saves a full tensor for it")
+            e = self._entry(adapter, name, f"saves a full {name}")
             resizable = name in (self.embed, LM_HEAD)
             if tuple(tensor.shape) != e.shape and not (resizable and tuple(tensor.shape[1:]) == e.shape[1:]):
                 raise IncompatibleError(
@@ -114,8 +120,8 @@ class _Builder:
             e.steps = [Replace(tensor, k)]
         for lm in adapter.loras.values():
             self._add_lora(adapter, lm, k)
-        for module, (ids, rows) in adapter.tokens.items():
-            e = self._entry(adapter, f"{module}.weight", "has trainable tokens for it")
+        for module, (ids, rows) in tokens.items():
+            e = self._entry(adapter, f"{module}.weight", f"has trainable tokens for {module}")
             if rows.shape != (len(ids), e.shape[1]) or max(ids, default=0) >= e.shape[0] or min(ids, default=0) < 0:
                 raise IncompatibleError(
                     f"adapter {adapter.path}: trainable tokens {ids} with rows {tuple(rows.shape)} do not fit "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROMPTS = (
     "What is the capital of France?",
@@ -36,14 +37,16 @@ def verify_merge(
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(merged)
     texts = [_render(tok, p) for p in PROMPTS]
     with torch.inference_mode():
         model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
         got = [model(**tok(t, return_tensors="pt")).logits[0] for t in texts]
         del model
-        ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        ref_model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         for i, a in enumerate(adapters):
             peft_model = PeftModel.from_pretrained(ref_model, a)
             last = i == len(adapters) - 1

@@ -1,0 +1,252 @@
+"""qlift merge against peft's merge_and_unload on tiny Qwen2 models (tied and untied)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import _cached
+from substrate import read_config, tensors_of
+
+from qlift.fsutil import sha256_file
+
+BF16_EPS = 2.0**-7  # one bf16 ulp, relative
+
+
+def peft_merged(base: Path, adapters: list[Path], *, dtype: torch.dtype = torch.bfloat16,
+                resize: int | None = None) -> dict[str, torch.Tensor]:
+    """The reference: each adapter loaded with peft and merged with merge_and_unload, in order."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    if resize:
+        model.resize_token_embeddings(resize)
+    for a in adapters:
+        model = PeftModel.from_pretrained(model, a).merge_and_unload()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """Equal, or within one bf16 ulp (matmul blocking may round the last bit differently)."""
+    assert got.shape == want.shape, name
+    assert got.dtype == want.dtype, name
+    if torch.equal(got, want):
+        return
+    g, w = got.float(), want.float()
+    ulp = w.abs().clamp_min(1e-30) * BF16_EPS
+    assert bool(((g - w).abs() <= ulp).all()), f"{name}: max diff {(g - w).abs().max()}"
+
+
+def assert_matches_peft(out: Path, ref: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    got = tensors_of(out)
+    assert set(got) <= set(ref), set(got) - set(ref)
+    for name, t in got.items():
+        assert_close(t, ref[name], name)
+    return got
+
+
+def merge(run_cli, base: Path, *adapters: Path, out: Path, extra: tuple[str, ...] = ()) -> Any:  # type: ignore[no-untyped-def]
+    r = run_cli("merge", base, *adapters, "-o", out, "--no-verify", "--json", *extra)
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# --- adapters (real peft adapters, built once and cached) ---------------------------------
+
+def build_trained(base: Path, out: Path, *, seed: int = 1, target_modules: Any = "all-linear", r: int = 8,
+                  lora_alpha: int = 16, **kw: Any) -> Path:
+    """substrate.build_lora, plus training-like noise on DoRA magnitudes, modules_to_save copies
+    and trainable-token rows (peft initialises those to the base's values, a no-op merge)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    cfg = LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=target_modules, init_lora_weights=False,
+                     task_type="CAUSAL_LM", **kw)
+    pm = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if p.requires_grad and any(k in n for k in ("magnitude", "modules_to_save", "trainable_tokens")):
+                p.add_(torch.randn_like(p) * 0.02)
+    pm.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_qwen2_tied: Path, tiny_qwen2_untied: Path) -> dict[str, Path]:
+    t, u = tiny_qwen2_tied, tiny_qwen2_untied
+    specs: dict[str, tuple[Path, dict[str, Any]]] = {
+        "dora": (u, dict(target_modules=["q_proj", "v_proj", "down_proj"], use_dora=True)),
+        "bias": (u, dict(target_modules=["q_proj", "k_proj", "v_proj"], lora_bias=True, seed=2)),
+        "rslora": (u, dict(target_modules="all-linear", use_rslora=True, r=8, lora_alpha=8, seed=3,
+                          rank_pattern={"q_proj": 4, "layers.1.mlp.up_proj": 2},
+                          alpha_pattern={"v_proj": 32})),
+        "emb": (u, dict(target_modules=["embed_tokens", "q_proj"], seed=4)),
+        "emb_dora": (u, dict(target_modules=["embed_tokens"], use_dora=True, seed=5)),
+        "mts": (u, dict(target_modules=["q_proj"], modules_to_save=["lm_head"], seed=6)),
+        "tokens_tied": (t, dict(target_modules=["q_proj"], trainable_token_indices=[3, 151644, 151700], seed=7)),
+        "head_tied": (t, dict(target_modules=["lm_head", "v_proj"], seed=8)),
+        "mts_tied": (t, dict(target_modules=["q_proj"], modules_to_save=["lm_head"], seed=9)),
+        "emb_tied": (t, dict(target_modules=["embed_tokens"], seed=10)),
+        "plain_u": (u, dict(seed=11)),
+    }
+    out = {}
+    for name, (base, kw) in specs.items():
+        out[name] = _cached(f"merge-adapter-{name}-v1", lambda p, b=base, k=kw: build_trained(b, p, **k))
+    return out
+
+
+# --- features against peft ----------------------------------------------------------------
+
+def test_plain_lora_tied_matches_peft_and_carries_serving_files(run_cli, tmp_path, tiny_qwen2_tied,
+                                                                 tiny_lora_tied) -> None:
+    out = tmp_path / "merged"
+    res = merge(run_cli, tiny_qwen2_tied, tiny_lora_tied, out=out)
+    got = assert_matches_peft(out, peft_merged(tiny_qwen2_tied, [tiny_lora_tied]))
+    assert "lm_head.weight" not in got  # still tied
+    cfg = read_config(out)
+    assert cfg["tie_word_embeddings"] is True and cfg["vocab_size"] == 151_936  # padded rows never trimmed
+    assert cfg["dtype"] == "bfloat16" and "_name_or_path" not in cfg
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (out / f).read_bytes() == (tiny_qwen2_tied / f).read_bytes(), f
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+    assert set(index["weight_map"]) == set(got)
+    manifest = json.loads((out / "qlift.json").read_text())
+    assert manifest["operation"] == "merge"
+    for rel, rec in manifest["outputs"].items():  # digests taken while streaming are the real ones
+        assert rec["sha256"] == sha256_file(out / rel), rel
+    assert res["modified_tensors"] == 14 and res["tie_word_embeddings"] is True
+
+
+@pytest.mark.parametrize("name", ["dora", "bias", "rslora", "emb", "emb_dora", "mts", "plain_u"])
+def test_feature_matches_peft_untied(name, adapters, run_cli, tmp_path, tiny_qwen2_untied) -> None:
+    out = tmp_path / name
+    merge(run_cli, tiny_qwen2_untied, adapters[name], out=out)
+    got = assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters[name]]))
+    base = tensors_of(tiny_qwen2_untied)
+    changed = {n for n in got if not torch.equal(got[n], base[n])}
+    assert changed, "the adapter changed nothing"
+    if name == "bias":
+        assert {"model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.v_proj.bias"} <= changed
+    if name in ("emb", "emb_dora"):
+        assert "model.embed_tokens.weight" in changed
+    if name == "mts":
+        assert changed >= {"lm_head.weight"}
+    assert read_config(out)["tie_word_embeddings"] is False
+
+
+def test_fp32_output_matches_peft_in_fp32(adapters, run_cli, tmp_path, tiny_qwen2_untied) -> None:
+    out = tmp_path / "fp32"
+    merge(run_cli, tiny_qwen2_untied, adapters["dora"], out=out, extra=("--dtype", "fp32"))
+    assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters["dora"]], dtype=torch.float32))
+    assert read_config(out)["dtype"] == "float32"
+
+
+def test_several_adapters_apply_in_order(adapters, run_cli, tmp_path, tiny_qwen2_untied) -> None:
+    order = [adapters["plain_u"], adapters["dora"], adapters["bias"]]
+    out = tmp_path / "stack"
+    res = merge(run_cli, tiny_qwen2_untied, *order, out=out)
+    assert_matches_peft(out, peft_merged(tiny_qwen2_untied, order))
+    assert len(res["adapters"]) == 3
+    manifest = json.loads((out / "qlift.json").read_text())
+    assert [i["role"] for i in manifest["inputs"]] == ["base", "adapter1", "adapter2", "adapter3"]
+
+
+# --- tied embeddings ----------------------------------------------------------------------
+
+def test_trainable_tokens_on_tied_base_stay_tied(adapters, run_cli, tmp_path, tiny_qwen2_tied) -> None:
+    out = tmp_path / "tok"
+    merge(run_cli, tiny_qwen2_tied, adapters["tokens_tied"], out=out)
+    got = assert_matches_peft(out, peft_merged(tiny_qwen2_tied, [adapters["tokens_tied"]]))
+    assert "lm_head.weight" not in got and read_config(out)["tie_word_embeddings"] is True
+    base = tensors_of(tiny_qwen2_tied)["model.embed_tokens.weight"]
+    rows = (got["model.embed_tokens.weight"] != base).any(dim=1).nonzero().flatten().tolist()
+    assert rows == [3, 151644, 151700]
+
+
+def test_embedding_lora_on_tied_base_stays_tied(adapters, run_cli, tmp_path, tiny_qwen2_tied) -> None:
+    out = tmp_path / "emb"
+    merge(run_cli, tiny_qwen2_tied, adapters["emb_tied"], out=out)
+    got = assert_matches_peft(out, peft_merged(tiny_qwen2_tied, [adapters["emb_tied"]]))
+    assert "lm_head.weight" not in got and read_config(out)["tie_word_embeddings"] is True
+
+
+@pytest.mark.parametrize("name", ["head_tied", "mts_tied"])
+def test_lm_head_change_on_tied_base_unties(name, adapters, run_cli, tmp_path, tiny_qwen2_tied) -> None:
+    out = tmp_path / name
+    merge(run_cli, tiny_qwen2_tied, adapters[name], out=out)
+    got = tensors_of(out)
+    base = tensors_of(tiny_qwen2_tied)
+    assert read_config(out)["tie_word_embeddings"] is False
+    # The input embeddings are the base's; the head is what peft's forward uses.
+    assert torch.equal(got["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    ref = peft_merged(tiny_qwen2_tied, [adapters[name]])  # peft's merge writes the head into the shared weight
+    assert_close(got["lm_head.weight"], ref["lm_head.weight"], "lm_head.weight")
+    assert not torch.equal(got["lm_head.weight"], base["model.embed_tokens.weight"])
+    for n in got:
+        if n not in ("lm_head.weight", "model.embed_tokens.weight"):
+            assert_close(got[n], ref[n], n)
+    # and transformers reads it back untied
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(out)
+    assert not torch.equal(m.lm_head.weight, m.model.embed_tokens.weight)
+
+
+# --- resized vocabulary -------------------------------------------------------------------
+
+def _build_resized(base: Path, out: Path, *, rows: int) -> Path:
+    """A fine-tune that added tokens: resized embeddings saved with the adapter."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(12)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.resize_token_embeddings(rows)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[-8:].normal_(0, 0.05)
+    cfg = LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False, trainable_token_indices=[rows - 1])
+    pm = get_peft_model(model, cfg)
+    pm.save_pretrained(out, save_embedding_layers=True)
+    return out
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_resized_vocab_updates_config(tied, run_cli, tmp_path, tiny_qwen2_tied, tiny_qwen2_untied) -> None:
+    base = tiny_qwen2_tied if tied else tiny_qwen2_untied
+    rows = 152_000
+    ad = _cached(f"merge-adapter-resized-{tied}-v1", lambda p: _build_resized(base, p, rows=rows))
+    out = tmp_path / "resized"
+    merge(run_cli, base, ad, out=out)
+    got = assert_matches_peft(out, peft_merged(base, [ad], resize=rows))
+    cfg = read_config(out)
+    assert cfg["vocab_size"] == rows and cfg["tie_word_embeddings"] is tied
+    assert got["model.embed_tokens.weight"].shape[0] == rows
+    assert ("lm_head.weight" in got) is not tied
+
+
+# --- sharding and --verify ----------------------------------------------------------------
+
+def test_max_shard_size_and_verify(run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:
+    out = tmp_path / "sharded"
+    r = run_cli("merge", tiny_qwen2_untied, adapters["dora"], "-o", out, "--max-shard-size", "8MB",
+                "--verify", "--json")
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) == len(res["shards"]) >= 3
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    from qlift.merge.stio import read_layout
+
+    for s in shards:
+        layout = read_layout(s)
+        assert sum(t.nbytes for t in layout) <= 8_000_000 or len(layout) == 1
+        assert all(index["weight_map"][t.name] == s.name for t in layout)
+    v = res["verify"]
+    assert v["passed"] and v["relative_delta"] < 0.02 and v["greedy_agreement"] > 0.9

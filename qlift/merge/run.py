@@ -152,14 +152,20 @@ def merge_model(
     st_dtype, dtype_name = _dtype(mdir, dtype)
     loaded = [load_adapter(Path(a), allow_pickle=allow_pickle) for a in adapters]
     warnings: list[str] = []
-    for a in loaded:
-        if not _base_matches(a, mdir):
-            msg = f"adapter {a.path} was trained on {a.base_name!r}, not obviously {mdir.path}"
-            if strict:
-                raise IncompatibleError(msg, hint="Pass the matching base, or drop --strict to merge anyway.")
-            warnings.append(msg)
-            log.warning(msg)
-    plan = build_plan(mdir, loaded, out_dtype=st_dtype)
+    strangers = [a for a in loaded if not _base_matches(a, mdir)]
+    for a in strangers:
+        msg = f"adapter {a.path} was trained on {a.base_name!r}, not obviously {mdir.path}"
+        if strict:
+            raise IncompatibleError(msg, hint="Pass the matching base, or drop --strict to merge anyway.")
+        warnings.append(msg)
+    try:
+        plan = build_plan(mdir, loaded, out_dtype=st_dtype)
+    except IncompatibleError as exc:
+        if strangers:  # the likely cause, in the same one line
+            exc.hint = f"The adapter names {strangers[0].base_name!r} as its base; merge it into that model."
+        raise
+    for msg in warnings:
+        log.warning(msg)
     tok_dir = _tokenizer_source(mdir, loaded)
     tok_len = ModelDir(tok_dir).tokenizer_length
     if plan.vocab_rows is not None and tok_len is not None and tok_len > plan.vocab_rows:

@@ -1,0 +1,151 @@
+"""What a backend is asked for and returns, and the on-disk cache of generations.
+
+A generation is keyed by (model content hash, backend, prompt, reference, sampling), so a
+rerun of the same evaluation with another gate or report reads everything from disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift.eval.prompts import Example
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings; greedy so candidate and baseline are compared like for like."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class Request:
+    """One example as a backend sees it."""
+
+    messages: list[dict[str, str]] | None
+    prompt: str | None
+    reference: str | None
+
+    @classmethod
+    def of(cls, ex: Example) -> Request:
+        msgs = [m.model_dump() for m in ex.messages] if ex.messages is not None else None
+        return cls(messages=msgs, prompt=ex.prompt, reference=ex.reference)
+
+
+@dataclass
+class Generation:
+    """A model's greedy answer to one request, and how likely it found the reference."""
+
+    text: str
+    output_tokens: int
+    latency_s: float
+    finish_reason: str | None = None
+    ref_logprob: float | None = None  # sum of the reference tokens' log-probabilities
+    ref_tokens: int | None = None
+
+
+@dataclass
+class ModelRef:
+    """A model under evaluation: a local directory, or a name served at an endpoint."""
+
+    role: str
+    name: str
+    path: Path | None = None
+    content_hash: str | None = None
+    endpoint: str | None = None
+
+    @property
+    def cache_id(self) -> str | None:
+        """Identity for the cache: only a content hash is trusted (a served name can change)."""
+        return self.content_hash
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    backend_runs: int = 0
+    shared_models: list[str] = field(default_factory=list)
+
+
+def cache_key(model_id: str, backend: str, req: Request, sampling: Sampling) -> str:
+    blob = json.dumps(
+        {"model": model_id, "backend": backend, "request": asdict(req), "sampling": asdict(sampling)},
+        sort_keys=True, ensure_ascii=False,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class GenerationCache:
+    """One small JSON file per generation under ``root``; writes are atomic renames."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        assert self.root is not None
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> Generation | None:
+        if self.root is None:
+            return None
+        p = self._path(key)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+            return Generation(**data)
+        except (OSError, ValueError, TypeError):
+            return None  # missing or unreadable: generate again
+
+    def put(self, key: str, gen: Generation) -> None:
+        if self.root is None:
+            return
+        p = self._path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(gen), ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, p)
+
+
+def cached_generate(
+    models: list[ModelRef],
+    requests: list[Request],
+    sampling: Sampling,
+    backend: Any,
+    cache: GenerationCache,
+) -> tuple[dict[str, list[Generation]], CacheStats]:
+    """Generations per model role: from the cache where possible, else from ``backend``.
+
+    Models with one content hash are generated once and shared.
+    """
+    stats = CacheStats()
+    out: dict[str, list[Generation]] = {}
+    by_hash: dict[str, str] = {}
+    for model in models:
+        cid = model.cache_id
+        if cid is not None and cid in by_hash:
+            out[model.role] = out[by_hash[cid]]
+            stats.shared_models.append(model.role)
+            continue
+        keys = [cache_key(cid, backend.name, r, sampling) if cid else "" for r in requests]
+        gens: list[Generation | None] = [cache.get(k) if cid else None for k in keys]
+        missing = [i for i, g in enumerate(gens) if g is None]
+        stats.hits += len(requests) - len(missing)
+        stats.misses += len(missing)
+        if missing:
+            stats.backend_runs += 1
+            fresh = backend.generate(model, [requests[i] for i in missing], sampling)
+            for i, g in zip(missing, fresh, strict=True):
+                gens[i] = g
+                if cid:
+                    cache.put(keys[i], g)
+        out[model.role] = [g for g in gens if g is not None]
+        if cid is not None:
+            by_hash[cid] = model.role
+    return out, stats

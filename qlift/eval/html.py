@@ -1,0 +1,145 @@
+"""The self-contained HTML report: inline CSS and SVG, every model output escaped."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import Any
+
+from qlift.eval.compare import MetricSummary
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.4em}.pass{color:#137333}.fail{color:#b3261e}
+table{border-collapse:collapse;width:100%;margin:.5em 0 1.5em}
+th,td{border:1px solid #ddd;padding:4px 6px;vertical-align:top;text-align:left}
+th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+pre{white-space:pre-wrap;word-break:break-word;margin:0;font:12px/1.35 ui-monospace,monospace}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #e5e5e5;padding:6px 8px;border-radius:6px}
+.chart h3{margin:0 0 4px;font-size:13px}.bar.candidate{fill:#3b6fd8}.bar.baseline{fill:#a9a9a9}
+.ci{stroke:#111;stroke-width:1.5}svg text{font:11px system-ui,sans-serif;fill:#333}
+"""
+_W, _LABEL, _BAR_H = 300, 70, 16
+
+
+def _f(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.4g}" if abs(x) >= 1 or x == 0 else f"{x:.4f}"
+
+
+def metric_chart(s: MetricSummary, has_base: bool) -> str:
+    """Bars for candidate and baseline; the whisker is baseline + the diff's 95% CI."""
+    vals = [v for v in (s.candidate, s.baseline) if v is not None and math.isfinite(v)]
+    ci = None
+    if has_base and s.baseline is not None and s.ci_low is not None and s.ci_high is not None:
+        ci = (s.baseline + s.ci_low, s.baseline + s.ci_high)
+        vals += [v for v in ci if math.isfinite(v)]
+    top = max(vals + [1e-12])
+    scale = (_W - _LABEL - 60) / top
+
+    def x(v: float) -> float:
+        return _LABEL + max(0.0, v) * scale
+
+    rows = [("candidate", s.candidate)] + ([("baseline", s.baseline)] if has_base else [])
+    h = 10 + len(rows) * (_BAR_H + 8)
+    parts = [
+        f'<svg class="metric-chart" data-metric="{escape(s.metric)}" width="{_W}" height="{h}" '
+        f'role="img" aria-label="{escape(s.metric)}">'
+    ]
+    for i, (role, v) in enumerate(rows):
+        y = 6 + i * (_BAR_H + 8)
+        width = (x(v) - _LABEL) if v is not None and math.isfinite(v) else 0.0
+        parts.append(f'<text x="0" y="{y + 12}">{role}</text>')
+        parts.append(
+            f'<rect class="bar {role}" data-value="{_f(v)}" x="{_LABEL}" y="{y}" '
+            f'width="{width:.1f}" height="{_BAR_H}"><title>{role}: {_f(v)}</title></rect>'
+        )
+        parts.append(f'<text x="{_LABEL + width + 4:.1f}" y="{y + 12}">{_f(v)}</text>')
+        if role == "candidate" and ci is not None:
+            cy = y + _BAR_H / 2
+            x1, x2 = x(ci[0]), x(ci[1])
+            parts.append(
+                f'<line class="ci" data-low="{_f(s.ci_low)}" data-high="{_f(s.ci_high)}" '
+                f'x1="{x1:.1f}" x2="{x2:.1f}" y1="{cy}" y2="{cy}"><title>95% CI of the diff: '
+                f'[{_f(s.ci_low)}, {_f(s.ci_high)}]</title></line>'
+            )
+            for xx in (x1, x2):
+                parts.append(f'<line class="ci" x1="{xx:.1f}" x2="{xx:.1f}" y1="{cy - 4}" y2="{cy + 4}"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _summary_table(rows: list[MetricSummary], has_base: bool, slice_name: str) -> str:
+    head = "<tr><th>metric</th><th>n</th><th>candidate</th>"
+    head += "<th>baseline</th><th>diff</th><th>95% CI</th><th>win/tie/loss</th></tr>" if has_base else "</tr>"
+    body = []
+    for s in rows:
+        cells = f"<td>{escape(s.metric)}</td><td class=num>{s.n}</td><td class=num>{_f(s.candidate)}</td>"
+        if has_base:
+            ci = f"[{_f(s.ci_low)}, {_f(s.ci_high)}]" if s.ci_low is not None else "-"
+            w = "-" if s.wins is None else f"{s.wins}/{s.ties}/{s.losses}"
+            cells += (
+                f"<td class=num>{_f(s.baseline)}</td><td class=num>{_f(s.diff)}</td>"
+                f"<td class=num>{ci}</td><td class=num>{w}</td>"
+            )
+        body.append(f'<tr class="summary" data-metric="{escape(s.metric)}">{cells}</tr>')
+    return f'<table class="summary" data-slice="{escape(slice_name)}">{head}{"".join(body)}</table>'
+
+
+def _examples(result: Any, has_base: bool) -> str:
+    head = "<tr><th>id</th><th>prompt</th><th>reference</th>"
+    head += "<th>baseline output</th>" if has_base else ""
+    head += "<th>candidate output</th><th>scores (candidate / baseline)</th></tr>"
+    rows = []
+    for ex in result.examples:
+        scores = "<br>".join(
+            escape(f"{m}: {_f(v.get('candidate'))}" + (f" / {_f(v.get('baseline'))}" if has_base else ""))
+            for m, v in ex.scores.items() if v.get("candidate") is not None
+        )
+        tags = f"<br><small>{escape(', '.join(ex.tags))}</small>" if ex.tags else ""
+        cells = [
+            f"<td>{escape(ex.id)}{tags}</td>",
+            f"<td><pre>{escape(ex.prompt)}</pre></td>",
+            f"<td><pre>{escape(ex.reference or '')}</pre></td>",
+        ]
+        if has_base:
+            cells.append(f'<td class="output baseline"><pre>{escape(ex.outputs.get("baseline", ""))}</pre></td>')
+        cells.append(f'<td class="output candidate"><pre>{escape(ex.outputs["candidate"])}</pre></td>')
+        cells.append(f"<td><small>{scores}</small></td>")
+        rows.append(f'<tr class="example" data-id="{escape(ex.id)}">{"".join(cells)}</tr>')
+    return f'<table class="examples">{head}{"".join(rows)}</table>'
+
+
+def render_html(result: Any) -> str:
+    has_base = result.baseline is not None
+    verdict = '<span class="pass">PASS</span>' if result.passed else '<span class="fail">FAIL</span>'
+    title = escape(result.candidate.name) + (f" vs {escape(result.baseline.name)}" if has_base else "")
+    gates = "".join(
+        f'<li class="gate {"pass" if g.passed else "fail"}">{"PASS" if g.passed else "FAIL"} '
+        f"<code>{escape(g.expr)}</code> ({escape(g.detail)})</li>"
+        for g in result.gates
+    )
+    charts = "".join(
+        f'<div class="chart"><h3>{escape(s.metric)}</h3>{metric_chart(s, has_base)}</div>'
+        for s in result.overall if s.candidate is not None
+    )
+    slices = "".join(
+        f"<h3>slice <code>{escape(tag)}</code></h3>{_summary_table(rows, has_base, tag)}"
+        for tag, rows in result.slices.items()
+    )
+    notes = "".join(f"<li>{escape(n)}</li>" for n in result.notes)
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>qlift eval: {title}</title><style>{_CSS}</style></head><body>"
+        f"<h1>qlift eval: {title} {verdict}</h1>"
+        f"<p>{result.examples_count} examples from <code>{escape(result.prompts)}</code>, backend "
+        f"{escape(result.backend)}, greedy, max_tokens {result.sampling.max_tokens}. Bars: aggregate per model; "
+        "whisker: baseline + paired-bootstrap 95% CI of (candidate - baseline).</p>"
+        + (f"<h2>Gates</h2><ul class=gates>{gates}</ul>" if gates else "")
+        + f'<h2>Metrics</h2><div class="charts">{charts}</div>'
+        + f"<h2>Overall</h2>{_summary_table(result.overall, has_base, 'overall')}"
+        + (f"<h2>Slices</h2>{slices}" if slices else "")
+        + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
+        + f"<h2>Examples</h2>{_examples(result, has_base)}</body></html>\n"
+    )

@@ -1,0 +1,274 @@
+"""``evaluate``: a candidate against a baseline on a prompt set, end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import BadInputError, ExternalToolError, GateFailedError
+from qlift.eval.compare import MetricSummary, summarize
+from qlift.eval.gates import Gate, GateResult, parse_gate
+from qlift.eval.generation import (
+    CacheStats,
+    Generation,
+    GenerationCache,
+    ModelRef,
+    Request,
+    Sampling,
+    cached_generate,
+)
+from qlift.eval.metrics import METRICS, applies, parse_metrics, score
+from qlift.eval.prompts import Example, load_prompts
+from qlift.fsutil import check_output_path
+from qlift.settings import eval_cache_dir, vllm_python
+
+log = logging.getLogger(__name__)
+BACKENDS = ("vllm", "endpoint", "transformers")
+
+
+@dataclass
+class ExampleRow:
+    id: str
+    tags: list[str]
+    prompt: str
+    reference: str | None
+    outputs: dict[str, str]  # role -> text
+    scores: dict[str, dict[str, float | None]]  # metric -> role -> value
+
+
+@dataclass
+class EvalResult:
+    candidate: ModelRef
+    baseline: ModelRef | None
+    prompts: str
+    examples_count: int
+    backend: str
+    sampling: Sampling
+    metrics: list[str]
+    overall: list[MetricSummary]
+    slices: dict[str, list[MetricSummary]]
+    gates: list[GateResult]
+    passed: bool
+    examples: list[ExampleRow]
+    cache: CacheStats
+    bootstrap: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+    report_dir: str | None = None
+    seconds: float = 0.0
+
+    def summary(self, metric: str, tag: str | None = None) -> MetricSummary | None:
+        rows = self.overall if tag is None else self.slices.get(tag, [])
+        return next((s for s in rows if s.metric == metric), None)
+
+
+def pick_backend(backend: str | None, endpoint: str | None) -> str:
+    if backend:
+        if backend not in BACKENDS:
+            raise BadInputError(f"unknown backend '{backend}'", hint=f"Choose one of: {', '.join(BACKENDS)}.")
+        if backend == "endpoint" and not endpoint:
+            raise BadInputError("--backend endpoint needs --endpoint URL", hint="Pass the server's base URL.")
+        return backend
+    if endpoint:
+        return "endpoint"
+    if vllm_python() or importlib.util.find_spec("vllm") is not None:
+        return "vllm"
+    log.info("vLLM is not installed: evaluating with transformers")
+    return "transformers"
+
+
+def _make_backend(name: str, *, concurrency: int, max_model_len: int, api_key: str | None) -> Any:
+    if name == "vllm":
+        from qlift.eval.vllm_backend import VllmBackend
+
+        return VllmBackend(max_model_len=max_model_len)
+    if name == "endpoint":
+        from qlift.eval.endpoint import EndpointBackend
+
+        return EndpointBackend(concurrency=concurrency, api_key=api_key)
+    from qlift.eval.hf_backend import TransformersBackend
+
+    return TransformersBackend()
+
+
+def _local_model(role: str, path_str: str) -> ModelRef:
+    from qlift.lineage import describe_input
+    from qlift.models import ModelDir
+
+    md = ModelDir.open(path_str)
+    md.require_weights()
+    ref, _ = describe_input(role, md.path)
+    return ModelRef(role=role, name=str(path_str), path=md.path, content_hash=ref.content_hash)
+
+
+def _check_gates(gates: list[Gate], examples: list[Example], has_baseline: bool, prompts: Path) -> None:
+    tags = {t for ex in examples for t in ex.tags}
+    for g in gates:
+        if g.uses_baseline and not has_baseline:
+            raise BadInputError(
+                f"gate '{g.expr}' compares with the baseline, but no --baseline was given",
+                hint="Pass --baseline MODEL, or use an absolute threshold.",
+            )
+        if g.tag is not None and g.tag not in tags:
+            raise BadInputError(
+                f"gate '{g.expr}' names tag '{g.tag}', which no example in {prompts} has",
+                hint=f"Tags in the file: {', '.join(sorted(tags)) or 'none'}.",
+            )
+        pool = [ex for ex in examples if g.tag is None or g.tag in ex.tags]
+        if not any(applies(g.metric, ex) for ex in pool):
+            raise BadInputError(
+                f"gate '{g.expr}': no example in {prompts} can be scored on {g.metric} "
+                f"({METRICS[g.metric].doc})",
+                hint="Add references or checks to the prompt file, or drop the gate.",
+            )
+
+
+def _display_prompt(ex: Example) -> str:
+    if ex.messages is not None:
+        return "\n".join(f"{m.role}: {m.content}" for m in ex.messages)
+    return ex.prompt or ""
+
+
+def _judge(gate: Gate, result: EvalResult) -> GateResult:
+    s = result.summary(gate.metric, gate.tag)
+    if s is None or s.candidate is None or (gate.uses_baseline and s.baseline is None):
+        return GateResult(gate.expr, False, None, None, None, "no value: the metric could not be computed")
+    thr = gate.threshold(s.baseline)
+    ok = gate.check(s.candidate, s.baseline)
+    return GateResult(gate.expr, ok, s.candidate, thr, s.baseline, f"{s.candidate:.4g} {gate.op} {thr:.4g}")
+
+
+def evaluate(
+    candidate: str,
+    *,
+    prompts: Path,
+    baseline: str | None = None,
+    backend: str | None = None,
+    endpoint: str | None = None,
+    model_name: str | None = None,
+    baseline_endpoint: str | None = None,
+    metrics: str | None = None,
+    gates: list[str] | tuple[str, ...] = (),
+    report_dir: Path | None = None,
+    force: bool = False,
+    max_tokens: int = 64,
+    resamples: int = 1000,
+    seed: int = 0,
+    use_cache: bool = True,
+    concurrency: int = 1,
+    max_model_len: int = 4096,
+    api_key: str | None = None,
+) -> EvalResult:
+    """Generate with both models, score, compare, judge the gates, and write the reports.
+
+    Raises nothing for a failed gate (see ``EvalResult.passed`` and ``require_pass``);
+    every backend failure raises ``ExternalToolError``.
+    """
+    t0 = time.monotonic()
+    examples = load_prompts(prompts)
+    parsed_gates = [parse_gate(g) for g in gates]
+    names = parse_metrics(metrics)
+    explicit = set(names if metrics else []) | {g.metric for g in parsed_gates}
+    names += [g.metric for g in parsed_gates if g.metric not in names]
+    _check_gates(parsed_gates, examples, baseline is not None, prompts)
+    if max_tokens < 1:
+        raise BadInputError("--max-tokens must be at least 1", hint="Pass a positive number.")
+    if resamples < 100:
+        raise BadInputError("--bootstrap must be at least 100 resamples", hint="1000 is a good default.")
+    if report_dir is not None:
+        check_output_path(Path(report_dir), force=force)
+    kind = pick_backend(backend, endpoint)
+
+    if kind == "endpoint":
+        assert endpoint is not None
+        models = [ModelRef("candidate", model_name or candidate, endpoint=endpoint)]
+        if baseline is not None:
+            models.append(ModelRef("baseline", baseline, endpoint=baseline_endpoint or endpoint))
+    else:
+        models = [_local_model("candidate", candidate)]
+        if baseline is not None:
+            models.append(_local_model("baseline", baseline))
+
+    sampling = Sampling(max_tokens=max_tokens, seed=seed)
+    requests = [Request.of(ex) for ex in examples]
+    impl = _make_backend(kind, concurrency=concurrency, max_model_len=max_model_len, api_key=api_key)
+    cache = GenerationCache(eval_cache_dir() if use_cache else None)
+    gens, stats = cached_generate(models, requests, sampling, impl, cache)
+    if stats.shared_models:
+        log.info("candidate and baseline have the same content: generated once")
+
+    notes: list[str] = []
+    scores = {m.role: {n: [score(n, ex, g) for ex, g in zip(examples, gens[m.role], strict=True)] for n in names}
+              for m in models}
+    if "ppl" in names and any(ex.reference for ex in examples) and all(
+        s is None for s in scores["candidate"]["ppl"]
+    ):
+        if "ppl" in explicit:
+            raise ExternalToolError(
+                f"the {kind} backend gave no reference log-probabilities, so ppl cannot be computed",
+                hint="Use the vllm or transformers backend, or a vLLM server (it has /tokenize).", tool=kind,
+            )
+        names.remove("ppl")
+        notes.append(f"ppl left out: the {kind} backend gave no reference log-probabilities")
+
+    def slice_summaries(keep: list[int]) -> list[MetricSummary]:
+        out = []
+        for n in names:
+            cand = [scores["candidate"][n][i] for i in keep]
+            base = [scores["baseline"][n][i] for i in keep] if baseline is not None else None
+            out.append(summarize(n, cand, base, resamples=resamples, seed=seed))
+        return out
+
+    overall = slice_summaries(list(range(len(examples))))
+    tags = sorted({t for ex in examples for t in ex.tags})
+    slices = {t: slice_summaries([i for i, ex in enumerate(examples) if t in ex.tags]) for t in tags}
+    rows = [
+        ExampleRow(
+            id=ex.id, tags=ex.tags, prompt=_display_prompt(ex), reference=ex.reference,
+            outputs={m.role: gens[m.role][i].text for m in models},
+            scores={n: {m.role: _value(scores[m.role][n][i]) for m in models} for n in names},
+        )
+        for i, ex in enumerate(examples)
+    ]
+    result = EvalResult(
+        candidate=models[0], baseline=models[1] if len(models) > 1 else None, prompts=str(prompts),
+        examples_count=len(examples), backend=kind, sampling=sampling, metrics=names, overall=overall,
+        slices=slices, gates=[], passed=True, examples=rows, cache=stats,
+        bootstrap={"resamples": resamples, "seed": seed}, notes=notes,
+    )
+    result.gates = [_judge(g, result) for g in parsed_gates]
+    result.passed = all(g.passed for g in result.gates)
+    result.seconds = round(time.monotonic() - t0, 3)
+    if report_dir is not None:
+        from qlift.eval.report import write_reports
+
+        write_reports(result, Path(report_dir), force=force, inputs=_inputs(models, prompts))
+        result.report_dir = str(report_dir)
+    return result
+
+
+def _value(s: Any) -> float | None:
+    return None if s is None else float(s.value)
+
+
+def _inputs(models: list[ModelRef], prompts: Path) -> dict[str, Path]:
+    inputs = {m.role: m.path for m in models if m.path is not None}
+    return {**inputs, "prompts": Path(prompts)}
+
+
+def require_pass(result: EvalResult) -> None:
+    """Raise ``GateFailedError`` naming every gate that failed."""
+    failed = [g for g in result.gates if not g.passed]
+    if failed:
+        what = "; ".join(f"{g.expr} ({g.detail})" for g in failed)
+        where = f" See {result.report_dir}/report.md." if result.report_dir else ""
+        raise GateFailedError(
+            f"{len(failed)} of {len(result.gates)} gate(s) failed: {what}",
+            hint=f"The candidate is not ready to promote.{where}",
+        )
+
+
+__all__ = ["EvalResult", "ExampleRow", "Generation", "evaluate", "require_pass"]

@@ -76,9 +76,8 @@ def download_cmd(
                        f"{human_bytes(r.free_bytes)} free at {Path(r.output).parent.resolve()}: {verdict}")
             return
         reused = f", {r.reused} verified by an earlier run" if r.reused else ""
-        click.echo(f"wrote {r.output}: {len(r.files)} files, {human_bytes(r.total_bytes)} "
-                   f"in {r.seconds:.1f} s{reused}")
-        click.echo(head)
+        click.echo(f"wrote {r.output}: {len(r.files)} files, {human_bytes(r.total_bytes)} from "
+                   f"{r.repo}@{r.commit[:12]} ({r.source}) in {r.seconds:.1f} s{reused}")
 
     emit(r, human)
 

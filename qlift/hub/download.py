@@ -133,7 +133,7 @@ def download(
 
     staging = out.parent / f".{out.name}.qlift-download"
     state = _State.load(staging)
-    done = {f.path: rec for f in chosen if (rec := state.verified(staging, f)) is not None}
+    done = {f.path: rec for f in chosen if (rec := state.verified(staging, f, snap.commit)) is not None}
     total = sum(f.size or 0 for f in chosen)
     remaining = sum(f.size or 0 for f in chosen if f.path not in done)
     free = shutil.disk_usage(_existing(out.parent)).free
@@ -183,7 +183,7 @@ def _fetch_all(
 
     def one(f: RemoteFile) -> LockedFile:
         rec, blob_id = _fetch_verified(src, snap, f, staging)
-        state.add(staging, rec, blob_id)  # at once, so a killed run's rerun skips it
+        state.add(staging, rec, blob_id, snap.commit)  # at once, so a killed run's rerun skips it
         bar.update(rec.size)
         return rec
 
@@ -254,24 +254,28 @@ class _State:
         except (OSError, ValueError, KeyError, TypeError):
             return cls({})
 
-    def verified(self, staging: Path, f: RemoteFile) -> LockedFile | None:
+    def verified(self, staging: Path, f: RemoteFile, commit: str) -> LockedFile | None:
         rec = self.files.get(f.path)
         p = staging / f.path
         if not rec or not p.is_file():
             return None
         st = p.stat()
-        same = (
-            st.st_size == rec["size"] and st.st_mtime_ns == rec["mtime_ns"]
-            and (f.size is None or f.size == rec["size"])
-            and (not f.sha256 or f.sha256.lower() == rec["sha256"])
-            and (not f.blob_id or f.blob_id == rec.get("blob_id"))
-        )
-        return LockedFile(f.path, rec["size"], rec["sha256"]) if same else None
+        untouched = st.st_size == rec["size"] and st.st_mtime_ns == rec["mtime_ns"]
+        if f.sha256 or f.blob_id:  # content-addressed: valid for any commit publishing the same hash
+            same = (
+                (f.size is None or f.size == rec["size"])
+                and (not f.sha256 or f.sha256.lower() == rec["sha256"])
+                and (not f.blob_id or f.blob_id == rec.get("blob_id"))
+            )
+        else:
+            same = rec.get("commit") == commit
+        return LockedFile(f.path, rec["size"], rec["sha256"]) if untouched and same else None
 
-    def add(self, staging: Path, rec: LockedFile, blob_id: str | None) -> None:
+    def add(self, staging: Path, rec: LockedFile, blob_id: str | None, commit: str) -> None:
         with self._lock:
             mtime = (staging / rec.path).stat().st_mtime_ns
-            self.files[rec.path] = {"size": rec.size, "sha256": rec.sha256, "blob_id": blob_id, "mtime_ns": mtime}
+            self.files[rec.path] = {"size": rec.size, "sha256": rec.sha256, "blob_id": blob_id,
+                                    "commit": commit, "mtime_ns": mtime}
             tmp = staging / "state.json.tmp"
             tmp.write_text(json.dumps({"files": self.files}, indent=1), encoding="utf-8")
             os.replace(tmp, staging / "state.json")

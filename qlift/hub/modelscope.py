@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import ExternalToolError, NotFoundError, QliftError
+from qlift.errors import BadInputError, ExternalToolError, NotFoundError, QliftError
 from qlift.hub.files import RemoteFile, RepoSnapshot
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -18,8 +18,14 @@ class ModelScopeSource:
     name = "modelscope"
 
     def __init__(self, *, endpoint: str | None, token: str | None) -> None:
-        from modelscope_hub.api import HubApi
-        from modelscope_hub.config import HubConfig
+        try:
+            from modelscope_hub.api import HubApi
+            from modelscope_hub.config import HubConfig
+        except ImportError as exc:
+            raise BadInputError(
+                "--source modelscope needs the modelscope SDK, which is not installed",
+                hint="pip install 'modelscope>=1.40' (or qlift[ml]).",
+            ) from exc
 
         # A fresh config, not the SDK's process-wide one, so the environment is read now.
         # endpoint None: MODELSCOPE_ENDPOINT / MODELSCOPE_DOMAIN / the default;

@@ -182,6 +182,8 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if hub.status_override is not None:
                 hub.log(self._req("down", url.path))
                 return self._json(hub.status_override, {"error": "hub unavailable"})
+            if parts[1:3] == ["api", "models"] and len(parts) >= 7 and parts[5] == "tree":
+                return self._hf_tree(f"{parts[3]}/{parts[4]}", unquote(parts[6]))
             if parts[1:3] == ["api", "models"] and len(parts) >= 7 and parts[5] == "revision":
                 return self._hf_info(f"{parts[3]}/{parts[4]}", unquote("/".join(parts[6:])))
             if len(parts) >= 6 and parts[3] == "resolve":
@@ -224,6 +226,24 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 "tags": [], "siblings": siblings,
                 "lastModified": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(commit.time)),
             })
+
+        def _hf_tree(self, repo_id: str, rev: str) -> None:
+            """The recursive tree listing snapshot_download uses (one page, no Link header)."""
+            hub.log(self._req("hf-tree", f"{repo_id}@{rev}"))
+            repo = hub.repos.get(repo_id)
+            commit = repo.resolve(rev) if repo else None
+            if commit is None:
+                return self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            entries: list[dict[str, object]] = []
+            dirs = sorted({"/".join(p.split("/")[:i]) for p in commit.files for i in range(1, p.count("/") + 1)})
+            entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in dirs]
+            for path in sorted(commit.files):
+                data = commit.files[path]
+                entry: dict[str, object] = {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
+                if is_lfs(path, data):
+                    entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                entries.append(entry)
+            self._json(200, entries)
 
         def _hf_file(self, repo_id: str, rev: str, path: str, *, body: bool) -> None:
             hub.log(self._req("hf-file", path))

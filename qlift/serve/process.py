@@ -33,8 +33,15 @@ _WRAPPER_ERRORS = (
     "EngineCore failed to start",
     "subprocess.CalledProcessError",
     "Traceback (most recent call last)",
+    "initialization failed",
+    "See stack trace for root cause",
+    "See root cause above",
 )
-_ERROR_LINE = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?([\w.]*(?:Error|Exception)): (.+)$")
+_ERROR_LINE = re.compile(
+    r"^\s*(?:\(\w+ pid=\d+\)\s*)?"  # (EngineCore pid=12) from a child process
+    r"(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"  # vLLM's "ERROR 11-29 19:01:12 [file.py:953]"
+    r"([\w.]*(?:Error|Exception)): (.+)$"
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,0 +1,230 @@
+"""The memory planner against hand-computed figures, dtype rules, and --recipe auto.
+
+The Qwen2.5-7B- and 3B-shaped models are real config.json files with header-only
+safetensors files: the planner reads headers, never tensor data.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from qlift.errors import IncompatibleError
+from qlift.models.modeldir import ModelDir
+from qlift.serve.hardware import simulate
+from qlift.serve.plan import ModelShape, fit_to_model, plan_memory, resolve_dtype
+from qlift.serve.recipes import apply_overrides, load_recipe
+from qlift.serve.select import choose_recipe, mismatch
+
+GiB = 1024**3
+QWEN7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+          "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
+QWEN3B = {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+          "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True}
+_BYTES = {"BF16": 2, "I32": 4, "F32": 4}
+
+
+def qwen2_tensors(cfg: dict, quant_group: int | None = None) -> dict[str, tuple[str, list[int]]]:  # type: ignore[type-arg]
+    """Qwen2 tensor names and shapes; with quant_group, linear layers as packed int4 + bf16 scales."""
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    out: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("BF16", [v, h]),
+                                             "model.norm.weight": ("BF16", [h])}
+    if not cfg["tie_word_embeddings"]:
+        out["lm_head.weight"] = ("BF16", [v, h])
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        linears = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+                   "self_attn.o_proj": (h, h), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                   "mlp.down_proj": (h, inter)}
+        for name, (o, n) in linears.items():
+            if quant_group:
+                out[p + name + ".weight_packed"] = ("I32", [o, n // 8])
+                out[p + name + ".weight_scale"] = ("BF16", [o, n // quant_group])
+            else:
+                out[p + name + ".weight"] = ("BF16", [o, n])
+        for name, size in (("self_attn.q_proj", h), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)):
+            out[p + name + ".bias"] = ("BF16", [size])
+        out[p + "input_layernorm.weight"] = ("BF16", [h])
+        out[p + "post_attention_layernorm.weight"] = ("BF16", [h])
+    return out
+
+
+def shaped_model(root: Path, cfg: dict, *, quant_group: int | None = None, **extra: object) -> ModelDir:  # type: ignore[type-arg]
+    """config.json + a header-only model.safetensors (offsets as if the data were there)."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "bfloat16",
+              "max_position_embeddings": 32768, "sliding_window": 131072, "use_sliding_window": False,
+              "max_window_layers": cfg["num_hidden_layers"], **cfg, **extra}
+    (root / "config.json").write_text(json.dumps(config))
+    header, offset = {}, 0
+    for name, (dtype, shape) in qwen2_tensors(cfg, quant_group).items():
+        n = _BYTES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    (root / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    return ModelDir.open(root)
+
+
+@pytest.fixture
+def q7b(tmp_path: Path) -> ModelDir:
+    return shaped_model(tmp_path / "q7b", QWEN7B)
+
+
+@pytest.fixture
+def q3b(tmp_path: Path) -> ModelDir:
+    return shaped_model(tmp_path / "q3b", QWEN3B)
+
+
+def plan(md: ModelDir, recipe: str, gpu: str, count: int = 1, sets: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    r, _ = fit_to_model(apply_overrides(load_recipe(recipe), list(sets)), md)
+    return plan_memory(md, r, simulate(gpu, count))
+
+
+def test_parameter_counts_match_qwen25(q7b: ModelDir, q3b: ModelDir) -> None:
+    assert q7b.parameter_count == 7_615_616_512  # Qwen2.5-7B: 7.61 B
+    assert q3b.parameter_count == 3_085_938_688  # Qwen2.5-3B: 3.09 B (tied)
+
+
+def test_7b_on_rtx4090(q7b: ModelDir) -> None:
+    p = plan(q7b, "chat-4090", "RTX 4090")
+    # 24 GiB x 0.90
+    assert p.budget_bytes == 23_192_823_398
+    # 7,615,616,512 params x 2 bytes
+    assert p.weight_bytes == 15_231_233_024
+    # 2048 tokens x (4 x 3584 + 2 x 18944) x 2 B  +  256 seqs x 152,064 x 4 B x 2
+    assert p.activation_bytes == 213_909_504 + 311_427_072
+    # 28 layers x 4 KV heads x 128 head dim x 2 (K, V) x 2 B
+    assert p.kv_bytes_per_token == 57_344
+    # 23,192,823,398 - 15,231,233,024 - 525,336,576 - 0.5 GiB graphs - 0.5 GiB runtime
+    assert p.kv_cache_bytes == 6_362_511_974
+    assert p.kv_capacity_tokens == 110_953
+    assert p.concurrent_sequences == 13.54  # 6,362,511,974 / (8192 x 57,344)
+    assert (p.verdict, p.dtype, p.max_model_len) == ("fits", "bfloat16", 8192)
+
+
+def test_3b_on_rtx4090_and_t4(q3b: ModelDir) -> None:
+    p = plan(q3b, "chat-4090", "RTX 4090")
+    assert p.weight_bytes == 6_171_877_376
+    # 2048 x (4 x 2048 + 2 x 11008) x 2  +  256 x 151,936 x 8
+    assert p.activation_bytes == 123_731_968 + 311_164_928
+    assert p.kv_bytes_per_token == 36_864  # 36 x 2 x 128 x 2 x 2
+    assert p.kv_cache_bytes == 23_192_823_398 - 6_171_877_376 - 434_896_896 - GiB == 15_512_307_302
+    assert p.kv_capacity_tokens == 420_798
+    t4 = plan(q3b, "chat-t4", "T4")
+    assert t4.dtype == "float16" and t4.budget_bytes == 15_461_882_265  # 16 GiB x 0.90
+    assert t4.kv_cache_bytes == 15_461_882_265 - 6_171_877_376 - 434_896_896 - GiB == 7_781_366_169
+    assert t4.kv_capacity_tokens == 211_083
+    assert t4.concurrent_sequences == 51.53  # / (4096 x 36,864)
+    assert t4.verdict == "fits"
+
+
+def test_7b_does_not_fit_a_t4(q7b: ModelDir) -> None:
+    p = plan(q7b, "chat-t4", "T4")
+    assert p.dtype == "float16" and p.weight_bytes == 15_231_233_024
+    assert p.kv_cache_bytes == 15_461_882_265 - 15_231_233_024 - 525_336_576 - GiB < 0
+    assert (p.verdict, p.largest_max_model_len) == ("does not fit", None)
+
+
+def test_low_memory_gives_the_largest_max_model_len(q7b: ModelDir) -> None:
+    p = plan(q7b, "chat-4090", "RTX 4090", sets=("gpu_memory_utilization=0.72", "max_model_len=32768"))
+    # 24 GiB x 0.72 = 18,554,258,718; minus weights, activations, graphs, runtime
+    assert p.kv_cache_bytes == 18_554_258_718 - 16_830_311_424 == 1_723_947_294
+    assert 32768 * 57_344 > p.kv_cache_bytes
+    assert p.verdict == "low memory"
+    assert p.largest_max_model_len == 29_952  # floor(1,723,947,294 / 57,344) = 30,063, to a multiple of 256
+
+
+def test_max_model_len_is_capped_at_the_models_context(q3b: ModelDir) -> None:
+    r, notes = fit_to_model(apply_overrides(load_recipe("chat-h100"), ["max_model_len=131072"]), q3b)
+    assert r.engine.max_model_len == 32768 and "131072" in notes[0]
+
+
+def test_tensor_parallel_splits_weights_and_kv_heads(q7b: ModelDir) -> None:
+    p = plan(q7b, "multi-tenant-a100x2", "A100-40GB", 2)
+    assert p.tensor_parallel_size == 2
+    assert p.weight_bytes == 15_231_233_024 // 2
+    assert p.kv_bytes_per_token == 57_344 // 2
+    assert p.overhead_bytes == int(0.75 * GiB)  # runtime + NCCL
+    with pytest.raises(IncompatibleError, match="needs 2 GPUs"):
+        plan(q7b, "multi-tenant-a100x2", "A100-40GB", 1)
+
+
+def test_quantized_weights_count_at_stored_size(tmp_path: Path, q7b: ModelDir) -> None:
+    md = shaped_model(tmp_path / "w4", QWEN7B, quant_group=128,
+                      quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"})
+    expected = sum(t.nbytes for t in md.tensors.values())  # int4 packed + bf16 scales, embeddings bf16
+    p = plan(md, "chat-t4", "T4")
+    assert p.weight_bytes == expected
+    assert 0.3 < expected / 15_231_233_024 < 0.4  # embeddings and lm_head stay bf16
+    assert p.verdict == "fits"  # a 4-bit 7B fits the T4 that the bf16 one does not
+
+
+def test_sliding_window_layers_hold_at_most_their_window() -> None:
+    cfg = {**QWEN7B, "max_position_embeddings": 32768, "use_sliding_window": True, "sliding_window": 4096,
+           "layer_types": ["sliding_attention", "full_attention"] * 14}
+    shape = ModelShape.from_config(cfg)
+    per_layer = 4 * 128 * 2 * 2
+    assert shape.kv_bytes_for_sequence(32768, 2) == (14 * 32768 + 14 * 4096) * per_layer
+    assert shape.kv_bytes_for_sequence(1000, 2) == 28 * 1000 * per_layer
+    qwen_default = ModelShape.from_config({**QWEN7B, "use_sliding_window": False, "sliding_window": 4096})
+    assert qwen_default.windows == (None,) * 28
+
+
+@pytest.mark.parametrize("gpu", ["T4", "V100"])
+def test_pre_ampere_gpus_get_float16(q3b: ModelDir, gpu: str) -> None:
+    hw = simulate(gpu)
+    choice = choose_recipe(hw, model=q3b)
+    assert choice.recipe.engine.dtype == "float16"
+    assert choice.plan is not None and choice.plan.dtype == "float16"
+    assert resolve_dtype("auto", "bfloat16", hw) == "float16"
+    with pytest.raises(IncompatibleError, match="compute capability 8.0"):
+        resolve_dtype("bfloat16", "bfloat16", hw)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "count", "workload", "expected"),
+    [
+        ("RTX 4090", 1, "chat", "chat-4090"),
+        ("T4", 1, "chat", "chat-t4"),
+        ("V100-32GB", 1, "chat", "chat-v100"),
+        ("A10G", 1, "chat", "chat-a10g"),
+        ("L4", 1, "chat", "chat-l4"),
+        ("A100-80GB", 1, "chat", "chat-a100-80g"),
+        ("A100-40GB", 1, "long-doc", "long-doc-a100-40g"),
+        ("A100-40GB", 2, "multi-tenant", "multi-tenant-a100x2"),
+        ("A100-80GB", 2, "multi-tenant", "multi-tenant-a100x2"),
+        ("H100", 1, "chat", "chat-h100"),
+        ("H200", 1, "chat", "chat-h200"),
+        ("H200", 4, "chat", "chat-h200"),
+    ],
+)
+def test_auto_select_on_simulated_gpus(gpu: str, count: int, workload: str, expected: str) -> None:
+    assert choose_recipe(simulate(gpu, count), workload=workload).recipe.name == expected
+
+
+def test_auto_select_edges(q7b: ModelDir) -> None:
+    assert mismatch(load_recipe("chat-l4"), simulate("L40S")) is not None  # \bL4\b is not L40S
+    # No chat recipe for a 40 GiB A100: the one that suits it is used, and says so.
+    choice = choose_recipe(simulate("A100-40GB"), workload="chat")
+    assert choice.recipe.name == "long-doc-a100-40g" and "no chat recipe" in choice.reason
+    choice = choose_recipe(simulate("T4"), model=q7b)
+    assert choice.plan is not None and choice.plan.verdict == "does not fit"
+
+
+def test_plan_cli(run_cli, q7b: ModelDir) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("plan", q7b.path, "--gpu", "RTX 4090", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["recipe"] == "chat-4090" and data["kv_capacity_tokens"] == 110_953
+    res = run_cli("plan", q7b.path, "--recipe", "chat-4090", "--gpu", "RTX 4090",
+                  "--set", "gpu_memory_utilization=0.72", "--set", "max_model_len=32768")
+    assert "low memory (largest max_model_len that fits: 29,952)" in res.stdout
+    res = run_cli("plan", q7b.path, "--recipe", "chat-4090", "--gpu", "T4")
+    assert res.exit_code == 6 and "compute capability 8.0" in res.stderr

@@ -1,0 +1,137 @@
+"""Recipe schema: the shipped recipes load; bad ones fail naming file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qlift.errors import BadInputError, NotFoundError
+from qlift.serve.recipes import apply_overrides, list_recipes, load_recipe, recipes_dir
+
+SHIPPED = {
+    "chat-4090", "chat-t4", "chat-v100", "chat-a10g", "chat-l4", "chat-a100-80g", "long-doc-a100-40g",
+    "multi-tenant-a100x2", "chat-h100", "chat-h200", "cpu",
+}
+GOOD = {
+    "name": "mine",
+    "description": "test recipe",
+    "workload": "chat",
+    "hardware": {"device": "gpu", "gpu_names": ["RTX 4090"], "min_memory_gib": 20, "min_compute_capability": 8.9},
+    "engine": {"dtype": "bfloat16", "max_model_len": 4096},
+}
+
+
+def write(tmp_path: Path, data: dict, name: str = "mine") -> Path:  # type: ignore[type-arg]
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_shipped_recipes_load_and_follow_the_hardware_rules() -> None:
+    recipes = {r.name: r for r in list_recipes()}
+    assert SHIPPED <= set(recipes)
+    for r in recipes.values():
+        assert r.description and r.sources, r.name
+        if r.hardware.device == "gpu" and r.hardware.min_compute_capability < 8.0:
+            assert r.engine.dtype == "float16", r.name
+        assert "swap_space" not in r.engine.args()
+    assert recipes["multi-tenant-a100x2"].tensor_parallel_size == 2
+    assert recipes["chat-t4"].engine.dtype == recipes["chat-v100"].engine.dtype == "float16"
+    assert recipes["cpu"].hardware.device == "cpu"
+
+
+def test_recipe_by_path_and_dashed_names(tmp_path: Path) -> None:
+    data = {**GOOD, "engine": {"max-model-len": 2048, "enable-chunked-prefill": False, "max-num-seqs": 8}}
+    r = load_recipe(str(write(tmp_path, data)))
+    assert r.engine.args() == {"max_model_len": 2048, "enable_chunked_prefill": False, "max_num_seqs": 8}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"engine": {"gpu_memory_utilization": 1.5}}, "engine.gpu_memory_utilization", "less than or equal to 1"),
+        ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq", "did you mean 'max_num_seqs'"),
+        ({"engine": {"swap_space": 4}}, "engine.swap_space", "no longer has the option 'swap_space'"),
+        ({"engine": {"api_key": "x"}}, "engine.api_key", "--api-key-env"),
+        ({"engine": {"kv_cache_dtype": "int3"}}, "engine.kv_cache_dtype", "fp8"),
+        ({"workload": "gaming"}, "workload", "chat"),
+        ({"hardware": {"gpu_names": ["("]}}, "hardware.gpu_names", "regular expression"),
+        ({"hardware": {"device": "tpu"}}, "hardware.device", "'gpu' or 'cpu'"),
+        ({"extra": 1}, "extra", "not permitted"),
+        ({"hardware": {"min_compute_capability": 7.5}}, "engine.dtype", "compute capability 8.0"),
+        ({"engine": {"tensor_parallel_size": 2}}, "engine.tensor_parallel_size", "gpu_count 1"),
+        ({"name": "other"}, "name", "file name"),
+    ],
+)
+def test_bad_recipe_names_file_and_field(tmp_path: Path, change: dict, field: str, words: str) -> None:  # type: ignore[type-arg]
+    data = json.loads(json.dumps(GOOD))
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    path = write(tmp_path, data)
+    with pytest.raises(BadInputError) as err:
+        load_recipe(str(path))
+    msg = err.value.one_line()
+    assert msg.startswith(f"{path}: field '{field}'"), msg
+    assert words.lower() in msg.lower(), msg
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: broken\nengine: {dtype: [\n")
+    with pytest.raises(BadInputError, match=r"broken\.yaml:\d+: invalid YAML"):
+        load_recipe(str(path))
+
+
+def test_unknown_recipe_suggests_a_name() -> None:
+    with pytest.raises(NotFoundError) as err:
+        load_recipe("chat-409")
+    assert "Did you mean 'chat-4090'?" in err.value.one_line()
+
+
+def test_overrides_are_vllm_names_with_typed_values() -> None:
+    r = apply_overrides(load_recipe("chat-4090"), ["max-model-len=4096", "enforce_eager=true",
+                                                    "gpu_memory_utilization=0.8", "seed=7"])
+    args = r.engine.args()
+    assert args["max_model_len"] == 4096 and args["enforce_eager"] is True
+    assert args["gpu_memory_utilization"] == 0.8 and args["seed"] == 7
+    for bad, words in (("swap_space=4", "swap_space"), ("max_model_len=lots", "max_model_len"),
+                       ("novalue", "key=value"), ("port=1", "--port")):
+        with pytest.raises(BadInputError) as err:
+            apply_overrides(r, [bad])
+        assert words in err.value.one_line()
+
+
+def test_recipes_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, GOOD)
+    monkeypatch.setenv("QLIFT_RECIPES_DIR", str(tmp_path))
+    assert recipes_dir() == tmp_path
+    assert [r.name for r in list_recipes()] == ["mine"]
+    monkeypatch.setenv("QLIFT_RECIPES_DIR", str(tmp_path / "nope"))
+    with pytest.raises(NotFoundError, match="QLIFT_RECIPES_DIR"):
+        recipes_dir()
+
+
+def test_recipes_list_marks_what_suits_the_hardware(run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("recipes", "list", "--gpu", "A100-40GB", "--gpus", "2", "--json")
+    assert res.exit_code == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    suits = {n for n, r in rows.items() if r["suits_this_machine"]}
+    assert suits == {"long-doc-a100-40g", "multi-tenant-a100x2"}
+    assert "76 GiB" in rows["chat-a100-80g"]["why_not"]
+    res = run_cli("recipes", "list")
+    assert res.exit_code == 0 and "* cpu" in res.stdout  # this test machine has no GPU
+
+
+def test_recipes_show(run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("recipes", "show", "chat-h200")
+    assert res.exit_code == 0 and "max_num_batched_tokens: 16384" in res.stdout
+    data = json.loads(run_cli("recipes", "show", "cpu", "--json").stdout)
+    assert data["engine"]["enforce_eager"] is True and data["hardware"]["device"] == "cpu"
+    res = run_cli("recipes", "show", "nope")
+    assert res.exit_code == 4 and res.stderr.count("\n") == 1

@@ -1,0 +1,196 @@
+"""``quantize``: AWQ (W4A16) or FP8 (dynamic) with llm-compressor, output that vLLM loads.
+
+Everything that can be checked from config and safetensors headers is checked here, in
+qlift's own environment, before the tool environment is built or any weight is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
+from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, dir_size
+from qlift.lineage import utc_now, write_manifest
+from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
+from qlift.quantize.calib import BUILTIN_NAME, load_calibration
+from qlift.quantize.env import quantize_env
+from qlift.quantize.groups import ALWAYS_IGNORED, choose_group_size, matches
+from qlift.quantize.hardware import advice, resolve_target
+from qlift.quantize.runner import run_worker
+
+log = logging.getLogger(__name__)
+
+Method = Literal["awq", "fp8"]
+SCHEMES = {
+    "awq": "W4A16 (int4 asymmetric, group-wise; AWQ)",
+    "fp8": "FP8_DYNAMIC (per-channel weights, per-token activations)",
+}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class QuantizeResult:
+    output: str
+    method: str
+    scheme: str
+    format: str  # compressed-tensors format: pack-quantized (AWQ), float-quantized (FP8)
+    device: str
+    group_size: int | None
+    num_samples: int | None
+    seq_len: int | None
+    calibration: str | None
+    ignore: list[str]
+    warnings: list[str]
+    size_bytes: int
+    source_size_bytes: int
+    seconds: float
+    llmcompressor: str
+    env_path: str
+    env_created: bool
+    log: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def linear_input_dims(model: ModelDir, ignore: list[str]) -> dict[str, int]:
+    """Input dim of every Linear that would be quantized, from the safetensors headers.
+
+    2-D ``X.weight`` tensors are Linear layers except the embeddings (vocab rows) and the
+    ignored ones; a weight is stored (out_features, in_features).
+    """
+    embeddings = set(embedding_modules(model))
+    dims: dict[str, int] = {}
+    for name, t in model.tensors.items():
+        if len(t.shape) != 2 or not name.endswith(".weight"):
+            continue
+        module = name.removesuffix(".weight")
+        if module in embeddings or matches(module, ignore):
+            continue
+        dims[module] = t.shape[1]
+    return dims
+
+
+def embedding_modules(model: ModelDir) -> list[str]:
+    """Modules holding a (vocab rows, hidden) table other than lm_head: the input embeddings."""
+    vocab = model.vocab_size
+    return sorted(
+        name.removesuffix(".weight")
+        for name, t in model.tensors.items()
+        if name.endswith(".weight") and len(t.shape) == 2 and t.shape[0] == vocab
+        and name.removesuffix(".weight") not in ALWAYS_IGNORED
+    )
+
+
+def quantize(
+    model: Path,
+    out: Path,
+    *,
+    method: Method,
+    calib: Path | None = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
+    group_size: int | None = None,
+    ignore: list[str] | None = None,
+    device: str = "auto",
+    target_recipe: str | None = None,
+    force: bool = False,
+    on_status: Callable[[str], None] | None = None,
+    echo_log: bool = False,
+    env_root: Path | None = None,
+) -> QuantizeResult:
+    """Quantize ``model`` into ``out`` (atomically). ``group_size=None`` means auto."""
+    say = on_status or (lambda msg: log.info("%s", msg))
+    started, t0 = utc_now(), time.monotonic()
+    ignore = list(ignore or [])
+    src = _check_args(model, out, method, calib, num_samples, seq_len, group_size, device, force)
+
+    job: dict[str, Any] = {"method": method, "model": str(src.path.resolve()), "device": device,
+                           "ignore": ignore}
+    if method == "awq":
+        # Fails here, naming the layer, before anything slow starts.
+        job["group_size"] = choose_group_size(linear_input_dims(src, [*ALWAYS_IGNORED, *ignore]), group_size)
+        job["calibration"] = load_calibration(calib)
+        job["num_samples"], job["seq_len"] = num_samples, seq_len
+    else:
+        job["embeddings"] = embedding_modules(src) or ["re:.*embed_tokens$"]
+
+    target = resolve_target(target_recipe)
+    warnings = advice(method, target)
+    for w in warnings:
+        log.warning("%s", w)
+
+    env = quantize_env(env_root)
+    ensured = env.ensure(say)
+    worker_env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    with atomic_output_dir(out, force=force) as tmp:
+        job["output"] = str(tmp)
+        result, log_path = run_worker(
+            ensured.python, job, env=worker_env, echo_log=echo_log,
+            on_progress=lambda ev: say(str(ev.get("message", ev.get("stage", "")))),
+        )
+        fmt = _finish_output(src, tmp)
+        inputs = {"model": src.path} | ({"calibration": Path(calib)} if calib else {})
+        params = {k: result.get(k) for k in ("device", "group_size", "num_samples", "seq_len", "ignore")}
+        params |= {"method": method, "scheme": SCHEMES[method], "format": fmt,
+                   "calibration": str(calib) if calib else (BUILTIN_NAME if method == "awq" else None),
+                   "llmcompressor": result.get("llmcompressor")}
+        write_manifest(tmp, operation="quantize", inputs=inputs, parameters=params, started_at=started)
+    return QuantizeResult(
+        output=str(out), method=method, scheme=SCHEMES[method], format=fmt, device=result["device"],
+        group_size=result.get("group_size"), num_samples=result.get("num_samples"),
+        seq_len=result.get("seq_len"), calibration=params["calibration"], ignore=result["ignore"],
+        warnings=warnings, size_bytes=dir_size(Path(out)), source_size_bytes=src.weight_bytes,
+        seconds=round(time.monotonic() - t0, 2), llmcompressor=str(result.get("llmcompressor")),
+        env_path=str(ensured.path), env_created=ensured.created, log=str(log_path),
+        extra={"worker_seconds": result.get("worker_seconds"),
+               "calibration_seconds": result.get("calibration_seconds")},
+    )
+
+
+def _check_args(
+    model: Path, out: Path, method: str, calib: Path | None, num_samples: int | None,
+    seq_len: int | None, group_size: int | None, device: str, force: bool,
+) -> ModelDir:
+    if method not in SCHEMES:
+        raise BadInputError(f"unknown method '{method}'", hint="Use --awq or --fp8.")
+    if device not in DEVICES:
+        raise BadInputError(f"unknown device '{device}'", hint="Use auto, cpu or cuda.")
+    if method == "fp8" and (calib or num_samples or seq_len or group_size):
+        raise BadInputError(
+            "--calib, --num-samples, --seq-len and --group-size apply to --awq only",
+            hint="FP8 dynamic needs no calibration; drop those options.",
+        )
+    for name, value in (("--num-samples", num_samples), ("--seq-len", seq_len)):
+        if value is not None and value < 1:
+            raise BadInputError(f"{name} must be at least 1, got {value}", hint=f"Pass a positive {name}.")
+    src = ModelDir.open(model)
+    src.require_weights()
+    if src.quantization_config:
+        qm = src.quantization_config.get("quant_method", "unknown")
+        raise IncompatibleError(
+            f"{src.path} is already quantized ({qm})",
+            hint="Quantize the bf16/fp16 model it was made from.",
+        )
+    check_output_path(Path(out), force=force)
+    return src
+
+
+def _finish_output(src: ModelDir, out: Path) -> str:
+    """Add what the tools left out (tokenizer, chat template, generation config); check the format."""
+    for f in [*(src.path / n for n in TOKENIZER_FILES), src.path / GENERATION_CONFIG]:
+        if f.is_file() and not (out / f.name).exists():
+            copy_or_link(f, out / f.name)
+    try:
+        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        qc = config["quantization_config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ExternalToolError(
+            "llm-compressor wrote no quantization_config into config.json",
+            hint="Rerun with -v to see its log.", tool="llm-compressor",
+        ) from exc
+    return str(qc.get("format") or "")

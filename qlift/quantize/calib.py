@@ -1,0 +1,64 @@
+"""Calibration samples: a user's JSONL (``messages`` or ``text`` per line) or the built-in set."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import BadInputError, NotFoundError
+
+BUILTIN_NAME = "builtin"
+# (num_samples, seq_len) when not given: AWQ on a CPU is slow, so less of it there.
+# None samples: all of the set.
+DEFAULTS: dict[str, tuple[int | None, int]] = {"cpu": (32, 256), "cuda": (None, 512)}
+
+
+def builtin_text() -> str:
+    return (resources.files("qlift.quantize") / "data" / "calibration.jsonl").read_text(encoding="utf-8")
+
+
+def load_calibration(path: Path | None) -> list[dict[str, Any]]:
+    """Validated records; each has either ``messages`` (chat turns) or ``text``."""
+    if path is None:
+        return _parse(builtin_text(), "built-in calibration set")
+    path = Path(path)
+    if not path.is_file():
+        raise NotFoundError(f"calibration file {path} does not exist", hint="Check the --calib path.")
+    return _parse(path.read_text(encoding="utf-8"), path)
+
+
+def _parse(text: str, source: Path | str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadInputError(f"not valid JSON: {exc.msg}", path=source, line=lineno,
+                                hint="Each line must be one JSON object.") from exc
+        records.append(_check(rec, source, lineno))
+    if not records:
+        raise BadInputError("no calibration samples", path=source,
+                            hint='Add lines like {"text": "..."} or {"messages": [...]}.')
+    return records
+
+
+def _check(rec: Any, source: Path | str, lineno: int) -> dict[str, Any]:
+    hint = 'Use {"messages": [{"role": "user", "content": "..."}, ...]} or {"text": "..."}.'
+    if not isinstance(rec, dict):
+        raise BadInputError("a line is not a JSON object", path=source, line=lineno, hint=hint)
+    if isinstance(rec.get("text"), str) and rec["text"].strip():
+        return {"text": rec["text"]}
+    msgs = rec.get("messages")
+    if msgs is None:
+        raise BadInputError("needs a 'messages' list or a 'text' string", path=source, line=lineno, hint=hint)
+    if not isinstance(msgs, list) or not msgs:
+        raise BadInputError("must be a non-empty list", path=source, line=lineno, field="messages", hint=hint)
+    for m in msgs:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise BadInputError("each message needs string 'role' and 'content'", path=source,
+                                line=lineno, field="messages", hint=hint)
+    return {"messages": [{"role": m["role"], "content": m["content"]} for m in msgs]}

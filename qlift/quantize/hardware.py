@@ -1,0 +1,94 @@
+"""Will the quantized model run well where it is going? Advice given before any work starts.
+
+The target is this machine's first GPU (or its CPU), or with ``--target-recipe`` a serving
+recipe (``qlift recipes list``), a known GPU name (``H100``, ``T4``...) or ``cpu``. The GPU
+table, detection and recipes belong to the serve stage; this module only reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from qlift.errors import BadInputError, NotFoundError
+
+FP8_MIN_CC = (8, 9)
+AWQ_MIN_CC = (7, 5)
+
+
+@dataclass
+class Target:
+    """Where the model will be served: a GPU (name, compute capability) or the CPU."""
+
+    name: str
+    capability: tuple[int, int] | None = None  # None: the CPU, or a GPU of unknown capability
+    source: str = "this machine"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == "cpu"
+
+
+def resolve_target(target_recipe: str | None) -> Target:
+    from qlift.serve import hardware
+
+    if not target_recipe:
+        hw = hardware.detect()
+        if not hw.gpus:
+            return Target("cpu")
+        return Target(hw.gpus[0].name, hw.gpus[0].compute_capability)
+    if target_recipe.lower() == "cpu":
+        return Target("cpu", source="--target-recipe cpu")
+    from qlift.serve.recipes import load_recipe
+
+    try:
+        recipe = load_recipe(target_recipe)
+    except NotFoundError as not_recipe:
+        try:
+            gpu = hardware.simulate(target_recipe).gpus[0]
+        except BadInputError:
+            raise NotFoundError(
+                f"'{target_recipe}' is neither a serving recipe nor a known GPU",
+                hint=f"{not_recipe.hint} GPU names: {', '.join(hardware.KNOWN_GPUS)}; or 'cpu'.",
+            ) from None
+        return Target(gpu.name, gpu.compute_capability, source=f"--target-recipe {target_recipe}")
+    source = f"recipe {recipe.name}"
+    hw_match = recipe.hardware
+    if hw_match.device == "cpu":
+        return Target("cpu", source=source)
+    name = _plain(hw_match.gpu_names[0]) if hw_match.gpu_names else "any GPU"
+    cc: tuple[int, int] | None = None
+    if hw_match.min_compute_capability:
+        major, _, minor = f"{hw_match.min_compute_capability:.1f}".partition(".")
+        cc = (int(major), int(minor))
+    elif hw_match.gpu_names:
+        try:
+            cc = hardware.simulate(name).gpus[0].compute_capability
+        except BadInputError:
+            cc = None
+    return Target(name, cc, source=source)
+
+
+def _plain(pattern: str) -> str:
+    """'\\bL4\\b' -> 'L4': a recipe's GPU regex as a readable name."""
+    return re.sub(r"\\b|[\\^$()?*+]", "", pattern).strip() or pattern
+
+
+def advice(method: str, target: Target) -> list[str]:
+    """Warnings for serving ``method``'s checkpoint on ``target``; empty when it fits."""
+    where = f"{target.name} ({target.source})"
+    cc = target.capability
+    if method == "fp8":
+        if target.is_cpu:
+            return [f"vLLM does not serve FP8 checkpoints on CPU (target: {where}); serve this one on a "
+                    "GPU with compute capability >= 8.9 (Ada or Hopper: L4, L40S, RTX 4090, H100, H200)"]
+        if cc is not None and cc < FP8_MIN_CC:
+            return [f"FP8 W8A8 runs natively only at compute capability >= 8.9; {where} has "
+                    f"{cc[0]}.{cc[1]}, where vLLM falls back to slower weight-only FP8 kernels "
+                    "(consider --awq for this GPU)"]
+    if method == "awq" and not target.is_cpu and cc is not None and cc < AWQ_MIN_CC:
+        return [f"AWQ int4 is not for {where}: vLLM's int4 kernels need compute capability >= 7.5 and "
+                f"it has {cc[0]}.{cc[1]} (V100-class); serve bf16/fp16 there or pick a newer GPU"]
+    if cc is None and not target.is_cpu:
+        return [f"the compute capability of {where} is unknown; check that vLLM serves {method.upper()} there"]
+    return []

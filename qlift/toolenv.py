@@ -1,0 +1,317 @@
+"""Isolated tool environments that qlift builds and manages, the way pre-commit manages hooks.
+
+A tool whose pins clash with vLLM's (llm-compressor) gets its own venv under qlift's cache
+dir, keyed by a hash of its spec. The venv sees the parent environment's site-packages
+*after* its own (a ``.pth`` file), so heavy shared packages such as torch are reused while
+the tool's pinned packages win. The parent environment is never modified: pip refuses to
+uninstall anything outside the venv it runs in.
+
+Life cycle: built in a temp dir beside its final place, health-checked (every pinned module
+must import from the venv itself), marked ready by an install-state file written atomically,
+then renamed into place. A later run that finds the state file missing or the interpreter
+gone removes the dir and builds it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import ExternalToolError
+from qlift.settings import tool_envs_dir
+
+log = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 1  # bump when the way an env is built changes
+STATE_FILE = ".qlift-install-state.json"
+PTH_NAME = "_qlift_parent_env.pth"
+
+_PROBE = """
+import importlib, importlib.metadata as md, json, sys
+out = {"python": sys.version.split()[0], "prefix": sys.prefix, "modules": {}}
+for mod, dist in json.loads(sys.argv[1]).items():
+    try:
+        m = importlib.import_module(mod)
+        out["modules"][mod] = {"version": md.version(dist), "file": getattr(m, "__file__", None) or ""}
+    except Exception as exc:
+        out["modules"][mod] = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class ToolEnvSpec:
+    """What goes into a tool environment; its hash names the directory."""
+
+    name: str
+    requirements: tuple[str, ...]
+    # module -> (distribution, version prefix): must import from the env itself at that version
+    pinned: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # module -> distribution: must import, from anywhere (the parent env is fine)
+    shared: dict[str, str] = field(default_factory=dict)
+
+    def key(self) -> str:
+        payload = {
+            "layout": LAYOUT_VERSION,
+            "name": self.name,
+            "requirements": sorted(self.requirements),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "base": sys.base_prefix,
+            "parent_site": parent_site_packages(),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class EnsureResult:
+    path: Path
+    python: Path
+    created: bool
+    seconds: float
+
+
+@dataclass
+class ModuleInfo:
+    module: str
+    version: str | None
+    location: str  # "env", "parent" or "missing"
+    error: str | None = None
+
+
+@dataclass
+class EnvInfo:
+    name: str
+    path: str
+    key: str
+    exists: bool
+    ready: bool
+    requirements: list[str]
+    parent_site_packages: list[str]
+    created_at: str | None = None
+    size_bytes: int | None = None
+    modules: list[ModuleInfo] = field(default_factory=list)
+
+
+def parent_site_packages() -> list[str]:
+    """The site-packages dirs of the interpreter running qlift (what a tool env inherits)."""
+    paths = sysconfig.get_paths()
+    return sorted({paths["purelib"], paths["platlib"]})
+
+
+class ToolEnv:
+    """One managed environment for ``spec`` under ``root`` (default: the cache dir's envs/)."""
+
+    def __init__(self, spec: ToolEnvSpec, root: Path | None = None) -> None:
+        self.spec = spec
+        self.root = Path(root) if root is not None else tool_envs_dir()
+        self.path = self.root / f"{spec.name}-{spec.key()}"
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    @property
+    def state_path(self) -> Path:
+        return self.path / STATE_FILE
+
+    # --- state ----------------------------------------------------------------------
+    def read_state(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def is_ready(self) -> bool:
+        """Cheap check (no subprocess): state file matches, interpreter and parent still there."""
+        state = self.read_state()
+        if not state or state.get("key") != self.spec.key():
+            return False
+        if not self.python.exists():  # a dangling symlink once the base interpreter is gone
+            return False
+        return all(Path(p).is_dir() for p in state.get("parent_site_packages", []))
+
+    # --- build ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f".{self.spec.name}.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def ensure(self, on_status: Callable[[str], None] | None = None, *, verify: bool = False) -> EnsureResult:
+        """Return the ready environment, building (or rebuilding a broken one) first if needed.
+
+        ``verify`` also imports every pinned module (seconds) and rebuilds if that fails.
+        """
+        say = on_status or (lambda msg: log.info("%s", msg))
+        t0 = time.monotonic()
+        with self._lock():
+            if self.is_ready() and (not verify or not self._probe_problems(self.path)):
+                return EnsureResult(self.path, self.python, False, time.monotonic() - t0)
+            if self.path.exists():
+                say(f"tool environment {self.path} is incomplete or broken; rebuilding it")
+                shutil.rmtree(self.path)
+            self._build(say)
+        return EnsureResult(self.path, self.python, True, time.monotonic() - t0)
+
+    def _build(self, say: Callable[[str], None]) -> None:
+        tmp = self.root / f".{self.path.name}.{os.getpid()}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        say(f"creating the {self.spec.name} tool environment in {self.path} (once; about a minute)")
+        try:
+            self._create_venv(tmp)
+            self._install(tmp)
+            problems = self._probe_problems(tmp)
+            if problems:
+                raise ExternalToolError(
+                    f"the new {self.spec.name} tool environment failed its health check: {problems[0]}",
+                    hint="Check network access to the package index, then retry "
+                    f"(`qlift env {self.spec.name} --setup`).",
+                    tool="pip",
+                )
+            self._write_state(tmp)
+            os.rename(tmp, self.path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _create_venv(self, tmp: Path) -> None:
+        # pip comes from the parent env through the .pth when it has one: no ensurepip run.
+        has_pip = importlib.util.find_spec("pip") is not None
+        argv = [sys.executable, "-m", "venv", *(["--without-pip"] if has_pip else []), str(tmp)]
+        _run(argv, "creating the venv")
+        site = _site_packages_of(tmp)
+        # addsitedir (not a bare path) so the parent's own .pth files, e.g. qlift's
+        # editable-install finder, are processed too. Appended: the env's pins come first.
+        lines = [f"import site; site.addsitedir({p!r})" for p in parent_site_packages()]
+        (site / PTH_NAME).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def _install(self, tmp: Path) -> None:
+        if not self.spec.requirements:
+            return
+        argv = [
+            str(tmp / "bin" / "python"), "-m", "pip", "install", "--no-input",
+            "--disable-pip-version-check", "--no-warn-conflicts", "--no-warn-script-location",
+            *self.spec.requirements,
+        ]
+        _run(argv, f"pip install {' '.join(self.spec.requirements)}")
+
+    def _probe(self, env_dir: Path) -> dict[str, Any]:
+        wanted = {m: d for m, (d, _) in self.spec.pinned.items()} | dict(self.spec.shared)
+        proc = subprocess.run(
+            [str(env_dir / "bin" / "python"), "-c", _PROBE, json.dumps(wanted)],
+            capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"error": f"interpreter failed: {tail}", "modules": {}}
+        data: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return data
+
+    def _probe_problems(self, env_dir: Path) -> list[str]:
+        data = self._probe(env_dir)
+        if "error" in data:
+            return [data["error"]]
+        problems: list[str] = []
+        root = str(env_dir.resolve())
+        for mod, info in data["modules"].items():
+            if "error" in info:
+                problems.append(f"import {mod}: {info['error']}")
+                continue
+            if mod in self.spec.pinned:
+                _, prefix = self.spec.pinned[mod]
+                if not str(Path(info["file"]).resolve()).startswith(root):
+                    problems.append(f"{mod} resolves outside the env ({info['file']})")
+                elif not info["version"].startswith(prefix):
+                    problems.append(f"{mod} is {info['version']}, expected {prefix}.*")
+        return problems
+
+    def _write_state(self, env_dir: Path) -> None:
+        from qlift.lineage import utc_now
+
+        state = {
+            "key": self.spec.key(),
+            "name": self.spec.name,
+            "requirements": list(self.spec.requirements),
+            "parent_site_packages": parent_site_packages(),
+            "created_at": utc_now(),
+            "layout": LAYOUT_VERSION,
+        }
+        tmp = env_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, env_dir / STATE_FILE)
+
+    # --- info / remove ----------------------------------------------------------------
+    def info(self, *, probe: bool = True) -> EnvInfo:
+        state = self.read_state() or {}
+        info = EnvInfo(
+            name=self.spec.name, path=str(self.path), key=self.spec.key(), exists=self.path.exists(),
+            ready=self.is_ready(), requirements=list(self.spec.requirements),
+            parent_site_packages=parent_site_packages(), created_at=state.get("created_at"),
+        )
+        if info.exists:
+            from qlift.fsutil import dir_size
+
+            info.size_bytes = dir_size(self.path)
+        if info.ready and probe:
+            data = self._probe(self.path)
+            root = str(self.path.resolve())
+            for mod, m in data.get("modules", {}).items():
+                if "error" in m:
+                    info.modules.append(ModuleInfo(mod, None, "missing", m["error"]))
+                else:
+                    where = "env" if str(Path(m["file"]).resolve()).startswith(root) else "parent"
+                    info.modules.append(ModuleInfo(mod, m["version"], where))
+        return info
+
+    def remove(self) -> list[str]:
+        """Delete every environment of this spec's name (all keys) and leftover partial builds."""
+        removed: list[str] = []
+        if not self.root.is_dir():
+            return removed
+        with self._lock():
+            for p in sorted(self.root.iterdir()):
+                base = p.name.lstrip(".")
+                if p.is_dir() and base.startswith(f"{self.spec.name}-"):
+                    shutil.rmtree(p)
+                    removed.append(str(p))
+        return removed
+
+
+def _site_packages_of(env_dir: Path) -> Path:
+    found = sorted((env_dir / "lib").glob("python3*/site-packages"))
+    if not found:
+        raise ExternalToolError(f"venv {env_dir} has no site-packages dir", tool="venv")
+    return found[0]
+
+
+def _run(argv: list[str], what: str) -> None:
+    log.debug("running: %s", " ".join(argv))
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        error_lines = [ln for ln in lines if "error" in ln.lower()]
+        last = (error_lines or lines or [f"exit code {proc.returncode}"])[-1].strip()
+        raise ExternalToolError(
+            f"{what} failed: {last}",
+            hint="Check network access to the package index and free disk space, then retry.",
+            tool="pip",
+        )

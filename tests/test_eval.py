@@ -212,3 +212,12 @@ def test_existing_report_needs_force(run_cli, tiny_qwen2_tied: Path, tmp_path: P
     (tmp_path / "rep").mkdir()
     r = run_cli("eval", tiny_qwen2_tied, "--prompts", SMOKE, "--backend", "transformers", "--report", tmp_path / "rep")
     assert r.exit_code == 3 and "--force" in r.stderr
+
+
+def test_unreachable_endpoint_is_an_evaluation_error(run_cli) -> None:
+    from qlift.serve.process import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    r = run_cli("eval", "smollm2", "--endpoint", url, "--prompts", SMOKE)
+    assert r.exit_code == 8
+    assert r.stderr.startswith(f"error: cannot reach {url}") and len(r.stderr.strip().splitlines()) == 1

@@ -57,19 +57,20 @@ def summarize(
         return MetricSummary(metric, 0, None, higher_is_better=hib)
     c_num = np.array([cand[i].num for i in keep])  # type: ignore[union-attr]
     c_den = np.array([cand[i].den for i in keep])  # type: ignore[union-attr]
-    out = MetricSummary(metric, len(keep), float(_aggregate(metric, c_num, c_den)), higher_is_better=hib)
+    out = MetricSummary(metric, len(keep), finite(float(_aggregate(metric, c_num, c_den))), higher_is_better=hib)
     if base is None:
         return out
     b_num = np.array([base[i].num for i in keep])  # type: ignore[union-attr]
     b_den = np.array([base[i].den for i in keep])  # type: ignore[union-attr]
-    out.baseline = float(_aggregate(metric, b_num, b_den))
-    out.diff = out.candidate - out.baseline  # type: ignore[operator]
+    out.baseline = finite(float(_aggregate(metric, b_num, b_den)))
+    if out.candidate is not None and out.baseline is not None:
+        out.diff = out.candidate - out.baseline
     # Paired: each resample draws the same examples for both models.
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(keep), size=(resamples, len(keep)))
     diffs = _aggregate(metric, c_num[idx], c_den[idx]) - _aggregate(metric, b_num[idx], b_den[idx])
     lo, hi = np.percentile(diffs, [2.5, 97.5])
-    out.ci_low, out.ci_high = float(lo), float(hi)
+    out.ci_low, out.ci_high = finite(float(lo)), finite(float(hi))
     if hib is not None:
         d = np.array([cand[i].value - base[i].value for i in keep])  # type: ignore[union-attr]
         better = d > TIE_TOLERANCE if hib else d < -TIE_TOLERANCE
@@ -80,4 +81,5 @@ def summarize(
 
 
 def finite(x: float | None) -> float | None:
+    """NaN and infinity (a reference the model gave zero probability) become None: JSON has neither."""
     return x if x is not None and math.isfinite(x) else None

@@ -125,7 +125,7 @@ def render_html(result: Any) -> str:
         for s in result.overall if s.candidate is not None
     )
     slices = "".join(
-        f"<h3>slice <code>{escape(tag)}</code></h3>{_summary_table(rows, has_base, tag)}"
+        f"<h3>slice <code>{escape(tag)}</code></h3>{_summary_table([s for s in rows if s.n], has_base, tag)}"
         for tag, rows in result.slices.items()
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in result.notes)

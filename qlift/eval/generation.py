@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.eval.prompts import Example
+from qlift.progress import bar
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def cached_generate(
     stats = CacheStats()
     out: dict[str, list[Generation]] = {}
     by_hash: dict[str, str] = {}
-    for model in models:
+    for model in bar(models, total=len(models), desc="models", unit="model"):
         cid = model.cache_id
         if cid is not None and cid in by_hash:
             out[model.role] = out[by_hash[cid]]

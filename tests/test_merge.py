@@ -250,3 +250,13 @@ def test_max_shard_size_and_verify(run_cli, tmp_path, tiny_qwen2_untied, adapter
         assert all(index["weight_map"][t.name] == s.name for t in layout)
     v = res["verify"]
     assert v["passed"] and v["relative_delta"] < 0.02 and v["greedy_agreement"] > 0.9
+
+
+def test_row_blocks_give_peft_values(monkeypatch, run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:
+    """Big Linear weights are merged a block of rows at a time; force many blocks on the tiny model."""
+    import qlift.merge.maths as maths
+
+    monkeypatch.setattr(maths, "CHUNK_BYTES", 4 * 64 * 5)  # 5 rows per block
+    out = tmp_path / "blocks"
+    merge(run_cli, tiny_qwen2_untied, adapters["plain_u"], out=out)
+    assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters["plain_u"]]))

@@ -74,8 +74,35 @@ def _f32() -> torch.dtype:
     return torch.float32
 
 
-def apply_step(w: torch.Tensor, step: Step, device: torch.device) -> torch.Tensor:
-    """One adapter step on ``w`` (working dtype, on ``device``); returns the new tensor."""
+CHUNK_BYTES = 4 * 1024 * 1024  # fp32 rows per block: small enough to stay in cache
+
+
+def _linear_chunked(w: torch.Tensor, step: Lora, device: torch.device, out: torch.Tensor | None) -> torch.Tensor:
+    """lora.Linear.merge (weight.data += (B @ A) * scaling, in fp32), a block of rows at a time.
+
+    Each output row depends only on its row of B, so blocks give peft's values while the
+    fp32 temporaries stay in cache instead of streaming a full fp32 copy through memory.
+    """
+    import torch
+
+    lm = step.lm
+    assert lm.A is not None and lm.B is not None
+    a = lm.A.to(device=device, dtype=torch.float32)
+    b = lm.B.to(device=device, dtype=torch.float32)
+    out = torch.empty_like(w) if out is None else out
+    rows = max(1, CHUNK_BYTES // (4 * w.shape[1]))
+    for r0 in range(0, w.shape[0], rows):
+        d = b[r0:r0 + rows] @ a
+        d.mul_(lm.scale)
+        d.add_(w[r0:r0 + rows])
+        out[r0:r0 + rows] = d
+    return out
+
+
+def apply_step(w: torch.Tensor, step: Step, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One adapter step on ``w`` (working dtype, on ``device``); returns the new tensor.
+
+    ``out`` (same shape and dtype, not aliasing ``w``) may receive the result to save an allocation."""
     import torch
 
     dtype = w.dtype
@@ -86,8 +113,10 @@ def apply_step(w: torch.Tensor, step: Step, device: torch.device) -> torch.Tenso
     if isinstance(step, Tokens):
         idx = torch.tensor(step.ids, device=device)
         return w.index_copy(0, idx, step.rows.to(w))
-    delta = delta_weight(step, device)
     lm = step.lm
+    if lm.magnitude is None and not lm.embedding and not step.fan_in_fan_out:
+        return _linear_chunked(w, step, device, out)
+    delta = delta_weight(step, device)
     if lm.magnitude is None:
         if lm.embedding:  # lora.Embedding.merge: weight += delta.to(orig_dtype)
             return w + delta.to(dtype)

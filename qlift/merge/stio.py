@@ -9,6 +9,7 @@ second core while the bytes pass through.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import queue
 import struct
@@ -67,6 +68,9 @@ class Hasher:
     def __init__(self, depth: int = 8) -> None:
         self._q: queue.Queue[tuple[Any, Any] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self._done = 0
+        self.fed = 0
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="qlift-hash", daemon=True)
         self._thread.start()
 
@@ -77,15 +81,44 @@ class Hasher:
                 h.update(data)
             except BaseException as exc:  # surfaced by close()
                 self._error = exc
+            with self._cond:
+                self._done += 1
+                self._cond.notify_all()
 
     def feed(self, h: Any, data: Any) -> None:
+        self.fed += 1
         self._q.put((h, data))
+
+    def wait(self, seq: int) -> None:
+        """Block until the first ``seq`` buffers fed are hashed (so they may be reused)."""
+        with self._cond:
+            while self._done < seq and self._thread.is_alive():
+                self._cond.wait(0.5)
 
     def close(self) -> None:
         self._q.put(None)
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+class Scratch:
+    """One reusable buffer for whole tensors, handed out again only once the hasher is done with it."""
+
+    def __init__(self, hasher: Hasher) -> None:
+        self._hasher = hasher
+        self._buf = bytearray(0)
+        self._seq = 0
+
+    def take(self, n: int) -> memoryview:
+        self._hasher.wait(self._seq)
+        if len(self._buf) < n:
+            self._buf = bytearray(n)
+        return memoryview(self._buf)[:n]
+
+    def release(self) -> None:
+        """Mark the buffer as fed to the hasher up to now."""
+        self._seq = self._hasher.fed
 
 
 class ShardReader:
@@ -95,40 +128,50 @@ class ShardReader:
         self.path = path
         self.sha = hashlib.sha256()
         self._hasher = hasher
-        self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in finish()
+        self._fh: io.BufferedReader = open(path, "rb")  # noqa: SIM115 - closed in finish()
         self._pos = 0
         self.bytes_read = 0
+        self._ring = [bytearray(CHUNK) for _ in range(4)]
+        self._ring_seq = [0] * len(self._ring)
+        self._slot = 0
 
-    def _read(self, n: int) -> bytes:
-        data = self._fh.read(n)
-        if len(data) != n:
-            raise BadInputError(f"file ends early (wanted {n} bytes at offset {self._pos})", path=self.path,
-                                hint="Re-download the checkpoint.")
+    def _read_into(self, view: memoryview) -> memoryview:
+        n = self._fh.readinto(view)
+        if n != len(view):
+            raise BadInputError(f"file ends early (wanted {len(view)} bytes at offset {self._pos})",
+                                path=self.path, hint="Re-download the checkpoint.")
         self._pos += n
         self.bytes_read += n
-        self._hasher.feed(self.sha, data)
-        return data
+        self._hasher.feed(self.sha, view)
+        return view
 
     def _skip_to(self, offset: int) -> None:
         while self._pos < offset:
-            self._read(min(CHUNK, offset - self._pos))
+            self._read_into(memoryview(bytearray(min(CHUNK, offset - self._pos))))
 
-    def chunks(self, t: RawTensor) -> Iterator[bytes]:
+    def chunks(self, t: RawTensor) -> Iterator[memoryview]:
+        """The tensor's bytes in chunks from a small ring of reused buffers (fresh buffers
+        cost a page fault per 4 KiB). A chunk is valid until the next one is taken."""
         self._skip_to(t.start)
         left = t.nbytes
         while left:
-            data = self._read(min(CHUNK, left))
-            left -= len(data)
-            yield data
+            slot = self._slot = (self._slot + 1) % len(self._ring)
+            self._hasher.wait(self._ring_seq[slot])
+            view = self._read_into(memoryview(self._ring[slot])[: min(CHUNK, left)])
+            left -= len(view)
+            try:
+                yield view
+            finally:
+                self._ring_seq[slot] = self._hasher.fed  # the consumer's feeds of this chunk too
 
-    def read(self, t: RawTensor) -> bytearray:
-        buf = bytearray(t.nbytes)
-        view = memoryview(buf)
-        pos = 0
-        for data in self.chunks(t):
-            view[pos:pos + len(data)] = data
-            pos += len(data)
-        return buf
+    def read(self, t: RawTensor, scratch: Scratch) -> memoryview:
+        """The whole tensor, in ``scratch`` (valid until the scratch is taken again)."""
+        self._skip_to(t.start)
+        view = scratch.take(t.nbytes)
+        if t.nbytes:
+            self._read_into(view)
+        scratch.release()
+        return view
 
     def finish(self) -> None:
         """Read the rest of the file (for its hash) and close it; ``sha`` is final after Hasher.close()."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from qlift.errors import IncompatibleError
 from qlift.merge.maths import apply_step
 from qlift.merge.plan import Entry, Plan
-from qlift.merge.stio import Hasher, RawTensor, ShardReader, ShardWriter, read_layout
+from qlift.merge.stio import Hasher, RawTensor, Scratch, ShardReader, ShardWriter, read_layout
 from qlift.progress import bar
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ def write_shards(
     import torch
 
     dev = torch.device(device)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # the maths is memory-bound; the second core hashes
     layout = _layout(plan, base_dir, base_files)
     order = [e for _, items in layout for _, consumers in items for e in consumers]
     for e in order:
@@ -91,6 +94,7 @@ def write_shards(
     result = WriteResult(files=names, weight_map={e.name: names[owner[e.name]] for e in order},
                          total_size=sum(_nbytes(e) for e in order))
     hasher = Hasher()
+    in_scratch, out_scratch = Scratch(hasher), Scratch(hasher)
     readers: list[ShardReader] = []
     writers: list[ShardWriter] = []
 
@@ -120,17 +124,21 @@ def write_shards(
                 for chunk in reader.chunks(t):
                     w.write(chunk)
                 continue
-            raw = reader.read(t)
+            raw = reader.read(t, in_scratch)
             if not consumers:
                 continue
             src = _as_tensor(raw, t)
             for e in consumers:
-                out = _compute(src, e, dev)
-                writer_for(e).write(out.contiguous().view(-1).view(torch.uint8).numpy())
+                view = out_scratch.take(_nbytes(e))
+                out = _as_tensor(view, RawTensor(e.name, e.out_dtype, e.shape, 0, len(view)))
+                _compute(src, e, dev, out)
+                writer_for(e).write(view)
+                out_scratch.release()
                 result.modified += bool(e.steps)
         if readers:
             readers[-1].finish()
     finally:
+        torch.set_num_threads(threads)
         for w in writers:
             w.close()
         hasher.close()
@@ -143,17 +151,20 @@ def write_shards(
     return result
 
 
-def _as_tensor(raw: bytearray, t: RawTensor) -> torch.Tensor:
+def _as_tensor(raw: memoryview, t: RawTensor) -> torch.Tensor:
     import torch
 
     dtype = torch_dtype(t.dtype)
-    if not raw:
+    if not len(raw):
         return torch.empty(t.shape, dtype=dtype)
     return torch.frombuffer(raw, dtype=dtype).reshape(t.shape)
 
 
-def _compute(src: torch.Tensor, e: Entry, dev: torch.device) -> torch.Tensor:
+def _compute(src: torch.Tensor, e: Entry, dev: torch.device, out: torch.Tensor) -> None:
+    """Apply ``e``'s steps to ``src`` and leave the result in ``out`` (CPU, output dtype)."""
     w = src.to(device=dev, dtype=torch_dtype(e.out_dtype))
-    for step in e.steps:
-        w = apply_step(w, step, dev)
-    return w.cpu()
+    for i, step in enumerate(e.steps):
+        last = i == len(e.steps) - 1
+        w = apply_step(w, step, dev, out=out if last and dev.type == "cpu" else None)
+    if w is not out:
+        out.copy_(w)

@@ -200,17 +200,39 @@ def test_serve_cpu_stops_on_sigterm(serve_smollm2: Served) -> None:
 
 @pytest.mark.vllm
 def test_model_vllm_refuses_reports_vllms_first_error(smollm2_dir: Path, tmp_path: Path) -> None:
-    bad = tmp_path / "bad-rope"
+    bad = tmp_path / "bad-arch"
     bad.mkdir()
     for f in smollm2_dir.iterdir():
         if f.name != "config.json":
             (bad / f.name).symlink_to(f)
     cfg = json.loads((smollm2_dir / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "bogus", "factor": 2.0}  # valid JSON, a value vLLM rejects
+    cfg["architectures"] = ["BogusForCausalLM"]  # a custom fine-tune class vLLM does not know
     (bad / "config.json").write_text(json.dumps(cfg))
     res = subprocess.run([str(QLIFT), "serve", str(bad), "--recipe", "cpu", "--port", str(free_port())],
                          capture_output=True, text=True, timeout=400)
     assert res.returncode == 8, res.stderr[-3000:]
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == [errors[0]] and "ValueError: Unknown RoPE scaling type bogus" in errors[0], res.stderr
-    assert "Traceback" not in res.stderr
+    assert len(errors) == 1, res.stderr
+    assert "Model architectures ['BogusForCausalLM'] are not supported" in errors[0]
+    assert len(errors[0]) < 500 and "Traceback" not in res.stderr
+
+
+WORKER_LOG = """\
+(APIServer pid=12214) WARNING 11-29 19:00:27 [system_utils.py:255] Found ulimit of 20000 and failed
+(Worker pid=12802) ERROR 11-29 19:01:12 [multiproc_executor.py:953]     raise ValueError(f"Unknown RoPE")
+(Worker pid=12802) ERROR 11-29 19:01:12 [multiproc_executor.py:953] ValueError: Unknown RoPE scaling type bogus
+(EngineCore pid=12559) ERROR 11-29 19:01:18 [core.py:1510] Exception: WorkerProc initialization failed due \
+to an exception in a background process. See stack trace for root cause.
+Traceback (most recent call last):
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def test_first_error_line_skips_wrappers_and_log_prefixes() -> None:
+    from qlift.serve.process import first_error_line
+
+    assert first_error_line(WORKER_LOG) == "ValueError: Unknown RoPE scaling type bogus"
+    pyd = "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n  Value error, bad x\n"
+    assert first_error_line(pyd) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: bad x"
+    )

@@ -50,12 +50,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+_PYDANTIC_HEADER = re.compile(r"^\d+ validation errors? for \w+$")
+_MAX_CAUSE = 300
+
+
 def first_error_line(log_text: str) -> str | None:
-    """The first exception line in a vLLM log that states a root cause."""
-    for line in log_text.splitlines():
+    """The first exception line in a vLLM log that states a root cause (at most ~300 characters)."""
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
         m = _ERROR_LINE.match(line)
         if m and not any(w in line for w in _WRAPPER_ERRORS):
-            return f"{m.group(1)}: {m.group(2).strip()}"
+            cause = m.group(2).strip()
+            if _PYDANTIC_HEADER.match(cause):  # pydantic puts the reason on the next line
+                detail = next((ln.strip() for ln in lines[i + 1:i + 3] if ln.strip()), "")
+                cause = f"{cause}: {detail.removeprefix('Value error, ')}"
+            if len(cause) > _MAX_CAUSE:
+                cause = cause[:_MAX_CAUSE].rstrip() + " ..."
+            return f"{m.group(1)}: {cause}"
     return None
 
 

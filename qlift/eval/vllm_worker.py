@@ -9,6 +9,7 @@ batched ``llm.generate`` call.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -94,4 +95,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip vLLM's graceful engine teardown (seconds): the parent kills this process group.
+    os._exit(code)

@@ -59,7 +59,8 @@ class ToolEnvSpec:
 
     name: str
     requirements: tuple[str, ...]
-    # module -> (distribution, version prefix): must import from the env itself at that version
+    # module -> (distribution, version prefix): must import at that version; from the env
+    # itself unless the parent's copy already satisfies the pin (then pip installs none)
     pinned: dict[str, tuple[str, str]] = field(default_factory=dict)
     # module -> distribution: must import, from anywhere (the parent env is fine)
     shared: dict[str, str] = field(default_factory=dict)
@@ -107,9 +108,15 @@ class EnvInfo:
 
 
 def parent_site_packages() -> list[str]:
-    """The site-packages dirs of the interpreter running qlift (what a tool env inherits)."""
+    """The site-packages dirs the interpreter running qlift imports from, in its order.
+
+    Not only its own prefix's: a venv made with --system-site-packages (or a user site)
+    finds torch in a directory further down sys.path, and the tool env must see it too.
+    """
     paths = sysconfig.get_paths()
-    return sorted({paths["purelib"], paths["platlib"]})
+    candidates = [paths["purelib"], paths["platlib"]]
+    candidates += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [p for p in dict.fromkeys(candidates) if Path(p).is_dir()]
 
 
 class ToolEnv:
@@ -238,10 +245,9 @@ class ToolEnv:
                 continue
             if mod in self.spec.pinned:
                 _, prefix = self.spec.pinned[mod]
-                if not str(Path(info["file"]).resolve()).startswith(root):
-                    problems.append(f"{mod} resolves outside the env ({info['file']})")
-                elif not info["version"].startswith(prefix):
-                    problems.append(f"{mod} is {info['version']}, expected {prefix}.*")
+                if not info["version"].startswith(prefix):
+                    where = "the env" if str(Path(info["file"]).resolve()).startswith(root) else info["file"]
+                    problems.append(f"{mod} from {where} is {info['version']}, expected {prefix}.*")
         return problems
 
     def _write_state(self, env_dir: Path) -> None:

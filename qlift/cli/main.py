@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("qlift.cli.serve", "plan_cmd", "Memory plan: will a model fit a recipe on this (or a named) GPU?"),
     "recipes": ("qlift.cli.serve", "recipes_cmd", "List and show serving recipes (vLLM settings per GPU/workload)."),
     "eval": ("qlift.cli.eval", "eval_cmd", "Candidate vs baseline on held-out prompts: metrics, bootstrap CIs, gates."),
-    "quantize": ("qlift.cli.quantize", "quantize_cmd", "AWQ (int4) or FP8 with llm-compressor, in its own managed env."),
+    "quantize": ("qlift.cli.quantize", "quantize_cmd", "AWQ (int4) or FP8 quantization with llm-compressor (own env)."),
     "env": ("qlift.cli.quantize", "env_group", "Manage qlift's tool environments (llm-compressor for quantize)."),
 }
 

@@ -229,3 +229,23 @@ def test_unreachable_endpoint_is_an_evaluation_error(run_cli) -> None:
     r = run_cli("eval", "smollm2", "--endpoint", url, "--prompts", SMOKE)
     assert r.exit_code == 8
     assert r.stderr.startswith(f"error: cannot reach {url}") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_model_content_hash_is_the_lineage_hash_and_is_remembered(tmp_path: Path) -> None:
+    import os
+
+    from qlift.eval.run import model_content_hash
+    from qlift.lineage import describe_input
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"x" * 1000)
+    h = model_content_hash(d)
+    assert h == describe_input("candidate", d)[0].content_hash
+    memo = list((tmp_path / "eval-cache" / "hashes").glob("*.json"))
+    assert len(memo) == 1 and "model.safetensors" in memo[0].read_text()
+    assert model_content_hash(d) == h
+    (d / "model.safetensors").write_bytes(b"y" * 1000)
+    os.utime(d / "model.safetensors", ns=(1, 1))  # new content, new mtime: hashed again
+    assert model_content_hash(d) != h

@@ -138,7 +138,7 @@ def render_html(result: Any) -> str:
         "whisker: baseline + paired-bootstrap 95% CI of (candidate - baseline).</p>"
         + (f"<h2>Gates</h2><ul class=gates>{gates}</ul>" if gates else "")
         + f'<h2>Metrics</h2><div class="charts">{charts}</div>'
-        + f"<h2>Overall</h2>{_summary_table(result.overall, has_base, 'overall')}"
+        + f"<h2>Overall</h2>{_summary_table([s for s in result.overall if s.n], has_base, 'overall')}"
         + (f"<h2>Slices</h2>{slices}" if slices else "")
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<h2>Examples</h2>{_examples(result, has_base)}</body></html>\n"

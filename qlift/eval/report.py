@@ -83,7 +83,7 @@ def render_markdown(result: Any) -> str:
         out += ["## Gates", ""]
         out += [f"- {'PASS' if g.passed else 'FAIL'} `{g.expr}` ({g.detail})" for g in result.gates]
         out.append("")
-    out += ["## Overall", "", *_table(result.overall, has_base), ""]
+    out += ["## Overall", "", *_table([s for s in result.overall if s.n], has_base), ""]
     for tag, rows in result.slices.items():
         out += [f"## Slice `{tag}`", "", *_table([s for s in rows if s.n], has_base), ""]
     if result.notes:

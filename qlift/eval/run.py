@@ -94,14 +94,40 @@ def _make_backend(name: str, *, concurrency: int, max_model_len: int, api_key: s
     return TransformersBackend()
 
 
+def model_content_hash(path: Path) -> str:
+    """The lineage content hash of a model dir; file hashes are remembered by (size, mtime).
+
+    A dir with a ``qlift.json`` reuses its recorded hashes; one without (a hand-made
+    checkpoint) reuses those of the last eval, so a 15 GB model is hashed once, not per run.
+    """
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from qlift.lineage import content_hash, hash_files, read_manifest
+
+    path = path.resolve()
+    memo = eval_cache_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    known = (read_manifest(path) or {}).get("outputs")
+    if not known:
+        try:
+            known = json.loads(memo.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = None
+    records = hash_files(path, known)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: asdict(v) for k, v in records.items()}), encoding="utf-8")
+    tmp.replace(memo)
+    return content_hash(records)
+
+
 def _local_model(role: str, path_str: str) -> ModelRef:
-    from qlift.lineage import describe_input
     from qlift.models import ModelDir
 
     md = ModelDir.open(path_str)
     md.require_weights()
-    ref, _ = describe_input(role, md.path)
-    return ModelRef(role=role, name=str(path_str), path=md.path, content_hash=ref.content_hash)
+    return ModelRef(role=role, name=str(path_str), path=md.path, content_hash=model_content_hash(md.path))
 
 
 def _check_gates(gates: list[Gate], examples: list[Example], has_baseline: bool, prompts: Path) -> None:

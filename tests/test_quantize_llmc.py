@@ -135,8 +135,10 @@ def awq_smollm2(tool_env: EnsureResult, smollm2_dir: Path, tmp_path_factory: pyt
     from qlift.cli import cli
 
     out = tmp_path_factory.mktemp("awq") / "smollm2-awq"
-    r = CliRunner().invoke(cli, ["quantize", str(smollm2_dir), "--awq", "--num-samples", "8",
-                                 "--seq-len", "128", "-o", str(out), "--json"], catch_exceptions=False)
+    with pytest.MonkeyPatch.context() as mp:  # module scope: before the autouse QLIFT_HOME fixture
+        mp.setenv("QLIFT_HOME", str(tmp_path_factory.mktemp("qlift-home")))
+        r = CliRunner().invoke(cli, ["quantize", str(smollm2_dir), "--awq", "--num-samples", "8",
+                                     "--seq-len", "128", "-o", str(out), "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.stderr
     return {"out": out, "result": json.loads(r.stdout)}
 

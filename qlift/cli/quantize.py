@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -51,14 +53,18 @@ def quantize_cmd(
     if method is None:
         raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
     explicit_group = method == "awq" and group_size != "auto"
-    result = quantize(
-        model, output, method=method,  # type: ignore[arg-type]
-        calib=calib, num_samples=num_samples, seq_len=seq_len,
-        group_size=int(group_size) if explicit_group else None,
-        ignore=list(ignore), device=device, target_recipe=target_recipe, force=force,
-        on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),
-        echo_log=STATE.verbose > 0,
-    )
+    bar = _LayerBar()
+    try:
+        result = quantize(
+            model, output, method=method,  # type: ignore[arg-type]
+            calib=calib, num_samples=num_samples, seq_len=seq_len,
+            group_size=int(group_size) if explicit_group else None,
+            ignore=list(ignore), device=device, target_recipe=target_recipe, force=force,
+            on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),
+            on_step=bar.update, echo_log=STATE.verbose > 0,
+        )
+    finally:
+        bar.close()
 
     def human() -> None:
         detail = f", group {result.group_size}" if result.group_size else ""
@@ -71,6 +77,26 @@ def quantize_cmd(
         )
 
     emit(result, human)
+
+
+class _LayerBar:
+    """AWQ's per-layer progress on stderr (only on a terminal, and not with --quiet)."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if STATE.quiet or not sys.stderr.isatty():
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="calibrating layers", unit="layer", file=sys.stderr, leave=False)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 @click.group("env")

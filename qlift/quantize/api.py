@@ -100,10 +100,14 @@ def quantize(
     target_recipe: str | None = None,
     force: bool = False,
     on_status: Callable[[str], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
     echo_log: bool = False,
     env_root: Path | None = None,
 ) -> QuantizeResult:
-    """Quantize ``model`` into ``out`` (atomically). ``group_size=None`` means auto."""
+    """Quantize ``model`` into ``out`` (atomically). ``group_size=None`` means auto.
+
+    ``on_status`` gets stage messages; ``on_step(done, total)`` gets AWQ's per-layer progress.
+    """
     say = on_status or (lambda msg: log.info("%s", msg))
     started, t0 = utc_now(), time.monotonic()
     ignore = list(ignore or [])
@@ -131,7 +135,7 @@ def quantize(
         job["output"] = str(tmp)
         result, log_path = run_worker(
             ensured.python, job, env=worker_env, echo_log=echo_log,
-            on_progress=lambda ev: say(str(ev.get("message", ev.get("stage", "")))),
+            on_progress=lambda ev: _progress(ev, say, on_step),
         )
         fmt = _finish_output(src, tmp)
         inputs = {"model": src.path} | ({"calibration": Path(calib)} if calib else {})
@@ -150,6 +154,14 @@ def quantize(
         extra={"worker_seconds": result.get("worker_seconds"),
                "calibration_seconds": result.get("calibration_seconds")},
     )
+
+
+def _progress(event: dict[str, Any], say: Callable[[str], None], on_step: Callable[[int, int], None] | None) -> None:
+    if "step" in event:
+        if on_step and event.get("total"):
+            on_step(int(event["step"]), int(event["total"]))
+    elif event.get("message"):
+        say(str(event["message"]))
 
 
 def _check_args(

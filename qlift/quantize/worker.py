@@ -54,6 +54,37 @@ def _no_pin_memory_without_accelerator() -> None:
     IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
 
 
+def _report_layers(emit: Emit) -> None:
+    """One progress event per calibrated decoder layer: llm-compressor only draws tqdm bars.
+
+    Wraps two of its internals; if they move in another version there is just no per-layer
+    progress, so failures here are ignored.
+    """
+    try:
+        from llmcompressor.core import LifecycleCallbacks
+        from llmcompressor.pipelines.sequential import pipeline as seq
+
+        counts: dict[str, int] = {"done": 0, "total": 0}
+        trace, epoch_end = seq.trace_subgraphs, LifecycleCallbacks.sequential_epoch_end.__func__
+
+        def counting_trace(*args: Any, **kwargs: Any) -> Any:
+            subgraphs = trace(*args, **kwargs)
+            counts["total"] = len(subgraphs)
+            return subgraphs
+
+        def reporting_end(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            result = epoch_end(cls, *args, **kwargs)
+            if counts["done"] < counts["total"]:  # it may fire once more after the last layer
+                counts["done"] += 1
+                emit("progress", stage="layers", step=counts["done"], total=counts["total"])
+            return result
+
+        seq.trace_subgraphs = counting_trace  # type: ignore[assignment]
+        LifecycleCallbacks.sequential_epoch_end = classmethod(reporting_end)  # type: ignore[method-assign,assignment]
+    except (ImportError, AttributeError):
+        return
+
+
 def _calibration_dataset(records: list[dict[str, Any]], tokenizer: Any, num: int, seq_len: int) -> Any:
     from datasets import Dataset
 
@@ -103,6 +134,7 @@ def run_awq(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     ]
     emit("progress", stage="calibrate",
          message=f"AWQ W4A16 group {group} on {device}: {num} samples x {seq_len} tokens")
+    _report_layers(emit)
     t0 = time.monotonic()
     oneshot(model=model, dataset=dataset, recipe=recipe, max_seq_length=seq_len,
             num_calibration_samples=num, shuffle_calibration_samples=False)

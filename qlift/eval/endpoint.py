@@ -74,6 +74,15 @@ class EndpointBackend:
                 )
 
     def _one(self, client: httpx.Client, model: ModelRef, req: Request, sampling: Sampling) -> Generation:
+        try:
+            return self._answer(client, model, req, sampling)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:  # not the OpenAI response shape
+            raise ExternalToolError(
+                f"{model.endpoint} gave an unexpected response: {type(exc).__name__}: {exc}",
+                hint="The endpoint must speak the OpenAI completions API.", tool="endpoint",
+            ) from exc
+
+    def _answer(self, client: httpx.Client, model: ModelRef, req: Request, sampling: Sampling) -> Generation:
         body: dict[str, Any] = {
             "model": model.name, "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature, "seed": sampling.seed,

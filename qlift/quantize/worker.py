@@ -187,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         traceback.print_exc()
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        emit("error", type=type(exc).__name__, message=message)
+        kind = type(exc).__name__
+        if type(exc).__module__ not in ("builtins", "__main__"):
+            kind = f"{type(exc).__module__}.{kind}"
+        emit("error", type=kind, message=message)
         return 1
     emit("result", **result)
     return 0

@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,22 +15,10 @@ from pathlib import Path
 
 from qlift.errors import ExternalToolError
 from qlift.eval.generation import Generation, ModelRef, Request, Sampling
+from qlift.serve.process import first_error_line
 from qlift.settings import qlift_home, vllm_python
 
 log = logging.getLogger(__name__)
-
-_ROOT_CAUSE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
-_WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start", "CalledProcessError")
-
-
-def root_cause(log_text: str) -> str | None:
-    """The first exception line in a vLLM log that is not a wrapper around another one."""
-    for line in log_text.splitlines():
-        m = _ROOT_CAUSE.search(line)
-        if m and not any(w in line for w in _WRAPPERS):
-            return f"{m.group(1)}: {m.group(2).strip()}"
-    return None
-
 
 class VllmBackend:
     """Runs ``python -m qlift.eval.vllm_worker`` (enforce_eager) for each model."""
@@ -70,7 +57,7 @@ class VllmBackend:
             result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
             if rc != 0 or "error" in result:
                 text = log_path.read_text(encoding="utf-8", errors="replace")
-                cause = root_cause(text) or result.get("error") or f"exit code {rc}"
+                cause = first_error_line(text) or result.get("error") or f"exit code {rc}"
                 raise ExternalToolError(
                     f"vLLM failed on the {model.role} model {model.name}: {cause}",
                     hint=f"Full log: {log_path}", tool="vllm",

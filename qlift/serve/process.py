@@ -38,7 +38,7 @@ _WRAPPER_ERRORS = (
     "See root cause above",
 )
 _ERROR_LINE = re.compile(
-    r"^\s*(?:\(\w+ pid=\d+\)\s*)?"  # (EngineCore pid=12) from a child process
+    r"^\s*(?:\([\w-]+ pid=\d+\)\s*)?"  # (EngineCore pid=12), (VllmWorker-0 pid=7) from a child
     r"(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"  # vLLM's "ERROR 11-29 19:01:12 [file.py:953]"
     r"([\w.]*(?:Error|Exception)): (.+)$"
 )

@@ -114,7 +114,9 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
 @click.argument("model", type=click.Path(path_type=Path))
 @_recipe_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it).")
-@click.option("--port", type=int, default=8000, show_default=True, help="Port for the OpenAI-compatible API.")
+@click.option(
+    "--port", type=int, default=8000, show_default=True, help="Port for the OpenAI-compatible API (0: any free port)."
+)
 @click.option("--served-model-name", default=None, help="Model name clients send (default: the directory name).")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require this API key, read from environment variable NAME (never printed).")

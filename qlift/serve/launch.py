@@ -26,7 +26,7 @@ from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
 from qlift.models.modeldir import ModelDir
 from qlift.serve.hardware import Hardware
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
-from qlift.serve.process import VllmServer, first_error_line
+from qlift.serve.process import VllmServer, first_error_line, free_port
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
@@ -117,6 +117,7 @@ def prepare(
     notes += [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
     run_dir = new_run_dir(served)
+    port = port or free_port(host)  # 0: any free port, fixed now so config, argv and URL agree
     server = _server(md.path, run_dir, host, port, served, env)
     return LaunchSpec(
         model=md.path, recipe=chosen.name, recipe_reason=reason, served_model_name=served, host=host,

@@ -92,11 +92,33 @@ def hash_files(
         pre = precomputed.get(str(p.resolve()))
         if pre:
             records[rel] = FileRecord(st.st_size, pre, st.st_mtime_ns)
-        elif prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+        elif _still_valid(prev, st):
+            assert prev is not None
             records[rel] = FileRecord(st.st_size, prev["sha256"], st.st_mtime_ns)
         else:
             records[rel] = FileRecord(st.st_size, sha256_file(p), st.st_mtime_ns)
     return records
+
+
+def _still_valid(prev: dict[str, Any] | None, st: os.stat_result) -> bool:
+    return bool(prev and prev.get("sha256") and prev.get("size") == st.st_size
+                and prev.get("mtime_ns") == st.st_mtime_ns)
+
+
+def recorded_hashes(root: Path) -> dict[str, str]:
+    """sha256 digests that ``root``'s own manifest records for files still unchanged (same
+    size and mtime): what ``describe_input`` will reuse instead of reading the file again."""
+    manifest = read_manifest(root)
+    known = (manifest or {}).get("outputs") or {}
+    out: dict[str, str] = {}
+    for rel, prev in known.items():
+        try:
+            st = (Path(root) / rel).stat()
+        except OSError:
+            continue
+        if isinstance(prev, dict) and _still_valid(prev, st):
+            out[rel] = str(prev["sha256"])
+    return out
 
 
 def content_hash(records: dict[str, FileRecord]) -> str:

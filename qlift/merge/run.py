@@ -10,15 +10,18 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qlift.errors import BadInputError, GateFailedError, IncompatibleError
 from qlift.fsutil import atomic_output_dir, check_output_path
-from qlift.lineage import read_manifest, utc_now, write_manifest
-from qlift.merge.adapter import Adapter, load_adapter
+from qlift.lineage import read_manifest, recorded_hashes, utc_now, write_manifest
+from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
 from qlift.merge.plan import Plan, build_plan, updated_config
 from qlift.merge.verify import VerifyResult
 from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
+
+if TYPE_CHECKING:
+    from qlift.merge.stio import FileHasher
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +145,36 @@ def merge_model(
     shard_bytes = parse_size(max_shard_size)
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise BadInputError(f"unknown device {device!r}", field="--device", hint="Use cpu or cuda.")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise IncompatibleError("--device cuda was given but torch sees no CUDA GPU", hint="Use --device cpu.")
     mdir = ModelDir.open(base)
     _check_base(mdir)
     st_dtype, dtype_name = _dtype(mdir, dtype)
+    # Hash the base shards for the lineage manifest on a thread of their own, from now on
+    # (overlapping the torch import and the merge); digests a manifest of the base already
+    # records for unchanged files are reused instead.
+    from qlift.merge.stio import FileHasher
+
+    known = recorded_hashes(mdir.path)
+    to_hash = [mdir.path / f for f in sorted(mdir.tensors_by_file()) if f not in known]
+    for a in adapters:
+        known = recorded_hashes(Path(a))
+        to_hash += [Path(a) / n for n in (SAFE_NAME, PICKLE_NAME) if (Path(a) / n).is_file() and n not in known]
+    input_hasher = FileHasher(to_hash)
+    try:
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise IncompatibleError("--device cuda was given but torch sees no CUDA GPU", hint="Use --device cpu.")
+        return _merge(mdir, adapters, out, st_dtype, dtype_name, t0=t0, started=started, shard_bytes=shard_bytes,
+                      max_shard_size=max_shard_size, device=device, verify=verify, tolerance=tolerance,
+                      force=force, allow_pickle=allow_pickle, strict=strict, input_hasher=input_hasher)
+    finally:
+        input_hasher.cancel()
+
+
+def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None, dtype_name: str, *, t0: float,
+           started: str, shard_bytes: int, max_shard_size: str, device: str, verify: bool | None, tolerance: float,
+           force: bool, allow_pickle: bool, strict: bool, input_hasher: FileHasher) -> MergeResult:
     loaded = [load_adapter(Path(a), allow_pickle=allow_pickle) for a in adapters]
     warnings: list[str] = []
     strangers = [a for a in loaded if not _base_matches(a, mdir)]
@@ -191,7 +216,7 @@ def merge_model(
         params: dict[str, Any] = {"dtype": dtype_name, "max_shard_size": max_shard_size, "device": device,
                                   "adapters": [str(a.path) for a in loaded], "verify": bool(verify)}
         write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
-                       precomputed=written.hashes)
+                       precomputed=written.hashes | input_hasher.result())
     return MergeResult(
         output=out, base=mdir.path, adapters=[a.path for a in loaded], dtype=dtype_name, shards=written.files,
         tensors=len(plan.entries), modified_tensors=written.modified, adapter_modules=plan.targets,

@@ -2,8 +2,9 @@
 
 safetensors' ``save_file`` needs every tensor of a shard in memory at once; writing
 the header first (every shape is known from the plan) lets the merge hold one tensor
-at a time, copy untouched tensors as raw bytes, and hash inputs and outputs on a
-second core while the bytes pass through.
+at a time, copy untouched tensors as raw bytes, and hash the output bytes on another
+thread while they pass through. Input files are hashed by a thread of their own
+(``FileHasher``), started before torch is imported, so hashing them overlaps that too.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import queue
 import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from qlift.errors import BadInputError
 
@@ -102,6 +104,48 @@ class Hasher:
             raise self._error
 
 
+class FileHasher:
+    """sha256 of whole files, read and hashed on a background thread.
+
+    Runs independently of the merge stream (both read the same page-cached bytes), so
+    it can start before torch is imported and runs on its own core.
+    """
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = list(paths)
+        self._digests: dict[str, str] = {}
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="qlift-hash-in", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        try:
+            for path in self._paths:
+                h = hashlib.sha256()
+                with open(path, "rb", buffering=0) as fh:
+                    while (n := fh.readinto(buf)) and not self._stop.is_set():
+                        h.update(view[:n])
+                if self._stop.is_set():
+                    return
+                self._digests[str(path.resolve())] = h.hexdigest()
+        except BaseException as exc:  # surfaced by result()
+            self._error = exc
+
+    def result(self) -> dict[str, str]:
+        """Resolved path -> sha256 hex digest of every file given."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return dict(self._digests)
+
+    def cancel(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class Scratch:
     """One reusable buffer for whole tensors, handed out again only once the hasher is done with it."""
 
@@ -122,11 +166,14 @@ class Scratch:
 
 
 class ShardReader:
-    """Reads one safetensors file front to back, hashing every byte it reads."""
+    """Reads one safetensors file front to back (``FileHasher`` hashes the inputs).
+
+    ``hasher`` is the output hasher: a ring buffer whose bytes were written on is reused
+    only once they are hashed.
+    """
 
     def __init__(self, path: Path, hasher: Hasher) -> None:
         self.path = path
-        self.sha = hashlib.sha256()
         self._hasher = hasher
         self._fh: io.BufferedReader = open(path, "rb")  # noqa: SIM115 - closed in finish()
         self._pos = 0
@@ -142,12 +189,12 @@ class ShardReader:
                                 path=self.path, hint="Re-download the checkpoint.")
         self._pos += n
         self.bytes_read += n
-        self._hasher.feed(self.sha, view)
         return view
 
     def _skip_to(self, offset: int) -> None:
-        while self._pos < offset:
-            self._read_into(memoryview(bytearray(min(CHUNK, offset - self._pos))))
+        if self._pos < offset:
+            self._fh.seek(offset)
+            self._pos = offset
 
     def chunks(self, t: RawTensor) -> Iterator[memoryview]:
         """The tensor's bytes in chunks from a small ring of reused buffers (fresh buffers
@@ -174,10 +221,6 @@ class ShardReader:
         return view
 
     def finish(self) -> None:
-        """Read the rest of the file (for its hash) and close it; ``sha`` is final after Hasher.close()."""
-        while data := self._fh.read(CHUNK):
-            self.bytes_read += len(data)
-            self._hasher.feed(self.sha, data)
         self._fh.close()
 
 
@@ -200,14 +243,18 @@ class ShardWriter:
         self.path = path
         self.sha = hashlib.sha256()
         self._hasher = hasher
-        self._fh: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        # Unbuffered: writes are whole tensors or 16 MiB chunks, which a buffer would only copy.
+        self._fh: io.FileIO = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self.bytes_written = 0
         self.write(header_bytes(entries))
 
     def write(self, data: Any) -> None:
-        self._fh.write(data)
-        self.bytes_written += memoryview(data).nbytes
-        self._hasher.feed(self.sha, data)
+        view = memoryview(data).cast("B")
+        fd, done = self._fh.fileno(), 0
+        while done < len(view):  # a write may also be partial
+            done += os.write(fd, view[done:])
+        self.bytes_written += done
+        self._hasher.feed(self.sha, view)
 
     def close(self) -> None:
         """Close the file (again is fine); ``sha`` is final after Hasher.close()."""

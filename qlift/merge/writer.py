@@ -1,8 +1,8 @@
 """Run a merge plan: read each base shard once, front to back, and write the output shards.
 
 Only one tensor is in memory at a time. Tensors no adapter touches are copied as raw
-bytes. Every byte read or written is hashed on a background thread, so the lineage
-manifest needs no second pass over multi-GB files.
+bytes. Every byte written is hashed on a background thread, so the lineage manifest
+needs no second pass over multi-GB files (the inputs are hashed by run.py's FileHasher).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class WriteResult:
     bytes_read: int = 0
     bytes_written: int = 0
     modified: int = 0
-    hashes: dict[str, str] = field(default_factory=dict)  # resolved path -> sha256, inputs and outputs
+    hashes: dict[str, str] = field(default_factory=dict)  # resolved path -> sha256 of each output
 
 
 def _layout(plan: Plan, base_dir: Path, files: list[str]) -> list[tuple[str, list[tuple[RawTensor, list[Entry]]]]]:
@@ -81,7 +81,7 @@ def write_shards(
     dev = torch.device(device)
     threads = torch.get_num_threads()
     if dev.type == "cpu":
-        torch.set_num_threads(1)  # the maths is memory-bound; the second core hashes
+        torch.set_num_threads(1)  # the maths is memory-bound; the other core hashes
     layout = _layout(plan, base_dir, base_files)
     order = [e for _, items in layout for _, consumers in items for e in consumers]
     for e in order:
@@ -124,9 +124,9 @@ def write_shards(
                 for chunk in reader.chunks(t):
                     w.write(chunk)
                 continue
-            raw = reader.read(t, in_scratch)
             if not consumers:
                 continue
+            raw = reader.read(t, in_scratch)
             src = _as_tensor(raw, t)
             for e in consumers:
                 view = out_scratch.take(_nbytes(e))
@@ -142,9 +142,7 @@ def write_shards(
         for w in writers:
             w.close()
         hasher.close()
-    for r in readers:
-        result.bytes_read += r.bytes_read
-        result.hashes[str(r.path.resolve())] = r.sha.hexdigest()
+    result.bytes_read = sum(r.bytes_read for r in readers)
     for w in writers:
         result.bytes_written += w.bytes_written
         result.hashes[str(w.path.resolve())] = w.sha.hexdigest()

@@ -24,6 +24,10 @@ from typing import Any
 from qlift.errors import BadInputError
 
 CHUNK = 16 * 1024 * 1024
+# One write() of more than about 1 MiB cost ~10x the kernel time per byte of 512 KiB
+# pieces (ext4, Linux 6.x: 3.0 s against 0.27 s of CPU for 1 GB), so large buffers go
+# out in pieces of this size.
+WRITE_PIECE = 512 * 1024
 ALIGN = 8  # safetensors pads the header so the data section starts 8-byte aligned
 
 
@@ -252,7 +256,7 @@ class ShardWriter:
         view = memoryview(data).cast("B")
         fd, done = self._fh.fileno(), 0
         while done < len(view):  # a write may also be partial
-            done += os.write(fd, view[done:])
+            done += os.write(fd, view[done:done + WRITE_PIECE])
         self.bytes_written += done
         self._hasher.feed(self.sha, view)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import os
 import queue
 import struct
@@ -124,16 +125,15 @@ class FileHasher:
         self._thread.start()
 
     def _run(self) -> None:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
         try:
             for path in self._paths:
                 h = hashlib.sha256()
                 with open(path, "rb", buffering=0) as fh:
-                    while (n := fh.readinto(buf)) and not self._stop.is_set():
-                        h.update(view[:n])
-                if self._stop.is_set():
-                    return
+                    size = os.fstat(fh.fileno()).st_size
+                    for pos in range(0, size, 4 * CHUNK):
+                        if self._stop.is_set():
+                            return
+                        h.update(map_range(fh.fileno(), pos, min(pos + 4 * CHUNK, size)))
                 self._digests[str(path.resolve())] = h.hexdigest()
         except BaseException as exc:  # surfaced by result()
             self._error = exc
@@ -169,60 +169,52 @@ class Scratch:
         self._seq = self._hasher.fed
 
 
-class ShardReader:
-    """Reads one safetensors file front to back (``FileHasher`` hashes the inputs).
+def map_range(fd: int, start: int, end: int, *, writable: bool = False) -> memoryview:
+    """Bytes ``start:end`` of an open file, mapped (no copy); unmapped when the last view
+    of them is dropped. ``writable`` maps them copy-on-write, so torch may wrap them as a
+    tensor; read-only maps are faulted in with one call (MAP_POPULATE on a writable
+    private map would copy every page)."""
+    if end <= start:
+        return memoryview(bytearray(0))
+    off = start - start % mmap.ALLOCATIONGRANULARITY
+    if writable:
+        mm = mmap.mmap(fd, end - off, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=off)
+    else:
+        mm = mmap.mmap(fd, end - off, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ, offset=off)
+    return memoryview(mm)[start - off:]
 
-    ``hasher`` is the output hasher: a ring buffer whose bytes were written on is reused
-    only once they are hashed.
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in with one call, not one per 64 KiB
+
+
+class ShardReader:
+    """Maps one safetensors file's tensors, in file order (``FileHasher`` hashes the inputs).
+
+    Mapping instead of reading saves a copy of every input byte; mapping only a tensor
+    (or a chunk of one) at a time keeps the resident set to about one tensor.
     """
 
-    def __init__(self, path: Path, hasher: Hasher) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self._hasher = hasher
         self._fh: io.BufferedReader = open(path, "rb")  # noqa: SIM115 - closed in finish()
-        self._pos = 0
+        self._size = os.fstat(self._fh.fileno()).st_size
         self.bytes_read = 0
-        self._ring = [bytearray(CHUNK) for _ in range(4)]
-        self._ring_seq = [0] * len(self._ring)
-        self._slot = 0
 
-    def _read_into(self, view: memoryview) -> memoryview:
-        n = self._fh.readinto(view)
-        if n != len(view):
-            raise BadInputError(f"file ends early (wanted {len(view)} bytes at offset {self._pos})",
+    def _map(self, start: int, end: int, writable: bool = False) -> memoryview:
+        if end > self._size:
+            raise BadInputError(f"file ends early (wanted bytes up to offset {end}, it has {self._size})",
                                 path=self.path, hint="Re-download the checkpoint.")
-        self._pos += n
-        self.bytes_read += n
-        return view
-
-    def _skip_to(self, offset: int) -> None:
-        if self._pos < offset:
-            self._fh.seek(offset)
-            self._pos = offset
+        self.bytes_read += end - start
+        return map_range(self._fh.fileno(), start, end, writable=writable)
 
     def chunks(self, t: RawTensor) -> Iterator[memoryview]:
-        """The tensor's bytes in chunks from a small ring of reused buffers (fresh buffers
-        cost a page fault per 4 KiB). A chunk is valid until the next one is taken."""
-        self._skip_to(t.start)
-        left = t.nbytes
-        while left:
-            slot = self._slot = (self._slot + 1) % len(self._ring)
-            self._hasher.wait(self._ring_seq[slot])
-            view = self._read_into(memoryview(self._ring[slot])[: min(CHUNK, left)])
-            left -= len(view)
-            try:
-                yield view
-            finally:
-                self._ring_seq[slot] = self._hasher.fed  # the consumer's feeds of this chunk too
+        """The tensor's bytes in chunks of at most CHUNK bytes, each mapped on its own."""
+        for pos in range(t.start, t.end, CHUNK):
+            yield self._map(pos, min(pos + CHUNK, t.end))
 
-    def read(self, t: RawTensor, scratch: Scratch) -> memoryview:
-        """The whole tensor, in ``scratch`` (valid until the scratch is taken again)."""
-        self._skip_to(t.start)
-        view = scratch.take(t.nbytes)
-        if t.nbytes:
-            self._read_into(view)
-        scratch.release()
-        return view
+    def read(self, t: RawTensor) -> memoryview:
+        """The whole tensor's bytes (writable copy-on-write, for torch.frombuffer)."""
+        return self._map(t.start, t.end, writable=True)
 
     def finish(self) -> None:
         self._fh.close()

@@ -94,7 +94,7 @@ def write_shards(
     result = WriteResult(files=names, weight_map={e.name: names[owner[e.name]] for e in order},
                          total_size=sum(_nbytes(e) for e in order))
     hasher = Hasher()
-    in_scratch, out_scratch = Scratch(hasher), Scratch(hasher)
+    out_scratch = Scratch(hasher)
     readers: list[ShardReader] = []
     writers: list[ShardWriter] = []
 
@@ -116,7 +116,7 @@ def write_shards(
             if f != current:
                 if readers:
                     readers[-1].finish()
-                readers.append(ShardReader(base_dir / f, hasher))
+                readers.append(ShardReader(base_dir / f))
                 current = f
             reader = readers[-1]
             if len(consumers) == 1 and not consumers[0].steps and consumers[0].out_dtype == t.dtype:
@@ -126,7 +126,7 @@ def write_shards(
                 continue
             if not consumers:
                 continue
-            raw = reader.read(t, in_scratch)
+            raw = reader.read(t)
             src = _as_tensor(raw, t)
             for e in consumers:
                 view = out_scratch.take(_nbytes(e))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import resource
 import shutil
@@ -158,7 +159,7 @@ def merge_model(
     for a in adapters:
         known = recorded_hashes(Path(a))
         to_hash += [Path(a) / n for n in (SAFE_NAME, PICKLE_NAME) if (Path(a) / n).is_file() and n not in known]
-    input_hasher = FileHasher(to_hash)
+    input_hasher = FileHasher(to_hash, threads=max(1, (os.cpu_count() or 1) - 1))
     try:
         if device.startswith("cuda"):
             import torch

@@ -2,9 +2,9 @@
 
 safetensors' ``save_file`` needs every tensor of a shard in memory at once; writing
 the header first (every shape is known from the plan) lets the merge hold one tensor
-at a time, copy untouched tensors as raw bytes, and hash the output bytes on another
-thread while they pass through. Input files are hashed by a thread of their own
-(``FileHasher``), started before torch is imported, so hashing them overlaps that too.
+at a time and copy untouched tensors as raw bytes. Hashing runs on threads of its own:
+``FileHasher`` for the inputs (started before torch is imported, so it overlaps that
+too) and a ``TailHasher`` per output shard, following the writer through the page cache.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import io
 import json
 import mmap
 import os
-import queue
 import struct
 import threading
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from typing import Any
 from qlift.errors import BadInputError
 
 CHUNK = 16 * 1024 * 1024
+WINDOW = 64 * 1024 * 1024  # bytes the hashers map at a time
 # One write() of more than about 1 MiB cost ~10x the kernel time per byte of 512 KiB
 # pieces (ext4, Linux 6.x: 3.0 s against 0.27 s of CPU for 1 GB), so large buffers go
 # out in pieces of this size.
@@ -65,108 +65,139 @@ def read_layout(path: Path) -> list[RawTensor]:
     return sorted(out, key=lambda t: t.start)
 
 
-class Hasher:
-    """sha256 of several byte streams, computed on a background thread.
-
-    hashlib releases the GIL on large buffers, so hashing overlaps the main thread's
-    reads, writes and tensor maths. Callers must not mutate a buffer after ``feed``.
-    """
-
-    def __init__(self, depth: int = 8) -> None:
-        self._q: queue.Queue[tuple[Any, Any] | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._done = 0
-        self.fed = 0
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="qlift-hash", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (item := self._q.get()) is not None:
-            h, data = item
-            try:
-                h.update(data)
-            except BaseException as exc:  # surfaced by close()
-                self._error = exc
-            with self._cond:
-                self._done += 1
-                self._cond.notify_all()
-
-    def feed(self, h: Any, data: Any) -> None:
-        self.fed += 1
-        self._q.put((h, data))
-
-    def wait(self, seq: int) -> None:
-        """Block until the first ``seq`` buffers fed are hashed (so they may be reused)."""
-        with self._cond:
-            while self._done < seq and self._thread.is_alive():
-                self._cond.wait(0.5)
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
 class FileHasher:
-    """sha256 of whole files, read and hashed on a background thread.
+    """sha256 of whole files, read (mapped) and hashed on background threads, one file per
+    thread at a time, ``threads`` files at once.
 
     Runs independently of the merge stream (both read the same page-cached bytes), so
-    it can start before torch is imported and runs on its own core.
+    it can start before torch is imported and runs on cores of its own.
     """
 
-    def __init__(self, paths: list[Path]) -> None:
-        self._paths = list(paths)
+    def __init__(self, paths: list[Path], threads: int = 1) -> None:
+        self._todo = list(paths)
+        self._lock = threading.Lock()
         self._digests: dict[str, str] = {}
-        self._error: BaseException | None = None
+        self._errors: list[BaseException] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="qlift-hash-in", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name="qlift-hash-in", daemon=True)
+                         for _ in range(max(1, min(threads, len(self._todo))))]
+        for t in self._threads:
+            t.start()
 
     def _run(self) -> None:
         try:
-            for path in self._paths:
-                h = hashlib.sha256()
+            while not self._stop.is_set():
+                with self._lock:
+                    if not self._todo:
+                        return
+                    path = self._todo.pop(0)
                 with open(path, "rb", buffering=0) as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    for pos in range(0, size, 4 * CHUNK):
-                        if self._stop.is_set():
-                            return
-                        h.update(map_range(fh.fileno(), pos, min(pos + 4 * CHUNK, size)))
-                self._digests[str(path.resolve())] = h.hexdigest()
+                    digest = _hash_fd(fh.fileno(), 0, os.fstat(fh.fileno()).st_size, hashlib.sha256(), self._stop)
+                if digest is None:
+                    return
+                with self._lock:
+                    self._digests[str(path.resolve())] = digest
         except BaseException as exc:  # surfaced by result()
-            self._error = exc
+            self._errors.append(exc)
 
     def result(self) -> dict[str, str]:
         """Resolved path -> sha256 hex digest of every file given."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        for t in self._threads:
+            t.join()
+        if self._errors:
+            raise self._errors[0]
         return dict(self._digests)
 
     def cancel(self) -> None:
         self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+def _hash_fd(fd: int, start: int, end: int, h: Any, stop: threading.Event) -> str | None:
+    for pos in range(start, end, WINDOW):
+        if stop.is_set():
+            return None
+        h.update(map_range(fd, pos, min(pos + WINDOW, end)))
+    return str(h.hexdigest())
+
+
+class TailHasher:
+    """sha256 of a file while it is being written, on a thread that follows the writer
+    through the page cache.
+
+    The writer never waits for the hash (no buffer is shared), and each output shard
+    gets its own thread, so shards are hashed in parallel where there are cores for it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._written = 0
+        self._closed = False
+        self._cancelled = threading.Event()
+        self._cond = threading.Condition()
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._fd = os.open(path, os.O_RDONLY)
+        self._thread = threading.Thread(target=self._run, name="qlift-hash-out", daemon=True)
+        self._thread.start()
+
+    def advance(self, written: int) -> None:
+        """The first ``written`` bytes of the file are in place."""
+        with self._cond:
+            self._written = written
+            self._cond.notify()
+
+    def _run(self) -> None:
+        h, pos = hashlib.sha256(), 0
+        try:
+            while True:
+                with self._cond:
+                    while self._written - pos < WINDOW and not self._closed and not self._cancelled.is_set():
+                        self._cond.wait()
+                    end, closed = self._written, self._closed
+                if self._cancelled.is_set():
+                    return
+                _hash_fd(self._fd, pos, end, h, self._cancelled)
+                pos = end
+                if closed:
+                    self._digest = h.hexdigest()
+                    return
+        except BaseException as exc:  # surfaced by result()
+            self._error = exc
+        finally:
+            os.close(self._fd)
+
+    def close(self) -> None:
+        """No more bytes will come."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self.close()
         self._thread.join()
+
+    def result(self) -> str:
+        self.close()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._digest is not None
+        return self._digest
 
 
 class Scratch:
-    """One reusable buffer for whole tensors, handed out again only once the hasher is done with it."""
+    """One reusable buffer for whole output tensors (fresh buffers cost a page fault per 4 KiB)."""
 
-    def __init__(self, hasher: Hasher) -> None:
-        self._hasher = hasher
+    def __init__(self) -> None:
         self._buf = bytearray(0)
-        self._seq = 0
 
     def take(self, n: int) -> memoryview:
-        self._hasher.wait(self._seq)
         if len(self._buf) < n:
             self._buf = bytearray(n)
         return memoryview(self._buf)[:n]
-
-    def release(self) -> None:
-        """Mark the buffer as fed to the hasher up to now."""
-        self._seq = self._hasher.fed
 
 
 def map_range(fd: int, start: int, end: int, *, writable: bool = False) -> memoryview:
@@ -233,15 +264,14 @@ def header_bytes(entries: list[tuple[str, str, tuple[int, ...], int]]) -> bytes:
 
 
 class ShardWriter:
-    """Writes one safetensors file whose header is known up front, hashing as it goes."""
+    """Writes one safetensors file whose header is known up front; a TailHasher hashes it."""
 
-    def __init__(self, path: Path, entries: list[tuple[str, str, tuple[int, ...], int]], hasher: Hasher) -> None:
+    def __init__(self, path: Path, entries: list[tuple[str, str, tuple[int, ...], int]]) -> None:
         self.path = path
-        self.sha = hashlib.sha256()
-        self._hasher = hasher
         # Unbuffered: writes are whole tensors or 16 MiB chunks, which a buffer would only copy.
         self._fh: io.FileIO = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self.bytes_written = 0
+        self.hasher = TailHasher(path)
         self.write(header_bytes(entries))
 
     def write(self, data: Any) -> None:
@@ -250,8 +280,9 @@ class ShardWriter:
         while done < len(view):  # a write may also be partial
             done += os.write(fd, view[done:done + WRITE_PIECE])
         self.bytes_written += done
-        self._hasher.feed(self.sha, view)
+        self.hasher.advance(self.bytes_written)
 
     def close(self) -> None:
-        """Close the file (again is fine); ``sha`` is final after Hasher.close()."""
+        """Close the file (again is fine); ``hasher.result()`` gives its sha256."""
         self._fh.close()
+        self.hasher.close()

@@ -1,8 +1,8 @@
 """Run a merge plan: read each base shard once, front to back, and write the output shards.
 
 Only one tensor is in memory at a time. Tensors no adapter touches are copied as raw
-bytes. Every byte written is hashed on a background thread, so the lineage manifest
-needs no second pass over multi-GB files (the inputs are hashed by run.py's FileHasher).
+bytes. Every output shard is hashed by a thread that follows its writer, so the lineage
+manifest needs no second pass over multi-GB files (run.py's FileHasher hashes the inputs).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from qlift.errors import IncompatibleError
 from qlift.merge.maths import apply_step
 from qlift.merge.plan import Entry, Plan
-from qlift.merge.stio import Hasher, RawTensor, Scratch, ShardReader, ShardWriter, read_layout
+from qlift.merge.stio import RawTensor, Scratch, ShardReader, ShardWriter, read_layout
 from qlift.progress import bar
 
 if TYPE_CHECKING:
@@ -93,8 +93,7 @@ def write_shards(
     owner = {e.name: i for i, shard in enumerate(shards) for e in shard}
     result = WriteResult(files=names, weight_map={e.name: names[owner[e.name]] for e in order},
                          total_size=sum(_nbytes(e) for e in order))
-    hasher = Hasher()
-    out_scratch = Scratch(hasher)
+    out_scratch = Scratch()
     readers: list[ShardReader] = []
     writers: list[ShardWriter] = []
 
@@ -105,7 +104,7 @@ def write_shards(
                 writers[-1].close()
             shard = shards[len(writers)]
             meta = [(x.name, x.out_dtype, x.shape, _nbytes(x)) for x in shard]
-            writers.append(ShardWriter(out_dir / names[len(writers)], meta, hasher))
+            writers.append(ShardWriter(out_dir / names[len(writers)], meta))
         return writers[i]
 
     try:
@@ -133,19 +132,21 @@ def write_shards(
                 out = _as_tensor(view, RawTensor(e.name, e.out_dtype, e.shape, 0, len(view)))
                 _compute(src, e, dev, out)
                 writer_for(e).write(view)
-                out_scratch.release()
                 result.modified += bool(e.steps)
         if readers:
             readers[-1].finish()
-    finally:
-        torch.set_num_threads(threads)
+    except BaseException:
         for w in writers:
             w.close()
-        hasher.close()
-    result.bytes_read = sum(r.bytes_read for r in readers)
+            w.hasher.cancel()
+        raise
+    finally:
+        torch.set_num_threads(threads)
     for w in writers:
+        w.close()
         result.bytes_written += w.bytes_written
-        result.hashes[str(w.path.resolve())] = w.sha.hexdigest()
+        result.hashes[str(w.path.resolve())] = w.hasher.result()
+    result.bytes_read = sum(r.bytes_read for r in readers)
     return result
 
 

@@ -9,6 +9,7 @@ Targets: qlift wall <= 2x cp; qlift >= 3.5x faster than peft; qlift peak RSS <= 
 largest shard.
 
     .venv/bin/python benchmarks/merge_vs_peft.py                 # 1.5B shape, CPU
+    .venv/bin/python benchmarks/merge_vs_peft.py --base-manifest # base from `qlift download`
     python benchmarks/merge_vs_peft.py --shape 7b --device cuda  # on a GPU machine
 """
 
@@ -131,12 +132,33 @@ def timed(argv: list[str]) -> tuple[float, int, float]:
     return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
+def _base_manifest(base: Path, want: bool) -> None:
+    """With ``want``, give the base the qlift.json a `qlift download` leaves (every file's
+    sha256), so qlift reuses those digests instead of hashing the base; else hide it."""
+    manifest, hidden = base / "qlift.json", base / "qlift.json.off"
+    if not want:
+        if manifest.exists():
+            manifest.rename(hidden)
+        return
+    if hidden.exists():
+        hidden.rename(manifest)
+    if not manifest.exists():
+        sys.path.insert(0, str(REPO))
+        from qlift.lineage import utc_now, write_manifest
+
+        write_manifest(base, operation="download", inputs={}, parameters={"bench": "merge_vs_peft"},
+                       started_at=utc_now())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both qlift and peft use it)")
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "bench-merge")
     ap.add_argument("--skip-peft", action="store_true")
+    ap.add_argument("--base-manifest", action="store_true",
+                    help="give the base a qlift.json with its files' sha256, as `qlift download` does "
+                         "(qlift then need not hash the base); default: a bare base, the worst case")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool; the best wall time counts")
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -146,6 +168,7 @@ def main() -> None:
     # Build in a child: children inherit the parent's peak RSS at fork, which would mask theirs.
     subprocess.run([sys.executable, __file__, "--build-only", "--shape", a.shape, "--work", str(a.work)], check=True)
     base, adapter = a.work / f"base-{a.shape}", a.work / f"lora-{a.shape}"
+    _base_manifest(base, a.base_manifest)
     shards = sorted(base.glob("*.safetensors"))
     largest = max(p.stat().st_size for p in shards)
     size = sum(p.stat().st_size for p in shards)
@@ -160,6 +183,7 @@ def main() -> None:
     if a.skip_peft:
         tools = tools[:2]
     runs: dict[str, tuple[float, int, float]] = {}
+    load = os.getloadavg()[0]  # other work on the machine skews every wall time
     for _ in range(a.repeat):  # best of N per tool, the tools interleaved so load hits them alike
         for name, argv in tools:
             shutil.rmtree(out, ignore_errors=True)
@@ -168,7 +192,8 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
     print(f"shape {a.shape}, device {a.device}: {len(shards)} shards, {size / 1e9:.2f} GB, "
-          f"largest shard {largest / 1e9:.2f} GB")
+          f"largest shard {largest / 1e9:.2f} GB, base {'with' if a.base_manifest else 'without'} a manifest, "
+          f"{os.cpu_count()} cores, load {load:.1f} at start")
     for name, (wall, rss, cpu) in runs.items():
         print(f"  {name:<24} {wall:7.1f} s   peak RSS {rss / 1e9:6.2f} GB   cpu {cpu:6.1f} s")
     q_wall, q_rss, _ = runs["qlift merge"]

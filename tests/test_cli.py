@@ -35,7 +35,11 @@ def test_every_command_has_help_with_examples_and_json(run_cli) -> None:
         result = run_cli(name, "--help")
         assert result.exit_code == 0, (name, result.output)
         assert "Examples:" in result.stdout, name
-        assert "--json" in result.stdout, name
+        group = cli.get_command(click.Context(cli), name)
+        leaves = [name] if not isinstance(group, click.Group) else [f"{name} {sub}" for sub in group.commands]
+        for leaf in leaves:
+            sub = run_cli(*leaf.split(), "--help")
+            assert sub.exit_code == 0 and "--json" in sub.stdout, leaf
 
 
 def test_help_imports_no_heavy_library() -> None:

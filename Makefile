@@ -24,7 +24,7 @@ test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not vllm and not slow" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python examples/demo.py

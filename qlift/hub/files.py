@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from qlift.errors import UnsafeInputError
+from qlift.errors import QliftError, UnsafeInputError
 
 # What a release engineer needs to load and serve a checkpoint.
 DEFAULT_INCLUDE = (
@@ -100,3 +102,22 @@ def git_blob_id(path: Path) -> str:
         while chunk := fh.read(8 * 1024 * 1024):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def translated_errors(
+    translate: Callable[[Exception, str, str, str], QliftError | None], repo: str, rev: str, endpoint: str
+) -> Iterator[None]:
+    """Turn a hub client library's errors into qlift errors naming the repo and endpoint.
+
+    ``translate`` maps one library's exceptions; what it does not know is re-raised as is.
+    """
+    try:
+        yield
+    except QliftError:
+        raise
+    except Exception as exc:
+        err = translate(exc, repo, rev, endpoint)
+        if err is None:
+            raise
+        raise err from exc

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError, QliftError
-from qlift.hub.files import RemoteFile, RepoSnapshot
+from qlift.hub.files import RemoteFile, RepoSnapshot, translated_errors
 
 log = logging.getLogger("qlift.hub")
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -32,7 +30,7 @@ class HfSource:
             )
         rev = revision or "main"
         api = HfApi(endpoint=self.endpoint, token=self._token)
-        with _translated(repo, rev, self.endpoint):
+        with translated_errors(_translate, repo, rev, self.endpoint):
             info = api.model_info(repo, revision=rev, files_metadata=True)
         if not info.sha:
             raise ExternalToolError(
@@ -56,7 +54,7 @@ class HfSource:
 
         if force:
             _forget(root, f.path)
-        with _translated(snap.repo, snap.commit, self.endpoint):
+        with translated_errors(_translate, snap.repo, snap.commit, self.endpoint):
             path = hf_hub_download(
                 snap.repo, f.path, revision=snap.commit, local_dir=root,
                 endpoint=self.endpoint, token=self._token, force_download=force,
@@ -72,20 +70,6 @@ def _forget(root: Path, path: str) -> None:
     (root / path).unlink(missing_ok=True)
     meta = root / ".cache" / "huggingface" / "download" / (path + ".metadata")
     meta.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _translated(repo: str, rev: str, endpoint: str) -> Iterator[None]:
-    """Turn client-library errors into qlift errors naming the repo and endpoint."""
-    try:
-        yield
-    except QliftError:
-        raise
-    except Exception as exc:
-        err = _translate(exc, repo, rev, endpoint)
-        if err is None:
-            raise
-        raise err from exc
 
 
 def _translate(exc: Exception, repo: str, rev: str, endpoint: str) -> QliftError | None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError, QliftError
-from qlift.hub.files import RemoteFile, RepoSnapshot
+from qlift.hub.files import RemoteFile, RepoSnapshot, translated_errors
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -35,7 +33,7 @@ class ModelScopeSource:
 
     def resolve(self, repo: str, revision: str | None) -> RepoSnapshot:
         rev = revision or "master"
-        with _translated(repo, rev, self.endpoint):
+        with translated_errors(_translate, repo, rev, self.endpoint):
             raw = self._api.legacy.list_repo_files(repo_id=repo, repo_type="model", revision=rev, recursive=True)
         entries = [e for e in raw if (e.get("Type") or "blob") == "blob"]
         commit = rev if _COMMIT.fullmatch(rev) else _head_commit(entries)
@@ -58,7 +56,7 @@ class ModelScopeSource:
     def fetch(self, snap: RepoSnapshot, f: RemoteFile, root: Path, *, force: bool) -> Path:
         if force:
             self.discard(root, f.path)
-        with _translated(snap.repo, snap.commit, self.endpoint):
+        with translated_errors(_translate, snap.repo, snap.commit, self.endpoint):
             # qlift checks the sha256 itself (so the retry policy is the same on both hubs);
             # the SDK checks the size and resumes partial files from <file>.incomplete.
             return Path(self._api.download_file(
@@ -76,20 +74,6 @@ def _head_commit(entries: list[dict[str, Any]]) -> str:
     dated = [(int(e.get("CommittedDate") or 0), str(e.get("Revision") or "")) for e in entries]
     dated = [d for d in dated if _COMMIT.fullmatch(d[1])]
     return max(dated)[1] if dated else ""
-
-
-@contextlib.contextmanager
-def _translated(repo: str, rev: str, endpoint: str) -> Iterator[None]:
-    """Turn client-library errors into qlift errors naming the repo and endpoint."""
-    try:
-        yield
-    except QliftError:
-        raise
-    except Exception as exc:
-        err = _translate(exc, repo, rev, endpoint)
-        if err is None:
-            raise
-        raise err from exc
 
 
 def _translate(exc: Exception, repo: str, rev: str, endpoint: str) -> QliftError | None:

@@ -159,6 +159,10 @@ def test_awq_chooses_group_64_and_keeps_lm_head_and_embeddings(awq_smollm2: dict
     assert "model.layers.0.mlp.down_proj.weight_packed" in after
     assert not any(k.startswith("lm_head.") for k in after)
     assert res["size_bytes"] < 0.6 * res["source_size_bytes"]
+    from qlift.models.report import inspect_model
+
+    # inspect counts packed int4 words as 8 parameters each and skips scales: the model's real size
+    assert inspect_model(out).parameters == inspect_model(smollm2_dir).parameters == 134_515_008
     manifest = json.loads((out / "qlift.json").read_text())
     assert manifest["parameters"]["group_size"] == 64 and manifest["inputs"][0]["role"] == "model"
 

@@ -35,6 +35,23 @@ class ModelReport:
     warnings: list[str] = field(default_factory=list)
 
 
+# compressed-tensors stores these beside a quantized weight; they are not model parameters.
+_QUANT_AUX = ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "input_scale", "output_scale")
+
+
+def logical_parameters(md: ModelDir) -> int:
+    """Parameters of the unquantized model: packed int4 words count 8 each, scales not at all."""
+    bits = 4
+    for group in ((md.quantization_config or {}).get("config_groups") or {}).values():
+        bits = int(((group or {}).get("weights") or {}).get("num_bits") or bits)
+    total = 0
+    for t in md.tensors.values():
+        if t.name.endswith(_QUANT_AUX):
+            continue
+        total += t.numel * (32 // bits) if t.name.endswith("weight_packed") else t.numel
+    return total
+
+
 def inspect_model(path: Path | str) -> ModelReport:
     md = ModelDir.open(path)
     md.require_weights(allow_pickle=True)
@@ -55,7 +72,7 @@ def inspect_model(path: Path | str) -> ModelReport:
         path=str(md.path.resolve()),
         architecture=md.architecture,
         model_type=md.config.get("model_type"),
-        parameters=md.parameter_count,
+        parameters=logical_parameters(md),
         weight_dtypes=md.weight_dtypes,
         config_dtype=md.torch_dtype,
         size_on_disk=md.size_on_disk,

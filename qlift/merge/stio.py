@@ -14,9 +14,10 @@ import io
 import json
 import mmap
 import os
+import queue
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,16 +189,82 @@ class TailHasher:
         return self._digest
 
 
-class Scratch:
-    """One reusable buffer for whole output tensors (fresh buffers cost a page fault per 4 KiB)."""
+class WriteQueue:
+    """Runs writes on a thread of its own (os.write releases the GIL), so the maths of the
+    next tensor overlaps the write of the last one. Each ``put`` returns a sequence number;
+    ``wait(seq)`` blocks until that call and all before it have run."""
 
-    def __init__(self) -> None:
-        self._buf = bytearray(0)
+    def __init__(self, depth: int = 8) -> None:
+        self._q: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.Queue(maxsize=depth)
+        self._cond = threading.Condition()
+        self._done = 0
+        self.submitted = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="qlift-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            fn, args = item
+            if self._error is None:
+                try:
+                    fn(*args)
+                except BaseException as exc:  # surfaced by put/wait/close
+                    self._error = exc
+            with self._cond:
+                self._done += 1
+                self._cond.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, fn: Callable[..., Any], *args: Any) -> int:
+        self._raise()
+        self._q.put((fn, args))
+        self.submitted += 1
+        return self.submitted
+
+    def wait(self, seq: int) -> None:
+        with self._cond:
+            while self._done < seq:
+                self._cond.wait()
+        self._raise()
+
+    def close(self) -> None:
+        """Run what is queued, stop the thread, raise the first error a write hit."""
+        self._q.put(None)
+        self._thread.join()
+        self._raise()
+
+
+class Scratch:
+    """Two reusable buffers for whole output tensors, so one can be written while the next
+    is computed (fresh buffers would cost a page fault per 4 KiB). A buffer is handed out
+    again only once the writes queued from it have run; tensors over ``single`` bytes use
+    one buffer alone, to keep the resident set near one tensor."""
+
+    def __init__(self, writes: WriteQueue, single: int = 256 * 1024 * 1024) -> None:
+        self._writes = writes
+        self._single = single
+        self._bufs = [bytearray(0), bytearray(0)]
+        self._seqs = [0, 0]
+        self._next = 0
 
     def take(self, n: int) -> memoryview:
-        if len(self._buf) < n:
-            self._buf = bytearray(n)
-        return memoryview(self._buf)[:n]
+        i = self._next
+        self._writes.wait(self._seqs[i])
+        if n > self._single:
+            self._writes.wait(max(self._seqs))
+            self._bufs[1 - i] = bytearray(0)
+        if len(self._bufs[i]) < n:
+            self._bufs[i] = bytearray(n)
+        return memoryview(self._bufs[i])[:n]
+
+    def release(self, seq: int) -> None:
+        """The buffer last taken is in use until write ``seq`` has run."""
+        self._seqs[self._next] = seq
+        self._next = 1 - self._next
 
 
 def map_range(fd: int, start: int, end: int, *, writable: bool = False) -> memoryview:

@@ -7,6 +7,7 @@ manifest needs no second pass over multi-GB files (run.py's FileHasher hashes th
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from qlift.errors import IncompatibleError
 from qlift.merge.maths import apply_step
 from qlift.merge.plan import Entry, Plan
-from qlift.merge.stio import RawTensor, Scratch, ShardReader, ShardWriter, read_layout
+from qlift.merge.stio import RawTensor, Scratch, ShardReader, ShardWriter, WriteQueue, read_layout
 from qlift.progress import bar
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ def write_shards(
     owner = {e.name: i for i, shard in enumerate(shards) for e in shard}
     result = WriteResult(files=names, weight_map={e.name: names[owner[e.name]] for e in order},
                          total_size=sum(_nbytes(e) for e in order))
-    out_scratch = Scratch()
+    writes = WriteQueue()
+    out_scratch = Scratch(writes)
     readers: list[ShardReader] = []
     writers: list[ShardWriter] = []
 
@@ -101,7 +103,7 @@ def write_shards(
         i = owner[e.name]
         while len(writers) <= i:
             if writers:
-                writers[-1].close()
+                writes.put(writers[-1].close)
             shard = shards[len(writers)]
             meta = [(x.name, x.out_dtype, x.shape, _nbytes(x)) for x in shard]
             writers.append(ShardWriter(out_dir / names[len(writers)], meta))
@@ -121,7 +123,7 @@ def write_shards(
             if len(consumers) == 1 and not consumers[0].steps and consumers[0].out_dtype == t.dtype:
                 w = writer_for(consumers[0])
                 for chunk in reader.chunks(t):
-                    w.write(chunk)
+                    writes.put(w.write, chunk)  # the mapped chunk stays mapped while queued
                 continue
             if not consumers:
                 continue
@@ -131,11 +133,14 @@ def write_shards(
                 view = out_scratch.take(_nbytes(e))
                 out = _as_tensor(view, RawTensor(e.name, e.out_dtype, e.shape, 0, len(view)))
                 _compute(src, e, dev, out)
-                writer_for(e).write(view)
+                out_scratch.release(writes.put(writer_for(e).write, view))
                 result.modified += bool(e.steps)
+        writes.close()
         if readers:
             readers[-1].finish()
     except BaseException:
+        with contextlib.suppress(BaseException):
+            writes.close()
         for w in writers:
             w.close()
             w.hasher.cancel()

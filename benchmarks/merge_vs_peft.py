@@ -193,7 +193,7 @@ def main() -> None:
     os.sync()
     print(f"shape {a.shape}, device {a.device}: {len(shards)} shards, {size / 1e9:.2f} GB, "
           f"largest shard {largest / 1e9:.2f} GB, base {'with' if a.base_manifest else 'without'} a manifest, "
-          f"{os.cpu_count()} cores, load {load:.1f} at start")
+          f"{len(os.sched_getaffinity(0))} cores, load {load:.1f} at start")
     for name, (wall, rss, cpu) in runs.items():
         print(f"  {name:<24} {wall:7.1f} s   peak RSS {rss / 1e9:6.2f} GB   cpu {cpu:6.1f} s")
     q_wall, q_rss, _ = runs["qlift merge"]

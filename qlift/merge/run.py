@@ -122,6 +122,14 @@ def _dtype(base: ModelDir, dtype: str) -> tuple[str | None, str]:
     return None, str(name)
 
 
+def _cores() -> int:
+    """CPUs this process may run on (taskset and container limits included)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def merge_model(
     *,
     base: Path,
@@ -159,7 +167,7 @@ def merge_model(
     for a in adapters:
         known = recorded_hashes(Path(a))
         to_hash += [Path(a) / n for n in (SAFE_NAME, PICKLE_NAME) if (Path(a) / n).is_file() and n not in known]
-    input_hasher = FileHasher(to_hash, threads=max(1, (os.cpu_count() or 1) - 1))
+    input_hasher = FileHasher(to_hash, threads=max(1, _cores() - 1))
     try:
         if device.startswith("cuda"):
             import torch

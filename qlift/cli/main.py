@@ -35,7 +35,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 EPILOG = """\b
 Examples:
   qlift import-gguf --builtin smollm2 -o smollm2     # the embedded default model
-  qlift inspect smollm2 --json
+  qlift download Qwen/Qwen2.5-7B-Instruct -o base    # pinned commit, sha256 lockfile
+  qlift merge base ./my-lora -o merged               # streamed LoRA merge, checked against peft
+  qlift quantize merged --awq -o merged-awq          # llm-compressor in its own environment
+  qlift eval merged-awq --baseline merged --prompts held-out.jsonl --gate "ppl <= baseline * 1.05"
+  qlift serve merged-awq --recipe auto               # vLLM from a hardware-profiled recipe
+  qlift inspect merged-awq --json                    # shape, size, quantization, lineage
 """
 
 

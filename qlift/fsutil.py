@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from qlift.errors import BadInputError, OutputExistsError
 
@@ -21,6 +23,14 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
+    """Write ``data`` as JSON to ``path`` via a temp file and a rename: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def dir_size(path: Path) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift import __version__
-from qlift.fsutil import sha256_file
+from qlift.fsutil import sha256_file, write_json_atomic
 
 MANIFEST_NAME = "qlift.json"
 SCHEMA_VERSION = 1
@@ -172,9 +172,7 @@ def write_manifest(
         parents=parents,
         started_at=started_at,
     )
-    tmp = Path(out_dir) / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(out_dir) / MANIFEST_NAME)
+    write_json_atomic(Path(out_dir) / MANIFEST_NAME, manifest.to_dict())
     return manifest
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import ExternalToolError
+from qlift.fsutil import write_json_atomic
 from qlift.settings import tool_envs_dir
 
 log = logging.getLogger(__name__)
@@ -261,9 +262,7 @@ class ToolEnv:
             "created_at": utc_now(),
             "layout": LAYOUT_VERSION,
         }
-        tmp = env_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, env_dir / STATE_FILE)
+        write_json_atomic(env_dir / STATE_FILE, state)
 
     # --- info / remove ----------------------------------------------------------------
     def info(self, *, probe: bool = True) -> EnvInfo:

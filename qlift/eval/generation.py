@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qlift.eval.prompts import Example
+from qlift.fsutil import write_json_atomic
 from qlift.progress import bar
 
 
@@ -109,9 +109,7 @@ class GenerationCache:
             return
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(gen), ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, p)
+        write_json_atomic(p, asdict(gen), indent=None)
 
 
 def cached_generate(

@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import os
 import re
 import shutil
 import threading
@@ -25,7 +24,7 @@ from typing import Any, Protocol
 
 from qlift import progress, settings
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, IntegrityError, QliftError
-from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, sha256_file
+from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, sha256_file, write_json_atomic
 from qlift.hub.files import RemoteFile, RepoSnapshot, check_safe_path, git_blob_id, select_files
 from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, write_lock
 from qlift.lineage import utc_now, write_manifest
@@ -276,9 +275,7 @@ class _State:
             mtime = (staging / rec.path).stat().st_mtime_ns
             self.files[rec.path] = {"size": rec.size, "sha256": rec.sha256, "blob_id": blob_id,
                                     "commit": commit, "mtime_ns": mtime}
-            tmp = staging / "state.json.tmp"
-            tmp.write_text(json.dumps({"files": self.files}, indent=1), encoding="utf-8")
-            os.replace(tmp, staging / "state.json")
+            write_json_atomic(staging / "state.json", {"files": self.files}, indent=1)
 
 
 @contextlib.contextmanager

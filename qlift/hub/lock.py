@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qlift import progress
 from qlift.errors import BadInputError, NotFoundError
-from qlift.fsutil import sha256_file
+from qlift.fsutil import sha256_file, write_json_atomic
 from qlift.lineage import MANIFEST_NAME, utc_now
 
 LOCK_NAME = "qlift.lock.json"
@@ -43,9 +42,7 @@ class Lock:
 
 def write_lock(directory: Path, lock: Lock) -> Path:
     target = Path(directory) / LOCK_NAME
-    tmp = target.with_name(LOCK_NAME + ".tmp")
-    tmp.write_text(json.dumps(asdict(lock), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    write_json_atomic(target, asdict(lock))
     return target
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError
+from qlift.models.safetensors_header import read_header
 
 CHUNK = 16 * 1024 * 1024
 WINDOW = 64 * 1024 * 1024  # bytes the hashers map at a time
@@ -50,19 +51,8 @@ class RawTensor:
 
 def read_layout(path: Path) -> list[RawTensor]:
     """Tensors of one safetensors file in the order their bytes appear."""
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError, struct.error) as exc:
-        raise BadInputError(f"not a readable safetensors file ({exc})", path=path,
-                            hint="Re-download or re-export the checkpoint.") from exc
-    header.pop("__metadata__", None)
-    base = 8 + n
-    out = [
-        RawTensor(name, e["dtype"], tuple(e["shape"]), base + e["data_offsets"][0], base + e["data_offsets"][1])
-        for name, e in header.items()
-    ]
+    tensors, _ = read_header(path)
+    out = [RawTensor(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in tensors.values()]
     return sorted(out, key=lambda t: t.start)
 
 

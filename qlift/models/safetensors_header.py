@@ -27,6 +27,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     file: str
     nbytes: int
+    offset: int = 0  # where the tensor's bytes start in the file (absolute)
 
     @property
     def numel(self) -> int:
@@ -54,6 +55,7 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             hint="Re-download or re-export the checkpoint.",
         ) from exc
     metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + header_len
     tensors = {}
     for name, entry in header.items():
         start, end = entry["data_offsets"]
@@ -63,5 +65,6 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             shape=tuple(entry["shape"]),
             file=path.name,
             nbytes=end - start,
+            offset=data_start + start,
         )
     return tensors, metadata

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from qlift.serialize import to_jsonable
 
 T = TypeVar("T")
 
@@ -27,21 +27,6 @@ class CliState:
 
 
 STATE = CliState()
-
-
-def to_jsonable(value: Any) -> Any:
-    """The one serializer behind every --json output."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "model_dump"):
-        return to_jsonable(value.model_dump(mode="json"))
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def emit(result: Any, human: Callable[[], None] | None = None) -> None:

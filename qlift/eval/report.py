@@ -25,7 +25,7 @@ def _clean(value: Any) -> Any:
 
 
 def result_json(result: Any) -> dict[str, Any]:
-    from qlift.cli.output import to_jsonable
+    from qlift.serialize import to_jsonable
 
     return _clean(to_jsonable(result))  # type: ignore[no-any-return]
 

@@ -198,7 +198,7 @@ def run(
     check_plan(spec.plan)
     spec.run_dir.mkdir(parents=True, exist_ok=False)
     (spec.run_dir / "config.yaml").write_text(spec.config_yaml)
-    from qlift.cli.output import to_jsonable
+    from qlift.serialize import to_jsonable
 
     (spec.run_dir / "plan.json").write_text(json.dumps(to_jsonable(spec.plan), indent=2))
     env = dict(spec.env)

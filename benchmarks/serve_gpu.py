@@ -24,39 +24,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-QWEN7B = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-              intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False)
 
 
 def build_model(root: Path) -> Path:
-    from substrate import build_qwen_tokenizer
+    from substrate import QWEN7B, build_qwen_tokenizer, qwen2_tensors, write_header_only_safetensors
     from transformers import Qwen2Config
 
     cfg = Qwen2Config(**QWEN7B, max_position_embeddings=32768, rope_theta=1e6, dtype="bfloat16",
                       architectures=["Qwen2ForCausalLM"], bos_token_id=151643, eos_token_id=151645)
     cfg.save_pretrained(root)
-    h, kv = cfg.hidden_size, cfg.hidden_size // cfg.num_attention_heads * cfg.num_key_value_heads
-    shapes = {"model.embed_tokens.weight": [cfg.vocab_size, h], "lm_head.weight": [cfg.vocab_size, h],
-              "model.norm.weight": [h]}
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": [h, h], p + "self_attn.q_proj.bias": [h],
-                   p + "self_attn.k_proj.weight": [kv, h], p + "self_attn.k_proj.bias": [kv],
-                   p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.v_proj.bias": [kv],
-                   p + "self_attn.o_proj.weight": [h, h], p + "mlp.gate_proj.weight": [cfg.intermediate_size, h],
-                   p + "mlp.up_proj.weight": [cfg.intermediate_size, h],
-                   p + "mlp.down_proj.weight": [h, cfg.intermediate_size],
-                   p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h]}
-    header, off = {}, 0
-    for name, shape in shapes.items():
-        n = 2
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
-        off += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    (root / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    write_header_only_safetensors(root / "model.safetensors", qwen2_tensors(QWEN7B))
     build_qwen_tokenizer(root)
     return root
 

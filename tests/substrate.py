@@ -20,6 +20,12 @@ QWEN_SPECIAL_TOKENS = [
 QWEN_BASE_VOCAB = 151_643  # + 22 special tokens = 151,665, as Qwen2.5's tokenizer
 QWEN_EMBED_ROWS = 151_936  # Qwen2.5's padded embedding
 
+# Qwen2.5-7B- and 3B-Instruct config shapes (for header-only models the planner reads).
+QWEN7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+          "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
+QWEN3B = {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+          "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True}
+
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if loop.first and message['role'] != 'system' %}"
@@ -136,3 +142,47 @@ def tensors_of(model_dir: Path) -> dict[str, Any]:
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def qwen2_tensors(cfg: dict, quant_group: int | None = None) -> dict[str, tuple[str, list[int]]]:  # type: ignore[type-arg]
+    """Qwen2 tensor names and shapes; with quant_group, linear layers as packed int4 + bf16 scales."""
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    out: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("BF16", [v, h]),
+                                             "model.norm.weight": ("BF16", [h])}
+    if not cfg["tie_word_embeddings"]:
+        out["lm_head.weight"] = ("BF16", [v, h])
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        linears = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+                   "self_attn.o_proj": (h, h), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                   "mlp.down_proj": (h, inter)}
+        for name, (o, n) in linears.items():
+            if quant_group:
+                out[p + name + ".weight_packed"] = ("I32", [o, n // 8])
+                out[p + name + ".weight_scale"] = ("BF16", [o, n // quant_group])
+            else:
+                out[p + name + ".weight"] = ("BF16", [o, n])
+        for name, size in (("self_attn.q_proj", h), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)):
+            out[p + name + ".bias"] = ("BF16", [size])
+        out[p + "input_layernorm.weight"] = ("BF16", [h])
+        out[p + "post_attention_layernorm.weight"] = ("BF16", [h])
+    return out
+
+
+_DTYPE_BYTES = {"BF16": 2, "I32": 4, "F32": 4}
+
+
+def write_header_only_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A safetensors header with offsets as if the data were there, and no data: enough for
+    anything that reads headers (ModelDir, the planner) or loads with load_format=dummy."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = _DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw)

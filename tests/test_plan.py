@@ -7,10 +7,10 @@ safetensors files: the planner reads headers, never tensor data.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import pytest
+from substrate import QWEN3B, QWEN7B, qwen2_tensors, write_header_only_safetensors
 
 from qlift.errors import IncompatibleError
 from qlift.models.modeldir import ModelDir
@@ -20,37 +20,6 @@ from qlift.serve.recipes import apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 
 GiB = 1024**3
-QWEN7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-          "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
-QWEN3B = {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
-          "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True}
-_BYTES = {"BF16": 2, "I32": 4, "F32": 4}
-
-
-def qwen2_tensors(cfg: dict, quant_group: int | None = None) -> dict[str, tuple[str, list[int]]]:  # type: ignore[type-arg]
-    """Qwen2 tensor names and shapes; with quant_group, linear layers as packed int4 + bf16 scales."""
-    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
-    out: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("BF16", [v, h]),
-                                             "model.norm.weight": ("BF16", [h])}
-    if not cfg["tie_word_embeddings"]:
-        out["lm_head.weight"] = ("BF16", [v, h])
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        linears = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-                   "self_attn.o_proj": (h, h), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
-                   "mlp.down_proj": (h, inter)}
-        for name, (o, n) in linears.items():
-            if quant_group:
-                out[p + name + ".weight_packed"] = ("I32", [o, n // 8])
-                out[p + name + ".weight_scale"] = ("BF16", [o, n // quant_group])
-            else:
-                out[p + name + ".weight"] = ("BF16", [o, n])
-        for name, size in (("self_attn.q_proj", h), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)):
-            out[p + name + ".bias"] = ("BF16", [size])
-        out[p + "input_layernorm.weight"] = ("BF16", [h])
-        out[p + "post_attention_layernorm.weight"] = ("BF16", [h])
-    return out
 
 
 def shaped_model(root: Path, cfg: dict, *, quant_group: int | None = None, **extra: object) -> ModelDir:  # type: ignore[type-arg]
@@ -60,15 +29,7 @@ def shaped_model(root: Path, cfg: dict, *, quant_group: int | None = None, **ext
               "max_position_embeddings": 32768, "sliding_window": 131072, "use_sliding_window": False,
               "max_window_layers": cfg["num_hidden_layers"], **cfg, **extra}
     (root / "config.json").write_text(json.dumps(config))
-    header, offset = {}, 0
-    for name, (dtype, shape) in qwen2_tensors(cfg, quant_group).items():
-        n = _BYTES[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    (root / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    write_header_only_safetensors(root / "model.safetensors", qwen2_tensors(cfg, quant_group))
     return ModelDir.open(root)
 
 

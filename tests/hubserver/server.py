@@ -201,14 +201,22 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._json(404, {"Code": 404, "Message": f"no route {url.path}", "Success": False})
 
         # --- Hugging Face ----------------------------------------------------------------
-        def _hf_info(self, repo_id: str, rev: str) -> None:
-            hub.log(self._req("hf-info", f"{repo_id}@{rev}"))
+        def _hf_commit(self, repo_id: str, rev: str):  # type: ignore[no-untyped-def]
+            """The commit ``rev`` names in ``repo_id``, or None after answering the Hub's error."""
             repo = hub.repos.get(repo_id)
             if repo is None:
-                return self._hf_error(401, "RepoNotFound", "Repository not found")
+                self._hf_error(401, "RepoNotFound", "Repository not found")
+                return None
             commit = repo.resolve(rev)
             if commit is None:
-                return self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            return commit
+
+        def _hf_info(self, repo_id: str, rev: str) -> None:
+            hub.log(self._req("hf-info", f"{repo_id}@{rev}"))
+            commit = self._hf_commit(repo_id, rev)
+            if commit is None:
+                return None
             siblings = []
             for path in sorted(commit.files):
                 data = commit.files[path]
@@ -230,10 +238,9 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def _hf_tree(self, repo_id: str, rev: str) -> None:
             """The recursive tree listing snapshot_download uses (one page, no Link header)."""
             hub.log(self._req("hf-tree", f"{repo_id}@{rev}"))
-            repo = hub.repos.get(repo_id)
-            commit = repo.resolve(rev) if repo else None
+            commit = self._hf_commit(repo_id, rev)
             if commit is None:
-                return self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                return None
             entries: list[dict[str, object]] = []
             dirs = sorted({"/".join(p.split("/")[:i]) for p in commit.files for i in range(1, p.count("/") + 1)})
             entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in dirs]
@@ -247,12 +254,9 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _hf_file(self, repo_id: str, rev: str, path: str, *, body: bool) -> None:
             hub.log(self._req("hf-file", path))
-            repo = hub.repos.get(repo_id)
-            if repo is None:
-                return self._hf_error(401, "RepoNotFound", "Repository not found")
-            commit = repo.resolve(rev)
+            commit = self._hf_commit(repo_id, rev)
             if commit is None:
-                return self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                return None
             data = commit.files.get(path)
             if data is None:
                 return self._hf_error(404, "EntryNotFound", f"{path} does not exist", commit.sha)

@@ -32,11 +32,13 @@ def bar(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit
     yield from tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
 
 
-def byte_bar(total: int, desc: str = ""):  # type: ignore[no-untyped-def]
-    """A bytes progress bar (call ``.update(n)``, then ``.close()``); a no-op when disabled."""
+def counter(total: int, desc: str = "", unit: str = "it", **kwargs: object):  # type: ignore[no-untyped-def]
+    """A bar to ``.update(n)`` by hand (thread-safe), then ``.close()``; a no-op when disabled."""
     from tqdm import tqdm
 
-    return tqdm(
-        total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-        file=sys.stderr, leave=False, disable=not enabled(),
-    )
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=not enabled(), **kwargs)
+
+
+def byte_bar(total: int, desc: str = ""):  # type: ignore[no-untyped-def]
+    """A bytes progress bar (call ``.update(n)``, then ``.close()``); a no-op when disabled."""
+    return counter(total, desc, unit="B", unit_scale=True, unit_divisor=1024)

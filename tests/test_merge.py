@@ -260,3 +260,40 @@ def test_row_blocks_give_peft_values(monkeypatch, run_cli, tmp_path, tiny_qwen2_
     out = tmp_path / "blocks"
     merge(run_cli, tiny_qwen2_untied, adapters["plain_u"], out=out)
     assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters["plain_u"]]))
+
+
+def test_parallel_pipelines_give_peft_values(monkeypatch, run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:
+    """On a many-core host each output shard gets a pipeline of its own; force that here."""
+    import qlift.merge.run as run
+    from qlift.merge.writer import pipelines
+
+    assert pipelines(4, 2) == 1 and pipelines(4, 16) == 4 and pipelines(1, 64) == 1
+    monkeypatch.setattr(run, "_cores", lambda: 12)
+    out = tmp_path / "parallel"
+    res = merge(run_cli, tiny_qwen2_untied, adapters["dora"], out=out, extra=("--max-shard-size", "8MB"))
+    assert len(res["shards"]) >= 3
+    assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters["dora"]]))
+    manifest = json.loads((out / "qlift.json").read_text())
+    for rel, rec in manifest["outputs"].items():
+        assert rec["sha256"] == sha256_file(out / rel), rel
+
+
+def test_a_failing_pipeline_stops_the_others_and_writes_nothing(monkeypatch, run_cli, tmp_path, tiny_qwen2_untied,
+                                                                 adapters) -> None:
+    import shutil
+
+    import qlift.merge.run as run
+
+    monkeypatch.setattr(run, "_cores", lambda: 12)
+    base = tmp_path / "base"
+    shutil.copytree(tiny_qwen2_untied, base)
+    (base / "qlift.json").unlink(missing_ok=True)
+    weights = sorted(base.glob("*.safetensors"))[-1]
+    with open(weights, "r+b") as fh:  # the last tensors' bytes are gone; the header still names them
+        fh.truncate(weights.stat().st_size - 1_000_000)
+    out = tmp_path / "out"
+    r = run_cli("merge", base, adapters["plain_u"], "-o", out, "--no-verify", "--max-shard-size", "8MB")
+    assert r.exit_code == 2, r.stderr  # BadInputError, not the _Stopped of the pipelines it halted
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "file ends early" in errors[0] and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out*")), list(tmp_path.iterdir())

@@ -213,7 +213,7 @@ def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None
         from qlift.merge.writer import write_shards
 
         written = write_shards(plan, base_dir=mdir.path, base_files=files, out_dir=tmp,
-                               max_shard_bytes=shard_bytes, device=device)
+                               max_shard_bytes=shard_bytes, device=device, cores=_cores())
         config = updated_config(mdir.config, plan, dtype_name)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         index = {"metadata": {"total_size": written.total_size}, "weight_map": dict(sorted(written.weight_map.items()))}

@@ -1,22 +1,26 @@
-"""Run a merge plan: read each base shard once, front to back, and write the output shards.
+"""Run a merge plan: one pipeline per output shard, several at once where there are cores.
 
-Only one tensor is in memory at a time. Tensors no adapter touches are copied as raw
-bytes. Every output shard is hashed by a thread that follows its writer, so the lineage
-manifest needs no second pass over multi-GB files (run.py's FileHasher hashes the inputs).
+A pipeline holds one tensor at a time (plus the one being written): tensors no adapter
+touches are copied as raw bytes, the others are computed into a reused buffer. Its
+writes run on a thread behind the maths and its sha256 on a thread behind the writes,
+so the lineage manifest needs no second pass over multi-GB files (run.py's FileHasher
+hashes the inputs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qlift.errors import IncompatibleError
 from qlift.merge.maths import apply_step
 from qlift.merge.plan import Entry, Plan
 from qlift.merge.stio import RawTensor, Scratch, ShardReader, ShardWriter, WriteQueue, read_layout
-from qlift.progress import bar
+from qlift.progress import counter
 
 if TYPE_CHECKING:
     import torch
@@ -56,11 +60,6 @@ class WriteResult:
     hashes: dict[str, str] = field(default_factory=dict)  # resolved path -> sha256 of each output
 
 
-def _layout(plan: Plan, base_dir: Path, files: list[str]) -> list[tuple[str, list[tuple[RawTensor, list[Entry]]]]]:
-    by_source = plan.sources()
-    return [(f, [(t, by_source.get(t.name, [])) for t in read_layout(base_dir / f)]) for f in files]
-
-
 def _pack(order: list[Entry], max_bytes: int) -> list[list[Entry]]:
     shards: list[list[Entry]] = [[]]
     size = 0
@@ -74,85 +73,128 @@ def _pack(order: list[Entry], max_bytes: int) -> list[list[Entry]]:
     return shards
 
 
+def pipelines(shards: int, cores: int) -> int:
+    """Output shards written at once: one per three cores (its maths, its writes, its hash),
+    so a 2-core machine runs one pipeline and a 16-core GPU host up to five."""
+    return max(1, min(shards, cores // 3))
+
+
+@dataclass
+class _Source:
+    file: str
+    tensor: RawTensor
+
+
+@dataclass
+class _ShardJob:
+    path: Path
+    entries: list[Entry]
+    sources: dict[str, _Source]
+    base_dir: Path
+    device: torch.device
+    stop: threading.Event
+    progress: Any
+
+
+@dataclass
+class _ShardDone:
+    bytes_read: int
+    bytes_written: int
+    modified: int
+    sha256: str
+
+
 def write_shards(
-    plan: Plan, *, base_dir: Path, base_files: list[str], out_dir: Path, max_shard_bytes: int, device: str = "cpu"
+    plan: Plan, *, base_dir: Path, base_files: list[str], out_dir: Path, max_shard_bytes: int, device: str = "cpu",
+    cores: int = 1,
 ) -> WriteResult:
     import torch
 
     dev = torch.device(device)
-    threads = torch.get_num_threads()
-    if dev.type == "cpu":
-        torch.set_num_threads(1)  # the maths is memory-bound; the other core hashes
-    layout = _layout(plan, base_dir, base_files)
-    order = [e for _, items in layout for _, consumers in items for e in consumers]
+    sources = {t.name: _Source(f, t) for f in base_files for t in read_layout(base_dir / f)}
+    by_source = plan.sources()
+    order = [e for name in sorted(sources, key=lambda n: (sources[n].file, sources[n].tensor.start))
+             for e in by_source.get(name, [])]
     for e in order:
         if _nbytes(e) < 0:
             raise IncompatibleError(f"tensor {e.name} has dtype {e.out_dtype}, which qlift cannot write",
                                     hint="Merge into an unquantized (bf16/fp16/fp32) base model.")
     shards = _pack(order, max_shard_bytes)
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    owner = {e.name: i for i, shard in enumerate(shards) for e in shard}
-    result = WriteResult(files=names, weight_map={e.name: names[owner[e.name]] for e in order},
+    named = list(zip(names, shards, strict=True))
+    result = WriteResult(files=names, weight_map={e.name: n for n, shard in named for e in shard},
                          total_size=sum(_nbytes(e) for e in order))
-    writes = WriteQueue()
-    out_scratch = Scratch(writes)
-    readers: list[ShardReader] = []
-    writers: list[ShardWriter] = []
-
-    def writer_for(e: Entry) -> ShardWriter:
-        i = owner[e.name]
-        while len(writers) <= i:
-            if writers:
-                writes.put(writers[-1].close)
-            shard = shards[len(writers)]
-            meta = [(x.name, x.out_dtype, x.shape, _nbytes(x)) for x in shard]
-            writers.append(ShardWriter(out_dir / names[len(writers)], meta))
-        return writers[i]
-
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # the maths is memory-bound; other cores write and hash
+    stop = threading.Event()
+    tick = counter(len(order), desc="merge", unit="tensor")
+    jobs = [_ShardJob(out_dir / n, shard, sources, base_dir, dev, stop, tick) for n, shard in named]
     try:
-        total = sum(len(items) for _, items in layout)
-        flat = ((f, t, c) for f, items in layout for t, c in items)
-        current: str | None = None
-        for f, t, consumers in bar(flat, total=total, desc="merge", unit="tensor"):
-            if f != current:
-                if readers:
-                    readers[-1].finish()
-                readers.append(ShardReader(base_dir / f))
-                current = f
-            reader = readers[-1]
-            if len(consumers) == 1 and not consumers[0].steps and consumers[0].out_dtype == t.dtype:
-                w = writer_for(consumers[0])
+        with ThreadPoolExecutor(pipelines(len(jobs), cores), thread_name_prefix="qlift-shard") as pool:
+            futures = [pool.submit(_write_shard, job) for job in jobs]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [x for f in futures if f.done() and (x := f.exception()) is not None]
+            if failed:
+                stop.set()  # the other pipelines give up at their next tensor
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise next((x for x in failed if not isinstance(x, _Stopped)), failed[0])
+            done = [f.result() for f in futures]
+    finally:
+        tick.close()
+        torch.set_num_threads(threads)
+    for job, d in zip(jobs, done, strict=True):
+        result.bytes_read += d.bytes_read
+        result.bytes_written += d.bytes_written
+        result.modified += d.modified
+        result.hashes[str(job.path.resolve())] = d.sha256
+    return result
+
+
+def _write_shard(job: _ShardJob) -> _ShardDone:
+    """One output shard, tensor by tensor: maths here, writes on a thread behind it, the
+    sha256 on a thread behind that."""
+    writes = WriteQueue()
+    scratch = Scratch(writes)
+    readers: dict[str, ShardReader] = {}
+    w = ShardWriter(job.path, [(e.name, e.out_dtype, e.shape, _nbytes(e)) for e in job.entries])
+    modified = 0
+    try:
+        for e in job.entries:
+            if job.stop.is_set():
+                raise _Stopped
+            src = job.sources[e.source]
+            reader = readers.get(src.file) or readers.setdefault(src.file, ShardReader(job.base_dir / src.file))
+            t = src.tensor
+            if not e.steps and e.out_dtype == t.dtype:
                 for chunk in reader.chunks(t):
                     writes.put(w.write, chunk)  # the mapped chunk stays mapped while queued
-                continue
-            if not consumers:
-                continue
-            raw = reader.read(t)
-            src = _as_tensor(raw, t)
-            for e in consumers:
-                view = out_scratch.take(_nbytes(e))
+            else:
+                view = scratch.take(_nbytes(e))
                 out = _as_tensor(view, RawTensor(e.name, e.out_dtype, e.shape, 0, len(view)))
-                _compute(src, e, dev, out)
-                out_scratch.release(writes.put(writer_for(e).write, view))
-                result.modified += bool(e.steps)
+                _compute(_as_tensor(reader.read(t), t), e, job.device, out)
+                scratch.release(writes.put(w.write, view))
+                modified += bool(e.steps)
+            job.progress.update(1)
         writes.close()
-        if readers:
-            readers[-1].finish()
     except BaseException:
         with contextlib.suppress(BaseException):
             writes.close()
-        for w in writers:
-            w.close()
-            w.hasher.cancel()
+        w.close()
+        w.hasher.cancel()
         raise
     finally:
-        torch.set_num_threads(threads)
-    for w in writers:
-        w.close()
-        result.bytes_written += w.bytes_written
-        result.hashes[str(w.path.resolve())] = w.hasher.result()
-    result.bytes_read = sum(r.bytes_read for r in readers)
-    return result
+        for r in readers.values():
+            r.finish()
+    w.close()
+    return _ShardDone(bytes_read=sum(r.bytes_read for r in readers.values()), bytes_written=w.bytes_written,
+                      modified=modified, sha256=w.hasher.result())
+
+
+class _Stopped(Exception):
+    """Another pipeline failed; its error is the one raised."""
 
 
 def _as_tensor(raw: memoryview, t: RawTensor) -> torch.Tensor:

@@ -209,11 +209,15 @@ def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None
     if verify is None:
         verify = mdir.parameter_count < VERIFY_MAX_PARAMS
     files = sorted(mdir.tensors_by_file())
+    log.debug("planned %d tensors, %d adapter modules, %.2f s in", len(plan.entries), plan.targets,
+              time.perf_counter() - t0)
     with atomic_output_dir(out, force=force) as tmp:
         from qlift.merge.writer import write_shards
 
+        t1 = time.perf_counter()
         written = write_shards(plan, base_dir=mdir.path, base_files=files, out_dir=tmp,
                                max_shard_bytes=shard_bytes, device=device, cores=_cores())
+        log.debug("shards written and hashed in %.2f s", time.perf_counter() - t1)
         config = updated_config(mdir.config, plan, dtype_name)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         index = {"metadata": {"total_size": written.total_size}, "weight_map": dict(sorted(written.weight_map.items()))}
@@ -224,8 +228,11 @@ def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None
         inputs.update({f"adapter{i + 1}" if len(loaded) > 1 else "adapter": a.path for i, a in enumerate(loaded)})
         params: dict[str, Any] = {"dtype": dtype_name, "max_shard_size": max_shard_size, "device": device,
                                   "adapters": [str(a.path) for a in loaded], "verify": bool(verify)}
+        t1 = time.perf_counter()
+        input_hashes = input_hasher.result()
+        log.debug("inputs hashed, %.2f s after the rest", time.perf_counter() - t1)
         write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
-                       precomputed=written.hashes | input_hasher.result())
+                       precomputed=written.hashes | input_hashes)
     return MergeResult(
         output=out, base=mdir.path, adapters=[a.path for a in loaded], dtype=dtype_name, shards=written.files,
         tensors=len(plan.entries), modified_tensors=written.modified, adapter_modules=plan.targets,

@@ -17,6 +17,7 @@ import os
 import queue
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,7 @@ class TailHasher:
         self._cond = threading.Condition()
         self._digest: str | None = None
         self._error: BaseException | None = None
+        self.busy_s = 0.0
         self._fd = os.open(path, os.O_RDONLY)
         self._thread = threading.Thread(target=self._run, name="qlift-hash-out", daemon=True)
         self._thread.start()
@@ -149,7 +151,9 @@ class TailHasher:
                     end, closed = self._written, self._closed
                 if self._cancelled.is_set():
                     return
+                t0 = time.perf_counter()
                 _hash_fd(self._fd, pos, end, h, self._cancelled)
+                self.busy_s += time.perf_counter() - t0
                 pos = end
                 if closed:
                     self._digest = h.hexdigest()
@@ -328,15 +332,18 @@ class ShardWriter:
         # Unbuffered: writes are whole tensors or 16 MiB chunks, which a buffer would only copy.
         self._fh: io.FileIO = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self.bytes_written = 0
+        self.busy_s = 0.0  # time inside write(), for the stage timings in the debug log
         self.hasher = TailHasher(path)
         self.write(header_bytes(entries))
 
     def write(self, data: Any) -> None:
+        t0 = time.perf_counter()
         view = memoryview(data).cast("B")
         fd, done = self._fh.fileno(), 0
         while done < len(view):  # a write may also be partial
             done += os.write(fd, view[done:done + WRITE_PIECE])
         self.bytes_written += done
+        self.busy_s += time.perf_counter() - t0
         self.hasher.advance(self.bytes_written)
 
     def close(self) -> None:

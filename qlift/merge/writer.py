@@ -10,7 +10,9 @@ hashes the inputs).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,8 @@ from qlift.progress import counter
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
@@ -156,11 +160,12 @@ def write_shards(
 def _write_shard(job: _ShardJob) -> _ShardDone:
     """One output shard, tensor by tensor: maths here, writes on a thread behind it, the
     sha256 on a thread behind that."""
+    t0 = time.perf_counter()
     writes = WriteQueue()
     scratch = Scratch(writes)
     readers: dict[str, ShardReader] = {}
     w = ShardWriter(job.path, [(e.name, e.out_dtype, e.shape, _nbytes(e)) for e in job.entries])
-    modified = 0
+    modified, maths_s, waited_s = 0, 0.0, 0.0
     try:
         for e in job.entries:
             if job.stop.is_set():
@@ -172,10 +177,14 @@ def _write_shard(job: _ShardJob) -> _ShardDone:
                 for chunk in reader.chunks(t):
                     writes.put(w.write, chunk)  # the mapped chunk stays mapped while queued
             else:
+                t1 = time.perf_counter()
                 view = scratch.take(_nbytes(e))
+                t2 = time.perf_counter()
                 out = _as_tensor(view, RawTensor(e.name, e.out_dtype, e.shape, 0, len(view)))
                 _compute(_as_tensor(reader.read(t), t), e, job.device, out)
                 scratch.release(writes.put(w.write, view))
+                waited_s += t2 - t1
+                maths_s += time.perf_counter() - t2
                 modified += bool(e.steps)
             job.progress.update(1)
         writes.close()
@@ -189,8 +198,13 @@ def _write_shard(job: _ShardJob) -> _ShardDone:
         for r in readers.values():
             r.finish()
     w.close()
+    t_written = time.perf_counter()
+    digest = w.hasher.result()
+    log.debug("%s: %.2f GB in %.2f s (maths %.2f s, waiting on writes %.2f s, writes %.2f s, sha256 %.2f s, "
+              "%.2f s of it after the last write)", job.path.name, w.bytes_written / 1e9, time.perf_counter() - t0,
+              maths_s, waited_s, w.busy_s, w.hasher.busy_s, time.perf_counter() - t_written)
     return _ShardDone(bytes_read=sum(r.bytes_read for r in readers.values()), bytes_written=w.bytes_written,
-                      modified=modified, sha256=w.hasher.result())
+                      modified=modified, sha256=digest)
 
 
 class _Stopped(Exception):

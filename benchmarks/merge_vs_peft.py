@@ -76,11 +76,12 @@ def build(work: Path, shape: str) -> tuple[Path, Path]:
     base.mkdir(parents=True)
     adapter.mkdir(parents=True)
     torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # 15 GB of randn for 7b is minutes on a CPU
     shapes = _shapes(s)
     total = sum(2 * torch.Size(v).numel() for v in shapes.values())
     per, shards, cur, size = total / s["shards"], [], {}, 0
     for name, shp in shapes.items():
-        cur[name] = (torch.randn(shp) * 0.02).to(torch.bfloat16)
+        cur[name] = (torch.randn(shp, device=dev) * 0.02).to(torch.bfloat16).cpu()
         size += cur[name].numel() * 2
         if size >= per and len(shards) < s["shards"] - 1:
             shards.append(cur)

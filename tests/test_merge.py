@@ -297,3 +297,27 @@ def test_a_failing_pipeline_stops_the_others_and_writes_nothing(monkeypatch, run
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "file ends early" in errors[0] and "Traceback" not in r.stderr, r.stderr
     assert not out.exists() and not list(tmp_path.glob(".out*")), list(tmp_path.iterdir())
+
+
+def test_output_keeps_the_base_sharding(run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:
+    """One output shard per base shard (same tensors in each), whatever the machine's cores."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    base = tmp_path / "two-shards"
+    shutil.copytree(tiny_qwen2_untied, base, ignore=shutil.ignore_patterns("*.safetensors*", "qlift.json"))
+    names = sorted(tensors_of(tiny_qwen2_untied))
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    everything = tensors_of(tiny_qwen2_untied)
+    for fname, part in halves.items():
+        save_file({n: everything[n] for n in part}, base / fname, metadata={"format": "pt"})
+    weight_map = {n: f for f, part in halves.items() for n in part}
+    (base / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    out = tmp_path / "merged"
+    res = merge(run_cli, base, adapters["plain_u"], out=out)
+    assert res["shards"] == sorted(halves)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == weight_map
+    assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters["plain_u"]]))

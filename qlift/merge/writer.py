@@ -65,6 +65,8 @@ class WriteResult:
 
 
 def _pack(order: list[Entry], max_bytes: int) -> list[list[Entry]]:
+    if not order:
+        return []
     shards: list[list[Entry]] = [[]]
     size = 0
     for e in order:
@@ -123,7 +125,9 @@ def write_shards(
         if _nbytes(e) < 0:
             raise IncompatibleError(f"tensor {e.name} has dtype {e.out_dtype}, which qlift cannot write",
                                     hint="Merge into an unquantized (bf16/fp16/fp32) base model.")
-    shards = _pack(order, max_shard_bytes)
+    # The output keeps the base's sharding (split further at max_shard_bytes): deterministic
+    # on any machine, and one pipeline per base shard, each reading one file front to back.
+    shards = [s for f in base_files for s in _pack([e for e in order if sources[e.source].file == f], max_shard_bytes)]
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     named = list(zip(names, shards, strict=True))
     result = WriteResult(files=names, weight_map={e.name: n for n, shard in named for e in shard},

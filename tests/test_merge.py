@@ -267,7 +267,7 @@ def test_parallel_pipelines_give_peft_values(monkeypatch, run_cli, tmp_path, tin
     import qlift.merge.run as run
     from qlift.merge.writer import pipelines
 
-    assert pipelines(4, 2) == 1 and pipelines(4, 16) == 4 and pipelines(1, 64) == 1
+    assert pipelines(4, 2) == 2 and pipelines(4, 16) == 4 and pipelines(8, 16) == 5 and pipelines(1, 64) == 1
     monkeypatch.setattr(run, "_cores", lambda: 12)
     out = tmp_path / "parallel"
     res = merge(run_cli, tiny_qwen2_untied, adapters["dora"], out=out, extra=("--max-shard-size", "8MB"))

@@ -81,8 +81,9 @@ def _pack(order: list[Entry], max_bytes: int) -> list[list[Entry]]:
 
 def pipelines(shards: int, cores: int) -> int:
     """Output shards written at once: one per three cores (its maths, its writes, its hash),
-    so a 2-core machine runs one pipeline and a 16-core GPU host up to five."""
-    return max(1, min(shards, cores // 3))
+    and at least two, since one pipeline leaves a core idle while it waits on a write or a
+    hash (2 cores, 1.5B: 4.1-4.5 s against 4.5-4.7 s with one)."""
+    return max(1, min(shards, max(2, cores // 3)))
 
 
 @dataclass

@@ -85,6 +85,11 @@ class GateFailedError(QliftError):
     """An evaluation or rollout gate that did not pass."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so it unwinds like Ctrl-C: temp outputs are
+    removed and child processes stopped on the way out."""
+
+
 # Ordered most specific first: the first matching class decides the exit code.
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (GateFailedError, 10),
@@ -96,6 +101,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (IntegrityError, 7),
     (ExternalToolError, 8),
     (QliftError, 1),
+    (Terminated, 143),
     (KeyboardInterrupt, 130),
 )
 INTERNAL_ERROR_EXIT = 70

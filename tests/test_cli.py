@@ -18,6 +18,7 @@ from qlift.errors import (
     NotFoundError,
     OutputExistsError,
     QliftError,
+    Terminated,
     exit_code_for,
 )
 
@@ -75,6 +76,8 @@ def test_error_table_is_ordered_most_specific_first() -> None:
         (NotFoundError("x"), 4),
         (GateFailedError("x"), 10),
         (QliftError("x"), 1),
+        (Terminated(), 143),
+        (KeyboardInterrupt(), 130),
         (RuntimeError("bug"), 70),
     ],
 )

@@ -321,3 +321,28 @@ def test_output_keeps_the_base_sharding(run_cli, tmp_path, tiny_qwen2_untied, ad
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == weight_map
     assert_matches_peft(out, peft_merged(tiny_qwen2_untied, [adapters["plain_u"]]))
+
+
+def test_sigterm_mid_merge_leaves_nothing_behind(tmp_path, tiny_qwen2_untied, adapters) -> None:
+    """SIGTERM unwinds like Ctrl-C: exit 143 and the partial output is removed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "merged"
+    proc = subprocess.Popen([sys.executable, "-m", "qlift", "merge", str(tiny_qwen2_untied), str(adapters["plain_u"]),
+                             "-o", str(out), "--verify"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        # config.json comes after the shards, then --verify loads two models: seconds to hit.
+        while not list(tmp_path.glob(".merged.*.partial/config.json")) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "terminated"
+    assert not out.exists() and not list(tmp_path.glob(".merged.*")), list(tmp_path.iterdir())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import platform
+import signal
 import sys
 import traceback
 from typing import Any
@@ -13,7 +14,7 @@ import click
 
 from qlift import __version__
 from qlift.cli.output import STATE, configure_logging
-from qlift.errors import INTERNAL_ERROR_EXIT, QliftError, exit_code_for
+from qlift.errors import INTERNAL_ERROR_EXIT, QliftError, Terminated, exit_code_for
 from qlift.settings import debug_enabled
 
 # name -> (module, attribute, one-line summary). Summaries live here so that
@@ -74,9 +75,9 @@ class QliftGroup(click.Group):
         except QliftError as exc:
             _report(exc, f"error: {exc.one_line()}")
             ctx.exit(exit_code_for(exc))
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
+            click.echo("terminated" if isinstance(exc, Terminated) else "interrupted", err=True)
+            ctx.exit(exit_code_for(exc))
         except Exception as exc:  # a bug in qlift or a library: say so, keep it short
             _report(
                 exc,
@@ -114,6 +115,11 @@ def cli(json_: bool, verbose: int, quiet: bool, debug: bool) -> None:
     configure_logging()
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main() -> None:
     logging.captureWarnings(True)
+    signal.signal(signal.SIGTERM, _terminate)
     cli(prog_name="qlift")

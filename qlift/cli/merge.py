@@ -15,7 +15,8 @@ from qlift.cli.output import emit, human_bytes, json_option
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Output model directory.")
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default="auto", show_default=True,
               help="Dtype of the merged weights (auto: keep the base's).")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 2GiB.")
+@click.option("--max-shard-size", default="5GB", show_default=True,
+              help="Largest output shard, e.g. 5GB, 2GiB (the base's sharding is kept, split further at this size).")
 @click.option("--device", default="cpu", show_default=True, help="Where deltas are computed: cpu or cuda.")
 @click.option("--verify/--no-verify", default=None,
               help="Compare logits with peft on a few chat prompts [default: on under 2B parameters].")

@@ -139,19 +139,19 @@ def write_shards(
     stop = threading.Event()
     tick = counter(len(order), desc="merge", unit="tensor")
     jobs = [_ShardJob(out_dir / n, shard, sources, base_dir, dev, stop, tick) for n, shard in named]
+    pool = ThreadPoolExecutor(pipelines(len(jobs), cores), thread_name_prefix="qlift-shard")
+    futures = [pool.submit(_write_shard, job) for job in jobs]
     try:
-        with ThreadPoolExecutor(pipelines(len(jobs), cores), thread_name_prefix="qlift-shard") as pool:
-            futures = [pool.submit(_write_shard, job) for job in jobs]
-            wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [x for f in futures if f.done() and (x := f.exception()) is not None]
-            if failed:
-                stop.set()  # the other pipelines give up at their next tensor
-                for f in futures:
-                    f.cancel()
-                wait(futures)
-                raise next((x for x in failed if not isinstance(x, _Stopped)), failed[0])
-            done = [f.result() for f in futures]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [x for f in futures if f.done() and (x := f.exception()) is not None]
+        if failed:
+            raise next((x for x in failed if not isinstance(x, _Stopped)), failed[0])
+        done = [f.result() for f in futures]
+    except BaseException:  # a pipeline failed, or Ctrl-C: the others give up at their next tensor
+        stop.set()
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         tick.close()
         torch.set_num_threads(threads)
     for job, d in zip(jobs, done, strict=True):

@@ -87,17 +87,11 @@ def pipelines(shards: int, cores: int) -> int:
 
 
 @dataclass
-class _Source:
-    file: str
-    tensor: RawTensor
-
-
-@dataclass
 class _ShardJob:
     path: Path
     entries: list[Entry]
-    sources: dict[str, _Source]
-    base_dir: Path
+    source: Path  # the base shard every entry's bytes come from
+    tensors: dict[str, RawTensor]  # where each base tensor sits in its file
     device: torch.device
     stop: threading.Event
     progress: Any
@@ -118,27 +112,28 @@ def write_shards(
     import torch
 
     dev = torch.device(device)
-    sources = {t.name: _Source(f, t) for f in base_files for t in read_layout(base_dir / f)}
+    layouts = {f: read_layout(base_dir / f) for f in base_files}  # each in file order
+    tensors = {t.name: t for layout in layouts.values() for t in layout}
     by_source = plan.sources()
-    order = [e for name in sorted(sources, key=lambda n: (sources[n].file, sources[n].tensor.start))
-             for e in by_source.get(name, [])]
+    by_file = {f: [e for t in layout for e in by_source.get(t.name, [])] for f, layout in layouts.items()}
+    order = [e for f in base_files for e in by_file[f]]
     for e in order:
         if _nbytes(e) < 0:
             raise IncompatibleError(f"tensor {e.name} has dtype {e.out_dtype}, which qlift cannot write",
                                     hint="Merge into an unquantized (bf16/fp16/fp32) base model.")
     # The output keeps the base's sharding (split further at max_shard_bytes): deterministic
     # on any machine, and one pipeline per base shard, each reading one file front to back.
-    shards = [s for f in base_files for s in _pack([e for e in order if sources[e.source].file == f], max_shard_bytes)]
+    shards = [(f, s) for f in base_files for s in _pack(by_file[f], max_shard_bytes)]
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     named = list(zip(names, shards, strict=True))
-    result = WriteResult(files=names, weight_map={e.name: n for n, shard in named for e in shard},
+    result = WriteResult(files=names, weight_map={e.name: n for n, (_, shard) in named for e in shard},
                          total_size=sum(_nbytes(e) for e in order))
     threads = torch.get_num_threads()
     if dev.type == "cpu":
         torch.set_num_threads(1)  # the maths is memory-bound; other cores write and hash
     stop = threading.Event()
     tick = counter(len(order), desc="merge", unit="tensor")
-    jobs = [_ShardJob(out_dir / n, shard, sources, base_dir, dev, stop, tick) for n, shard in named]
+    jobs = [_ShardJob(out_dir / n, shard, base_dir / f, tensors, dev, stop, tick) for n, (f, shard) in named]
     pool = ThreadPoolExecutor(pipelines(len(jobs), cores), thread_name_prefix="qlift-shard")
     futures = [pool.submit(_write_shard, job) for job in jobs]
     try:
@@ -168,16 +163,14 @@ def _write_shard(job: _ShardJob) -> _ShardDone:
     t0 = time.perf_counter()
     writes = WriteQueue()
     scratch = Scratch(writes)
-    readers: dict[str, ShardReader] = {}
+    reader = ShardReader(job.source)
     w = ShardWriter(job.path, [(e.name, e.out_dtype, e.shape, _nbytes(e)) for e in job.entries])
     modified, maths_s, waited_s = 0, 0.0, 0.0
     try:
         for e in job.entries:
             if job.stop.is_set():
                 raise _Stopped
-            src = job.sources[e.source]
-            reader = readers.get(src.file) or readers.setdefault(src.file, ShardReader(job.base_dir / src.file))
-            t = src.tensor
+            t = job.tensors[e.source]
             if not e.steps and e.out_dtype == t.dtype:
                 for chunk in reader.chunks(t):
                     writes.put(w.write, chunk)  # the mapped chunk stays mapped while queued
@@ -200,15 +193,14 @@ def _write_shard(job: _ShardJob) -> _ShardDone:
         w.hasher.cancel()
         raise
     finally:
-        for r in readers.values():
-            r.finish()
+        reader.finish()
     w.close()
     t_written = time.perf_counter()
     digest = w.hasher.result()
     log.debug("%s: %.2f GB in %.2f s (maths %.2f s, waiting on writes %.2f s, writes %.2f s, sha256 %.2f s, "
               "%.2f s of it after the last write)", job.path.name, w.bytes_written / 1e9, time.perf_counter() - t0,
               maths_s, waited_s, w.busy_s, w.hasher.busy_s, time.perf_counter() - t_written)
-    return _ShardDone(bytes_read=sum(r.bytes_read for r in readers.values()), bytes_written=w.bytes_written,
+    return _ShardDone(bytes_read=reader.bytes_read, bytes_written=w.bytes_written,
                       modified=modified, sha256=digest)
 
 

@@ -104,7 +104,38 @@ def smollm2_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
         served_model_name="smollm2",
         log_path=tmp_path_factory.mktemp("vllm") / "server.log",
         extra_args=cpu_engine_args(),
-        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "auto")},
+        # Core 0: canary_server takes core 1 (two unbound servers on 2 cores fight over both).
+        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0")},
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def canary_dir(smollm2_dir: Path) -> Path:
+    """A second real checkpoint: SmolLM2 merged with a small LoRA (q_proj, v_proj, r=4, alpha=1). Read-only."""
+    from substrate import build_lora
+
+    from qlift.merge.run import merge_model
+
+    adapter = _cached("merge-smollm2-lora-v1", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
+                                                                     r=4, lora_alpha=1, seed=5))
+    built = _cached("canary-smollm2-lora-v1",
+                    lambda p: merge_model(base=smollm2_dir, adapters=[adapter], out=p / "model", verify=False))
+    return built / "model"
+
+
+@pytest.fixture(scope="session")
+def canary_server(tmp_path_factory: pytest.TempPathFactory, canary_dir: Path) -> Iterator[object]:
+    """vllm-cpu serving canary_dir as "smollm2-ft", bound to core 1 (smollm2_server has core 0)."""
+    from qlift.serve.process import VllmServer, cpu_engine_args
+
+    server = VllmServer(
+        model=canary_dir,
+        served_model_name="smollm2-ft",
+        log_path=tmp_path_factory.mktemp("vllm-canary") / "server.log",
+        extra_args=cpu_engine_args(),
+        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_CANARY_BIND", "1")},
     )
     with server:
         yield server

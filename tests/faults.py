@@ -353,3 +353,112 @@ class BackgroundLoad:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+class TinyBackend:
+    """A small OpenAI-style server (no model) in a background thread, for router logic tests.
+
+    Answers /v1/chat/completions and /v1/completions (``tokens`` one-word chunks when
+    streamed, ``chunk_delay_s`` apart), /v1/models with ``served_model``, /health. Counts
+    requests and remembers the last JSON body it got.
+    """
+
+    def __init__(self, served_model: str = "tiny", *, tokens: int = 3, chunk_delay_s: float = 0.0) -> None:
+        self.served_model = served_model
+        self.tokens = tokens
+        self.chunk_delay_s = chunk_delay_s
+        self.healthy = True
+        self.requests = 0
+        self.last_body: dict[str, Any] = {}
+        self.disconnects = 0
+        self.port = free_port()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        body = await request.json()
+        self.last_body = body
+        if body.get("model") != self.served_model:
+            return web.json_response({"error": {"message": "model not found", "type": "NotFoundError",
+                                                "code": 404}}, status=404)
+        usage = {"prompt_tokens": 5, "completion_tokens": self.tokens, "total_tokens": 5 + self.tokens}
+        if not body.get("stream"):
+            return web.json_response({"id": "x", "object": "chat.completion", "model": self.served_model,
+                                      "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                           "content": "hi " * self.tokens},
+                                                   "finish_reason": "length"}], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for i in range(self.tokens):
+                last = i == self.tokens - 1
+                chunk = {"id": "x", "model": self.served_model, "choices": [
+                    {"index": 0, "delta": {"content": "hi "}, "finish_reason": "length" if last else None}]}
+                await resp.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                tail = {"id": "x", "model": self.served_model, "choices": [], "usage": usage}
+                await resp.write(f"data: {json.dumps(tail, separators=(',', ':'))}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnects += 1
+            raise
+        return resp
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    def start(self) -> TinyBackend:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        async def setup() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_post("/v1/completions", self._chat)
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/health", self._health)
+            self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(setup())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name=f"tiny-backend-{self.port}", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("TinyBackend did not start")
+        return self
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> TinyBackend:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

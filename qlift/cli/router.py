@@ -1,0 +1,69 @@
+"""qlift router: the OpenAI-compatible gateway in front of model versions."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from qlift.cli.output import STATE, json_option
+
+if TYPE_CHECKING:
+    from qlift.router.app import Router
+
+EPILOG = """\b
+Examples:
+  qlift router --backend stable=http://127.0.0.1:8001 --backend canary=http://127.0.0.1:8002 \\
+      --weight stable=90 --weight canary=10 --public-model chat --port 8000
+  qlift router --backend stable=http://127.0.0.1:8001@smollm2 --port 0 --json   # ready line as JSON
+  qlift router --config router.yaml                                             # keys, limits, filter
+  QLIFT_ROUTER_TOKEN=secret qlift router --config router.yaml                   # with the admin API
+"""
+
+
+@click.command("router", epilog=EPILOG)
+@click.option("--backend", "backends", multiple=True, metavar="NAME=URL[@SERVED_MODEL]",
+              help="A backend (an OpenAI-compatible server such as vLLM). Repeatable. Without @SERVED_MODEL "
+                   "the router asks the backend's /v1/models.")
+@click.option("--weight", "weights", multiple=True, metavar="NAME=PCT",
+              help="Percent of traffic for a backend; all weights sum to 100. Repeatable.")
+@click.option("--public-model", default=None, metavar="NAME",
+              help="The model name clients send (default: the first backend's served name).")
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one (default 8000).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="router.yaml with the same settings and more (keys, limits, filter, timeouts); flags win.")
+@json_option
+def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model: str | None, host: str | None,
+               port: int | None, config_path: Path | None) -> None:
+    """Route OpenAI chat/completions traffic between model versions by weight or session.
+
+    Splits requests between backends by weight (sticky per X-Session-Id or `user`), streams
+    answers through, replays a request that failed before its first byte on another backend,
+    and adds API keys, rate limits, a content filter, JSON access logs and Prometheus /metrics.
+    Runs until Ctrl-C or SIGTERM, then lets in-flight requests finish. With QLIFT_ROUTER_TOKEN
+    set, /admin/state and PUT /admin/weights drive it (what `qlift promote` uses).
+    """
+    import asyncio
+
+    from qlift.router.app import serve
+    from qlift.router.config import build_config
+    from qlift.settings import router_token
+
+    config = build_config(config_path=config_path, backends=list(backends), weights=list(weights),
+                          public_model=public_model, host=host, port=port)
+    asyncio.run(serve(config, admin_token=router_token(), on_ready=_print_ready))
+
+
+def _print_ready(router: Router) -> None:
+    if STATE.json:
+        click.echo(json.dumps({"url": router.url, "pid": os.getpid(), "public_model": router.public_model,
+                               "weights": router.balancer.weights,
+                               "backends": [b.state() for b in router.balancer.backends],
+                               "admin": router.admin_token is not None}))
+    else:
+        parts = ", ".join(f"{b.name} {b.weight}% ({'up' if b.healthy else 'DOWN'})" for b in router.balancer.backends)
+        click.echo(f"router ready at {router.url} (pid {os.getpid()}): model {router.public_model!r} -> {parts}")

@@ -1,0 +1,372 @@
+"""The router's HTTP server: OpenAI routes, admin API, /metrics, and its lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import itertools
+import json
+import logging
+import math
+import signal
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from qlift.router.accesslog import AccessLog
+from qlift.router.balancer import Backend, Balancer
+from qlift.router.config import RouterConfig, check_weights
+from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
+from qlift.router.health import HealthChecker, served_model_of
+from qlift.router.limits import ApiKeys, KeyLimits
+from qlift.router.metrics import RouterMetrics, status_class
+from qlift.router.proxy import Attempt, attempt, error_body
+
+log = logging.getLogger(__name__)
+
+RECORDS_KEPT = 20000
+PROXIED = ("/v1/chat/completions", "/v1/completions")
+
+
+def _json_error(status: int, message: str, type_: str, code: int | str | None = None, *,
+                headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(message, type_, code if code is not None else status), status=status,
+                             headers=headers)
+
+
+class Router:
+    """Holds the backends, their pooled client sessions, limits, filter, metrics and records."""
+
+    def __init__(self, config: RouterConfig, *, admin_token: str | None = None,
+                 content_filter: ContentFilter | None = None) -> None:
+        self.config = config
+        self.admin_token = admin_token
+        weights = config.weights()
+        self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name]) for b in config.backends])
+        self.public_model = config.public_model
+        self.keys = ApiKeys.load(config.api_keys_file) if config.api_keys_file else ApiKeys()
+        lim = config.limits
+        self.limits = KeyLimits(lim.requests_per_s, lim.burst, lim.tokens_per_min)
+        self.content_filter = content_filter or (WordListFilter(config.filter_file) if config.filter_file else None)
+        self.metrics = RouterMetrics()
+        self.access_log = AccessLog(config.access_log)
+        self.records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
+        self.seq = 0
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.sessions: dict[str, aiohttp.ClientSession] = {}
+        self.health: HealthChecker | None = None
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_request_bytes)
+        for path in PROXIED:
+            app.router.add_post(path, self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health_route)
+        app.router.add_get("/metrics", self.metrics_route)
+        app.router.add_get("/admin/state", self.admin_state)
+        app.router.add_put("/admin/weights", self.admin_weights)
+        app.router.add_get("/admin/requests", self.admin_requests)
+        app.on_cleanup.append(self._close_sessions)
+        return app
+
+    async def start(self) -> str:
+        """Open backend pools, run a first health round, listen; returns the router's URL."""
+        t = self.config.timeouts
+        for b in self.balancer.backends:
+            # One pool per backend, keep-alive; per-phase timeouts are applied per request.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            self.sessions[b.name] = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s),
+                auto_decompress=False,
+            )
+        h = self.config.health
+        self.health = HealthChecker(lambda b: self.sessions[b.name], self.balancer.backends, interval_s=h.interval_s,
+                                    timeout_s=h.timeout_s, failures=h.failures, on_change=self._health_changed)
+        await self.health.check_all()
+        if self.public_model is None:
+            first = self.balancer.backends[0]
+            self.public_model = first.served_model or await served_model_of(
+                self.sessions[first.name], first, h.timeout_s) or first.name
+        for b in self.balancer.backends:
+            self.metrics.init_backend(b.name, b.weight, b.healthy)
+        self.health.start()
+        self.runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=self.config.drain_s)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.config.host, self.config.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self.config.host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop listening, let in-flight requests finish (up to drain_s), then close everything."""
+        if self.health is not None:
+            await self.health.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        self.access_log.close()
+
+    async def _close_sessions(self, app: web.Application) -> None:
+        for s in self.sessions.values():
+            await s.close()
+
+    def _health_changed(self, backend: Backend) -> None:
+        self.metrics.healthy.labels(backend.name).set(int(backend.healthy))
+
+    # -- proxying -----------------------------------------------------------------------
+
+    def _reject(self, status: int, reason: str | None, key: str, message: str, type_: str, *,
+                request_id: str, t0: float, path: str, headers: dict[str, str] | None = None,
+                code: int | str | None = None) -> web.Response:
+        if reason is not None:
+            self.metrics.rejected.labels(key, reason).inc()
+        self.access_log.write(request_id=request_id, key_id=key, path=path, model=self.public_model, backend=None,
+                              stream=None, status=status, prompt_tokens=None, completion_tokens=None,
+                              finish_reason=None, ttfb_s=None, latency_s=round(time.monotonic() - t0, 6),
+                              retried_from=None, error=reason or type_)
+        return _json_error(status, message, type_, code, headers={**(headers or {}), "X-Request-Id": request_id})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.monotonic()
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        path = request.path
+        auth = request.headers.get("Authorization", "")
+        key = self.keys.identify(auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None)
+        reject = functools.partial(self._reject, request_id=rid, t0=t0, path=path)
+        if key is None:
+            return reject(401, "auth", "unknown", "missing or unknown API key", "invalid_request_error",
+                                code="invalid_api_key")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return reject(413, "too_large", key, f"request body over {self.config.max_request_bytes} bytes",
+                                "invalid_request_error")
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            return reject(400, None, key, "request body is not a JSON object", "invalid_request_error")
+        model = body.get("model", self.public_model)
+        if model != self.public_model:
+            return reject(404, None, key, f"model {model!r} does not exist; this router serves "
+                                f"{self.public_model!r}", "invalid_request_error", code="model_not_found")
+        if self.content_filter is not None:
+            hit = self.content_filter.check(prompt_text(body))
+            if hit is not None:
+                return reject(400, "filter", key, f"prompt blocked by content filter rule {hit.rule}",
+                                    "invalid_request_error", code="content_filter")
+        refusal = self.limits.admit(key)
+        if refusal is not None:
+            retry = str(max(1, math.ceil(refusal.retry_after_s)))
+            return reject(429, refusal.reason, key, refusal.message, "rate_limit_exceeded",
+                                headers={"Retry-After": retry})
+        stream = bool(body.get("stream"))
+        if stream:  # ask for usage so logs and token limits see the stream's counts
+            options = body.get("stream_options")
+            options = options if isinstance(options, dict) else {}
+            if not options.get("include_usage"):
+                body["stream_options"] = {**options, "include_usage": True}
+        session_key = request.headers.get("X-Session-Id") or (body["user"] if isinstance(body.get("user"), str)
+                                                               else None)
+        return await self._route(request, body, rid=rid, key=key, stream=stream, session_key=session_key, t0=t0)
+
+    async def _route(self, request: web.Request, body: dict[str, Any], *, rid: str, key: str, stream: bool,
+                     session_key: str | None, t0: float) -> web.StreamResponse:
+        backend = self.balancer.choose(session_key)
+        if backend is None:
+            return self._reject(503, None, key, "no healthy backend", "service_unavailable", request_id=rid,
+                                t0=t0, path=request.path)
+        t = self.config.timeouts
+        retried_from: str | None = None
+        att = Attempt(backend.name, stream)
+        try:
+            while True:
+                att = Attempt(backend.name, stream)
+                payload = json.dumps({**body, "model": backend.served_model}).encode()
+                self._begin(backend)
+                try:
+                    await attempt(request, self.sessions[backend.name], backend, payload, stream=stream,
+                                  request_id=rid, first_byte_s=t.first_byte_s, idle_s=t.idle_s, att=att)
+                finally:
+                    self._end(backend)
+                if att.connect_failed and self.health is not None:
+                    self.health.mark_down(backend)
+                replay_on = None
+                if att.failed_early and retried_from is None:
+                    replay_on = self.balancer.choose(session_key, exclude={backend.name})
+                self._finish(att, backend, rid, replayed=replay_on is not None)
+                if replay_on is None:
+                    break
+                log.info("request %s: %s failed (%s), replaying on %s", rid, backend.name, att.error, replay_on.name)
+                retried_from, backend = backend.name, replay_on
+        except asyncio.CancelledError:  # the client went away: the attempt closed its upstream
+            att.client_disconnected = True
+            self._finish(att, backend, rid, replayed=False)
+            self._log(att, rid, key, request.path, status=499, t0=t0, retried_from=retried_from)
+            raise
+        if att.failed_early:  # nowhere left to replay: hand the failure over
+            status, response = self._failure_response(att, rid, backend)
+        else:
+            status, response = att.status, None
+        self._log(att, rid, key, request.path, status=status, t0=t0, retried_from=retried_from)
+        self.limits.charge_tokens(key, (att.prompt_tokens or 0) + (att.completion_tokens or 0))
+        if response is not None:
+            return response
+        assert att.response is not None  # attempt() answered the client
+        return att.response
+
+    def _failure_response(self, att: Attempt, rid: str, backend: Backend) -> tuple[int, web.Response]:
+        headers = {"X-Request-Id": rid, "X-Qlift-Backend": backend.name}
+        if att.status:
+            return att.status, web.Response(body=att.upstream_body, status=att.status,
+                                            content_type=att.upstream_content_type.split(";")[0], headers=headers)
+        status = 504 if "no answer" in (att.error or "") else 502
+        return status, _json_error(status, f"backend {backend.name} failed: {att.error}", "upstream_error",
+                                   headers=headers)
+
+    def _begin(self, backend: Backend) -> None:
+        backend.in_flight += 1
+        backend.requests += 1
+        self.metrics.in_flight.labels(backend.name).inc()
+
+    def _end(self, backend: Backend) -> None:
+        backend.in_flight -= 1
+        self.metrics.in_flight.labels(backend.name).dec()
+
+    def _finish(self, att: Attempt, backend: Backend, rid: str, *, replayed: bool) -> None:
+        """Count one attempt: metrics, backend counters, the admin API's record."""
+        m, name = self.metrics, backend.name
+        ok = att.ok
+        if not ok and not att.client_disconnected:
+            backend.errors += 1
+        broken = att.responded and not att.completed and not att.client_disconnected
+        m.requests.labels(name, status_class(att.status, broken)).inc()
+        m.duration.labels(name).observe(att.latency_s)
+        if att.ttfb_s is not None:
+            m.ttfb.labels(name).observe(att.ttfb_s)
+        if att.completion_tokens:
+            m.completion_tokens.labels(name).inc(att.completion_tokens)
+        elif ok and att.completed and att.completion_tokens == 0:
+            m.empty_completions.labels(name).inc()
+        if att.finish_reason:
+            m.finish_reason.labels(name, att.finish_reason).inc()
+        if replayed:
+            m.retries.labels(name).inc()
+        self.seq += 1
+        self.records.append({
+            "seq": self.seq, "time": time.time(), "request_id": rid, "backend": name, "status": att.status,
+            "ok": ok, "replayed": replayed, "stream": att.stream, "latency_s": round(att.latency_s, 6),
+            "ttfb_s": None if att.ttfb_s is None else round(att.ttfb_s, 6), "prompt_tokens": att.prompt_tokens,
+            "completion_tokens": att.completion_tokens, "finish_reason": att.finish_reason,
+            "client_disconnected": att.client_disconnected,
+        })
+
+    def _log(self, att: Attempt, rid: str, key: str, path: str, *, status: int, t0: float,
+             retried_from: str | None) -> None:
+        backend = self.balancer.by_name[att.backend]
+        # ttfb as the client saw it: from arrival here to the first byte of the final attempt.
+        ttfb = None if att.ttfb_s is None else att.started - t0 + att.ttfb_s
+        self.access_log.write(
+            request_id=rid, key_id=key, path=path, model=self.public_model, backend=att.backend,
+            served_model=backend.served_model, stream=att.stream, status=status, prompt_tokens=att.prompt_tokens,
+            completion_tokens=att.completion_tokens, finish_reason=att.finish_reason,
+            ttfb_s=None if ttfb is None else round(ttfb, 6), latency_s=round(time.monotonic() - t0, 6),
+            retried_from=retried_from, client_disconnected=att.client_disconnected, error=att.error,
+        )
+
+    # -- plain routes -------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.public_model, "object": "model", "created": 0, "owned_by": "qlift-router"}]})
+
+    async def health_route(self, request: web.Request) -> web.Response:
+        healthy = [b.name for b in self.balancer.backends if b.healthy]
+        return web.json_response({"status": "ok" if healthy else "unavailable", "healthy_backends": healthy},
+                                 status=200 if healthy else 503)
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- admin API ----------------------------------------------------------------------
+
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        if self.admin_token is None:
+            return _json_error(401, "the admin API is off: start the router with QLIFT_ROUTER_TOKEN set",
+                               "authentication_error")
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+            return _json_error(401, "missing or wrong admin token (Authorization: Bearer $QLIFT_ROUTER_TOKEN)",
+                               "authentication_error")
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {"public_model": self.public_model, "weights": self.balancer.weights,
+                "backends": [b.state() for b in self.balancer.backends], "started_at": self.started_at,
+                "seq": self.seq}
+
+    async def admin_state(self, request: web.Request) -> web.Response:
+        return self._admin_refusal(request) or web.json_response(self.state())
+
+    async def admin_weights(self, request: web.Request) -> web.Response:
+        refusal = self._admin_refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            weights = check_weights(await request.json(), [b.name for b in self.balancer.backends])
+        except ValueError as exc:  # json errors are ValueErrors too
+            return _json_error(400, str(exc), "invalid_request_error")
+        self.balancer.set_weights(weights)
+        for name, w in weights.items():
+            self.metrics.weight.labels(name).set(w)
+        log.info("weights now %s", weights)
+        return web.json_response(self.state())
+
+    async def admin_requests(self, request: web.Request) -> web.Response:
+        refusal = self._admin_refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            since = int(request.query.get("since", "0"))
+        except ValueError:
+            return _json_error(400, "since must be an integer", "invalid_request_error")
+        first = self.records[0]["seq"] if self.records else self.seq + 1
+        start = max(0, since + 1 - first)
+        return web.json_response({"seq": self.seq, "requests": list(itertools.islice(self.records, start, None))})
+
+
+async def serve(config: RouterConfig, *, admin_token: str | None, on_ready: Callable[[Router], None],
+                content_filter: ContentFilter | None = None) -> None:
+    """Run the router until SIGINT or SIGTERM, then drain."""
+    router = Router(config, admin_token=admin_token, content_filter=content_filter)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await router.start()
+        on_ready(router)
+        await stop.wait()
+        log.info("stopping: draining in-flight requests (up to %g s)", config.drain_s)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+        await router.stop()

@@ -1,0 +1,202 @@
+"""Router settings: a YAML file (``--config``) validated here, with command-line flags on top."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from qlift.errors import BadInputError, NotFoundError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DOCS = "See docs/router.md for the settings."
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackendConfig(_Strict):
+    name: str = Field(description="Short name used in weights, metrics and logs (stable, canary).")
+    url: str = Field(description="Base URL of an OpenAI-compatible server (a vLLM), without /v1.")
+    served_model: str | None = Field(default=None, description="Its served name; from /v1/models if unset.")
+    weight: int | None = Field(default=None, ge=0, le=100, description="Percent of new traffic.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"backend name {v!r} must be letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"backend url {v!r} must start with http:// or https://")
+        return v.rstrip("/").removesuffix("/v1")
+
+
+class LimitsConfig(_Strict):
+    requests_per_s: float | None = Field(default=None, gt=0, description="Per-key request rate (token bucket refill).")
+    burst: int | None = Field(default=None, ge=1, description="Requests a key may send at once (default max(1, rate)).")
+    tokens_per_min: int | None = Field(default=None, ge=1, description="Per-key prompt + completion tokens per minute.")
+
+
+class TimeoutsConfig(_Strict):
+    connect_s: float = Field(default=5.0, gt=0, description="Connecting to a backend.")
+    first_byte_s: float = Field(default=300.0, gt=0, description="Request sent -> backend's response headers.")
+    idle_s: float = Field(default=60.0, gt=0, description="Longest silence between two chunks of a response.")
+
+
+class HealthConfig(_Strict):
+    interval_s: float = Field(default=2.0, gt=0, description="Seconds between active /health checks of each backend.")
+    timeout_s: float = Field(default=2.0, gt=0, description="A check slower than this fails.")
+    failures: int = Field(default=2, ge=1, description="Consecutive failed checks that take a backend out of rotation.")
+
+
+class RouterConfig(_Strict):
+    backends: list[BackendConfig] = Field(default_factory=list)
+    public_model: str | None = Field(default=None, description="Model name clients use (default: the first backend's).")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
+    api_keys_file: Path | None = Field(default=None, description="Keys or sha256:HEX hashes, one a line; none = open.")
+    filter_file: Path | None = Field(default=None, description="Blocked words / re:PATTERN lines; reloaded on change.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    max_request_bytes: int = Field(default=1 << 20, ge=1024, description="Larger request bodies get 413.")
+    access_log: str = Field(default="-", description="File for JSON access lines; '-' = stderr, '' = off.")
+    drain_s: float = Field(default=30.0, ge=0, description="On SIGTERM, time in-flight requests get to finish.")
+
+    @model_validator(mode="after")
+    def _backends(self) -> RouterConfig:
+        names = [b.name for b in self.backends]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"backend names must be unique; repeated: {', '.join(sorted(dup))}")
+        return self
+
+    def weights(self) -> dict[str, int]:
+        """Each backend's weight; unset weights share what is left (the first takes the remainder)."""
+        given = {b.name: b.weight for b in self.backends if b.weight is not None}
+        rest = [b.name for b in self.backends if b.weight is None]
+        left = 100 - sum(given.values())
+        out = dict(given)
+        if rest:
+            share, extra = divmod(max(left, 0), len(rest))
+            for i, name in enumerate(rest):
+                out[name] = share + (extra if i == 0 else 0)
+        return {b.name: out[b.name] for b in self.backends}
+
+
+def check_weights(weights: dict[str, Any], known: list[str]) -> dict[str, int]:
+    """Weights naming known backends, ints 0..100 summing to 100; raises ValueError naming the problem.
+
+    Backends left out get 0.
+    """
+    if not isinstance(weights, dict) or not weights:
+        raise ValueError('weights must be a JSON object like {"stable": 90, "canary": 10}')
+    unknown = [n for n in weights if n not in known]
+    if unknown:
+        raise ValueError(f"unknown backend {unknown[0]!r}; known: {', '.join(known)}")
+    for name, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 100:
+            raise ValueError(f"weight of {name!r} must be an integer 0..100, got {w!r}")
+    total = sum(weights.values())
+    if total != 100:
+        raise ValueError(f"weights must sum to 100, got {total}")
+    return {n: int(weights.get(n, 0)) for n in known}
+
+
+def parse_config(data: Any, *, path: Path | str) -> RouterConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise BadInputError("a router config must be a YAML mapping", path=path, hint=DOCS)
+    try:
+        return RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise BadInputError(msg, path=path, field=field, hint=DOCS) from None
+
+
+def load_config(path: Path) -> RouterConfig:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NotFoundError(f"router config {path} does not exist", hint="Check the --config path.") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise BadInputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", path=path,
+                            line=mark.line + 1 if mark else None, hint="Fix the YAML syntax.") from None
+    return parse_config(data, path=path)
+
+
+def parse_backend_flag(text: str) -> dict[str, Any]:
+    """``NAME=URL[@SERVED_MODEL]`` -> backend fields."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest:
+        raise BadInputError(f"--backend {text!r} is not NAME=URL[@SERVED_MODEL]", field="--backend",
+                            hint="Example: --backend stable=http://127.0.0.1:8001@smollm2")
+    url, served = rest, ""
+    if "@" in rest.split("://", 1)[-1]:
+        url, _, served = rest.rpartition("@")
+    return {"name": name, "url": url, "served_model": served or None}
+
+
+def parse_weight_flag(text: str) -> tuple[str, int]:
+    name, sep, pct = text.partition("=")
+    try:
+        value = int(pct)
+    except ValueError:
+        value = -1
+    if not sep or not name or not 0 <= value <= 100:
+        raise BadInputError(f"--weight {text!r} is not NAME=PCT with PCT an integer 0..100", field="--weight",
+                            hint="Example: --weight stable=90 --weight canary=10")
+    return name, value
+
+
+def build_config(*, config_path: Path | None, backends: list[str], weights: list[str], public_model: str | None,
+                 host: str | None, port: int | None) -> RouterConfig:
+    """The file's settings (if any) with the flags on top; weights checked to name backends and sum to 100."""
+    data: dict[str, Any] = {}
+    where: Path | str = "command line"
+    if config_path is not None:
+        data = load_config(config_path).model_dump(exclude_unset=True, mode="json")
+        where = config_path
+        for key in ("api_keys_file", "filter_file"):  # relative to the config file, not the cwd
+            if data.get(key):
+                data[key] = str(config_path.parent / data[key])
+        if data.get("access_log") not in (None, "", "-"):
+            data["access_log"] = str(config_path.parent / data["access_log"])
+    if backends:
+        data["backends"] = [parse_backend_flag(b) for b in backends]
+    if public_model:
+        data["public_model"] = public_model
+    if host:
+        data["host"] = host
+    if port is not None:
+        data["port"] = port
+    cfg = parse_config(data, path=where)
+    if not cfg.backends:
+        raise BadInputError("no backend given", path=config_path, field="backends" if config_path else None,
+                            hint="Pass --backend NAME=URL (repeatable) or list backends in --config.")
+    known = [b.name for b in cfg.backends]
+    for text in weights:
+        name, value = parse_weight_flag(text)
+        if name not in known:
+            raise BadInputError(f"--weight names unknown backend {name!r}; known: {', '.join(known)}",
+                                field="--weight", hint="Use a NAME given with --backend.")
+        next(b for b in cfg.backends if b.name == name).weight = value
+    given = [b.weight for b in cfg.backends if b.weight is not None]
+    if given and (sum(given) > 100 or (len(given) == len(cfg.backends) and sum(given) != 100)):
+        raise BadInputError(f"backend weights sum to {sum(given)}, not 100", path=where,
+                            field="backends.weight" if not weights else "--weight",
+                            hint="Make the weights add up to 100.")
+    return cfg

@@ -1,0 +1,92 @@
+"""Active health checks: each backend's /health on an interval; failing ones leave the rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from qlift.router.balancer import Backend
+
+log = logging.getLogger(__name__)
+
+
+async def served_model_of(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> str | None:
+    """The first model id the backend lists at /v1/models, or None if it does not answer."""
+    try:
+        async with asyncio.timeout(timeout_s), session.get(backend.url + "/v1/models") as resp:
+            if resp.status != 200:
+                return None
+            data = await resp.json(content_type=None)
+            return str(data["data"][0]["id"])
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout_s), session.get(backend.url + "/health") as resp:
+            await resp.read()
+            ok = resp.status == 200
+    except (TimeoutError, aiohttp.ClientError):
+        ok = False
+    if ok and backend.served_model is None:
+        backend.served_model = await served_model_of(session, backend, timeout_s)
+        ok = backend.served_model is not None
+    return ok
+
+
+class HealthChecker:
+    def __init__(self, session_for: Callable[[Backend], aiohttp.ClientSession], backends: list[Backend], *,
+                 interval_s: float, timeout_s: float, failures: int,
+                 on_change: Callable[[Backend], None]) -> None:
+        self.session_for = session_for
+        self.backends = backends
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.failures = failures
+        self.on_change = on_change
+        self._task: asyncio.Task[None] | None = None
+
+    async def check_all(self) -> None:
+        results = await asyncio.gather(*(check_once(self.session_for(b), b, self.timeout_s) for b in self.backends))
+        for backend, ok in zip(self.backends, results, strict=True):
+            self.record(backend, ok)
+
+    def record(self, backend: Backend, ok: bool) -> None:
+        was = backend.healthy
+        if ok:
+            backend.health_failures = 0
+            backend.healthy = True
+        else:
+            backend.health_failures += 1
+            if backend.health_failures >= self.failures or backend.served_model is None:
+                backend.healthy = False
+        if was != backend.healthy:
+            log.warning("backend %s is %s", backend.name, "healthy again" if backend.healthy else "out of rotation")
+            self.on_change(backend)
+
+    def mark_down(self, backend: Backend) -> None:
+        """A request could not connect: out of rotation now, back when a check passes."""
+        backend.health_failures = max(backend.health_failures, self.failures)
+        if backend.healthy:
+            backend.healthy = False
+            log.warning("backend %s is out of rotation (connection failed)", backend.name)
+            self.on_change(backend)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check_all()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,141 @@
+"""API keys and per-key token buckets (requests/s and tokens/min)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qlift.errors import BadInputError, NotFoundError
+
+ANONYMOUS = "anonymous"
+
+
+def key_id(key: str) -> str:
+    """What logs and metrics show for a key: never the key itself."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+@dataclass
+class ApiKeys:
+    """Accepted keys by sha256 hex digest -> key id. Empty means the router is open."""
+
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> ApiKeys:
+        """One key a line: ``KEY`` or ``sha256:HEX``, optionally followed by an id; ``#`` comments."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise NotFoundError(f"API keys file {path} does not exist", hint="Check api_keys_file.") from None
+        digests: dict[str, str] = {}
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            secret, _, name = line.partition(" ")
+            if secret.startswith("sha256:"):
+                digest = secret.removeprefix("sha256:").lower()
+                if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                    raise BadInputError("sha256: must be followed by 64 hex digits", path=path, line=lineno,
+                                        hint="Write `sha256:$(printf %s KEY | sha256sum)`.")
+            else:
+                digest = hashlib.sha256(secret.encode()).hexdigest()
+            digests[digest] = name.strip() or "key-" + digest[:8]
+        return cls(digests)
+
+    @property
+    def open(self) -> bool:
+        return not self.digests
+
+    def identify(self, key: str | None) -> str | None:
+        """The key's id, ANONYMOUS when the router is open, None for an unknown key."""
+        if self.open:
+            return ANONYMOUS
+        if not key:
+            return None
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        for known, name in self.digests.items():
+            if hmac.compare_digest(known, digest):
+                return name
+        return None
+
+
+class TokenBucket:
+    """``capacity`` tokens, refilled at ``rate`` per second. The balance may go negative (debt)."""
+
+    def __init__(self, rate: float, capacity: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self._clock = clock
+        self._tokens = capacity
+        self._at = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+
+    def wait_for(self, amount: float = 1.0) -> float:
+        """Seconds until ``amount`` tokens are there (0 = now)."""
+        self._refill()
+        missing = amount - self._tokens
+        return 0.0 if missing <= 0 else missing / self.rate
+
+    def take(self, amount: float = 1.0) -> float:
+        """Take ``amount`` if there; else take nothing and return the seconds to wait."""
+        wait = self.wait_for(amount)
+        if wait == 0:
+            self._tokens -= amount
+        return wait
+
+    def charge(self, amount: float) -> None:
+        """Debit after the fact (tokens used), going into debt if needed."""
+        self._refill()
+        self._tokens -= amount
+
+
+@dataclass
+class Rejection:
+    reason: str  # rate_requests, rate_tokens
+    retry_after_s: float
+    message: str
+
+
+class KeyLimits:
+    """One requests/s bucket and one tokens/min bucket per key id, created on first use."""
+
+    def __init__(self, requests_per_s: float | None, burst: int | None, tokens_per_min: int | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.requests_per_s = requests_per_s
+        self.burst = burst or (max(1, int(requests_per_s)) if requests_per_s else 1)
+        self.tokens_per_min = tokens_per_min
+        self._clock = clock
+        self._requests: dict[str, TokenBucket] = {}
+        self._tokens: dict[str, TokenBucket] = {}
+
+    def admit(self, key: str) -> Rejection | None:
+        """Count one request against ``key``; a Rejection says why not and for how long."""
+        if self.tokens_per_min:
+            bucket = self._tokens.setdefault(key, TokenBucket(self.tokens_per_min / 60.0, self.tokens_per_min,
+                                                              self._clock))
+            wait = bucket.wait_for(1)
+            if wait > 0:
+                return Rejection("rate_tokens", wait, f"token limit of {self.tokens_per_min}/min reached for this key")
+        if self.requests_per_s:
+            bucket = self._requests.setdefault(key, TokenBucket(self.requests_per_s, self.burst, self._clock))
+            wait = bucket.take(1)
+            if wait > 0:
+                return Rejection("rate_requests", wait,
+                                 f"request limit of {self.requests_per_s:g}/s reached for this key")
+        return None
+
+    def charge_tokens(self, key: str, tokens: int) -> None:
+        if self.tokens_per_min and tokens:
+            bucket = self._tokens.setdefault(key, TokenBucket(self.tokens_per_min / 60.0, self.tokens_per_min,
+                                                              self._clock))
+            bucket.charge(tokens)

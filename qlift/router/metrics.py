@@ -1,0 +1,57 @@
+"""The router's Prometheus series, on a registry of its own (label ``backend`` = backend name)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40)
+
+
+def status_class(status: int, broken: bool = False) -> str:
+    """2xx/4xx/5xx, or ``error`` for no answer (connection error, timeout) or a stream cut short."""
+    if status == 0 or broken:
+        return "error"
+    return f"{status // 100}xx"
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("qlift_router_requests", "Upstream attempts by backend and status class.",
+                                ["backend", "status_class"], registry=r)
+        self.duration = Histogram("qlift_router_request_duration_seconds", "End-to-end time of an attempt.",
+                                  ["backend"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram("qlift_router_ttfb_seconds", "Time to the backend's first body byte.",
+                              ["backend"], buckets=TTFB_BUCKETS, registry=r)
+        self.completion_tokens = Counter("qlift_router_completion_tokens", "Completion tokens (from usage).",
+                                         ["backend"], registry=r)
+        self.finish_reason = Counter("qlift_router_finish_reason", "Choices by finish_reason.",
+                                     ["backend", "reason"], registry=r)
+        self.empty_completions = Counter("qlift_router_empty_completions", "Successful answers with 0 tokens.",
+                                         ["backend"], registry=r)
+        self.in_flight = Gauge("qlift_router_in_flight", "Requests now on the backend.", ["backend"], registry=r)
+        self.retries = Counter("qlift_router_retries", "Failed attempts on this backend replayed elsewhere.",
+                               ["backend"], registry=r)
+        self.healthy = Gauge("qlift_router_backend_healthy", "1 when the backend is in rotation.", ["backend"],
+                             registry=r)
+        self.weight = Gauge("qlift_router_weight", "Percent of new traffic.", ["backend"], registry=r)
+        self.rejected = Counter("qlift_router_rejected", "Requests refused before any backend.",
+                                ["key", "reason"], registry=r)
+
+    def init_backend(self, name: str, weight: int, healthy: bool) -> None:
+        """Create a backend's series at zero so dashboards and rate() see them from the start."""
+        for cls in ("2xx", "4xx", "5xx", "error"):
+            self.requests.labels(name, cls)
+        self.duration.labels(name)
+        self.ttfb.labels(name)
+        self.completion_tokens.labels(name)
+        self.empty_completions.labels(name)
+        self.retries.labels(name)
+        self.in_flight.labels(name).set(0)
+        self.healthy.labels(name).set(int(healthy))
+        self.weight.labels(name).set(weight)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

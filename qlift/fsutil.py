@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
+import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, OutputExistsError
+from qlift.errors import BadInputError, OutputExistsError, UnsafeInputError
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -33,12 +37,32 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
     os.replace(tmp, path)
 
 
+def contained(directory: Path, name: object, *, source: Path | str) -> Path:
+    """``directory / name`` for a file name read from ``source`` (an index, lockfile or manifest),
+    refused with exit 5 when it is absolute or leads outside ``directory`` (``..``, a symlink)."""
+    text = str(name)
+    rel = Path(text)
+    root = Path(directory).resolve()
+    inside = not rel.is_absolute() and "\0" not in text and text not in ("", ".") and \
+        (root / rel).resolve().is_relative_to(root)
+    if not inside:
+        raise UnsafeInputError(
+            f"{source} names the file {text!r}, which lies outside {directory}",
+            hint="Refusing it: entries must be paths inside the directory. Restore the file or fetch it again.",
+        )
+    return Path(directory) / rel
+
+
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def check_output_path(out: Path, *, force: bool) -> None:
-    """Fail early, before any work, when ``out`` exists and ``force`` is off."""
+def check_output_path(out: Path, *, force: bool, inputs: Iterable[Path | str] = ()) -> None:
+    """Fail early, before any work, when ``out`` exists and ``force`` is off, or when ``out``
+    is, contains or lies inside one of ``inputs`` (symlinks resolved): ``--force`` must never
+    replace or write into what the command reads."""
+    out = Path(out)
+    check_not_an_input(out, inputs)
     if out.exists() and not force:
         raise OutputExistsError(out)
     if not out.parent.exists():
@@ -46,31 +70,66 @@ def check_output_path(out: Path, *, force: bool) -> None:
             f"parent directory {out.parent} of the output does not exist",
             hint="Create it first or choose another -o path.",
         )
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise BadInputError(
+            f"cannot write into {out.parent} (permission denied)",
+            hint="Choose an -o path in a directory you can write to.",
+        )
+
+
+def check_not_an_input(out: Path, inputs: Iterable[Path | str]) -> None:
+    """Refuse an output path that is, contains, or lies inside an input path."""
+    target = Path(out).expanduser().resolve()
+    for given in inputs:
+        src = Path(given).expanduser().resolve()
+        if target == src:
+            how = "is"
+        elif src.is_relative_to(target):
+            how = "contains"
+        elif target.is_relative_to(src):
+            how = "lies inside"
+        else:
+            continue
+        raise BadInputError(
+            f"output {out} {how} the input {given}; writing it would destroy or corrupt the input",
+            hint="Choose an -o path outside every input.",
+        )
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
+def atomic_output_dir(out: Path, *, force: bool = False, inputs: Iterable[Path | str] = ()) -> Iterator[Path]:
     """Yield a temp dir beside ``out``; rename it to ``out`` only if the block succeeds.
 
     A failure or Ctrl-C removes the temp dir and leaves any existing ``out`` untouched.
     With ``force`` an existing ``out`` is replaced only after the new one is complete.
+    Without it the final rename never replaces: when another run created ``out`` meanwhile,
+    this one fails with OutputExistsError and the other's result stays.
     """
     out = Path(out)
-    check_output_path(out, force=force)
+    check_output_path(out, force=force, inputs=inputs)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; an output dir should not be
     try:
         yield tmp
+        _place(tmp, out, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _place(tmp: Path, out: Path, *, force: bool) -> None:
     old: Path | None = None
-    if out.exists():
+    if force and out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.rename(out, old)
-    os.rename(tmp, out)
+    try:
+        rename_noreplace(tmp, out)
+    except FileExistsError:
+        if old is not None:  # another run placed its output in between: keep theirs, ours fails
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        raise OutputExistsError(out) from None
     if old is not None:
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
@@ -78,9 +137,58 @@ def atomic_output_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
             old.unlink()
 
 
-def copy_or_link(src: Path, dst: Path) -> None:
-    """Hard-link ``src`` to ``dst`` when on one file system, else copy it."""
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``, raising FileExistsError if ``dst`` exists (atomically, where
+    Linux's renameat2 is there; else by claiming ``dst`` with an exclusive mkdir first)."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, os.strerror(err), str(dst))
+        if err not in (errno.EINVAL, errno.ENOSYS):  # file systems without the flag fall through
+            raise OSError(err, os.strerror(err), str(dst))
+    if Path(src).is_dir():
+        os.mkdir(dst)  # raises FileExistsError; renaming onto our own empty dir then replaces it
+    elif os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "File exists", str(dst))
+    os.rename(src, dst)
+
+
+@functools.cache
+def _renameat2() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` when on one file system, else copy it. Only for files
+    nothing else keeps (a staging area removed afterwards): the two names share one inode."""
     try:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+_FICLONE = 0x40049409
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """An independent copy of ``src`` at ``dst``: a reflink where the file system has them
+    (instant, copy-on-write), else a plain copy. Editing one never changes the other."""
+    try:
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+    except OSError:
+        shutil.copyfile(src, dst)  # sendfile / copy_file_range under the hood
+    shutil.copystat(src, dst)

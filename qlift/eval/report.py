@@ -94,7 +94,7 @@ def render_markdown(result: Any) -> str:
 
 def write_reports(result: Any, out: Path, *, force: bool, inputs: dict[str, Path]) -> None:
     started = utc_now()
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=inputs.values()) as tmp:
         data = result_json(result)
         data["report_dir"] = str(out)
         (tmp / "report.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

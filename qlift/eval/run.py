@@ -205,7 +205,8 @@ def evaluate(
     if resamples < 100:
         raise BadInputError("--bootstrap must be at least 100 resamples", hint="1000 is a good default.")
     if report_dir is not None:
-        check_output_path(Path(report_dir), force=force)
+        given = [Path(prompts), *(Path(m) for m in (candidate, baseline) if m and Path(m).exists())]
+        check_output_path(Path(report_dir), force=force, inputs=given)
     kind = pick_backend(backend, endpoint)
 
     if kind == "endpoint":

@@ -150,7 +150,7 @@ def merge_model(
     if not adapters:
         raise BadInputError("no adapter given", hint="Pass at least one adapter directory after BASE.")
     out = Path(out)
-    check_output_path(out, force=force)
+    check_output_path(out, force=force, inputs=[base, *adapters])
     shard_bytes = parse_size(max_shard_size)
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise BadInputError(f"unknown device {device!r}", field="--device", hint="Use cpu or cuda.")
@@ -211,7 +211,7 @@ def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None
     files = sorted(mdir.tensors_by_file())
     log.debug("planned %d tensors, %d adapter modules, %.2f s in", len(plan.entries), plan.targets,
               time.perf_counter() - t0)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[mdir.path, *(a.path for a in loaded)]) as tmp:
         from qlift.merge.writer import write_shards
 
         t1 = time.perf_counter()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qlift import progress
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
-from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, sha256_file
+from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, sha256_file
 from qlift.lineage import utc_now, write_manifest
 from qlift.settings import cache_dir
 
@@ -61,7 +61,7 @@ def import_gguf(gguf: Path, out: Path, *, force: bool = False) -> ImportResult:
         raise NotFoundError(f"GGUF file {gguf} does not exist", hint="Check the path.")
     if gguf.suffix != ".gguf":
         raise BadInputError(f"{gguf} is not a .gguf file", hint="Pass a GGUF checkpoint.")
-    check_output_path(out, force=force)
+    check_output_path(out, force=force, inputs=[gguf])
     started, t0 = utc_now(), time.monotonic()
     try:
         import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF)
@@ -96,7 +96,7 @@ def import_gguf(gguf: Path, out: Path, *, force: bool = False) -> ImportResult:
     if tokenizer.chat_template is None:
         log.warning("%s carries no chat template; chat completions will need one", gguf.name)
 
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[gguf]) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         gen = model.generation_config or GenerationConfig.from_model_config(config)
@@ -136,16 +136,17 @@ def ensure_builtin(name: str) -> tuple[Path, ImportResult | None]:
 
 
 def materialize_builtin(name: str, out: Path, *, force: bool = False) -> ImportResult:
-    """Put the built-in model at ``out`` (hard links into the cache when possible)."""
+    """Put the built-in model at ``out``: independent copies of the cached files (reflinks where the
+    file system has them), so editing the output never changes the cache or a later import."""
     import time
 
     t0 = time.monotonic()
     check_output_path(out, force=force)
     cached, result = ensure_builtin(name)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[cached]) as tmp:
         for src in cached.iterdir():
             if src.is_file():
-                copy_or_link(src, tmp / src.name)
+                copy_file(src, tmp / src.name)
     from qlift.models.modeldir import ModelDir
 
     md = ModelDir(out)

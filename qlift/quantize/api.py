@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
-from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, dir_size
+from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, dir_size
 from qlift.lineage import utc_now, write_manifest
 from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
 from qlift.quantize.calib import BUILTIN_NAME, load_calibration
@@ -131,7 +131,7 @@ def quantize(
     env = quantize_env(env_root)
     ensured = env.ensure(say)
     worker_env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[src.path, *([calib] if calib else [])]) as tmp:
         job["output"] = str(tmp)
         result, log_path = run_worker(
             ensured.python, job, env=worker_env, echo_log=echo_log,
@@ -188,7 +188,7 @@ def _check_args(
             f"{src.path} is already quantized ({qm})",
             hint="Quantize the bf16/fp16 model it was made from.",
         )
-    check_output_path(Path(out), force=force)
+    check_output_path(Path(out), force=force, inputs=[src.path, *([calib] if calib else [])])
     return src
 
 
@@ -196,7 +196,7 @@ def _finish_output(src: ModelDir, out: Path) -> str:
     """Add what the tools left out (tokenizer, chat template, generation config); check the format."""
     for f in [*(src.path / n for n in TOKENIZER_FILES), src.path / GENERATION_CONFIG]:
         if f.is_file() and not (out / f.name).exists():
-            copy_or_link(f, out / f.name)
+            copy_file(f, out / f.name)
     try:
         config = json.loads((out / "config.json").read_text(encoding="utf-8"))
         qc = config["quantization_config"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift import __version__
-from qlift.fsutil import sha256_file, write_json_atomic
+from qlift.fsutil import contained, sha256_file, write_json_atomic
 
 MANIFEST_NAME = "qlift.json"
 SCHEMA_VERSION = 1
@@ -113,7 +113,7 @@ def recorded_hashes(root: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for rel, prev in known.items():
         try:
-            st = (Path(root) / rel).stat()
+            st = contained(Path(root), rel, source=Path(root) / MANIFEST_NAME).stat()
         except OSError:
             continue
         if isinstance(prev, dict) and _still_valid(prev, st):

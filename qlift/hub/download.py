@@ -3,7 +3,7 @@
 Files land in a staging dir beside the output (``.OUT.qlift-download``) whose
 ``state.json`` records every file that verified; a rerun after a kill skips those and the
 clients resume the rest. Only when every file verified is the output assembled (hard
-links), the lockfile and lineage manifest written, and the whole renamed into place.
+links from the staging dir, which is removed after), the lockfile and lineage manifest written, and the whole renamed into place.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from qlift import progress, settings
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, IntegrityError, QliftError
-from qlift.fsutil import atomic_output_dir, check_output_path, copy_or_link, sha256_file, write_json_atomic
+from qlift.fsutil import atomic_output_dir, check_output_path, link_or_copy, sha256_file, write_json_atomic
 from qlift.hub.files import RemoteFile, RepoSnapshot, check_safe_path, git_blob_id, select_files
-from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, write_lock
+from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, local_path, write_lock
 from qlift.lineage import utc_now, write_manifest
 
 log = logging.getLogger("qlift.hub")
@@ -156,12 +156,12 @@ def download(
             log.info("resuming: %d file(s) already verified, %d to fetch", len(done), len(todo))
         records.update(_fetch_all(src, snap, todo, staging, state, max_workers=max_workers))
         result.fetched = len(todo)
-        lock = Lock(snap.source, snap.endpoint, repo, snap.revision, snap.commit,
-                    [records[f.path] for f in chosen])
+        placed = [_placed(records[f.path]) for f in chosen]
+        lock = Lock(snap.source, snap.endpoint, repo, snap.revision, snap.commit, placed)
         with atomic_output_dir(out, force=force) as tmp:
-            for f in chosen:
+            for f in placed:
                 (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
-                copy_or_link(staging / f.path, tmp / f.path)
+                link_or_copy(staging / (f.repo_path or f.path), tmp / f.path)
             write_lock(tmp, lock)
             write_manifest(tmp, operation="download", inputs={}, started_at=started, parameters={
                 "repo": repo, "source": snap.source, "endpoint": snap.endpoint, "revision": snap.revision,
@@ -220,6 +220,14 @@ def _fetch_verified(src: Source, snap: RepoSnapshot, f: RemoteFile, staging: Pat
         f"{f.path} from {snap.repo}@{snap.commit[:12]} failed verification twice: {problem}",
         hint="The hub or a proxy serves corrupt data; retry later or try another --source / --endpoint.",
     )
+
+
+def _placed(rec: LockedFile) -> LockedFile:
+    where = local_path(rec.path)
+    if where == rec.path:
+        return rec
+    log.info("the repo holds its own %s; kept as %s (qlift writes its own there)", rec.path, where)
+    return LockedFile(where, rec.size, rec.sha256, repo_path=rec.path)
 
 
 def _check(path: Path, f: RemoteFile) -> tuple[LockedFile, str | None, str]:

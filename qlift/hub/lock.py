@@ -10,18 +10,29 @@ from typing import Any
 
 from qlift import progress
 from qlift.errors import BadInputError, NotFoundError
-from qlift.fsutil import sha256_file, write_json_atomic
+from qlift.fsutil import contained, sha256_file, write_json_atomic
 from qlift.lineage import MANIFEST_NAME, utc_now
 
 LOCK_NAME = "qlift.lock.json"
 LOCK_SCHEMA = 1
 
 
+# A repo may carry files under the names qlift writes (any qlift output pushed to a hub):
+# they are kept, byte for byte, under this folder instead of being overwritten.
+UPSTREAM_DIR = "qlift-upstream"
+
+
 @dataclass
 class LockedFile:
-    path: str
+    path: str  # where the file is in the download
     size: int
     sha256: str
+    repo_path: str | None = None  # where it is in the repo, when that differs
+
+
+def local_path(repo_path: str) -> str:
+    """Where a repo file lands in the download: its own path, unless qlift writes that name."""
+    return f"{UPSTREAM_DIR}/{repo_path}" if repo_path in (LOCK_NAME, MANIFEST_NAME) else repo_path
 
 
 @dataclass
@@ -42,7 +53,11 @@ class Lock:
 
 def write_lock(directory: Path, lock: Lock) -> Path:
     target = Path(directory) / LOCK_NAME
-    write_json_atomic(target, asdict(lock))
+    data = asdict(lock)
+    for f in data["files"]:
+        if f["repo_path"] is None:
+            del f["repo_path"]
+    write_json_atomic(target, data)
     return target
 
 
@@ -55,7 +70,10 @@ def read_lock(directory: Path) -> Lock:
         )
     try:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        files = [LockedFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"]]
+        files = [LockedFile(str(f["path"]), int(f["size"]), str(f["sha256"]),
+                            str(f["repo_path"]) if f.get("repo_path") else None) for f in data["files"]]
+        for f in files:
+            contained(Path(directory), f.path, source=path)
         return Lock(
             source=str(data["source"]), endpoint=str(data["endpoint"]), repo=str(data["repo"]),
             revision=str(data["revision"]), commit=str(data["commit"]), files=files,

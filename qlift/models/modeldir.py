@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, NotFoundError
+from qlift.fsutil import contained
 from qlift.models.safetensors_header import TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -170,6 +171,8 @@ class ModelDir:
         files = self.safetensors_files
         if self.index is not None:
             names = sorted(set(self.index.get("weight_map", {}).values()))
+            for n in names:
+                contained(self.path, n, source=self.path / INDEX_NAME)
             missing = [n for n in names if not (self.path / n).is_file()]
             if missing:
                 raise NotFoundError(

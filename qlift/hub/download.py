@@ -3,7 +3,8 @@
 Files land in a staging dir beside the output (``.OUT.qlift-download``) whose
 ``state.json`` records every file that verified; a rerun after a kill skips those and the
 clients resume the rest. Only when every file verified is the output assembled (hard
-links from the staging dir, which is removed after), the lockfile and lineage manifest written, and the whole renamed into place.
+links from the staging dir, which is removed after), the lockfile and lineage manifest
+written, and the whole renamed into place.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("qlift.cli.eval", "eval_cmd", "Candidate vs baseline on held-out prompts: metrics, bootstrap CIs, gates."),
     "quantize": ("qlift.cli.quantize", "quantize_cmd", "AWQ (int4) or FP8 quantization with llm-compressor (own env)."),
     "env": ("qlift.cli.quantize", "env_group", "Manage qlift's tool environments (llm-compressor for quantize)."),
+    "promote": ("qlift.cli.promote", "promote_group", "Canary rollout 10->50->100 with LLM-aware analysis and rollback."),
     "router": ("qlift.cli.router", "router_cmd", "OpenAI gateway splitting traffic between model versions."),
 }
 

@@ -1,0 +1,65 @@
+"""Data planes: where the weights live. Each one reads and sets ``{version: percent}``.
+
+``builtin`` is the qlift router's admin API; ``nginx`` and ``gateway-api`` render config
+(see nginx.py and gateway.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from qlift.rollout.spec import RolloutSpec
+
+
+class DataPlane(Protocol):
+    kind: str
+
+    def weights(self) -> dict[str, int] | None:
+        """The weights in force now (None when they cannot be read)."""
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        """Apply ``weights`` (idempotent: applying the same weights twice is harmless)."""
+
+    def backend_urls(self) -> dict[str, str]:
+        """Version name -> base URL of its server, where known (for vLLM /metrics)."""
+
+
+class RouterDataPlane:
+    """The qlift router: ``PUT /admin/weights`` applies atomically to new requests."""
+
+    kind = "builtin"
+
+    def __init__(self, url: str, token: str | None) -> None:
+        from qlift.router.client import RouterClient
+
+        self.client = RouterClient(url, token)
+
+    def weights(self) -> dict[str, int] | None:
+        return dict(self.client.state().weights)
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        state = self.client.set_weights(weights)
+        if any(state.weights.get(k) != v for k, v in weights.items()):
+            from qlift.errors import ExternalToolError
+
+            raise ExternalToolError(f"router answered weights {state.weights} after PUT {weights}", tool="router")
+
+    def backend_urls(self) -> dict[str, str]:
+        return {b.name: b.url for b in self.client.state().backends}
+
+
+def make_data_plane(spec: RolloutSpec) -> DataPlane:
+    from qlift.settings import router_token
+
+    if spec.data_plane == "nginx":
+        from qlift.rollout.nginx import NginxDataPlane
+
+        assert spec.nginx is not None
+        return NginxDataPlane(spec.nginx, {v: spec.backends[v] for v in (spec.stable, spec.canary)})
+    if spec.data_plane == "gateway-api":
+        from qlift.rollout.gateway import GatewayDataPlane
+
+        assert spec.gateway is not None
+        return GatewayDataPlane(spec.gateway)
+    assert spec.router is not None
+    return RouterDataPlane(spec.router, router_token())

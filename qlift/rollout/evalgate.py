@@ -1,0 +1,72 @@
+"""``--eval-report``: refuse to start unless `qlift eval` passed on the model the canary serves.
+
+The match is by lineage content hash: the report's ``candidate.content_hash`` (the same
+digest `qlift eval` and every qlift manifest compute: path, size and sha256 of each file)
+must equal the hash of the canary's model dir. The report's own manifest is checked too,
+so an edited report.json is refused.
+
+The canary's model dir is ``--canary-model DIR`` when given, else the ``root`` that the
+canary's vLLM server reports in ``/v1/models`` (the ``--model`` it was started with), when
+that is a directory on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qlift.errors import BadInputError, GateFailedError, IntegrityError, NotFoundError
+from qlift.fsutil import sha256_file
+from qlift.lineage import describe_input, read_manifest
+
+
+def served_model_dir(backend_url: str) -> Path | None:
+    """The model dir a vLLM server was started with (``root`` in /v1/models), if local."""
+    try:
+        data = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=5.0).json()
+        root = data["data"][0].get("root")
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return Path(root) if root and Path(root).is_dir() else None
+
+
+def read_report(report_dir: Path) -> dict[str, Any]:
+    report_dir = Path(report_dir)
+    path = report_dir / "report.json"
+    if not path.is_file():
+        raise NotFoundError(f"no eval report at {path}",
+                            hint="Run `qlift eval CANARY --baseline STABLE ... --report DIR` first.")
+    manifest = read_manifest(report_dir) or {}
+    recorded = (manifest.get("outputs") or {}).get("report.json", {}).get("sha256")
+    if recorded and recorded != sha256_file(path):
+        raise IntegrityError(f"{path} does not match the sha256 its qlift.json records (edited after eval?)")
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise BadInputError(f"not valid JSON: {exc}", path=path) from None
+    return data
+
+
+def check_eval_report(report_dir: Path, canary_model: Path) -> dict[str, Any]:
+    """Raise unless ``report_dir`` is a passing eval of exactly ``canary_model``; return a summary."""
+    report = read_report(report_dir)
+    candidate = report.get("candidate") or {}
+    want = candidate.get("content_hash")
+    if not want:
+        raise BadInputError("the report has no candidate content hash (evaluated through an endpoint?)",
+                            path=Path(report_dir) / "report.json", field="candidate.content_hash",
+                            hint="Evaluate the model directory itself so the report can be matched.")
+    got = describe_input("canary", Path(canary_model))[0].content_hash
+    if got != want:
+        raise GateFailedError(
+            f"the canary's model {canary_model} ({got[:19]}...) is not the model the eval report "
+            f"{report_dir} evaluated ({want[:19]}...)",
+            hint="Evaluate the model the canary serves, or point --canary-model at the evaluated dir.")
+    if not report.get("passed"):
+        failed = [g.get("expr") for g in report.get("gates", []) if not g.get("passed")]
+        raise GateFailedError(f"the eval report {report_dir} did not pass (failed gates: {', '.join(failed)})",
+                              hint="The canary is not ready to promote.")
+    return {"report": str(report_dir), "content_hash": got, "gates": [g.get("expr") for g in report.get("gates", [])]}

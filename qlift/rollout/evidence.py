@@ -1,0 +1,123 @@
+"""Evidence: what each version did over one analysis window, whatever the source.
+
+Sources fill what they can: the router's request log gives per-request samples (so the
+judge can run rank tests); Prometheus gives counts and quantiles only; vLLM's /metrics adds
+the engine's own view (TTFT, time per output token, queue depth, preemptions).
+A field left ``None`` means "this source cannot tell", never zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from qlift.rollout.stats import mean, quantile
+
+
+@dataclass
+class VersionEvidence:
+    version: str
+    requests: int = 0  # upstream attempts in the window, failed ones included
+    errors: int | None = None  # 5xx and connection errors, replayed ones included
+    latency_s: list[float] = field(default_factory=list)  # e2e of successful attempts
+    ttft_s: list[float] = field(default_factory=list)  # time to first byte of successful attempts
+    completion_tokens: list[float] = field(default_factory=list)  # per successful request
+    finishes: int | None = None  # answers with a known finish_reason
+    length_finishes: int | None = None  # ... of which finish_reason=length
+    completions: int | None = None  # answers with a known completion token count
+    completion_tokens_sum: float | None = None
+    empty: int | None = None  # answers with zero completion tokens
+    quantiles: dict[str, float | None] = field(default_factory=dict)  # latency_p50 .. ttft_p95
+    vllm: dict[str, float | None] = field(default_factory=dict)  # from the backend's /metrics
+
+    @property
+    def error_rate(self) -> float | None:
+        if self.errors is None or self.requests == 0:
+            return None
+        return self.errors / self.requests
+
+    @property
+    def length_share(self) -> float | None:
+        if not self.finishes or self.length_finishes is None:
+            return None
+        return self.length_finishes / self.finishes
+
+    @property
+    def empty_share(self) -> float | None:
+        if not self.completions or self.empty is None:
+            return None
+        return self.empty / self.completions
+
+    @property
+    def mean_completion_tokens(self) -> float | None:
+        if self.completion_tokens:
+            return mean(self.completion_tokens)
+        if self.completions and self.completion_tokens_sum is not None:
+            return self.completion_tokens_sum / self.completions
+        return None
+
+    def latency_quantile(self, kind: str, q: float) -> float | None:
+        """``kind`` latency or ttft: from samples when there are any, else from the source's quantiles."""
+        samples = self.latency_s if kind == "latency" else self.ttft_s
+        if samples:
+            return quantile(samples, q)
+        return self.quantiles.get(f"{kind}_p{round(q * 100)}")
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers the journal and `status` keep (samples reduced to quantiles)."""
+        out: dict[str, Any] = {
+            "version": self.version, "requests": self.requests, "errors": self.errors,
+            "error_rate": self.error_rate, "length_share": self.length_share, "empty_share": self.empty_share,
+            "mean_completion_tokens": self.mean_completion_tokens,
+            "latency_samples": len(self.latency_s), "ttft_samples": len(self.ttft_s),
+        }
+        for kind in ("latency", "ttft"):
+            for q in (0.5, 0.95, 0.99):
+                out[f"{kind}_p{round(q * 100)}"] = self.latency_quantile(kind, q)
+        out.update({k: v for k, v in self.quantiles.items() if k not in out})
+        if self.vllm:
+            out["vllm"] = dict(self.vllm)
+        return out
+
+
+@dataclass
+class Evidence:
+    """Both versions over the same window."""
+
+    stable: VersionEvidence
+    canary: VersionEvidence
+    started_at: float
+    ended_at: float
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidence:
+    """Fold the router's per-attempt records of one backend into evidence.
+
+    A client that went away is nobody's error and has no meaningful latency: skipped.
+    """
+    ev = VersionEvidence(version, errors=0, finishes=0, length_finishes=0, completions=0,
+                         completion_tokens_sum=0.0, empty=0)
+    for r in records:
+        if r.client_disconnected:
+            continue
+        ev.requests += 1
+        if not r.ok:
+            ev.errors = (ev.errors or 0) + 1
+            continue
+        ev.latency_s.append(float(r.latency_s))
+        if r.ttfb_s is not None:
+            ev.ttft_s.append(float(r.ttfb_s))
+        if r.finish_reason is not None:
+            ev.finishes = (ev.finishes or 0) + 1
+            if r.finish_reason == "length":
+                ev.length_finishes = (ev.length_finishes or 0) + 1
+        if r.completion_tokens is not None:
+            ev.completion_tokens.append(float(r.completion_tokens))
+            ev.completions = (ev.completions or 0) + 1
+            ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + r.completion_tokens
+            if r.completion_tokens == 0:
+                ev.empty = (ev.empty or 0) + 1
+    return ev

@@ -1,0 +1,238 @@
+"""nginx as the data plane: qlift renders the whole config into its own prefix dir.
+
+Layout under ``prefix`` (nginx runs as a plain process: ``nginx -p PREFIX -c PREFIX/nginx.conf``)::
+
+    nginx.conf          rendered by qlift (first line records the weights)
+    nginx.pid           the master's pid
+    logs/error.log      nginx's own log
+    logs/access.jsonl   one JSON line per request: the rollout's evidence (see AccessLogSource)
+    tmp/                client body / proxy temp dirs
+
+The split: ``split_clients`` over the session key (``X-Session-Id`` by default) so one
+conversation stays on one version, or over ``$request_id`` when there is no key. Each
+version's upstream lists the other version as ``backup``, with ``proxy_next_upstream`` on
+errors and 5xx, so a failing canary's request is replayed once on the stable (the qlift
+router's failover, in nginx terms). ``proxy_buffering off`` keeps streams unbuffered.
+A change is written to a temp file, checked with ``nginx -t``, moved into place, and
+applied with ``nginx -s reload`` (graceful: old workers finish their requests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from qlift.errors import BadInputError, ExternalToolError
+from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.spec import NginxSpec
+
+_WEIGHTS_MARK = "# qlift-weights: "
+
+_LOG_FORMAT = (
+    "'{\"time\":$msec,\"status\":$status,\"pool\":\"$qlift_pool\",\"request_time\":$request_time,"
+    "\"upstream_addr\":\"$upstream_addr\",\"upstream_status\":\"$upstream_status\","
+    "\"upstream_response_time\":\"$upstream_response_time\",\"upstream_header_time\":\"$upstream_header_time\"}'"
+)
+
+
+def upstream_name(version: str) -> str:
+    return "qlift_" + re.sub(r"[^A-Za-z0-9_]", "_", version)
+
+
+def host_port(url: str) -> str:
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    if not parts.hostname or not parts.port:
+        raise BadInputError(f"backend URL '{url}' needs a host and a port", field="backends")
+    return f"{parts.hostname}:{parts.port}"
+
+
+def render_nginx_conf(spec: NginxSpec, backends: dict[str, str], weights: dict[str, int]) -> str:
+    """The complete nginx.conf for ``weights`` over ``backends`` (version -> URL)."""
+    prefix = Path(spec.prefix).resolve()
+    versions = list(backends)
+    upstreams = []
+    for v in versions:
+        others = [o for o in versions if o != v]
+        lines = [f"        server {host_port(backends[v])} max_fails=0;"]
+        lines += [f"        server {host_port(backends[o])} max_fails=0 backup;" for o in others]
+        upstreams.append(f"    upstream {upstream_name(v)} {{\n" + "\n".join(lines) + "\n        keepalive 32;\n    }")
+    # Heaviest version takes the remainder (*): split_clients wants percentages below 100.
+    ordered = sorted(versions, key=lambda v: weights.get(v, 0))
+    rest = ordered[-1]
+    split = [f"        {weights[v]}% {upstream_name(v)};" for v in ordered[:-1] if weights.get(v, 0) > 0]
+    split.append(f"        * {upstream_name(rest)};")
+    temp = "\n".join(f"    {kind}_temp_path {prefix}/tmp/{kind};"
+                     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return f"""{_WEIGHTS_MARK}{json.dumps(weights, sort_keys=True)}
+# Rendered by qlift promote; edits are overwritten on the next weight change.
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{
+    worker_connections 1024;
+}}
+http {{
+{temp}
+    log_format qlift_json escape=json {_LOG_FORMAT};
+    access_log {prefix}/logs/access.jsonl qlift_json;
+{chr(10).join(upstreams)}
+    map {spec.session_key} $qlift_split_key {{
+        "" $request_id;
+        default {spec.session_key};
+    }}
+    split_clients "$qlift_split_key" $qlift_pool {{
+{chr(10).join(split)}
+    }}
+    server {{
+        listen {spec.listen};
+        location / {{
+            proxy_pass http://$qlift_pool;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 600s;
+            proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;
+            proxy_next_upstream_tries 2;
+            add_header X-Qlift-Backend $upstream_addr always;
+        }}
+    }}
+}}
+"""
+
+
+class NginxDataPlane:
+    kind = "nginx"
+
+    def __init__(self, spec: NginxSpec, backends: dict[str, str]) -> None:
+        self.spec = spec
+        self.backends = backends
+        self.prefix = Path(spec.prefix).resolve()
+        self.conf = self.prefix / "nginx.conf"
+
+    def _nginx(self, *args: str, conf: Path | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [self.spec.binary, "-p", str(self.prefix), "-c", str(conf or self.conf), *args]
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError:
+            raise ExternalToolError(f"nginx executable '{self.spec.binary}' not found",
+                                    hint="Install nginx (Debian: apt-get install nginx) or set nginx.binary.",
+                                    tool="nginx") from None
+
+    def weights(self) -> dict[str, int] | None:
+        try:
+            first = self.conf.read_text(encoding="utf-8").splitlines()[0]
+        except (OSError, IndexError):
+            return None
+        if not first.startswith(_WEIGHTS_MARK):
+            return None
+        return {str(k): int(v) for k, v in json.loads(first[len(_WEIGHTS_MARK):]).items()}
+
+    def running_pid(self) -> int | None:
+        try:
+            pid = int((self.prefix / "nginx.pid").read_text().strip())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            return None
+
+    def check(self, conf: Path) -> None:
+        result = self._nginx("-t", "-q", conf=conf)
+        if result.returncode != 0:
+            raise ExternalToolError(f"nginx -t rejected the rendered config: {result.stderr.strip()[:400]}",
+                                    tool="nginx")
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        for sub in ("logs", "tmp"):
+            (self.prefix / sub).mkdir(parents=True, exist_ok=True)
+        tmp = self.conf.with_name(f".nginx.conf.{os.getpid()}.tmp")
+        tmp.write_text(render_nginx_conf(self.spec, self.backends, weights), encoding="utf-8")
+        try:
+            self.check(tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, self.conf)
+        result = self._nginx("-s", "reload") if self.running_pid() else self._nginx()
+        if result.returncode != 0:
+            raise ExternalToolError(f"nginx did not take the new config: {result.stderr.strip()[:400]}", tool="nginx")
+
+    def stop(self) -> None:
+        if self.running_pid():
+            self._nginx("-s", "stop")
+
+    def backend_urls(self) -> dict[str, str]:
+        return dict(self.backends)
+
+
+class AccessLogSource:
+    """Evidence from nginx's JSON access log: one attempt per upstream address in each line.
+
+    A line like ``upstream_addr "A, B"`` / ``upstream_status "500, 200"`` is a failed
+    attempt on A replayed on B: the failure counts against A. Status 499 (the client went
+    away) counts for nobody. nginx knows no tokens or finish reasons: those come from vLLM's
+    /metrics of each backend.
+    """
+
+    name = "nginx-access-log"
+
+    def __init__(self, prefix: Path, backends: dict[str, str]) -> None:
+        self.path = Path(prefix).resolve() / "logs" / "access.jsonl"
+        self.by_addr = {host_port(url): v for v, url in backends.items()}
+        self.versions = list(backends)
+        self.offset = 0
+
+    def begin(self) -> None:
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        out = {v: VersionEvidence(v, errors=0) for v in self.versions}
+        if not self.path.exists():
+            return out
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next window
+        self.offset += end
+        for raw in data[:end].splitlines():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if int(line.get("status", 0)) == 499:
+                continue
+            self._fold(line, out)
+        return out
+
+    def _fold(self, line: dict[str, object], out: dict[str, VersionEvidence]) -> None:
+        addrs = [a.strip() for a in str(line.get("upstream_addr", "")).replace(" : ", ", ").split(",")]
+        statuses = str(line.get("upstream_status", "")).replace(" : ", ", ").split(",")
+        totals = str(line.get("upstream_response_time", "")).replace(" : ", ", ").split(",")
+        headers = str(line.get("upstream_header_time", "")).replace(" : ", ", ").split(",")
+        for i, addr in enumerate(addrs):
+            version = self.by_addr.get(addr)
+            if version is None:
+                continue
+            ev = out[version]
+            ev.requests += 1
+            status = _num(statuses, i)
+            if status is None or status >= 500:
+                ev.errors = (ev.errors or 0) + 1
+                continue
+            latency, ttfb = _num(totals, i), _num(headers, i)
+            if latency is not None:
+                ev.latency_s.append(latency)
+            if ttfb is not None:
+                ev.ttft_s.append(ttfb)
+
+
+def _num(values: list[str], i: int) -> float | None:
+    try:
+        return float(values[i].strip())
+    except (IndexError, ValueError):
+        return None

@@ -1,0 +1,118 @@
+"""The Prometheus analysis provider: PromQL per evidence field, like an Argo Rollouts
+AnalysisTemplate. Queries are data (spec ``prometheus.queries``) over shipped presets;
+``$backend`` (the version's name), ``$model`` (its served model name) and ``$window`` (the
+analysis interval, e.g. ``30s``) are filled in. A query should return one number; several
+series are summed; an empty answer or NaN means "no data".
+"""
+
+from __future__ import annotations
+
+import math
+from string import Template
+
+import httpx
+
+from qlift.errors import BadInputError, ExternalToolError
+from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.spec import PrometheusSpec
+
+_R = 'backend="$backend"'
+_ROUTER_HIST = 'histogram_quantile({q}, sum by (le) (rate(qlift_router_{name}_bucket{{' + _R + '}}[$window])))'
+
+PRESETS: dict[str, dict[str, str]] = {
+    # The qlift router's own series (issue 11's /metrics), labelled by backend name.
+    "router": {
+        "requests": f"sum(increase(qlift_router_requests_total{{{_R}}}[$window]))",
+        "errors": f'sum(increase(qlift_router_requests_total{{{_R},status_class=~"5xx|error"}}[$window]))',
+        "latency_p50": _ROUTER_HIST.format(q=0.5, name="request_duration_seconds"),
+        "latency_p95": _ROUTER_HIST.format(q=0.95, name="request_duration_seconds"),
+        "ttft_p50": _ROUTER_HIST.format(q=0.5, name="ttfb_seconds"),
+        "ttft_p95": _ROUTER_HIST.format(q=0.95, name="ttfb_seconds"),
+        "finishes": f"sum(increase(qlift_router_finish_reason_total{{{_R}}}[$window]))",
+        "length_finishes": f'sum(increase(qlift_router_finish_reason_total{{{_R},reason="length"}}[$window]))',
+        "completions": f"sum(increase(qlift_router_finish_reason_total{{{_R}}}[$window]))",
+        "completion_tokens": f"sum(increase(qlift_router_completion_tokens_total{{{_R}}}[$window]))",
+        "empty": f"sum(increase(qlift_router_empty_completions_total{{{_R}}}[$window]))",
+    },
+    # vLLM's own series, labelled by served model name: no HTTP errors (the engine never sees them).
+    "vllm": {
+        "requests": 'sum(increase(vllm:request_success_total{model_name="$model"}[$window]))',
+        "latency_p50": 'histogram_quantile(0.5, sum by (le) '
+                       '(rate(vllm:e2e_request_latency_seconds_bucket{model_name="$model"}[$window])))',
+        "latency_p95": 'histogram_quantile(0.95, sum by (le) '
+                       '(rate(vllm:e2e_request_latency_seconds_bucket{model_name="$model"}[$window])))',
+        "ttft_p50": 'histogram_quantile(0.5, sum by (le) '
+                    '(rate(vllm:time_to_first_token_seconds_bucket{model_name="$model"}[$window])))',
+        "ttft_p95": 'histogram_quantile(0.95, sum by (le) '
+                    '(rate(vllm:time_to_first_token_seconds_bucket{model_name="$model"}[$window])))',
+        "finishes": 'sum(increase(vllm:request_success_total{model_name="$model"}[$window]))',
+        "length_finishes": 'sum(increase(vllm:request_success_total{model_name="$model",finished_reason="length"}'
+                           '[$window]))',
+        "completions": 'sum(increase(vllm:request_success_total{model_name="$model"}[$window]))',
+        "completion_tokens": 'sum(increase(vllm:generation_tokens_total{model_name="$model"}[$window]))',
+    },
+}
+FIELDS = ("requests", "errors", "latency_p50", "latency_p95", "ttft_p50", "ttft_p95", "finishes",
+          "length_finishes", "completions", "completion_tokens", "empty")
+
+
+def queries_for(spec: PrometheusSpec) -> dict[str, str]:
+    unknown = sorted(set(spec.queries) - set(FIELDS))
+    if unknown:
+        raise BadInputError(f"unknown query name(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}",
+                            field="prometheus.queries")
+    return {**PRESETS[spec.preset], **spec.queries}
+
+
+def window_label(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+class PrometheusSource:
+    name = "prometheus"
+
+    def __init__(self, spec: PrometheusSpec, versions: list[str], models: dict[str, str], window_s: float) -> None:
+        self.spec = spec
+        self.url = spec.url.rstrip("/")
+        self.versions = versions
+        self.models = models
+        self.window_s = window_s
+        self.queries = queries_for(spec)
+
+    def begin(self) -> None:
+        pass  # Prometheus keeps the history; the window is the query's range
+
+    def query(self, promql: str) -> float | None:
+        try:
+            resp = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=self.spec.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ExternalToolError(f"Prometheus at {self.url} did not answer: {exc}", tool="prometheus") from exc
+        body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+        if resp.status_code != 200 or body.get("status") != "success":
+            raise BadInputError(f"Prometheus refused query {promql!r}: {body.get('error') or resp.text[:200]}",
+                                field="prometheus.queries")
+        data = body["data"]
+        if data["resultType"] == "scalar":
+            values = [float(data["result"][1])]
+        else:
+            values = [float(s["value"][1]) for s in data["result"]]
+        values = [v for v in values if not math.isnan(v)]
+        return sum(values) if values else None
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        out: dict[str, VersionEvidence] = {}
+        window = window_label(self.window_s)
+        for version in self.versions:
+            subst = {"backend": version, "model": self.models.get(version, version), "window": window}
+            got = {name: self.query(Template(q).safe_substitute(subst)) for name, q in self.queries.items()}
+            ev = VersionEvidence(version)
+            ev.requests = round(got.get("requests") or 0)
+            counts = {k: (None if got.get(k) is None and k not in self.queries else round(got.get(k) or 0))
+                      for k in ("errors", "finishes", "length_finishes", "completions", "empty")}
+            ev.errors, ev.finishes, ev.length_finishes = counts["errors"], counts["finishes"], counts["length_finishes"]
+            ev.completions, ev.empty = counts["completions"], counts["empty"]
+            if "completion_tokens" in self.queries:
+                ev.completion_tokens_sum = got.get("completion_tokens") or 0.0
+            ev.quantiles = {k: got[k] for k in ("latency_p50", "latency_p95", "ttft_p50", "ttft_p95") if k in got}
+            out[version] = ev
+        return out

@@ -1,0 +1,119 @@
+"""Evidence sources and the collector that runs them over one window.
+
+``RouterSource`` reads the qlift router's per-attempt request log (``/admin/requests``)
+between two sequence numbers, so both versions are judged over exactly the same requests'
+time span; ``AccessLogSource`` (nginx.py) and ``PrometheusSource`` (prometheus.py) are the
+others. vLLM's /metrics of each backend is read beside whichever is primary.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Protocol
+
+from qlift.rollout.evidence import Evidence, VersionEvidence, from_request_records
+from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.vllm_metrics import VllmMetricsReader, fill_from_vllm
+
+log = logging.getLogger(__name__)
+
+
+class EvidenceSource(Protocol):
+    name: str
+
+    def begin(self) -> None: ...
+
+    def collect(self) -> dict[str, VersionEvidence]: ...
+
+
+class RouterSource:
+    name = "router"
+
+    def __init__(self, url: str, token: str | None, versions: list[str]) -> None:
+        from qlift.router.client import RouterClient
+
+        self.client = RouterClient(url, token)
+        self.versions = versions
+        self.cursor = 0
+
+    def begin(self) -> None:
+        self.cursor = self.client.state().seq
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        per_backend: dict[str, list[Any]] = defaultdict(list)
+        batch = self.client.requests(since=self.cursor)
+        if batch.requests and batch.requests[0].seq > self.cursor + 1:
+            log.warning("the router's request log dropped %d records in this window (ring buffer)",
+                        batch.requests[0].seq - self.cursor - 1)
+        for r in batch.requests:
+            per_backend[r.backend].append(r)
+        self.cursor = batch.seq
+        return {v: from_request_records(v, per_backend.get(v, [])) for v in self.versions}
+
+
+class Collector:
+    """The primary source plus each backend's vLLM /metrics, begun and read together."""
+
+    def __init__(self, primary: EvidenceSource, stable: str, canary: str, vllm: VllmMetricsReader | None) -> None:
+        self.primary, self.stable, self.canary, self.vllm = primary, stable, canary, vllm
+        self.started = 0.0
+
+    def begin(self) -> None:
+        self.started = time.time()
+        self.primary.begin()
+        if self.vllm is not None:
+            self.vllm.begin()
+
+    def collect(self) -> Evidence:
+        per_version = self.primary.collect()
+        engine = self.vllm.collect() if self.vllm is not None else {}
+        ev = Evidence(per_version.get(self.stable, VersionEvidence(self.stable)),
+                      per_version.get(self.canary, VersionEvidence(self.canary)),
+                      started_at=self.started, ended_at=time.time(), source=self.primary.name)
+        for version_ev in (ev.stable, ev.canary):
+            if version_ev.version in engine:
+                fill_from_vllm(version_ev, engine[version_ev.version])
+        if engine:
+            ev.source += "+vllm"
+        return ev
+
+
+def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector:
+    from qlift.settings import router_token
+
+    versions = [spec.stable, spec.canary]
+    primary: EvidenceSource
+    if spec.provider == "prometheus":
+        from qlift.rollout.prometheus import PrometheusSource
+
+        assert spec.prometheus is not None
+        primary = PrometheusSource(spec.prometheus, versions, spec.models, spec.interval)
+    elif spec.data_plane == "nginx":
+        from qlift.rollout.nginx import AccessLogSource
+
+        assert spec.nginx is not None
+        primary = AccessLogSource(spec.nginx.prefix, {v: spec.backends[v] for v in versions})
+    elif spec.router:
+        primary = RouterSource(spec.router, router_token(), versions)
+    else:
+        primary = _NoPrimary(versions)
+    urls = {v: u for v, u in {**backend_urls, **spec.backends}.items() if v in versions}
+    vllm = VllmMetricsReader(urls) if spec.vllm_metrics and urls else None
+    return Collector(primary, spec.stable, spec.canary, vllm)
+
+
+class _NoPrimary:
+    """Only vLLM's /metrics (gateway-api without Prometheus): no error counts."""
+
+    name = "none"
+
+    def __init__(self, versions: list[str]) -> None:
+        self.versions = versions
+
+    def begin(self) -> None:
+        pass
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        return {v: VersionEvidence(v) for v in self.versions}

@@ -1,0 +1,220 @@
+"""The rollout spec: one validated model for `qlift promote start` flags and `-f rollout.yaml`.
+
+Every field has a default and a doc; a bad value is reported as one line naming the file
+(or the flag) and the field. Flags override the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from qlift.errors import BadInputError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """'30s', '2m', '500ms', '1h' or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration such as 30s, 2m or 500ms")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"'{value}' is not a duration such as 30s, 2m or 500ms")
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AnalysisSpec(_Strict):
+    """Limits of the judge. Ratios are canary / stable over the same window."""
+
+    min_requests: int = Field(20, ge=1, description="Canary requests needed in a window before it can pass.")
+    max_error_rate: float = Field(0.01, ge=0, le=1, description="Highest canary error rate that passes.")
+    max_latency_ratio: float = Field(1.5, gt=0, description="Highest canary/stable e2e latency ratio.")
+    max_ttft_ratio: float = Field(1.5, gt=0, description="Highest canary/stable time-to-first-token ratio.")
+    latency_quantile: float = Field(0.5, gt=0, lt=1, description="Quantile compared by the latency and TTFT ratios.")
+    max_length_share_ratio: float = Field(
+        1.5, gt=0, description="Highest canary/stable share of answers cut at max_tokens (finish_reason=length).")
+    max_empty_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of empty completions.")
+    min_share_increase: float = Field(
+        0.05, ge=0, le=1, description="A share check fails only when the canary's share is also this much higher.")
+    max_tokens_ratio: float = Field(2.0, gt=0, description="Highest canary/stable mean completion tokens (rambling).")
+    min_tokens_ratio: float = Field(0.5, ge=0, description="Lowest canary/stable mean completion tokens (silence).")
+    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided tests.")
+    min_samples: int = Field(5, ge=2, description="Samples per version before a statistical test is used.")
+    max_inconclusive: int = Field(
+        5, ge=0, description="Inconclusive windows tolerated per step before the canary is rolled back.")
+    intervals_per_step: int = Field(1, ge=1, description="Passing windows needed before the next step.")
+    max_tpot_ratio: float | None = Field(
+        None, gt=0, description="Optional limit on the vLLM time-per-output-token ratio (from /metrics).")
+
+
+class PrometheusSpec(_Strict):
+    """A Prometheus server that scrapes the router (and backends), queried with PromQL."""
+
+    url: str = Field(description="Base URL of the Prometheus server, e.g. http://127.0.0.1:9090.")
+    preset: Literal["router", "vllm"] = Field(
+        "router", description="Shipped query set: the qlift router's series, or vLLM's own.")
+    queries: dict[str, str] = Field(
+        default_factory=dict,
+        description="PromQL per evidence field, overriding the preset; $backend, $model and $window are filled in.")
+    timeout_s: Duration = Field(10.0, description="Timeout of one query.")
+
+
+class NginxSpec(_Strict):
+    """nginx as the data plane: qlift renders the split into its own prefix dir and reloads."""
+
+    prefix: Path = Field(description="nginx prefix dir (nginx.conf, logs, temp dirs, pid live here).")
+    listen: str = Field("127.0.0.1:8080", description="Address nginx listens on.")
+    session_key: str = Field(
+        "$http_x_session_id", description="nginx variable(s) hashed for the sticky split (with $request_id).")
+    binary: str = Field("nginx", description="The nginx executable.")
+
+
+class BackendRef(_Strict):
+    name: str = Field(description="Kubernetes Service name of this version.")
+    port: int = Field(8000, ge=1, le=65535, description="Service port.")
+
+
+class ParentRef(_Strict):
+    name: str
+    namespace: str | None = None
+    sectionName: str | None = None  # noqa: N815  (the Gateway API field name)
+
+
+class GatewaySpec(_Strict):
+    """Gateway API as the data plane: an HTTPRoute whose backendRefs carry the weights."""
+
+    route_name: str = Field("qlift-llm", description="metadata.name of the HTTPRoute.")
+    namespace: str = Field("default", description="Namespace of the HTTPRoute.")
+    parent_refs: list[ParentRef] = Field(description="Gateways the route attaches to.")
+    hostnames: list[str] = Field(default_factory=list, description="Host names the route matches.")
+    path_prefix: str = Field("/v1", description="Path prefix the route matches.")
+    backends: dict[str, BackendRef] = Field(description="Service per version name (stable and canary).")
+    kubeconfig: Path | None = Field(None, description="Apply to this cluster with the kubernetes client.")
+    context: str | None = Field(None, description="kubeconfig context.")
+    output: Path | None = Field(None, description="Also write the rendered HTTPRoute YAML here (GitOps).")
+
+
+class RolloutSpec(_Strict):
+    """Everything `qlift promote start` needs."""
+
+    stable: str = Field(description="Name of the stable version (a router backend name).")
+    canary: str = Field(description="Name of the canary version.")
+    router: str | None = Field(None, description="The qlift router's URL (builtin data plane and evidence).")
+    steps: list[int] = Field([10, 50, 100], description="Canary weights, increasing, ending at 100.")
+    interval: Duration = Field(30.0, description="Length of one analysis window.")
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)  # type: ignore[arg-type]
+    provider: Literal["builtin", "prometheus"] = Field(
+        "builtin", description="Evidence source: the router's request log (builtin) or Prometheus.")
+    prometheus: PrometheusSpec | None = None
+    vllm_metrics: bool = Field(True, description="Also read each backend's vLLM /metrics into the evidence.")
+    backends: dict[str, str] = Field(
+        default_factory=dict, description="Version name -> base URL (nginx upstreams; vLLM /metrics).")
+    models: dict[str, str] = Field(
+        default_factory=dict, description="Version name -> served model name ($model in Prometheus queries).")
+    data_plane: Literal["builtin", "nginx", "gateway-api"] = "builtin"
+    nginx: NginxSpec | None = None
+    gateway: GatewaySpec | None = None
+    eval_report: Path | None = Field(None, description="A passing `qlift eval --report` dir for the canary.")
+    canary_model: Path | None = Field(None, description="The canary's model dir (default: asked from its server).")
+    webhook: str | None = Field(None, description="URL that gets a JSON POST on every decision.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RolloutSpec:
+        if self.stable == self.canary:
+            raise ValueError("stable and canary must be different versions")
+        s = self.steps
+        if not s or any(not 0 < w <= 100 for w in s) or any(b <= a for a, b in zip(s, s[1:], strict=False)):
+            raise ValueError(f"steps {s} must increase within 1..100")
+        if s[-1] != 100:
+            raise ValueError(f"steps {s} must end at 100")
+        if self.data_plane == "builtin" and not self.router:
+            raise ValueError("the builtin data plane needs router: URL (--router)")
+        if self.data_plane == "nginx":
+            if self.nginx is None:
+                raise ValueError("data_plane nginx needs an nginx: section (prefix, listen)")
+            missing = [v for v in (self.stable, self.canary) if v not in self.backends]
+            if missing:
+                raise ValueError(f"data_plane nginx needs backends: URLs for {', '.join(missing)}")
+        if self.data_plane == "gateway-api":
+            if self.gateway is None:
+                raise ValueError("data_plane gateway-api needs a gateway: section")
+            missing = [v for v in (self.stable, self.canary) if v not in self.gateway.backends]
+            if missing:
+                raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
+        if self.provider == "prometheus" and self.prometheus is None:
+            raise ValueError("provider prometheus needs a prometheus: section (url)")
+        if self.provider == "builtin" and not self.router and not self.backends:
+            raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")
+        return self
+
+
+# Flag spelling of a top-level field, to name the flag when one was wrong.
+FLAG_FOR = {
+    "router": "--router", "stable": "--stable", "canary": "--canary", "steps": "--steps",
+    "interval": "--interval", "data_plane": "--data-plane", "eval_report": "--eval-report",
+    "canary_model": "--canary-model", "webhook": "--webhook",
+    "analysis.min_requests": "--min-requests", "analysis.max_error_rate": "--max-error-rate",
+    "analysis.max_latency_ratio": "--max-latency-ratio", "analysis.max_ttft_ratio": "--max-ttft-ratio",
+    "analysis.max_inconclusive": "--max-inconclusive",
+}
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInputError(f"rollout spec {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise BadInputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=path,
+                            line=mark.line + 1 if mark else None) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadInputError("a rollout spec is a YAML mapping of fields", path=path)
+    return data
+
+
+def build_spec(file_data: dict[str, Any], overrides: dict[str, Any], *, path: Path | None = None) -> RolloutSpec:
+    """Merge the file's fields with flag overrides (dotted keys for nested fields) and validate."""
+    data: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in file_data.items()}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        head, _, tail = key.partition(".")
+        if tail:
+            section = data.setdefault(head, {})
+            if isinstance(section, dict):
+                section[tail] = value
+        else:
+            data[head] = value
+    try:
+        return RolloutSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        if field in FLAG_FOR and overrides.get(field) is not None:
+            raise BadInputError(message, field=FLAG_FOR[field]) from None
+        where = path if path is not None else "rollout spec"
+        raise BadInputError(message, path=where, field=field or None,
+                            hint="See docs/promote.md for the spec fields.") from None

@@ -12,11 +12,17 @@ import asyncio
 import contextlib
 import json
 import math
+import os
+import selectors
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -39,11 +45,16 @@ class FaultProxy:
     - ``body_patch``: merged into the JSON request body (``{"ignore_eos": True}``).
     - ``stall``: accept requests and never answer.
     - ``kill()``: close the listening socket and drop every open connection.
+
+    Faults hit only ``fault_paths`` (the completion routes), so /health and /v1/models still
+    answer: a backend whose generations fail while it looks alive, the case failover is for.
     """
+
+    DEFAULT_FAULT_PATHS = ("/v1/chat/completions", "/v1/completions")
 
     def __init__(self, upstream: str, *, fail_status: int | None = None, fail_ratio: float = 1.0,
                  delay_s: float = 0.0, delay_factor: float = 1.0, body_patch: dict[str, Any] | None = None,
-                 stall: bool = False, port: int = 0) -> None:
+                 stall: bool = False, port: int = 0, fault_paths: tuple[str, ...] = DEFAULT_FAULT_PATHS) -> None:
         self.upstream = upstream.rstrip("/")
         self.fail_status = fail_status
         self.fail_ratio = fail_ratio
@@ -51,6 +62,7 @@ class FaultProxy:
         self.delay_factor = delay_factor
         self.body_patch: dict[str, Any] = dict(body_patch or {})
         self.stall = stall
+        self.fault_paths = fault_paths
         self.port = port or free_port()
         self.requests_seen = 0
         self.requests_failed = 0
@@ -144,20 +156,22 @@ class FaultProxy:
         return math.floor(n * self.fail_ratio) > math.floor((n - 1) * self.fail_ratio)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests_seen += 1
         body = await request.read()
-        if self.stall:
+        faulty = request.path in self.fault_paths
+        if faulty:
+            self.requests_seen += 1
+        if faulty and self.stall:
             await asyncio.Event().wait()  # until the client or kill() drops the connection
-        if self._should_fail():
+        if faulty and self._should_fail():
             self.requests_failed += 1
             status = int(self.fail_status or 500)
             return web.json_response(
                 {"error": {"message": f"injected fault: HTTP {status}", "type": "fault_proxy", "code": status}},
                 status=status,
             )
-        if self.delay_s:
+        if faulty and self.delay_s:
             await asyncio.sleep(self.delay_s)
-        if self.body_patch and body:
+        if faulty and self.body_patch and body:
             with contextlib.suppress(ValueError):
                 body = json.dumps({**json.loads(body), **self.body_patch}).encode()
         assert self._session is not None
@@ -167,7 +181,7 @@ class FaultProxy:
                                          data=body or None, headers=headers) as up:
             out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
             resp = web.StreamResponse(status=up.status, headers=out_headers)
-            slow = self.delay_factor - 1.0
+            slow = self.delay_factor - 1.0 if faulty else 0.0
             if slow > 0:
                 await asyncio.sleep(slow * (time.monotonic() - t0))
             await resp.prepare(request)
@@ -462,3 +476,100 @@ class TinyBackend:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+class RouterProcess:
+    """``qlift router ... --port 0 --json`` as a real process; ``url`` once its ready line is out."""
+
+    def __init__(self, *args: str, log_path: Path, token: str | None = None, env: dict[str, str] | None = None,
+                 ready_timeout_s: float = 60.0) -> None:
+        self.args = [str(a) for a in args]
+        self.log_path = log_path
+        self.token = token
+        self.env = env or {}
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen[str] | None = None
+        self.info: dict[str, Any] = {}
+
+    @property
+    def url(self) -> str:
+        return str(self.info["url"])
+
+    def start(self) -> RouterProcess:
+        env = {**os.environ, **self.env}
+        env.pop("QLIFT_ROUTER_TOKEN", None)
+        if self.token:
+            env["QLIFT_ROUTER_TOKEN"] = self.token
+        argv = [sys.executable, "-m", "qlift", "router", *self.args]
+        if "--port" not in self.args:
+            argv += ["--port", "0"]
+        argv.append("--json")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                         env=env, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(self.ready_timeout_s)
+        sel.close()
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.stop()
+            raise RuntimeError(f"router did not start (rc {self.proc.returncode}): {self.log_tail()}")
+        self.info = json.loads(line)
+        return self
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        """Signal the router and wait for it; SIGKILL if it outlives ``timeout``."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return proc.returncode
+
+    def admin(self) -> Any:
+        from qlift.router.client import RouterClient
+
+        return RouterClient(self.url, self.token)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one series of the router's /metrics (0.0 when absent)."""
+        return metric_value(httpx_get_text(self.url + "/metrics"), name, **labels)
+
+    def __enter__(self) -> RouterProcess:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def httpx_get_text(url: str) -> str:
+    import httpx
+
+    return httpx.get(url, timeout=10).text
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``, in Prometheus text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total

@@ -366,7 +366,8 @@ async def serve(config: RouterConfig, *, admin_token: str | None, on_ready: Call
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %g s)", config.drain_s)
     finally:
+        # Signal handlers stay during the drain: a second SIGTERM must not cut it short.
+        await router.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-        await router.stop()

@@ -92,9 +92,9 @@ class RouterClient:
             ) from exc
         if resp.status_code == 401:
             raise BadInputError(
-                f"router at {self.url} refused the admin token",
+                f"router at {self.url} refused the admin token: {_error_message(resp)}",
                 hint="Set QLIFT_ROUTER_TOKEN to the token the router was started with "
-                "(the admin API is off when the router has none).",
+                "(the router's admin API is off when it was started without QLIFT_ROUTER_TOKEN).",
             )
         if resp.status_code == 400:
             raise BadInputError(f"router refused {method} {path}: {_error_message(resp)}")

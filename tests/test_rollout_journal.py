@@ -1,0 +1,215 @@
+"""Spec validation, the journal's write-ahead weight changes, and the controller's decisions
+driven by scripted evidence (the real-server paths are in test_promote*.py)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from qlift.errors import BadInputError, ExternalToolError
+from qlift.rollout.controller import Controller
+from qlift.rollout.evidence import Evidence, VersionEvidence
+from qlift.rollout.journal import Journal
+from qlift.rollout.spec import RolloutSpec, build_spec, parse_duration, read_spec_file
+
+
+class MemoryPlane:
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self.current: dict[str, int] | None = None
+        self.applied: list[dict[str, int]] = []
+        self.fail_next = False
+
+    def weights(self) -> dict[str, int] | None:
+        return self.current
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise ExternalToolError("data plane down", tool="test")
+        self.current = dict(weights)
+        self.applied.append(dict(weights))
+
+    def backend_urls(self) -> dict[str, str]:
+        return {}
+
+
+class ScriptedEvidence:
+    """Hands out one Evidence per window from a list of (canary, stable) builders."""
+
+    def __init__(self, script: list[tuple[VersionEvidence, VersionEvidence]]) -> None:
+        self.script = list(script)
+        self.windows = 0
+
+    def begin(self) -> None:
+        pass
+
+    def collect(self) -> Evidence:
+        canary, stable = self.script[min(self.windows, len(self.script) - 1)]
+        self.windows += 1
+        return Evidence(stable, canary, time.time() - 1, time.time(), "scripted")
+
+
+def healthy(version: str, n: int) -> VersionEvidence:
+    return VersionEvidence(version, requests=n, errors=0, latency_s=[0.5 + i * 0.001 for i in range(n)],
+                           ttft_s=[0.1] * n, completion_tokens=[20.0] * n, finishes=n, length_finishes=0,
+                           completions=n, completion_tokens_sum=20.0 * n, empty=0)
+
+
+def failing(version: str, n: int) -> VersionEvidence:
+    return VersionEvidence(version, requests=n, errors=n)
+
+
+def spec(**kw: object) -> RolloutSpec:
+    base = {"stable": "s", "canary": "c", "router": "http://127.0.0.1:1", "interval": 0.05,
+            "analysis": {"min_requests": 5, "max_inconclusive": 2}}
+    return RolloutSpec.model_validate({**base, **kw})
+
+
+def run(tmp_path: Path, sp: RolloutSpec, script: list[tuple[VersionEvidence, VersionEvidence]],
+        plane: MemoryPlane | None = None):  # type: ignore[no-untyped-def]
+    plane = plane or MemoryPlane()
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
+    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), tick=0.01).run()  # type: ignore[arg-type]
+    return final, plane, journal
+
+
+# -- spec -------------------------------------------------------------------------------
+
+
+def test_durations() -> None:
+    assert parse_duration("30s") == 30 and parse_duration("2m") == 120 and parse_duration("500ms") == 0.5
+    assert parse_duration(4) == 4
+    with pytest.raises(ValueError):
+        parse_duration("soon")
+
+
+def test_spec_errors_name_the_file_and_field(tmp_path: Path) -> None:
+    f = tmp_path / "rollout.yaml"
+    f.write_text("stable: s\ncanary: c\nrouter: http://x:1\nanalysis:\n  max_error_rat: 0.1\n")
+    with pytest.raises(BadInputError) as e:
+        build_spec(read_spec_file(f), {}, path=f)
+    assert str(f) in e.value.one_line() and "analysis.max_error_rat" in e.value.one_line()
+    f.write_text("stable: s\ncanary: c\nrouter: http://x:1\nsteps: [10, 50]\n")
+    with pytest.raises(BadInputError, match="must end at 100"):
+        build_spec(read_spec_file(f), {}, path=f)
+
+
+def test_flags_override_the_file_and_are_named_when_wrong(tmp_path: Path) -> None:
+    f = tmp_path / "rollout.yaml"
+    f.write_text("stable: s\ncanary: c\nrouter: http://x:1\ninterval: 1m\nanalysis: {min_requests: 50}\n")
+    sp = build_spec(read_spec_file(f), {"interval": "5s", "analysis.max_error_rate": 0.2}, path=f)
+    assert sp.interval == 5 and sp.analysis.min_requests == 50 and sp.analysis.max_error_rate == 0.2
+    with pytest.raises(BadInputError, match="--interval"):
+        build_spec(read_spec_file(f), {"interval": "soon"}, path=f)
+
+
+def test_bad_spec_exits_2_with_one_line(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "rollout.yaml"
+    f.write_text("stable: s\ncanary: c\nrouter: http://127.0.0.1:1\nsteps: [10, 50, 100]\nintervall: 5s\n")
+    result = run_cli("promote", "start", "-f", f, "--journal", tmp_path / "j.sqlite")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{f}: field 'intervall'" in lines[0], lines
+
+
+# -- journal ----------------------------------------------------------------------------
+
+
+def test_weight_change_is_journaled_before_it_is_applied(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(spec().model_dump(mode="json"), "s", "c")
+    seen: list[dict[str, object]] = []
+
+    def apply(weights: dict[str, int]) -> None:
+        # Another connection (another process, after a crash) must already see the intent.
+        other = sqlite3.connect(tmp_path / "j.sqlite")
+        row = other.execute("SELECT weights, applied_at FROM weight_changes ORDER BY id DESC LIMIT 1").fetchone()
+        seen.append({"weights": json.loads(row[0]), "applied_at": row[1]})
+        other.close()
+
+    assert journal.change_weights(r.id, {"s": 90, "c": 10}, "step 1", apply)
+    assert seen == [{"weights": {"s": 90, "c": 10}, "applied_at": None}]
+    last = journal.last_change(r.id)
+    assert last is not None and last.applied_at is not None
+    assert journal.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_failed_apply_leaves_an_intent_that_is_applied_on_recovery(tmp_path: Path) -> None:
+    plane = MemoryPlane()
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(spec().model_dump(mode="json"), "s", "c")
+    plane.fail_next = True
+    with pytest.raises(ExternalToolError):
+        journal.change_weights(r.id, {"s": 50, "c": 50}, "step 2", plane.set_weights)
+    pending = journal.last_change(r.id)
+    assert pending is not None and pending.applied_at is None and plane.current is None
+    assert journal.reapply_pending(r.id, plane.set_weights) is not None
+    assert plane.current == {"s": 50, "c": 50}
+    last = journal.last_change(r.id)
+    assert last is not None and last.applied_at is not None
+
+
+# -- the controller ---------------------------------------------------------------------
+
+
+def test_healthy_canary_is_promoted_step_by_step(tmp_path: Path) -> None:
+    final, plane, journal = run(tmp_path, spec(), [(healthy("c", 20), healthy("s", 80))])
+    assert final.state == "promoted" and final.desired_version == "c"
+    assert plane.applied == [{"s": 90, "c": 10}, {"s": 50, "c": 50}, {"s": 0, "c": 100}]
+    h = journal.history(final.id)
+    assert [s["outcome"] for s in h["steps"]] == ["passed", "passed", "promoted"]
+    assert [d["action"] for d in h["decisions"]] == ["start", "advance", "advance", "promoted"]
+    assert all(c["applied_at"] for c in h["weight_changes"])
+
+
+def test_failing_canary_is_rolled_back_with_p_values(tmp_path: Path) -> None:
+    final, plane, journal = run(tmp_path, spec(), [(failing("c", 8), healthy("s", 80))])
+    assert final.state == "rolled_back" and final.desired_version == "s"
+    assert plane.current == {"s": 100, "c": 0}
+    rollback = journal.history(final.id)["decisions"][-1]
+    assert rollback["action"] == "rollback" and rollback["p_values"]["error_rate"] < 0.001
+
+
+def test_inconclusive_windows_hold_then_roll_back(tmp_path: Path) -> None:
+    final, plane, journal = run(tmp_path, spec(), [(healthy("c", 2), healthy("s", 80))])
+    actions = [d["action"] for d in journal.history(final.id)["decisions"]]
+    assert actions == ["start", "hold", "hold", "rollback"]
+    assert final.state == "rolled_back" and "inconclusive for 3 windows" in final.reason
+
+
+def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
+    sp = spec(interval=0.3)
+    plane = MemoryPlane()
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(sp.model_dump(mode="json"), "s", "c")
+    ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("c", 20), healthy("s", 80))]),  # type: ignore[arg-type]
+                     tick=0.02)
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(ctl.run()))
+    t.start()
+    import qlift.rollout.api as api
+    from qlift.rollout import dataplane
+
+    time.sleep(0.1)
+    api.pause(tmp_path / "j.sqlite")
+    time.sleep(0.5)
+    assert plane.applied == [{"s": 90, "c": 10}]  # paused: no window judged, no step taken
+    original = dataplane.make_data_plane
+    dataplane.make_data_plane = lambda s: plane  # type: ignore[assignment,return-value]
+    try:
+        aborted = api.abort(tmp_path / "j.sqlite")
+    finally:
+        dataplane.make_data_plane = original
+    t.join(5)
+    assert aborted.state == "aborted" and plane.current == {"s": 100, "c": 0}
+    assert getattr(result[0], "state", None) == "aborted"
+    actions = [(d["action"], d["manual"]) for d in journal.history(r.id)["decisions"]]
+    assert actions == [("start", False), ("pause", True), ("abort", True)]

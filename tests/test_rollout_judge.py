@@ -1,0 +1,135 @@
+"""The statistics and the judge, on numbers worked out by hand (no servers)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from qlift.rollout.evidence import Evidence, VersionEvidence
+from qlift.rollout.judge import judge
+from qlift.rollout.spec import AnalysisSpec
+from qlift.rollout.stats import (
+    binomial_greater,
+    fisher_greater,
+    mann_whitney_greater,
+    proportion_greater,
+    quantile,
+    two_proportion_greater,
+)
+
+
+def test_fisher_exact_one_sided() -> None:
+    # [[3, 0], [0, 3]]: the only table at least this extreme has p = 1 / C(6, 3).
+    assert fisher_greater(3, 3, 0, 3) == pytest.approx(1 / 20)
+    assert fisher_greater(0, 3, 3, 3) == pytest.approx(1.0)
+    assert fisher_greater(0, 0, 0, 5) == 1.0
+
+
+def test_two_proportion_z() -> None:
+    # 30/100 vs 20/100: pooled 0.25, se 0.0612, z 1.633 -> one-sided p 0.0512.
+    assert two_proportion_greater(30, 100, 20, 100) == pytest.approx(0.05124, abs=1e-4)
+    assert proportion_greater(30, 100, 20, 100).test == "z"
+    assert proportion_greater(2, 10, 0, 40).test == "fisher"
+
+
+def test_binomial_against_a_limit() -> None:
+    # P(X >= 2 | n=10, p=0.01) = 1 - 0.99^10 - 10 * 0.01 * 0.99^9
+    expected = 1 - 0.99**10 - 10 * 0.01 * 0.99**9
+    assert binomial_greater(2, 10, 0.01).p_value == pytest.approx(expected)
+
+
+def test_mann_whitney_matches_the_normal_approximation() -> None:
+    # x = 4,5,6 vs y = 1,2,3: U = 9, mean 4.5, var 5.25, continuity 0.5 -> z 1.746, p 0.0404 (scipy: 0.0404).
+    assert mann_whitney_greater([4, 5, 6], [1, 2, 3]).p_value == pytest.approx(0.04043, abs=1e-4)
+    assert mann_whitney_greater([1, 2, 3], [4, 5, 6]).p_value > 0.95
+    assert mann_whitney_greater([1, 1, 1], [1, 1, 1]).p_value == 1.0  # all tied: no evidence
+
+
+def test_quantile_interpolates() -> None:
+    assert quantile([1, 2, 3, 4], 0.5) == 2.5
+    assert quantile([], 0.5) is None
+
+
+def _ev(version: str, n: int, *, errors: int = 0, latency: float = 0.5, ttft: float = 0.1, tokens: int = 20,
+        length: int = 0, empty: int = 0, seed: int = 0) -> VersionEvidence:
+    rng = random.Random(seed)
+    ok = n - errors
+    ev = VersionEvidence(version, requests=n, errors=errors, finishes=ok, length_finishes=length, completions=ok,
+                         empty=empty)
+    ev.latency_s = [latency * rng.uniform(0.8, 1.2) for _ in range(ok)]
+    ev.ttft_s = [ttft * rng.uniform(0.8, 1.2) for _ in range(ok)]
+    ev.completion_tokens = [0.0 if i < empty else float(tokens + rng.randint(-3, 3)) for i in range(ok)]
+    ev.completion_tokens_sum = sum(ev.completion_tokens)
+    return ev
+
+
+def _judge(canary: VersionEvidence, stable: VersionEvidence, **limits: float):  # type: ignore[no-untyped-def]
+    return judge(Evidence(stable, canary, 0.0, 1.0, "test"), AnalysisSpec(min_requests=10, **limits))
+
+
+def test_healthy_canary_advances_with_p_values_only_where_tested() -> None:
+    d = _judge(_ev("c", 30, seed=1), _ev("s", 200, seed=2))
+    assert d.action == "advance", d.reason
+    assert {c.name: c.status for c in d.checks} == {
+        "error_rate": "pass", "latency": "pass", "ttft": "pass", "finish_length": "pass",
+        "completion_tokens": "pass", "empty_completions": "pass"}
+
+
+def test_no_data_never_passes() -> None:
+    d = _judge(_ev("c", 3, seed=1), _ev("s", 200, seed=2))
+    assert d.action == "hold" and "min_requests" in d.reason
+    d = _judge(VersionEvidence("c"), VersionEvidence("s"))
+    assert d.action == "hold"
+
+
+def test_failing_canary_rolls_back_at_once_even_below_min_requests() -> None:
+    d = _judge(_ev("c", 6, errors=6), _ev("s", 60))
+    assert d.action == "rollback"
+    err = next(c for c in d.checks if c.name == "error_rate")
+    assert err.status == "fail" and err.test == "fisher" and err.p_value is not None and err.p_value < 1e-6
+    assert d.p_values["error_rate"] == err.p_value
+
+
+def test_one_error_in_a_small_window_is_noise_not_a_rollback() -> None:
+    d = _judge(_ev("c", 12, errors=1), _ev("s", 100, errors=1))
+    err = next(c for c in d.checks if c.name == "error_rate")
+    assert err.status == "inconclusive" and err.p_value is not None and err.p_value > 0.05
+    assert d.action == "hold"
+
+
+def test_slow_canary_fails_latency_with_mann_whitney() -> None:
+    d = _judge(_ev("c", 30, latency=1.5, ttft=0.3), _ev("s", 100))
+    assert d.action == "rollback"
+    lat = next(c for c in d.checks if c.name == "latency")
+    assert lat.status == "fail" and lat.test == "mann-whitney" and lat.ratio == pytest.approx(3, rel=0.2)
+
+
+def test_answers_cut_at_max_tokens_fail_the_finish_reason_check() -> None:
+    d = _judge(_ev("c", 30, length=30), _ev("s", 100, length=5))
+    fl = next(c for c in d.checks if c.name == "finish_length")
+    assert d.action == "rollback" and fl.status == "fail" and fl.p_value is not None and fl.p_value < 0.001
+
+
+def test_rambling_and_silence() -> None:
+    ramble = _judge(_ev("c", 30, tokens=64), _ev("s", 100, tokens=20))
+    assert next(c for c in ramble.checks if c.name == "completion_tokens").status == "fail"
+    silent = _judge(_ev("c", 30, empty=20), _ev("s", 100))
+    names = {c.name for c in silent.checks if c.status == "fail"}
+    assert "empty_completions" in names and silent.action == "rollback"
+
+
+def test_quantile_only_source_judges_on_the_ratio() -> None:
+    c = VersionEvidence("c", requests=40, errors=0, quantiles={"latency_p50": 3.0, "ttft_p50": 0.1})
+    s = VersionEvidence("s", requests=40, errors=0, quantiles={"latency_p50": 1.0, "ttft_p50": 0.1})
+    d = _judge(c, s)
+    lat = next(x for x in d.checks if x.name == "latency")
+    assert lat.status == "fail" and lat.p_value is None and d.action == "rollback"
+    assert next(x for x in d.checks if x.name == "finish_length").status == "skipped"
+
+
+def test_infinite_ratio_when_the_stable_has_none() -> None:
+    d = _judge(_ev("c", 30, empty=30), _ev("s", 100))
+    e = next(c for c in d.checks if c.name == "empty_completions")
+    assert e.ratio == math.inf and e.status == "fail"

@@ -18,7 +18,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +28,7 @@ from qlift.fsutil import atomic_output_dir, check_output_path, link_or_copy, sha
 from qlift.hub.files import RemoteFile, RepoSnapshot, check_safe_path, git_blob_id, select_files
 from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, local_path, write_lock
 from qlift.lineage import utc_now, write_manifest
+from qlift.threads import map_unordered
 
 log = logging.getLogger("qlift.hub")
 SOURCES = ("hf", "modelscope", "auto")
@@ -160,9 +160,9 @@ def download(
         placed = [_placed(records[f.path]) for f in chosen]
         lock = Lock(snap.source, snap.endpoint, repo, snap.revision, snap.commit, placed)
         with atomic_output_dir(out, force=force) as tmp:
-            for f in placed:
-                (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
-                link_or_copy(staging / (f.repo_path or f.path), tmp / f.path)
+            for rec in placed:
+                (tmp / rec.path).parent.mkdir(parents=True, exist_ok=True)
+                link_or_copy(staging / (rec.repo_path or rec.path), tmp / rec.path)
             write_lock(tmp, lock)
             write_manifest(tmp, operation="download", inputs={}, started_at=started, parameters={
                 "repo": repo, "source": snap.source, "endpoint": snap.endpoint, "revision": snap.revision,
@@ -188,13 +188,12 @@ def _fetch_all(
         return rec
 
     with _library_bars(enabled=not bar.disable):
-        pool = ThreadPoolExecutor(max_workers=max_workers)
         try:
-            for fut in as_completed([pool.submit(one, f) for f in todo]):
-                rec = fut.result()  # the first failure stops the run; files in flight finish
+            # The first failure, Ctrl-C or SIGTERM stops the run at once; a file still in
+            # flight is abandoned (its partial bytes stay in staging for the resume).
+            for _, rec in map_unordered(one, todo, workers=max_workers, name="qlift-download"):
                 records[rec.path] = rec
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
             bar.close()
     return records
 

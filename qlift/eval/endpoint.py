@@ -5,73 +5,129 @@ Answers come from ``/v1/chat/completions`` (``messages``) or ``/v1/completions``
 uses vLLM's ``/tokenize`` (chat template applied server-side) and then
 ``/v1/completions`` with the token ids, ``echo`` and ``logprobs=0`` to read the
 reference tokens' log-probabilities. A server without ``/tokenize`` gives no perplexity.
+
+A flaky server costs little: 429, 5xx and connection errors are retried with backoff (a
+few times, bounded), each answer is handed to the cache as it arrives, and Ctrl-C or
+SIGTERM returns at once even while requests hang (see ``qlift.threads``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 from qlift.errors import ExternalToolError
-from qlift.eval.generation import Generation, ModelRef, Request, Sampling
+from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
 from qlift.progress import bar
+from qlift.threads import map_unordered
 
 log = logging.getLogger(__name__)
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RETRIES = 4  # attempts after the first
+BACKOFF_S = 0.5  # doubled each attempt: 0.5, 1, 2, 4 s
+MAX_RETRY_AFTER_S = 30.0
 
 
 class EndpointBackend:
     name = "endpoint"
 
-    def __init__(self, *, concurrency: int = 1, timeout_s: float = 300.0, api_key: str | None = None) -> None:
+    def __init__(self, *, concurrency: int = 1, timeout_s: float = 300.0, api_key: str | None = None,
+                 retries: int = RETRIES, backoff_s: float = BACKOFF_S) -> None:
         self.concurrency = max(1, concurrency)
         self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.supports_ppl = True  # until a server says otherwise
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling) -> list[Generation]:
+    def _client(self, model: ModelRef) -> httpx.Client:
         assert model.endpoint is not None
-        base = model.endpoint.rstrip("/")
-        with httpx.Client(base_url=base, timeout=self.timeout_s, headers=self.headers) as client:
-            self._check_model(client, model)
-            with ThreadPoolExecutor(self.concurrency) as pool:
-                futures = [pool.submit(self._one, client, model, r, sampling) for r in requests]
-                return [f.result() for f in bar(futures, total=len(futures), desc=f"endpoint {model.role}")]
+        return httpx.Client(base_url=model.endpoint.rstrip("/"), timeout=self.timeout_s, headers=self.headers)
+
+    def identify(self, model: ModelRef) -> None:
+        """Check the server serves ``model.name`` and record what it says it is (for the cache)."""
+        with self._client(model) as client:
+            served = self._check_model(client, model)
+        if served is not None:
+            root = served.get("root") or served.get("id")
+            model.served_identity = f"endpoint:{model.endpoint}#{model.name}@{root}"
+
+    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+                 on_result: OnResult | None = None) -> list[Generation]:
+        out: list[Generation | None] = [None] * len(requests)
+        with self._client(model) as client:
+            answers = map_unordered(lambda r: self._one(client, model, r, sampling), requests,
+                                    workers=self.concurrency, name="qlift-eval")
+            for i, gen in bar(answers, total=len(requests), desc=f"endpoint {model.role}"):
+                out[i] = gen
+                if on_result is not None:
+                    on_result(i, gen)
+        return [g for g in out if g is not None]
+
+    def _send(self, client: httpx.Client, model: ModelRef, method: str, path: str,
+              body: dict[str, Any] | None = None) -> httpx.Response:
+        """One request, retried on 429/5xx/connection errors with backoff; the last answer or error wins."""
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                resp = client.request(method, path, json=body)
+            except httpx.HTTPError as exc:
+                if path == "/v1/models" and isinstance(exc, httpx.ConnectError):
+                    raise ExternalToolError(  # nothing listens there: not worth a retry
+                        f"cannot reach {model.endpoint}: {type(exc).__name__}: {exc}",
+                        hint="Start the server, or fix --endpoint.", tool="endpoint",
+                    ) from exc
+                if last:
+                    raise ExternalToolError(
+                        f"request to {model.endpoint}{path} failed after {attempt + 1} tries: "
+                        f"{type(exc).__name__}: {exc}",
+                        hint="Check that the server is up and --endpoint is right; a rerun asks only for "
+                             "the answers still missing.", tool="endpoint",
+                    ) from exc
+                wait = self.backoff_s * 2**attempt
+                log.debug("%s%s: %s; retrying in %.1f s", model.endpoint, path, type(exc).__name__, wait)
+            else:
+                if resp.status_code not in RETRY_STATUS or last:
+                    return resp
+                wait = _retry_after(resp) or self.backoff_s * 2**attempt
+                log.debug("%s%s: HTTP %d; retrying in %.1f s", model.endpoint, path, resp.status_code, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def _post(self, client: httpx.Client, model: ModelRef, path: str, body: dict[str, Any]) -> Any:
-        try:
-            resp = client.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise ExternalToolError(
-                f"request to {model.endpoint}{path} failed: {type(exc).__name__}: {exc}",
-                hint="Check that the server is up and --endpoint is right.", tool="endpoint",
-            ) from exc
+        resp = self._send(client, model, "POST", path, body)
         if resp.status_code != 200:
+            hint = "Check --model against the server's /v1/models."
+            if resp.status_code in RETRY_STATUS:
+                hint = "The server kept failing; a rerun asks only for the answers still missing."
             raise ExternalToolError(
                 f"{model.endpoint}{path} answered HTTP {resp.status_code}: {resp.text[:300]}",
-                hint="Check --model against the server's /v1/models.", tool="endpoint",
+                hint=hint, tool="endpoint",
             )
-        return resp.json()
+        return _json(resp, model, path)
 
-    def _check_model(self, client: httpx.Client, model: ModelRef) -> None:
-        try:
-            resp = client.get("/v1/models")
-        except httpx.HTTPError as exc:
+    def _check_model(self, client: httpx.Client, model: ModelRef) -> dict[str, Any] | None:
+        resp = self._send(client, model, "GET", "/v1/models")
+        if resp.status_code != 200:
+            return None
+        data = _json(resp, model, "/v1/models")
+        entries = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
             raise ExternalToolError(
-                f"cannot reach {model.endpoint}: {type(exc).__name__}: {exc}",
-                hint="Start the server, or fix --endpoint.", tool="endpoint",
-            ) from exc
-        if resp.status_code == 200:
-            names = [m.get("id") for m in resp.json().get("data", [])]
-            if model.name not in names:
-                raise ExternalToolError(
-                    f"{model.endpoint} does not serve a model named '{model.name}' "
-                    f"(it serves: {', '.join(map(str, names))})",
-                    hint="Pass the served name with --model / --baseline.", tool="endpoint",
-                )
+                f"{model.endpoint}/v1/models did not answer an OpenAI model list",
+                hint="The endpoint must speak the OpenAI API; check --endpoint.", tool="endpoint",
+            )
+        served = {str(m.get("id")): m for m in entries if isinstance(m, dict)}
+        if model.name not in served:
+            raise ExternalToolError(
+                f"{model.endpoint} does not serve a model named '{model.name}' (it serves: {', '.join(served)})",
+                hint="Pass the served name with --model / --baseline.", tool="endpoint",
+            )
+        return served[model.name]
 
     def _one(self, client: httpx.Client, model: ModelRef, req: Request, sampling: Sampling) -> Generation:
         try:
@@ -110,7 +166,7 @@ class EndpointBackend:
             tok_body |= {"messages": req.messages, "add_generation_prompt": True}
         else:
             tok_body |= {"prompt": req.prompt}
-        resp = client.post("/tokenize", json=tok_body)
+        resp = self._send(client, model, "POST", "/tokenize", tok_body)
         if resp.status_code == 404:
             log.warning("%s has no /tokenize: no perplexity from this endpoint", model.endpoint)
             self.supports_ppl = False
@@ -119,7 +175,7 @@ class EndpointBackend:
             raise ExternalToolError(
                 f"{model.endpoint}/tokenize answered HTTP {resp.status_code}: {resp.text[:300]}", tool="endpoint"
             )
-        prompt_ids = resp.json()["tokens"]
+        prompt_ids = _json(resp, model, "/tokenize")["tokens"]
         ref_ids = self._post(
             client, model, "/tokenize",
             {"model": model.name, "prompt": req.reference, "add_special_tokens": False},
@@ -138,3 +194,21 @@ class EndpointBackend:
             )
         gen.ref_logprob = float(sum(ref_lps))
         gen.ref_tokens = len(ref_ids)
+
+
+def _json(resp: httpx.Response, model: ModelRef, path: str) -> Any:
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise ExternalToolError(
+            f"{model.endpoint}{path} answered with something that is not JSON: {resp.text[:120]!r}",
+            hint="The endpoint must speak the OpenAI API; check --endpoint.", tool="endpoint",
+        ) from exc
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    try:
+        value = float(resp.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return min(max(value, 0.0), MAX_RETRY_AFTER_S)

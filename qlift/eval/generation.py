@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,11 @@ class Generation:
     ref_tokens: int | None = None
 
 
+OnResult = Callable[[int, Generation], None]
+"""Called with (index in the request list, answer) as each answer arrives, by backends that
+answer one request at a time (the endpoint), so a failure later keeps what came before."""
+
+
 @dataclass
 class ModelRef:
     """A model under evaluation: a local directory, or a name served at an endpoint."""
@@ -61,11 +67,14 @@ class ModelRef:
     path: Path | None = None
     content_hash: str | None = None
     endpoint: str | None = None
+    served_identity: str | None = None  # endpoint + name + the model path the server reports
 
     @property
     def cache_id(self) -> str | None:
-        """Identity for the cache: only a content hash is trusted (a served name can change)."""
-        return self.content_hash
+        """Identity for the cache: the content hash of a local model; for an endpoint, what the
+        server says it serves (its URL, the served name and the model path or root it reports),
+        so a rerun after a failure asks only for what is missing."""
+        return self.content_hash or self.served_identity
 
 
 @dataclass
@@ -127,6 +136,9 @@ def cached_generate(
     out: dict[str, list[Generation]] = {}
     by_hash: dict[str, str] = {}
     for model in bar(models, total=len(models), desc="models", unit="model"):
+        identify = getattr(backend, "identify", None)
+        if identify is not None:  # an endpoint: what does it serve under this name?
+            identify(model)
         cid = model.cache_id
         if cid is not None and cid in by_hash:
             out[model.role] = out[by_hash[cid]]
@@ -139,7 +151,13 @@ def cached_generate(
         stats.misses += len(missing)
         if missing:
             stats.backend_runs += 1
-            fresh = backend.generate(model, [requests[i] for i in missing], sampling)
+
+            def keep(j: int, g: Generation, model_id: str | None = cid, keys: list[str] = keys,
+                     missing: list[int] = missing) -> None:
+                if model_id:
+                    cache.put(keys[missing[j]], g)
+
+            fresh = backend.generate(model, [requests[i] for i in missing], sampling, on_result=keep)
             for i, g in zip(missing, fresh, strict=True):
                 gens[i] = g
                 if cid:

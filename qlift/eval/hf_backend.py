@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from qlift.errors import ExternalToolError
-from qlift.eval.generation import Generation, ModelRef, Request, Sampling
+from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
 from qlift.progress import bar
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ class TransformersBackend:
     name = "transformers"
     supports_ppl = True
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling) -> list[Generation]:
+    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+                 on_result: OnResult | None = None) -> list[Generation]:
         try:
             return self._generate(model, requests, sampling)
         except ExternalToolError:

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from qlift.errors import ExternalToolError
-from qlift.eval.generation import Generation, ModelRef, Request, Sampling
+from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
 from qlift.serve.process import first_error_line
 from qlift.settings import qlift_home, vllm_python
 
@@ -31,7 +31,8 @@ class VllmBackend:
         self.timeout_s = timeout_s
         self.python = vllm_python() or sys.executable
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling) -> list[Generation]:
+    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+                 on_result: OnResult | None = None) -> list[Generation]:
         assert model.path is not None
         logs = qlift_home() / "logs"
         logs.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,9 @@ class AnalysisSpec(_Strict):
     max_latency_ratio: float = Field(1.5, gt=0, description="Highest canary/stable e2e latency ratio.")
     max_ttft_ratio: float = Field(1.5, gt=0, description="Highest canary/stable time-to-first-token ratio.")
     latency_quantile: float = Field(0.5, gt=0, lt=1, description="Quantile compared by the latency and TTFT ratios.")
+    min_latency_increase_s: float = Field(
+        0.05, ge=0, description="A latency or TTFT ratio over its limit fails only when the canary is also this "
+        "many seconds slower (milliseconds of jitter are no regression).")
     max_length_share_ratio: float = Field(
         1.5, gt=0, description="Highest canary/stable share of answers cut at max_tokens (finish_reason=length).")
     max_empty_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of empty completions.")

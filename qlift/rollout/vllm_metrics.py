@@ -39,13 +39,18 @@ def parse_metrics(text: str) -> Snapshot:
     return dict(out)
 
 
+_warned: set[str] = set()
+
+
 def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
     try:
         resp = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
         resp.raise_for_status()
         return parse_metrics(resp.text)
     except (httpx.HTTPError, ValueError) as exc:
-        log.warning("could not read vLLM metrics from %s: %s", url, exc)
+        if url not in _warned:  # once per backend, not every window
+            _warned.add(url)
+            log.warning("no vLLM metrics from %s (the evidence goes without them): %s", url, str(exc).splitlines()[0])
         return None
 
 

@@ -88,7 +88,8 @@ class GatewayDataPlane:
         except ImportError:
             raise ExternalToolError("the kubernetes client is not installed",
                                     hint="pip install 'qlift[gateway]'", tool="kubernetes") from None
-        api_client = config.new_client_from_config(config_file=str(self.spec.kubeconfig), context=self.spec.context)
+        api_client = config.new_client_from_config(config_file=str(Path(self.spec.kubeconfig).expanduser()),
+                                                   context=self.spec.context)
         return client.CustomObjectsApi(api_client)
 
     def weights(self) -> dict[str, int] | None:
@@ -119,9 +120,9 @@ class GatewayDataPlane:
             self._apply(route)
 
     def _apply(self, route: dict[str, Any]) -> None:
+        api = self._api()
         from kubernetes.client.exceptions import ApiException
 
-        api = self._api()
         ns, name = self.spec.namespace, self.spec.route_name
         try:
             api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, route)

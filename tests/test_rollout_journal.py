@@ -179,10 +179,20 @@ def test_failing_canary_is_rolled_back_with_p_values(tmp_path: Path) -> None:
 
 
 def test_inconclusive_windows_hold_then_roll_back(tmp_path: Path) -> None:
-    final, plane, journal = run(tmp_path, spec(), [(healthy("c", 2), healthy("s", 80))])
+    final, plane, journal = run(tmp_path, spec(), [(healthy("c", 0), healthy("s", 80))])
     actions = [d["action"] for d in journal.history(final.id)["decisions"]]
     assert actions == ["start", "hold", "hold", "rollback"]
     assert final.state == "rolled_back" and "inconclusive for 3 windows" in final.reason
+    assert plane.current == {"s": 100, "c": 0}
+
+
+def test_held_windows_carry_their_evidence_into_the_next(tmp_path: Path) -> None:
+    # 2 canary requests a window, min_requests 5: the third window judges 6 requests and passes.
+    final, _, journal = run(tmp_path, spec(steps=[10, 100]), [(healthy("c", 2), healthy("s", 30))])
+    h = journal.history(final.id)
+    assert [d["action"] for d in h["decisions"]] == ["start", "hold", "hold", "advance", "promoted"]
+    last = h["windows"][-1]
+    assert last["canary"]["requests"] == 6 and last["notes"] == ["cumulative over 3 windows of this step"]
 
 
 def test_pause_abort_from_another_connection(tmp_path: Path) -> None:

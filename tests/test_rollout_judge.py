@@ -62,6 +62,7 @@ def _ev(version: str, n: int, *, errors: int = 0, latency: float = 0.5, ttft: fl
     ev.ttft_s = [ttft * rng.uniform(0.8, 1.2) for _ in range(ok)]
     ev.completion_tokens = [0.0 if i < empty else float(tokens + rng.randint(-3, 3)) for i in range(ok)]
     ev.completion_tokens_sum = sum(ev.completion_tokens)
+    ev.token_latency_s = [lat / tok for lat, tok in zip(ev.latency_s, ev.completion_tokens, strict=True) if tok]
     return ev
 
 
@@ -104,6 +105,13 @@ def test_slow_canary_fails_latency_with_mann_whitney() -> None:
     assert d.action == "rollback"
     lat = next(c for c in d.checks if c.name == "latency")
     assert lat.status == "fail" and lat.test == "mann-whitney" and lat.ratio == pytest.approx(3, rel=0.2)
+
+
+def test_a_longer_answer_is_not_a_slower_server() -> None:
+    # Twice the tokens in twice the time: the same speed per token; the tokens check judges verbosity.
+    d = _judge(_ev("c", 40, latency=1.0, tokens=40, seed=3), _ev("s", 100, latency=0.5, tokens=20))
+    lat = next(c for c in d.checks if c.name == "latency")
+    assert lat.status == "pass" and "token_latency" in lat.detail and d.action == "advance", d.reason
 
 
 def test_answers_cut_at_max_tokens_fail_the_finish_reason_check() -> None:

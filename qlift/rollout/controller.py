@@ -34,7 +34,8 @@ def window_record(ev: Evidence, decision: Decision, action: str, reason: str) ->
     return {
         "started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": ev.source,
         "stable": ev.stable.summary(), "canary": ev.canary.summary(), "action": action, "reason": reason,
-        "checks": [asdict(c) for c in decision.checks], "notes": ev.notes,
+        "checks": [asdict(c) for c in decision.checks],
+        "notes": ev.notes + ([f"cumulative over {ev.windows} windows of this step"] if ev.windows > 1 else []),
     }
 
 
@@ -44,6 +45,9 @@ class Controller:
         self.journal, self.rid, self.spec, self.plane, self.collector = journal, rollout_id, spec, plane, collector
         self.tick = tick
         self.sleep = sleep
+        # Evidence of this step's held (inconclusive) windows: the next window adds to it, so a
+        # 10% step under light traffic grows its sample instead of judging each thin slice alone.
+        self.carry: tuple[int, Evidence] | None = None
 
     # -- the loop --------------------------------------------------------------------
 
@@ -65,7 +69,11 @@ class Controller:
             ev = self._watch_window(r)
             if ev is None:
                 continue
-            self._act(r, ev, judge(ev, self.spec.analysis))
+            if self.carry is not None and self.carry[0] == r.step:
+                ev = self.carry[1].merged(ev)
+            d = judge(ev, self.spec.analysis)
+            self.carry = (r.step, ev) if d.action == "hold" else None
+            self._act(r, ev, d)
 
     def recover(self) -> None:
         """Re-apply weights journaled but never applied; restore the journal's weights if the data plane drifted."""

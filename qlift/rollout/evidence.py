@@ -23,6 +23,8 @@ class VersionEvidence:
     latency_s: list[float] = field(default_factory=list)  # e2e of successful attempts
     ttft_s: list[float] = field(default_factory=list)  # time to first byte of successful attempts
     completion_tokens: list[float] = field(default_factory=list)  # per successful request
+    # e2e seconds per completion token of successful requests: speed without verbosity
+    token_latency_s: list[float] = field(default_factory=list)
     finishes: int | None = None  # answers with a known finish_reason
     length_finishes: int | None = None  # ... of which finish_reason=length
     completions: int | None = None  # answers with a known completion token count
@@ -59,10 +61,29 @@ class VersionEvidence:
 
     def latency_quantile(self, kind: str, q: float) -> float | None:
         """``kind`` latency or ttft: from samples when there are any, else from the source's quantiles."""
-        samples = self.latency_s if kind == "latency" else self.ttft_s
+        samples = {"latency": self.latency_s, "ttft": self.ttft_s, "token_latency": self.token_latency_s}[kind]
         if samples:
             return quantile(samples, q)
         return self.quantiles.get(f"{kind}_p{round(q * 100)}")
+
+    def merged(self, later: VersionEvidence) -> VersionEvidence:
+        """This window followed by ``later``: counts and samples add up; quantiles and engine
+        numbers (which cannot be added) are the later window's."""
+
+        def add(a: float | None, b: float | None) -> Any:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return VersionEvidence(
+            self.version, requests=self.requests + later.requests, errors=add(self.errors, later.errors),
+            latency_s=self.latency_s + later.latency_s, ttft_s=self.ttft_s + later.ttft_s,
+            completion_tokens=self.completion_tokens + later.completion_tokens,
+            token_latency_s=self.token_latency_s + later.token_latency_s,
+            finishes=add(self.finishes, later.finishes),
+            length_finishes=add(self.length_finishes, later.length_finishes),
+            completions=add(self.completions, later.completions),
+            completion_tokens_sum=add(self.completion_tokens_sum, later.completion_tokens_sum),
+            empty=add(self.empty, later.empty), quantiles=dict(later.quantiles or self.quantiles),
+            vllm=dict(later.vllm or self.vllm))
 
     def summary(self) -> dict[str, Any]:
         """The numbers the journal and `status` keep (samples reduced to quantiles)."""
@@ -72,6 +93,7 @@ class VersionEvidence:
             "mean_completion_tokens": self.mean_completion_tokens,
             "latency_samples": len(self.latency_s), "ttft_samples": len(self.ttft_s),
         }
+        out["token_latency_p50"] = self.latency_quantile("token_latency", 0.5)
         for kind in ("latency", "ttft"):
             for q in (0.5, 0.95, 0.99):
                 out[f"{kind}_p{round(q * 100)}"] = self.latency_quantile(kind, q)
@@ -91,6 +113,11 @@ class Evidence:
     ended_at: float
     source: str
     notes: list[str] = field(default_factory=list)
+    windows: int = 1  # >1: held windows of this step carried over into this one
+
+    def merged(self, later: Evidence) -> Evidence:
+        return Evidence(self.stable.merged(later.stable), self.canary.merged(later.canary), self.started_at,
+                        later.ended_at, later.source, self.notes + later.notes, self.windows + later.windows)
 
 
 def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidence:
@@ -118,6 +145,8 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
             ev.completion_tokens.append(float(r.completion_tokens))
             ev.completions = (ev.completions or 0) + 1
             ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + r.completion_tokens
+            if r.completion_tokens > 0:
+                ev.token_latency_s.append(float(r.latency_s) / r.completion_tokens)
             if r.completion_tokens == 0:
                 ev.empty = (ev.empty or 0) + 1
     return ev

@@ -88,7 +88,8 @@ class GatewayDataPlane:
         except ImportError:
             raise ExternalToolError("the kubernetes client is not installed",
                                     hint="pip install 'qlift[gateway]'", tool="kubernetes") from None
-        api_client = config.new_client_from_config(config_file=str(Path(self.spec.kubeconfig).expanduser()),
+        assert self.spec.kubeconfig is not None
+        api_client = config.new_client_from_config(config_file=str(self.spec.kubeconfig.expanduser()),
                                                    context=self.spec.context)
         return client.CustomObjectsApi(api_client)
 

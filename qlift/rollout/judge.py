@@ -84,23 +84,30 @@ def _samples_test(x: list[float], y: list[float], a: AnalysisSpec, *, larger: bo
     return mann_whitney_greater(x, y) if larger else mann_whitney_greater(y, x)
 
 
-def check_latency(kind: str, c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
-    limit = a.max_latency_ratio if kind == "latency" else a.max_ttft_ratio
+def check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    """``latency`` compares e2e seconds per completion token when both versions have enough such
+    samples (verbosity is the completion_tokens check's business), else e2e seconds; ``ttft`` as is."""
+    limit, tolerance, kind = a.max_ttft_ratio, a.min_latency_increase_s, name
+    if name == "latency":
+        limit = a.max_latency_ratio
+        if min(len(c.token_latency_s), len(s.token_latency_s)) >= a.min_samples:
+            kind, tolerance = "token_latency", a.min_token_latency_increase_s
     q = a.latency_quantile
     cv, sv = c.latency_quantile(kind, q), s.latency_quantile(kind, q)
-    r = CheckResult(kind, "inconclusive", cv, sv, _ratio(cv, sv), limit)
+    r = CheckResult(name, "inconclusive", cv, sv, _ratio(cv, sv), limit)
     if cv is None or sv is None:
         r.status = "skipped" if not (c.latency_s or c.ttft_s or c.quantiles) else "inconclusive"
         r.detail = f"no {kind} numbers for " + ("the canary" if cv is None else "the stable")
         return r
     label = f"{kind} p{round(q * 100)}"
     assert r.ratio is not None
-    if r.ratio <= limit or cv - sv <= a.min_latency_increase_s:
+    if r.ratio <= limit or cv - sv <= tolerance:
         r.status = "pass"
         r.detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} " + (
-            f"<= {limit}" if r.ratio <= limit else f"(within {a.min_latency_increase_s}s)")
+            f"<= {limit}" if r.ratio <= limit else f"(within {tolerance}s)")
         return r
-    samples = (c.latency_s, s.latency_s) if kind == "latency" else (c.ttft_s, s.ttft_s)
+    samples = {"latency": (c.latency_s, s.latency_s), "ttft": (c.ttft_s, s.ttft_s),
+               "token_latency": (c.token_latency_s, s.token_latency_s)}[kind]
     t = _samples_test(samples[0], samples[1], a, larger=True)
     detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} > {limit}"
     if t is None:  # no samples (a quantile-only source): the ratio decides once there is traffic

@@ -47,12 +47,16 @@ class AnalysisSpec(_Strict):
 
     min_requests: int = Field(20, ge=1, description="Canary requests needed in a window before it can pass.")
     max_error_rate: float = Field(0.01, ge=0, le=1, description="Highest canary error rate that passes.")
-    max_latency_ratio: float = Field(1.5, gt=0, description="Highest canary/stable e2e latency ratio.")
+    max_latency_ratio: float = Field(
+        1.5, gt=0, description="Highest canary/stable latency ratio: e2e seconds per completion token when the "
+        "source counts tokens (so a longer answer is not a slower server), else e2e seconds.")
     max_ttft_ratio: float = Field(1.5, gt=0, description="Highest canary/stable time-to-first-token ratio.")
     latency_quantile: float = Field(0.5, gt=0, lt=1, description="Quantile compared by the latency and TTFT ratios.")
     min_latency_increase_s: float = Field(
         0.05, ge=0, description="A latency or TTFT ratio over its limit fails only when the canary is also this "
         "many seconds slower (milliseconds of jitter are no regression).")
+    min_token_latency_increase_s: float = Field(
+        0.002, ge=0, description="The same tolerance for the latency ratio per completion token.")
     max_length_share_ratio: float = Field(
         1.5, gt=0, description="Highest canary/stable share of answers cut at max_tokens (finish_reason=length).")
     max_empty_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of empty completions.")

@@ -55,7 +55,7 @@ def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model
 
     config = build_config(config_path=config_path, backends=list(backends), weights=list(weights),
                           public_model=public_model, host=host, port=port)
-    asyncio.run(serve(config, admin_token=router_token(), on_ready=_print_ready))
+    asyncio.run(serve(config, admin_token=router_token(), on_ready=_print_ready, restore_signals=False))
 
 
 def _print_ready(router: Router) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hmac
 import itertools
@@ -95,6 +94,8 @@ class Router:
         self.health = HealthChecker(lambda b: self.sessions[b.name], self.balancer.backends, interval_s=h.interval_s,
                                     timeout_s=h.timeout_s, failures=h.failures, on_change=self._health_changed)
         await self.health.check_all()
+        for b in self.balancer.backends:  # down at start: out of rotation until a check passes
+            b.healthy = b.healthy and b.health_failures == 0
         if self.public_model is None:
             first = self.balancer.backends[0]
             self.public_model = first.served_model or await served_model_of(
@@ -353,21 +354,28 @@ class Router:
 
 
 async def serve(config: RouterConfig, *, admin_token: str | None, on_ready: Callable[[Router], None],
-                content_filter: ContentFilter | None = None) -> None:
-    """Run the router until SIGINT or SIGTERM, then drain."""
+                content_filter: ContentFilter | None = None, restore_signals: bool = True) -> None:
+    """Run the router until SIGINT or SIGTERM, then drain.
+
+    The signal handlers stay during the drain (a second signal does not cut it short) and,
+    with ``restore_signals=False`` (the CLI, about to exit), after it too, so a late signal
+    cannot turn a clean stop into a kill.
+    """
     router = Router(config, admin_token=admin_token, content_filter=content_filter)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_signal(signum: int, frame: object) -> None:
+        loop.call_soon_threadsafe(stop.set)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         await router.start()
         on_ready(router)
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %g s)", config.drain_s)
     finally:
-        # Signal handlers stay during the drain: a second SIGTERM must not cut it short.
         await router.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
+        if restore_signals:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -102,6 +102,7 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
             async with asyncio.timeout(first_byte_s):
                 upstream = await session.post(backend.url + request.path, data=payload, headers=headers)
                 att.status = upstream.status
+                att.ttfb_s = time.monotonic() - att.started
                 if upstream.status != 200 or not stream:
                     body = await upstream.read()
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
@@ -114,7 +115,6 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
         except aiohttp.ClientError as exc:
             att.status, att.error = 0, f"{type(exc).__name__}: {exc}"
             return
-        att.ttfb_s = time.monotonic() - att.started
         content_type = upstream.headers.get("Content-Type", "application/json")
         if upstream.status != 200 or not stream:
             if upstream.status >= 500:

@@ -33,6 +33,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "env": ("qlift.cli.quantize", "env_group", "Manage qlift's tool environments (llm-compressor for quantize)."),
     "promote": ("qlift.cli.promote", "promote_group", "Canary rollout 10->50->100 with LLM-aware analysis and rollback."),
     "router": ("qlift.cli.router", "router_cmd", "OpenAI gateway splitting traffic between model versions."),
+    "batch": ("qlift.cli.batch", "batch_cmd", "Offline inference over a JSONL file: one vLLM engine, resumable."),
+    "bench": ("qlift.cli.bench", "bench_cmd", "Benchmark a vLLM server per concurrency: latencies, tok/s, goodput."),
+    "tune": ("qlift.cli.tune", "tune_cmd", "Measure a grid of vLLM settings and write the best as a recipe."),
 }
 
 EPILOG = """\b

@@ -1,0 +1,76 @@
+"""qlift batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from qlift.cli.output import emit, json_option
+from qlift.cli.params import NON_NEGATIVE, SECONDS, count
+
+if TYPE_CHECKING:
+    from qlift.perf.batch import BatchResult
+
+
+@click.command("batch")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("input_path", metavar="IN.jsonl", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+              help="Output JSONL (errors go to OUT.errors.jsonl beside it).")
+@click.option("--recipe", "-r", default="auto", show_default=True, metavar="NAME|auto|FILE",
+              help="Recipe for the engine's arguments (`qlift recipes list`).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a vLLM engine argument (vLLM's name). Repeatable.")
+@click.option("--max-tokens", type=count(1, 1 << 24), default=256, show_default=True,
+              help="Output tokens per row, unless the row sets max_tokens.")
+@click.option("--temperature", type=NON_NEGATIVE, default=None,
+              help="Sampling temperature, unless the row sets one (default: vLLM's, 1.0).")
+@click.option("--resume", is_flag=True, help="Keep the rows already in OUT and run only the missing ids.")
+@click.option("--force", is_flag=True, help="Replace an existing OUT.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run on an existing Ray cluster (Ray Data, one vLLM engine per GPU or CPU slot); 'local' "
+                   "starts one here. Needs `pip install 'qlift[ray]'`.")
+@click.option("--timeout", type=SECONDS, default=24 * 3600, show_default=True, help="Seconds for the whole job.")
+@json_option
+def batch_cmd(model: Path, input_path: Path, out: Path, recipe: str, sets: tuple[str, ...], max_tokens: int,
+              temperature: float | None, resume: bool, force: bool, ray_address: str | None, timeout: float) -> None:
+    """Offline inference: every row of IN.jsonl through MODEL with one vLLM engine.
+
+    Rows are the OpenAI batch format ({"custom_id", "body": {"messages"|"prompt", ...}}) or
+    plain ({"id", "messages"|"prompt", ...}); a row may set max_tokens, temperature, top_p,
+    stop and seed. Chat rows use the model's chat template. Output keeps the input's format
+    (OpenAI batch output, or plain rows), in input order, with token counts and finish_reason.
+    Finished rows are written as they finish, so a killed run keeps them and --resume runs
+    only the rest. Malformed rows go to OUT.errors.jsonl with line numbers; the rest run.
+
+    \b
+    Examples:
+      qlift batch ./smollm2 prompts.jsonl -o answers.jsonl --max-tokens 128
+      qlift batch ./merged requests.jsonl -o results.jsonl --recipe chat-h100 --resume
+      qlift batch ./merged requests.jsonl -o results.jsonl --ray ray://10.0.0.5:10001 --json
+    """
+    from qlift.perf.batch import run_batch
+
+    result = run_batch(model, input_path, out, recipe=recipe, sets=list(sets), max_tokens=max_tokens,
+                       temperature=temperature, resume=resume, force=force, ray_address=ray_address,
+                       timeout_s=timeout)
+    emit(result, lambda: _print(result))
+
+
+def _print(r: BatchResult) -> None:
+    rows: list[tuple[str, Any]] = [
+        ("output", f"{r.output} ({r.output_rows} rows, in input order)"),
+        ("this run", f"{r.rows_written} rows, {r.completion_tokens:,} output tokens in {r.generate_s:.1f} s "
+                     f"(+{r.load_s:.1f} s engine start)"),
+        ("speed", f"{r.rows_per_s:.2f} rows/s, {r.output_tokens_per_s:.1f} output tok/s"),
+    ]
+    if r.rows_done_before:
+        rows.append(("resumed", f"{r.rows_done_before} rows were already done"))
+    if r.errors_file:
+        rows.append(("errors", f"{r.rows_failed} rows in {r.errors_file}"))
+    rows.append(("recipe", f"{r.recipe}, vLLM {r.vllm_version or '-'}, {r.engines} engine(s)"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k.ljust(width)}  {v}")

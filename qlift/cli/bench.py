@@ -1,0 +1,105 @@
+"""qlift bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from qlift.cli.output import emit, json_option
+from qlift.cli.params import SECONDS, URL, count
+
+if TYPE_CHECKING:
+    from qlift.perf.bench import BenchResult
+
+
+def parse_levels(text: str) -> list[int]:
+    from qlift.errors import BadInputError
+
+    try:
+        levels = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 for c in levels):
+        raise BadInputError(f"{text!r} is not a list of positive integers", field="--concurrency",
+                            hint="Example: --concurrency 1,8,32.")
+    return levels
+
+
+@click.command("bench")
+@click.option("--endpoint", required=True, type=URL, help="Base URL of the OpenAI-compatible vLLM server.")
+@click.option("--model", required=True, help="Served model name.")
+@click.option("--concurrency", default="1,8,32", show_default=True, help="Concurrency levels, comma-separated.")
+@click.option("--requests", type=count(1, 1_000_000), default=64, show_default=True, help="Requests per level.")
+@click.option("--input-tokens", type=count(1, 1 << 20), default=256, show_default=True,
+              help="Prompt tokens per request (random prompts; ignored with --dataset).")
+@click.option("--output-tokens", type=count(1, 1 << 20), default=256, show_default=True,
+              help="Output tokens per request (EOS ignored, so every request generates them all).")
+@click.option("--dataset", type=click.Path(path_type=Path), help='JSONL of {"prompt": ...} rows instead of random.')
+@click.option("--slo", help="Service-level objectives for goodput, e.g. ttft=500ms,tpot=50ms,e2e=10s.")
+@click.option("--tokenizer", help="Tokenizer (default: the server's model directory, if it is on this machine).")
+@click.option("--baseline", type=click.Path(path_type=Path), help="An earlier result JSON: print ratios against it.")
+@click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG: throughput against latency per level.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), help="Write the result JSON here.")
+@click.option("--seed", type=count(0, 2**31 - 1), default=0, show_default=True, help="Seed of the random prompts.")
+@click.option("--timeout", type=SECONDS, default=1800, show_default=True,
+              help="Seconds for all levels; levels finished by then are kept.")
+@json_option
+def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_tokens: int, output_tokens: int,
+              dataset: Path | None, slo: str | None, tokenizer: str | None, baseline: Path | None, plot: Path | None,
+              out: Path | None, seed: int, timeout: float) -> None:
+    """Benchmark a running vLLM server with vLLM's own client, per concurrency level.
+
+    Reports TTFT, TPOT, ITL and end-to-end latency (mean, p50/p95/p99), requests/s,
+    output tok/s, goodput under --slo and errors for each level. The result JSON records the
+    hardware, vLLM version, model and what the server says about itself; --baseline prints
+    this run's ratios against an earlier result. Only the endpoint you name gets traffic.
+
+    \b
+    Examples:
+      qlift bench --endpoint http://127.0.0.1:8000 --model smollm2 --concurrency 1,4 --requests 16
+      qlift bench --endpoint http://127.0.0.1:8000 --model chat --slo ttft=500ms,tpot=50ms -o run.json --plot run.png
+      qlift bench --endpoint http://127.0.0.1:8000 --model chat --baseline before.json --json
+    """
+    from qlift.fsutil import write_json_atomic
+    from qlift.perf.bench import compare, load_result, run_bench
+    from qlift.perf.slo import parse_slo
+    from qlift.serialize import to_jsonable
+
+    levels = parse_levels(concurrency)
+    objectives = parse_slo(slo)
+    base = load_result(baseline) if baseline else None
+    result = run_bench(endpoint, model, concurrency=levels, requests=requests, input_tokens=input_tokens,
+                       output_tokens=output_tokens, dataset=dataset, slo=objectives, tokenizer=tokenizer,
+                       seed=seed, timeout_s=timeout)
+    if base is not None and baseline is not None:
+        result.baseline = compare(result, base, baseline)
+    if out:
+        write_json_atomic(out, to_jsonable(result))
+    if plot:
+        from qlift.perf.plot import plot_levels
+
+        plot_levels(result.levels, plot, title=f"{model} at {result.endpoint} ({result.hardware['description']})")
+    emit(result, lambda: print_result(result))
+
+
+def print_result(r: BenchResult) -> None:
+    click.echo(f"{r.model} at {r.endpoint}, vLLM {r.vllm_version or '?'}, {r.hardware['description']}")
+    slo = ",".join(f"{k}<={v:g}ms" for k, v in r.slo_ms.items()) or "none"
+    click.echo(f"{'conc':>5} {'req/s':>8} {'out tok/s':>10} {'ttft p50/p99 ms':>17} {'tpot p50/p99 ms':>17} "
+               f"{'e2e p50/p99 s':>15} {'goodput req/s':>14} {'failed':>7}   (SLO {slo})")
+    for lv in r.levels:
+        t, p, e = lv.latency_ms["ttft"], lv.latency_ms["tpot"], lv.latency_ms["e2el"]
+        click.echo(f"{lv.concurrency:>5} {lv.requests_per_s:>8.2f} {lv.output_tokens_per_s:>10.1f} "
+                   f"{t['p50']:>8.0f}/{t['p99']:<8.0f} {p['p50']:>8.1f}/{p['p99']:<8.1f} "
+                   f"{e['p50'] / 1000:>7.2f}/{e['p99'] / 1000:<7.2f} {lv.goodput_requests_per_s:>14.2f} {lv.failed:>7}")
+        for err in lv.errors:
+            click.echo(f"      error: {err[:160]}", err=True)
+    if not r.complete:
+        click.echo("stopped at the time limit: later levels are missing", err=True)
+    if r.baseline:
+        click.echo(f"against {r.baseline['path']} ({r.baseline['date']}):")
+        for row in r.baseline["ratios"]:
+            parts = [f"{k} x{v:.3f}" for k, v in row.items() if k != "concurrency" and v is not None]
+            click.echo(f"  c={row['concurrency']}: " + ", ".join(parts))

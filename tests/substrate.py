@@ -7,6 +7,7 @@ peft adapters, saved as safetensors exactly as a fine-tune would save them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,4 @@ def write_header_only_safetensors(path: Path, tensors: dict[str, tuple[str, list
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    os.truncate(path, 8 + len(raw) + offset)  # sparse: the declared size (a shorter file is truncated), no disk

@@ -291,6 +291,8 @@ def test_a_failing_pipeline_stops_the_others_and_writes_nothing(monkeypatch, run
     weights = sorted(base.glob("*.safetensors"))[-1]
     with open(weights, "r+b") as fh:  # the last tensors' bytes are gone; the header still names them
         fh.truncate(weights.stat().st_size - 1_000_000)
+    # read_header refuses a truncated file up front; skip that check to reach the streaming pipelines
+    monkeypatch.setattr("qlift.models.safetensors_header._check_tiling", lambda *a: None)
     out = tmp_path / "out"
     r = run_cli("merge", base, adapters["plain_u"], "-o", out, "--no-verify", "--max-shard-size", "8MB")
     assert r.exit_code == 2, r.stderr  # BadInputError, not the _Stopped of the pipelines it halted

@@ -11,7 +11,6 @@ Each line is a JSON object::
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qlift.errors import BadInputError, NotFoundError
+from qlift.loaders import iter_jsonl
 
 _HINT = "Each line must be a JSON object with 'id' and 'messages' (or 'prompt'); see docs/eval.md."
 
@@ -114,31 +114,23 @@ def load_prompts(path: Path | str) -> list[Example]:
         raise NotFoundError(f"prompt file {path} does not exist", hint="Check the --prompts path.")
     examples: list[Example] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInputError(
-                    f"not valid JSON ({exc.msg} at column {exc.colno})", path=path, line=lineno, hint=_HINT
-                ) from exc
-            if not isinstance(data, dict):
-                raise BadInputError("a line must be a JSON object", path=path, line=lineno, hint=_HINT)
-            try:
-                ex = Example.model_validate(data)
-            except ValidationError as exc:
-                msg, loc = _describe(exc)
-                raise BadInputError(msg, path=path, line=lineno, field=loc, hint=_HINT) from exc
-            if ex.id in seen:
-                raise BadInputError(
-                    f"duplicate id '{ex.id}' (first on line {seen[ex.id]})", path=path, line=lineno,
-                    hint="Give every example a unique id.",
-                )
-            seen[ex.id] = lineno
-            examples.append(ex)
+    for lineno, data in iter_jsonl(path, comments=True, hint=_HINT):
+        if not isinstance(data, dict):
+            raise BadInputError("a line must be a JSON object", path=path, line=lineno, hint=_HINT)
+        try:
+            ex = Example.model_validate(data)
+        except ValidationError as exc:
+            msg, loc = _describe(exc)
+            raise BadInputError(msg, path=path, line=lineno, field=loc, hint=_HINT) from exc
+        except RecursionError:  # a JSON Schema nested past what the checker follows
+            raise BadInputError("nested too deeply to check", path=path, line=lineno, hint=_HINT) from None
+        if ex.id in seen:
+            raise BadInputError(
+                f"duplicate id '{ex.id}' (first on line {seen[ex.id]})", path=path, line=lineno,
+                hint="Give every example a unique id.",
+            )
+        seen[ex.id] = lineno
+        examples.append(ex)
     if not examples:
         raise BadInputError("the prompt file has no examples", path=path, hint=_HINT)
     return examples

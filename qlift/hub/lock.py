@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from qlift import progress
 from qlift.errors import BadInputError, NotFoundError
 from qlift.fsutil import contained, sha256_file, write_json_atomic
 from qlift.lineage import MANIFEST_NAME, utc_now
+from qlift.loaders import read_json_object
 
 LOCK_NAME = "qlift.lock.json"
 LOCK_SCHEMA = 1
@@ -69,7 +69,7 @@ def read_lock(directory: Path) -> Lock:
             hint="verify checks directories written by `qlift download`; download it again to get a lockfile.",
         )
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        data: dict[str, Any] = read_json_object(path, hint="Restore the lockfile or download again.")
         files = [LockedFile(str(f["path"]), int(f["size"]), str(f["sha256"]),
                             str(f["repo_path"]) if f.get("repo_path") else None) for f in data["files"]]
         for f in files:
@@ -79,10 +79,7 @@ def read_lock(directory: Path) -> Lock:
             revision=str(data["revision"]), commit=str(data["commit"]), files=files,
             created_at=str(data.get("created_at", "")), schema=int(data.get("schema", LOCK_SCHEMA)),
         )
-    except json.JSONDecodeError as exc:
-        raise BadInputError(f"not valid JSON: {exc.msg}", path=path, line=exc.lineno,
-                            hint="Restore the lockfile or download again.") from exc
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise BadInputError(f"malformed lockfile ({type(exc).__name__}: {exc})", path=path,
                             hint="Restore the lockfile or download again.") from exc
 

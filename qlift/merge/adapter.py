@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qlift.errors import BadInputError, IncompatibleError, NotFoundError, UnsafeInputError
-from qlift.models.modeldir import load_json
+from qlift.loaders import read_json_object, validated
+from qlift.models.configs import AdapterConfig
+from qlift.models.safetensors_header import read_header
 
 if TYPE_CHECKING:
     import torch
@@ -106,20 +108,55 @@ def _token_indices(config: dict[str, Any], module: str) -> list[int]:
 def _load_tensors(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
     safe, pickled = path / SAFE_NAME, path / PICKLE_NAME
     if safe.is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(safe)
-    if pickled.is_file():
+        read_header(safe)  # every header defect and a truncated file, named, before torch reads it
+        try:
+            tensors = load_file(safe)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise BadInputError(f"not a readable safetensors file ({exc})", path=safe,
+                                hint="Re-save the adapter with peft.") from None
+    elif pickled.is_file():
         if not allow_pickle:
             raise UnsafeInputError(
                 f"adapter {path} holds only {PICKLE_NAME} (pickle), which can run arbitrary code when loaded",
                 hint="Re-save it as safetensors, or pass --allow-pickle if you trust its source.",
             )
+        import pickle
+
         import torch
 
-        data = torch.load(pickled, map_location="cpu", weights_only=True)
-        return dict(data)
-    raise NotFoundError(f"adapter {path} has no {SAFE_NAME}", hint="Pass the directory peft's save_pretrained wrote.")
+        try:
+            data = torch.load(pickled, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError) as exc:
+            raise BadInputError(f"not a readable torch checkpoint ({type(exc).__name__}: {str(exc)[:120]})",
+                                path=pickled, hint="Re-save the adapter with peft.") from None
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                 for k, v in data.items()):
+            raise BadInputError("must hold a map of tensor names to tensors", path=pickled,
+                                hint="Re-save the adapter with peft.")
+        tensors = dict(data)
+    else:
+        raise NotFoundError(f"adapter {path} has no {SAFE_NAME}",
+                            hint="Pass the directory peft's save_pretrained wrote.")
+    _check_values(safe if safe.is_file() else pickled, tensors)
+    return tensors
+
+
+def _check_values(source: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Adapter weights are floating point and finite: a NaN or Inf would spread through the merged
+    weights silently (verify may be off, and a NaN logit compares as no difference)."""
+    import torch
+
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise BadInputError(f"holds {t.dtype}, an adapter weight must be floating point", path=source,
+                                field=name, hint="Re-save the adapter with peft.")
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise BadInputError(f"holds {bad} NaN or Inf value(s)", path=source, field=name,
+                                hint="The training run diverged; use an earlier checkpoint.")
 
 
 def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
@@ -131,9 +168,7 @@ def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
     if not cfg_path.is_file():
         raise BadInputError(f"{path} has no adapter_config.json, so it is not a peft adapter",
                             hint="Pass the directory peft's save_pretrained wrote.")
-    config = load_json(cfg_path)
-    if not isinstance(config, dict):
-        raise BadInputError("adapter_config.json is not a JSON object", path=cfg_path)
+    config = read_json_object(cfg_path)
     peft_type = str(config.get("peft_type") or "").upper()
     if peft_type != "LORA":
         raise IncompatibleError(
@@ -145,7 +180,10 @@ def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
         if config.get(key):
             raise IncompatibleError(f"adapter {path} uses {what} ({key}), which qlift cannot merge",
                                     hint="Merge it with peft's merge_and_unload.")
+    validated(AdapterConfig, config, path=cfg_path, hint="Fix adapter_config.json or re-save the adapter with peft.")
     tensors = _load_tensors(path, allow_pickle)
+    if not tensors:
+        raise BadInputError("holds no tensors", path=path / SAFE_NAME, hint="Re-save the adapter with peft.")
     return _parse(path, config, tensors)
 
 

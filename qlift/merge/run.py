@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 from qlift.errors import BadInputError, GateFailedError, IncompatibleError
 from qlift.fsutil import atomic_output_dir, check_output_path
 from qlift.lineage import read_manifest, recorded_hashes, utc_now, write_manifest
+from qlift.loaders import read_json_object, validated
 from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
 from qlift.merge.plan import Plan, build_plan, updated_config
 from qlift.merge.verify import VerifyResult
+from qlift.models.configs import GenerationConfig
 from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
 
 if TYPE_CHECKING:
@@ -64,10 +66,11 @@ def parse_size(text: str) -> int:
     unit = m.group(2).rstrip("B") or ""
     power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
     mult = (1024 if unit.endswith("I") else 1000) ** power
-    size = int(float(m.group(1)) * mult)
-    if size <= 0:
-        raise BadInputError("size must be positive", field="--max-shard-size", hint="Write it like 5GB.")
-    return size
+    size = float(m.group(1)) * mult
+    if not 0 < size < 2**63:
+        raise BadInputError(f"size {text!r} must be positive and below 8 EiB", field="--max-shard-size",
+                            hint="Write it like 5GB.")
+    return int(size)
 
 
 def _base_matches(adapter: Adapter, base: ModelDir) -> bool:
@@ -88,13 +91,23 @@ def _tokenizer_source(base: ModelDir, adapters: list[Adapter]) -> Path:
     return base.path
 
 
-def _carry_files(base: ModelDir, adapters: list[Adapter], tok_dir: Path, out: Path) -> None:
+def _generation_config(base: ModelDir, adapters: list[Adapter]) -> Path | None:
+    """The generation_config.json the output carries (the last adapter's that has one, else the base's),
+    checked now: an invalid one is refused before any work rather than copied for vLLM to trip on."""
+    gen = next((a.path / GENERATION_CONFIG for a in reversed(adapters) if (a.path / GENERATION_CONFIG).is_file()),
+               base.path / GENERATION_CONFIG)
+    if not gen.is_file():
+        return None
+    validated(GenerationConfig, read_json_object(gen), path=gen,
+              hint="Fix it, or delete it to keep the base model's generation settings.")
+    return gen
+
+
+def _carry_files(tok_dir: Path, gen: Path | None, out: Path) -> None:
     for n in TOKENIZER_FILES:
         if (tok_dir / n).is_file():
             shutil.copyfile(tok_dir / n, out / n)
-    gen = next((a.path / GENERATION_CONFIG for a in reversed(adapters) if (a.path / GENERATION_CONFIG).is_file()),
-               base.path / GENERATION_CONFIG)
-    if gen.is_file():
+    if gen is not None:
         shutil.copyfile(gen, out / GENERATION_CONFIG)
 
 
@@ -206,6 +219,7 @@ def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None
         raise IncompatibleError(
             f"the tokenizer in {tok_dir} has {tok_len} tokens but the merged embeddings only {plan.vocab_rows} rows",
             hint="The adapter must save its resized embeddings (peft save_embedding_layers=True).")
+    gen_config = _generation_config(mdir, loaded)
     if verify is None:
         verify = mdir.parameter_count < VERIFY_MAX_PARAMS
     files = sorted(mdir.tensors_by_file())
@@ -222,7 +236,7 @@ def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         index = {"metadata": {"total_size": written.total_size}, "weight_map": dict(sorted(written.weight_map.items()))}
         (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        _carry_files(mdir, loaded, tok_dir, tmp)
+        _carry_files(tok_dir, gen_config, tmp)
         checked = _verify(mdir, loaded, plan, tmp, tolerance) if verify else None
         inputs: dict[str, Path] = {"base": mdir.path}
         inputs.update({f"adapter{i + 1}" if len(loaded) > 1 else "adapter": a.path for i, a in enumerate(loaded)})

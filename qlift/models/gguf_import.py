@@ -63,12 +63,7 @@ def import_gguf(gguf: Path, out: Path, *, force: bool = False) -> ImportResult:
         raise BadInputError(f"{gguf} is not a .gguf file", hint="Pass a GGUF checkpoint.")
     check_output_path(out, force=force, inputs=[gguf])
     started, t0 = utc_now(), time.monotonic()
-    try:
-        import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF)
-    except ImportError as exc:
-        raise NotFoundError(
-            "reading GGUF needs the Python package gguf", hint="Install it with `pip install gguf`."
-        ) from exc
+    check_gguf(gguf)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -117,6 +112,34 @@ def import_gguf(gguf: Path, out: Path, *, force: bool = False) -> ImportResult:
         cached=False,
         seconds=round(time.monotonic() - t0, 2),
     )
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse a file that is not a whole GGUF (wrong magic, a header that does not parse, tensor
+    data running past the end of the file) before transformers spends its time on it."""
+    hint = "Re-download or re-export the GGUF file."
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise BadInputError(f"not a GGUF file (it starts with {magic!r}, not b'GGUF')", path=path, hint=hint)
+    try:
+        from gguf import GGUFReader  # transformers needs the package to read GGUF too
+    except ImportError as exc:
+        raise NotFoundError(
+            "reading GGUF needs the Python package gguf", hint="Install it with `pip install gguf`."
+        ) from exc
+    try:
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as exc:  # the parser meets arbitrary bytes: any failure means a damaged file
+        raise BadInputError(f"not a readable GGUF file, truncated or damaged ({type(exc).__name__}: "
+                            f"{str(exc)[:100]})", path=path, hint=hint) from None
+    if not reader.tensors:
+        raise BadInputError("the GGUF file holds no tensors", path=path, hint=hint)
+    size = path.stat().st_size
+    if end > size:
+        raise BadInputError(f"truncated: its tensors end at byte {end:,}, the file has {size:,}", path=path,
+                            hint=hint)
 
 
 def ensure_builtin(name: str) -> tuple[Path, ImportResult | None]:

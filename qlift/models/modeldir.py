@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, NotFoundError
 from qlift.fsutil import contained
+from qlift.loaders import read_json, read_json_object, validated
+from qlift.models.configs import ModelConfig, SafetensorsIndex
 from qlift.models.safetensors_header import TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -30,14 +31,8 @@ __all__ = ["ModelDir", "TensorInfo", "load_json"]
 
 
 def load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise BadInputError(
-            f"invalid JSON at line {exc.lineno}: {exc.msg}",
-            path=path,
-            hint="Fix or replace the file.",
-        ) from exc
+    """A JSON file of a model or adapter directory (see qlift.loaders for what is refused)."""
+    return read_json(path)
 
 
 class ModelDir:
@@ -70,9 +65,9 @@ class ModelDir:
     # --- config-like files -------------------------------------------------
     @cached_property
     def config(self) -> dict[str, Any]:
-        data = load_json(self.path / "config.json")
-        if not isinstance(data, dict):
-            raise BadInputError("config.json is not a JSON object", path=self.path / "config.json")
+        path = self.path / "config.json"
+        data = read_json_object(path)
+        validated(ModelConfig, data, path=path, hint="Fix config.json or re-download the model.")
         return data
 
     @property
@@ -108,12 +103,12 @@ class ModelDir:
     @cached_property
     def generation_config(self) -> dict[str, Any] | None:
         p = self.path / GENERATION_CONFIG
-        return load_json(p) if p.is_file() else None
+        return read_json_object(p) if p.is_file() else None
 
     @cached_property
     def tokenizer_config(self) -> dict[str, Any]:
         p = self.path / "tokenizer_config.json"
-        return load_json(p) if p.is_file() else {}
+        return read_json_object(p) if p.is_file() else {}
 
     @property
     def tokenizer_files(self) -> list[Path]:
@@ -126,7 +121,7 @@ class ModelDir:
             return jinja.read_text(encoding="utf-8")
         as_json = self.path / "chat_template.json"
         if as_json.is_file():
-            tmpl = load_json(as_json).get("chat_template")
+            tmpl = read_json_object(as_json).get("chat_template")
             if tmpl:
                 return str(tmpl)
         tmpl = self.tokenizer_config.get("chat_template")
@@ -140,14 +135,30 @@ class ModelDir:
         """Number of distinct token ids the tokenizer can produce (vocab + added tokens)."""
         tj = self.path / "tokenizer.json"
         if tj.is_file():
-            data = load_json(tj)
-            ids = set((data.get("model") or {}).get("vocab", {}).values())
-            ids.update(t["id"] for t in data.get("added_tokens", []))
+            data = read_json_object(tj)
+            model = data.get("model") or {}
+            vocab = model.get("vocab") if isinstance(model, dict) else None
+            if isinstance(vocab, list):  # Unigram: [piece, score] pairs, ids by position
+                ids = set(range(len(vocab)))
+            elif isinstance(vocab, dict) or vocab is None:
+                ids = set((vocab or {}).values())
+            else:
+                raise BadInputError("must be a map or a list", path=tj, field="model.vocab")
+            added = data.get("added_tokens") or []
+            if not isinstance(added, list) or not all(isinstance(t, dict) for t in added):
+                raise BadInputError("must be a list of objects", path=tj, field="added_tokens")
+            ids.update(t.get("id") for t in added)
+            if not all(type(i) is int for i in ids):
+                raise BadInputError("token ids must be integers", path=tj, field="model.vocab")
             return len(ids) or None
         vj = self.path / "vocab.json"
         if vj.is_file():
-            ids = set(load_json(vj).values())
-            ids.update(int(k) for k in self.tokenizer_config.get("added_tokens_decoder", {}))
+            ids = set(read_json_object(vj).values())
+            decoder = self.tokenizer_config.get("added_tokens_decoder") or {}
+            if not isinstance(decoder, dict) or not all(str(k).isdigit() for k in decoder):
+                raise BadInputError("must map token ids to tokens", path=self.path / "tokenizer_config.json",
+                                    field="added_tokens_decoder")
+            ids.update(int(k) for k in decoder)
             return len(ids)
         return None
 
@@ -163,7 +174,11 @@ class ModelDir:
     @cached_property
     def index(self) -> dict[str, Any] | None:
         p = self.path / INDEX_NAME
-        return load_json(p) if p.is_file() else None
+        if not p.is_file():
+            return None
+        data = read_json_object(p)
+        validated(SafetensorsIndex, data, path=p, hint="Fix the index or re-download the model.")
+        return data
 
     @cached_property
     def tensors(self) -> dict[str, TensorInfo]:

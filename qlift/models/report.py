@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qlift.errors import BadInputError
 from qlift.lineage import lineage_chain, read_manifest
 from qlift.models.modeldir import ModelDir
 
@@ -42,8 +43,14 @@ _QUANT_AUX = ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx
 def logical_parameters(md: ModelDir) -> int:
     """Parameters of the unquantized model: packed int4 words count 8 each, scales not at all."""
     bits = 4
-    for group in ((md.quantization_config or {}).get("config_groups") or {}).values():
-        bits = int(((group or {}).get("weights") or {}).get("num_bits") or bits)
+    groups = (md.quantization_config or {}).get("config_groups") or {}
+    for name, group in (groups.items() if isinstance(groups, dict) else []):
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict) and weights.get("num_bits") is not None:
+            bits = weights["num_bits"]
+        if type(bits) is not int or not 1 <= bits <= 32:
+            raise BadInputError(f"must be an integer from 1 to 32, got {bits!r:.40}", path=md.path / "config.json",
+                                field=f"quantization_config.config_groups.{name}.weights.num_bits")
     total = 0
     for t in md.tensors.values():
         if t.name.endswith(_QUANT_AUX):

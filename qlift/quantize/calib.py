@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, NotFoundError
+from qlift.loaders import iter_jsonl
 
 BUILTIN_NAME = "builtin"
 # (num_samples, seq_len) when not given: AWQ on a CPU is slow, so less of it there.
@@ -22,24 +22,16 @@ def builtin_text() -> str:
 def load_calibration(path: Path | None) -> list[dict[str, Any]]:
     """Validated records; each has either ``messages`` (chat turns) or ``text``."""
     if path is None:
-        return _parse(builtin_text(), "built-in calibration set")
+        return _parse("built-in calibration set", builtin_text().encode("utf-8"))
     path = Path(path)
     if not path.is_file():
         raise NotFoundError(f"calibration file {path} does not exist", hint="Check the --calib path.")
-    return _parse(path.read_text(encoding="utf-8"), path)
+    return _parse(path, None)
 
 
-def _parse(text: str, source: Path | str) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BadInputError(f"not valid JSON: {exc.msg}", path=source, line=lineno,
-                                hint="Each line must be one JSON object.") from exc
-        records.append(_check(rec, source, lineno))
+def _parse(source: Path | str, data: bytes | None) -> list[dict[str, Any]]:
+    hint = "Each line must be one JSON object."
+    records = [_check(rec, source, lineno) for lineno, rec in iter_jsonl(source, data, hint=hint)]
     if not records:
         raise BadInputError("no calibration samples", path=source,
                             hint='Add lines like {"text": "..."} or {"messages": [...]}.')

@@ -59,18 +59,42 @@ class LaunchSpec:
         return f"http://{self.host}:{self.port}"
 
 
-def _resolve_recipe(name: str, hw: Hardware, workload: str, md: ModelDir) -> tuple[Recipe, str]:
+def resolve_recipe(name: str, hw: Hardware, workload: str, md: ModelDir) -> tuple[Recipe, str]:
+    """The recipe to use and why; a GPU recipe that does not suit this machine is refused."""
     if name == "auto":
         choice = choose_recipe(hw, workload=workload, model=md)
         return choice.recipe, choice.reason
     recipe = load_recipe(name)
-    why = mismatch(recipe, hw)
-    if why and hw.source != "simulated" and recipe.hardware.device == "gpu":
+    why = _unsuited(recipe, hw)
+    if why and hw.source != "simulated":
         raise IncompatibleError(
             f"recipe {recipe.name} does not suit this machine: {why}",
             hint="Use --recipe auto, or plan for other hardware with `qlift plan --gpu NAME`.",
         )
     return recipe, f"chosen by --recipe{f' (warning: {why})' if why else ''}"
+
+
+def _unsuited(recipe: Recipe, hw: Hardware) -> str | None:
+    why = mismatch(recipe, hw)
+    return why if why and recipe.hardware.device == "gpu" else None
+
+
+def plan_launch(model: Path, *, recipe: str, hardware: Hardware, workload: str = "chat",
+                sets: list[str] | None = None) -> tuple[ModelDir, Recipe, str, MemoryPlan, list[str]]:
+    """(model, effective recipe, why that recipe, memory plan, notes): what `plan` shows and `serve` runs."""
+    md = ModelDir.open(model)
+    md.require_weights()
+    chosen, reason = resolve_recipe(recipe, hardware, workload, md)
+    chosen = apply_overrides(chosen, sets or [])
+    chosen, notes = fit_to_model(chosen, md)
+    plan = plan_memory(md, chosen, hardware)
+    why = _unsuited(chosen, hardware)
+    if why:  # simulated --gpu: refused as `serve` on that GPU would refuse it, after the plan's own checks
+        raise IncompatibleError(
+            f"recipe {chosen.name} does not suit {hardware.describe()}: {why}",
+            hint="Use --recipe auto, or a recipe that `qlift recipes list --gpu NAME` marks for that GPU.",
+        )
+    return md, chosen, reason, plan, notes
 
 
 def new_run_dir(served_name: str) -> Path:
@@ -99,12 +123,8 @@ def prepare(
     api_key_env: str | None = None,
 ) -> LaunchSpec:
     """Resolve recipe, overrides and plan into a launch; starts and writes nothing."""
-    md = ModelDir.open(model)
-    md.require_weights()
-    chosen, reason = _resolve_recipe(recipe, hardware, workload, md)
-    chosen = apply_overrides(chosen, sets or [])
-    chosen, notes = fit_to_model(chosen, md)
-    plan = plan_memory(md, chosen, hardware)
+    md, chosen, reason, plan, notes = plan_launch(model, recipe=recipe, hardware=hardware, workload=workload,
+                                                  sets=sets)
     if api_key_env is not None and not os.environ.get(api_key_env):
         raise BadInputError(
             f"--api-key-env {api_key_env}: that environment variable is not set or empty",

@@ -68,6 +68,9 @@ class ModelShape:
         heads = need("num_attention_heads", "n_head")
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or hidden // heads)
+        if head_dim < 1:
+            raise BadInputError(f"num_attention_heads {heads} exceeds hidden_size {hidden}", path=path,
+                                field="num_attention_heads", hint="Fix or re-download config.json.")
         window = cfg.get("sliding_window")
         windows: list[int | None] = [None] * layers
         if isinstance(window, int) and window > 0 and cfg.get("use_sliding_window", True):

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qlift.errors import BadInputError, NotFoundError
+from qlift.loaders import read_yaml
 from qlift.serve.engine_args import check_arg_name, normalize
 from qlift.settings import recipes_dir_override
 
@@ -188,18 +189,9 @@ def check_consistency(recipe: Recipe, *, path: Path | str) -> None:
 
 
 def load_recipe_file(path: Path) -> Recipe:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NotFoundError(f"recipe file {path} does not exist", hint="Check the path.") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise BadInputError(
-            f"invalid YAML: {getattr(exc, 'problem', exc)}",
-            path=path,
-            line=mark.line + 1 if mark else None,
-            hint="Fix the YAML syntax.",
-        ) from None
+    if not path.exists():
+        raise NotFoundError(f"recipe file {path} does not exist", hint="Check the path.")
+    data = read_yaml(path, hint="Fix the YAML syntax.")
     recipe = parse_recipe(data, path=path)
     if path.suffix in (".yaml", ".yml") and recipe.name != path.stem:
         raise BadInputError(

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from qlift.cli.output import emit, human_bytes, json_option
+from qlift.cli.params import URL, count
 
 
 @click.command("download")
@@ -19,11 +20,11 @@ from qlift.cli.output import emit, human_bytes, json_option
 @click.option("--include", multiple=True, metavar="GLOB",
               help="Only files matching GLOB (path or base name); repeatable. Replaces the defaults.")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching GLOB; repeatable.")
-@click.option("--endpoint", metavar="URL",
+@click.option("--endpoint", metavar="URL", type=URL,
               help="Hub URL (a mirror); default HF_ENDPOINT or the SDK's ModelScope endpoint.")
 @click.option("--token-env", metavar="NAME",
               help="Read the access token from environment variable NAME (default: the client's own login).")
-@click.option("--max-workers", type=int, default=8, show_default=True, help="Files fetched in parallel.")
+@click.option("--max-workers", type=count(1, 64), default=8, show_default=True, help="Files fetched in parallel.")
 @click.option("--dry-run", is_flag=True, help="List files, total size and free disk; download nothing.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @json_option

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from qlift.cli.output import emit, json_option
+from qlift.cli.params import URL, count
 
 
 @click.command("eval")
@@ -17,9 +18,9 @@ from qlift.cli.output import emit, json_option
               help="Prompt set, JSONL (see docs/eval.md).")
 @click.option("--backend", type=click.Choice(["vllm", "endpoint", "transformers"]),
               help="How to generate. Default: endpoint if --endpoint is given, else vllm (transformers without vLLM).")
-@click.option("--endpoint", help="Base URL of an OpenAI-compatible server serving the candidate.")
+@click.option("--endpoint", type=URL, help="Base URL of an OpenAI-compatible server serving the candidate.")
 @click.option("--model", "model_name", help="Served name of the candidate at --endpoint (default: CANDIDATE).")
-@click.option("--baseline-endpoint", help="Server of the baseline, if not --endpoint.")
+@click.option("--baseline-endpoint", type=URL, help="Server of the baseline, if not --endpoint.")
 @click.option("--metrics", help="Comma-separated subset: ppl,exact_match,rougeL,chrF,json_valid,schema_pass,"
               "check_pass,length,latency (default: all that apply).")
 @click.option("--gate", "gates", multiple=True, metavar="EXPR",
@@ -27,12 +28,17 @@ from qlift.cli.output import emit, json_option
 @click.option("--report", "report_dir", type=click.Path(path_type=Path),
               help="Write report.json, report.md and report.html into this new directory.")
 @click.option("--force", is_flag=True, help="Replace an existing --report directory.")
-@click.option("--max-tokens", default=64, show_default=True, help="Greedy output tokens per prompt.")
-@click.option("--bootstrap", "resamples", default=1000, show_default=True, help="Paired bootstrap resamples.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap (and of sampling).")
+@click.option("--max-tokens", type=count(1, 1 << 20), default=64, show_default=True,
+              help="Greedy output tokens per prompt.")
+@click.option("--bootstrap", "resamples", type=count(100, 100_000), default=1000, show_default=True,
+              help="Paired bootstrap resamples.")
+@click.option("--seed", type=count(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the bootstrap (and of sampling).")
 @click.option("--no-cache", is_flag=True, help="Generate again instead of reading cached generations.")
-@click.option("--concurrency", default=1, show_default=True, help="Parallel requests (endpoint backend).")
-@click.option("--max-model-len", default=4096, show_default=True, help="vLLM context length (vllm backend).")
+@click.option("--concurrency", type=count(1, 1024), default=1, show_default=True,
+              help="Parallel requests (endpoint backend).")
+@click.option("--max-model-len", type=count(16, 1 << 24), default=4096, show_default=True,
+              help="vLLM context length (vllm backend).")
 @click.option("--api-key", envvar="QLIFT_EVAL_API_KEY", help="Bearer token for the endpoint (env QLIFT_EVAL_API_KEY).")
 @json_option
 def eval_cmd(**kw: Any) -> None:

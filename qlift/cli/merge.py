@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from qlift.cli.output import emit, human_bytes, json_option
+from qlift.cli.params import NON_NEGATIVE
 
 
 @click.command("merge")
@@ -20,7 +21,7 @@ from qlift.cli.output import emit, human_bytes, json_option
 @click.option("--device", default="cpu", show_default=True, help="Where deltas are computed: cpu or cuda.")
 @click.option("--verify/--no-verify", default=None,
               help="Compare logits with peft on a few chat prompts [default: on under 2B parameters].")
-@click.option("--tolerance", type=float, default=0.02, show_default=True,
+@click.option("--tolerance", type=NON_NEGATIVE, default=0.02, show_default=True,
               help="--verify fails above this max |logit delta| relative to the largest logit.")
 @click.option("--strict", is_flag=True, help="Fail (not warn) when an adapter names a different base model.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")

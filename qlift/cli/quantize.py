@@ -9,17 +9,20 @@ from typing import Any
 import click
 
 from qlift.cli.output import STATE, emit, human_bytes, json_option
+from qlift.cli.params import count
 
 
 @click.command("quantize")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--awq", "method", flag_value="awq", help="AWQ W4A16: int4 asymmetric, group-wise (calibrated).")
-@click.option("--fp8", "method", flag_value="fp8", help="FP8 dynamic: per-channel weights, per-token activations.")
+@click.option("--awq", is_flag=True, help="AWQ W4A16: int4 asymmetric, group-wise (calibrated).")
+@click.option("--fp8", is_flag=True, help="FP8 dynamic: per-channel weights, per-token activations.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output model directory.")
 @click.option("--calib", type=click.Path(path_type=Path),
               help="Calibration JSONL, one {'messages': [...]} or {'text': ...} per line (default: built-in set).")
-@click.option("--num-samples", type=int, help="Calibration samples (default: 32 on CPU, the whole set on CUDA).")
-@click.option("--seq-len", type=int, help="Tokens per calibration sample (default: 256 on CPU, 512 on CUDA).")
+@click.option("--num-samples", type=count(1, 1_000_000),
+              help="Calibration samples (default: 32 on CPU, the whole set on CUDA).")
+@click.option("--seq-len", type=count(1, 1 << 20),
+              help="Tokens per calibration sample (default: 256 on CPU, 512 on CUDA).")
 @click.option("--group-size", type=click.Choice(["auto", "32", "64", "128"]), default="auto", show_default=True,
               help="AWQ group size; auto picks the largest that divides every quantized layer's input dim.")
 @click.option("--ignore", "ignore", multiple=True, metavar="PATTERN",
@@ -31,7 +34,7 @@ from qlift.cli.output import STATE, emit, human_bytes, json_option
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @json_option
 def quantize_cmd(
-    model: Path, method: str | None, output: Path, calib: Path | None, num_samples: int | None,
+    model: Path, awq: bool, fp8: bool, output: Path, calib: Path | None, num_samples: int | None,
     seq_len: int | None, group_size: str, ignore: tuple[str, ...], device: str,
     target_recipe: str | None, force: bool,
 ) -> None:
@@ -50,8 +53,11 @@ def quantize_cmd(
     from qlift.errors import BadInputError
     from qlift.quantize.api import quantize
 
-    if method is None:
+    if awq == fp8:
+        if awq:
+            raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
         raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
+    method = "awq" if awq else "fp8"
     explicit_group = method == "awq" and group_size != "auto"
     bar = _LayerBar()
     try:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from qlift.cli.output import STATE, emit, human_bytes, json_option
+from qlift.cli.params import PORT, SECONDS, count
 
 if TYPE_CHECKING:
     from qlift.serve.hardware import Hardware
@@ -21,7 +22,7 @@ WORKLOADS = ("chat", "long-doc", "multi-tenant", "batch")
 
 
 def _hardware_options(f: Any) -> Any:
-    f = click.option("--gpus", type=int, default=None, help="With --gpu: how many of them.")(f)
+    f = click.option("--gpus", type=count(1, 64), default=None, help="With --gpu: how many of them.")(f)
     return click.option(
         "--gpu", "gpu", metavar="NAME", default=None,
         help='Plan for this GPU instead of the detected hardware, e.g. "RTX 4090", T4, A100-80GB.',
@@ -93,17 +94,10 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
       qlift plan ./merged --recipe multi-tenant-a100x2 --gpu A100-40GB --gpus 2
       qlift plan ./merged -r chat-h100 --gpu H100 --set max_model_len=131072
     """
-    from qlift.models.modeldir import ModelDir
-    from qlift.serve.launch import _resolve_recipe
-    from qlift.serve.plan import fit_to_model, plan_memory
-    from qlift.serve.recipes import apply_overrides
+    from qlift.serve.launch import plan_launch
 
     hw = _hardware(gpu, gpus)
-    md = ModelDir.open(model)
-    md.require_weights()
-    chosen, reason = _resolve_recipe(recipe, hw, workload, md)
-    chosen, notes = fit_to_model(apply_overrides(chosen, list(sets)), md)
-    p = plan_memory(md, chosen, hw)
+    _, _, reason, p, notes = plan_launch(model, recipe=recipe, hardware=hw, workload=workload, sets=list(sets))
     p.notes[:0] = notes
     if recipe == "auto":
         p.notes.insert(0, f"recipe auto: {reason}")
@@ -115,13 +109,13 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
 @_recipe_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it).")
 @click.option(
-    "--port", type=int, default=8000, show_default=True, help="Port for the OpenAI-compatible API (0: any free port)."
+    "--port", type=PORT, default=8000, show_default=True, help="Port for the OpenAI-compatible API (0: any free port)."
 )
 @click.option("--served-model-name", default=None, help="Model name clients send (default: the directory name).")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require this API key, read from environment variable NAME (never printed).")
 @click.option("--dry-run", is_flag=True, help="Print the command, config and plan; start nothing.")
-@click.option("--timeout", type=float, default=900, show_default=True, help="Seconds to wait for /health.")
+@click.option("--timeout", type=SECONDS, default=900, show_default=True, help="Seconds to wait for /health.")
 @_hardware_options
 @json_option
 def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], host: str, port: int,

@@ -205,6 +205,19 @@ def test_keys_limits_filter_size_and_request_id(tmp_path: Path, two_backends) ->
     assert "key-one" not in log.read_text() and "key-two" not in log.read_text()
 
 
+def test_tokens_per_minute_limit_counts_usage(tmp_path: Path, two_backends) -> None:
+    a, b = two_backends
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("limits: {tokens_per_min: 10}\n")  # each answer uses 5 prompt + 3 completion tokens
+    with _router(tmp_path, a, b, "--config", cfg) as router:
+        assert chat(router.url).status_code == 200
+        assert chat(router.url, stream=True).status_code == 200  # 2 tokens were left: admitted, now in debt
+        r = chat(router.url)
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_exceeded"
+        assert 30 <= int(r.headers["Retry-After"]) <= 60  # 6 tokens of debt + 1 at 10/min
+        assert router.metric("qlift_router_rejected_total", key="anonymous", reason="rate_tokens") == 1
+
+
 def test_stream_passes_through_and_a_client_disconnect_cancels_upstream(tmp_path: Path, two_backends) -> None:
     a, b = two_backends
     a.tokens, a.chunk_delay_s = 50, 0.05

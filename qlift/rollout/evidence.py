@@ -23,7 +23,7 @@ class VersionEvidence:
     latency_s: list[float] = field(default_factory=list)  # e2e of successful attempts
     ttft_s: list[float] = field(default_factory=list)  # time to first byte of successful attempts
     completion_tokens: list[float] = field(default_factory=list)  # per successful request
-    # e2e seconds per completion token of successful requests: speed without verbosity
+    # seconds per completion token after the first byte (e2e / tokens without one): speed, not verbosity
     token_latency_s: list[float] = field(default_factory=list)
     finishes: int | None = None  # answers with a known finish_reason
     length_finishes: int | None = None  # ... of which finish_reason=length
@@ -145,7 +145,9 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
             ev.completion_tokens.append(float(r.completion_tokens))
             ev.completions = (ev.completions or 0) + 1
             ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + r.completion_tokens
-            if r.completion_tokens > 0:
+            if r.completion_tokens > 1 and r.ttfb_s is not None:  # decode time per token, like vLLM's TPOT
+                ev.token_latency_s.append((float(r.latency_s) - float(r.ttfb_s)) / (r.completion_tokens - 1))
+            elif r.completion_tokens > 0:
                 ev.token_latency_s.append(float(r.latency_s) / r.completion_tokens)
             if r.completion_tokens == 0:
                 ev.empty = (ev.empty or 0) + 1

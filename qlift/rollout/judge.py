@@ -44,6 +44,15 @@ class Decision:
         return {c.name: c.p_value for c in self.checks if c.p_value is not None}
 
 
+TESTED_CHECKS = 6  # error_rate, latency, ttft, finish_length, completion_tokens, empty_completions
+
+
+def check_alpha(a: AnalysisSpec) -> float:
+    """Per-check significance: ``alpha`` is the family-wise level of one window (Bonferroni over the
+    tested checks), so six tests a window do not turn noise into a rollback one time in twenty."""
+    return a.alpha / TESTED_CHECKS
+
+
 def _ratio(canary: float | None, stable: float | None) -> float | None:
     if canary is None or stable is None:
         return None
@@ -71,7 +80,7 @@ def check_error_rate(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) ->
     else:
         t = binomial_greater(c.errors, c.requests, a.max_error_rate)
     r.test, r.p_value = t.test, t.p_value
-    significant = t.p_value < a.alpha
+    significant = t.p_value < check_alpha(a)
     r.status = "fail" if significant else "inconclusive"
     r.detail = (f"canary error rate {rate:.3g} ({c.errors}/{c.requests}) > {a.max_error_rate}, stable "
                 f"{_fmt(s.error_rate)}; {t.test} p={t.p_value:.3g}" + ("" if significant else " (not significant)"))
@@ -116,7 +125,7 @@ def check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysis
         r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
         return r
     r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < a.alpha else "inconclusive"
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
     r.detail = f"{detail}; mann-whitney p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
     return r
 
@@ -140,7 +149,7 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
         return r
     t = proportion_greater(cx, cn, sx, sn)
     r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < a.alpha else "inconclusive"
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
     r.detail = (f"canary {cshare:.3g} ({cx}/{cn}) vs stable {sshare:.3g} ({sx}/{sn}), ratio {r.ratio:.3g} > {limit}; "
                 f"{t.test} p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)"))
     return r
@@ -171,7 +180,7 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
         r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
         return r
     r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < a.alpha else "inconclusive"
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
     r.detail = f"{detail}; mann-whitney p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
     return r
 

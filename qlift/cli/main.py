@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "batch": ("qlift.cli.batch", "batch_cmd", "Offline inference over a JSONL file: one vLLM engine, resumable."),
     "bench": ("qlift.cli.bench", "bench_cmd", "Benchmark a vLLM server per concurrency: latencies, tok/s, goodput."),
     "tune": ("qlift.cli.tune", "tune_cmd", "Measure a grid of vLLM settings and write the best as a recipe."),
+    "deploy": ("qlift.cli.deploy", "deploy_group", "Kubernetes manifests: vLLM, queue-depth HPA, HTTPRoute or Argo."),
 }
 
 EPILOG = """\b

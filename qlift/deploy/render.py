@@ -1,0 +1,223 @@
+"""Render a model (and a canary) with a serving recipe into a kustomize directory.
+
+The recipe is resolved as ``qlift serve`` resolves it (overrides, then the model's own
+context limit), so a pod runs the engine arguments ``qlift plan`` and ``qlift serve`` show.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from qlift.deploy import argo, k8s
+from qlift.errors import BadInputError
+from qlift.fsutil import atomic_output_dir
+from qlift.lineage import utc_now, write_manifest
+from qlift.models.modeldir import ModelDir
+from qlift.rollout.gateway import render_httproute, validate_httproute
+from qlift.rollout.spec import AnalysisSpec, GatewaySpec, RolloutSpec
+from qlift.serve.plan import fit_to_model
+from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
+
+DEFAULT_IMAGES = {"gpu": "vllm/vllm-openai:v0.26.0", "cpu": "qlift-cpu:latest"}
+PROMOTE_SPEC = "promote-rollout.yaml"  # for `qlift promote start -f`; not a cluster object
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+@dataclass
+class DeployOptions:
+    """What `qlift deploy k8s` renders; every field but model and recipe has a default."""
+
+    model: Path
+    recipe: str
+    canary: Path | None = None
+    rollout: Literal["promote", "argo"] = "promote"
+    app: str = "llm"  # object name prefix and app label
+    namespace: str = "default"
+    public_model: str | None = None  # default: app
+    image: str | None = None  # default: per recipe device
+    pvc: str = "qlift-models"
+    gateway: str = "qlift-gateway"
+    gateway_namespace: str | None = None
+    replicas: int = 1
+    max_replicas: int = 4
+    queue_target: int = 4
+    prometheus_url: str = "http://prometheus.monitoring.svc:9090"
+    sets: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeployResult:
+    objects: dict[str, dict[str, Any]]  # file name -> Kubernetes object, in apply order
+    versions: dict[str, str]  # role -> served model name
+    recipe: str
+    engine_args: dict[str, Any]
+    image: str
+    promote_spec: dict[str, Any] | None = None
+    out: Path | None = None
+
+
+def _check_names(opts: DeployOptions) -> None:
+    for flag, value in (("--name", opts.app), ("--namespace", opts.namespace)):
+        if not _DNS_LABEL.match(value):
+            raise BadInputError(f"{flag} '{value}' is not a DNS label (lowercase letters, digits, '-', "
+                                "starting with a letter, at most 40 characters)", field=flag)
+    if opts.replicas < 1 or opts.max_replicas < opts.replicas:
+        raise BadInputError(f"--max-replicas {opts.max_replicas} must be at least --replicas {opts.replicas} (>= 1)",
+                            field="--max-replicas")
+    if opts.queue_target < 1:
+        raise BadInputError("--queue-target must be at least 1 waiting request per pod", field="--queue-target")
+
+
+def _version(role: str, path: Path, recipe: Recipe, public: str) -> tuple[k8s.Version, Recipe]:
+    md = ModelDir.open(path)
+    md.require_weights()
+    fitted, _notes = fit_to_model(recipe, md)
+    engine = fitted.engine.args()
+    weights = sum(p.stat().st_size for p in md.safetensors_files)
+    name = md.path.resolve().name
+    return k8s.Version(role=role, model_dir_name=name, served_name=name, public_model=public,
+                       engine_args=engine, env=dict(fitted.env), weight_bytes=weights), fitted
+
+
+def render_k8s(opts: DeployOptions) -> DeployResult:
+    """Every object, validated by construction where qlift has the schema (the HTTPRoute)."""
+    _check_names(opts)
+    recipe = apply_overrides(load_recipe(opts.recipe), opts.sets)
+    public = opts.public_model or opts.app
+    stable, fitted = _version("stable", opts.model, recipe, public)
+    canary = _version("canary", opts.canary, recipe, public)[0] if opts.canary is not None else None
+    if canary is not None and canary.served_name == stable.served_name:
+        raise BadInputError(
+            f"stable and canary models are both directories named '{stable.served_name}': their served "
+            "names and metrics labels would be the same", field="--canary",
+            hint="Give the canary's directory another name (it is the name vLLM serves and labels metrics with).")
+    image = opts.image or DEFAULT_IMAGES[recipe.hardware.device]
+    app, ns = opts.app, opts.namespace
+    versions = [v for v in (stable, canary) if v is not None]
+    # Argo moves the weights between its two Services, so the route names both from the start.
+    roles = {"stable": "stable", "canary": "canary"} if opts.rollout == "argo" else \
+        {v.served_name: v.role for v in versions}
+    gateway = GatewaySpec.model_validate({
+        "route_name": app, "namespace": ns,
+        "parent_refs": [{"name": opts.gateway, "namespace": opts.gateway_namespace}],
+        "backends": {key: {"name": f"{app}-{role}", "port": k8s.PORT} for key, role in roles.items()}})
+    if opts.rollout == "argo":
+        objects = _argo_objects(opts, fitted, stable, canary, image, gateway)
+        promote = None
+    else:
+        objects = _promote_objects(opts, fitted, versions, image)
+        promote = _promote_spec(opts, stable, canary, gateway) if canary is not None else None
+    objects["httproute.yaml"] = route = render_httproute(gateway, {next(iter(roles)): 100})
+    validate_httproute(route)
+    objects["prometheus-adapter-rules.yaml"] = k8s.adapter_configmap(app=app, namespace=ns)
+    return DeployResult(objects=objects, versions={v.role: v.served_name for v in versions}, recipe=recipe.name,
+                        engine_args=stable.engine_args, image=image, promote_spec=promote)
+
+
+def _promote_objects(opts: DeployOptions, recipe: Recipe, versions: list[k8s.Version],
+                     image: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for v in versions:
+        name = f"{opts.app}-{v.role}"
+        out[f"deployment-{v.role}.yaml"] = k8s.deployment(recipe, v, app=opts.app, namespace=opts.namespace,
+                                                          image=image, pvc=opts.pvc, replicas=opts.replicas)
+        out[f"service-{v.role}.yaml"] = k8s.service(app=opts.app, role=v.role, namespace=opts.namespace)
+        out[f"hpa-{v.role}.yaml"] = k8s.hpa(
+            name=name, namespace=opts.namespace, target={"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            min_replicas=opts.replicas, max_replicas=opts.max_replicas, queue_target=opts.queue_target,
+            app=opts.app, role=v.role)
+    return out
+
+
+def _argo_objects(opts: DeployOptions, recipe: Recipe, stable: k8s.Version, canary: k8s.Version | None,
+                  image: str, gateway: GatewaySpec) -> dict[str, dict[str, Any]]:
+    """One Rollout whose template is the version being rolled out (the canary, else the stable);
+    Argo keeps the previous template's pods as the stable and moves the route's weights."""
+    app, ns = opts.app, opts.namespace
+    target = canary or stable
+    template = k8s.pod_template(recipe, target, app=app, image=image, pvc=opts.pvc)
+    template["metadata"]["labels"].pop("qlift.dev/version")  # one template serves both roles over time
+    spec = RolloutSpec.model_fields
+    window_s: float = spec["interval"].default
+    checks_name = f"{app}-canary-checks"
+    labels = k8s.labels(app)
+    args = {"stable": stable.served_name, "canary": target.served_name,
+            "stable-model": stable.served_name, "canary-model": target.served_name}
+    return {
+        "service-stable.yaml": k8s.service(app=app, role="stable", namespace=ns, select_role=False),
+        "service-canary.yaml": k8s.service(app=app, role="canary", namespace=ns, select_role=False),
+        "analysistemplate.yaml": argo.analysis_template(
+            name=checks_name, namespace=ns, labels=labels, prometheus_url=opts.prometheus_url, preset="vllm",
+            analysis=AnalysisSpec.model_validate({}), window_s=window_s),
+        "rollout.yaml": argo.rollout(
+            name=app, namespace=ns, labels=labels, replicas=opts.replicas, template=template,
+            steps=list(spec["steps"].default), window_s=window_s, template_name=checks_name, args=args,
+            stable_service=f"{app}-stable", canary_service=f"{app}-canary", route=gateway.route_name),
+        "hpa.yaml": k8s.hpa(
+            name=app, namespace=ns, target={"apiVersion": argo.ROLLOUT_API, "kind": "Rollout", "name": app},
+            min_replicas=opts.replicas, max_replicas=opts.max_replicas, queue_target=opts.queue_target,
+            app=app, role="rollout"),
+    }
+
+
+def _promote_spec(opts: DeployOptions, stable: k8s.Version, canary: k8s.Version,
+                  gateway: GatewaySpec) -> dict[str, Any]:
+    """`qlift promote start -f` input: the gateway-api data plane on this route, judged on vLLM's
+    series in the cluster's Prometheus (the pods are not reachable from outside for /metrics)."""
+    data = {
+        "stable": stable.served_name,
+        "canary": canary.served_name,
+        "data_plane": "gateway-api",
+        "provider": "prometheus",
+        "prometheus": {"url": opts.prometheus_url, "preset": "vllm"},
+        "models": {stable.served_name: stable.served_name, canary.served_name: canary.served_name},
+        "vllm_metrics": False,
+        "gateway": {**gateway.model_dump(mode="json", exclude_none=True, exclude={"output", "kubeconfig"}),
+                    "kubeconfig": "~/.kube/config"},
+    }
+    RolloutSpec.model_validate(data)  # what promote will read back
+    return data
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """No anchors or aliases: manifests are read by people and by tools that mishandle them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(obj: Any) -> str:
+    return yaml.dump(obj, Dumper=_PlainDumper, sort_keys=False)
+
+
+def _kustomization(files: list[str], namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "namespace": namespace, "resources": files}
+
+
+def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployResult:
+    """Render, then write one YAML file per object, kustomization.yaml and qlift.json atomically."""
+    started = utc_now()
+    result = render_k8s(opts)
+    inputs = {"model": opts.model} | ({"canary": opts.canary} if opts.canary is not None else {})
+    with atomic_output_dir(out, force=force, inputs=list(inputs.values())) as tmp:
+        for name, obj in result.objects.items():
+            (tmp / name).write_text(to_yaml(obj), encoding="utf-8")
+        kustomization = _kustomization(list(result.objects), opts.namespace)
+        (tmp / "kustomization.yaml").write_text(to_yaml(kustomization), encoding="utf-8")
+        if result.promote_spec is not None:
+            header = f"# qlift promote start -f {PROMOTE_SPEC}   (docs/deployment.md)\n"
+            (tmp / PROMOTE_SPEC).write_text(header + to_yaml(result.promote_spec),
+                                            encoding="utf-8")
+        write_manifest(tmp, operation="deploy-k8s", inputs=inputs, started_at=started, parameters={
+            "recipe": result.recipe, "rollout": opts.rollout, "app": opts.app, "namespace": opts.namespace,
+            "image": result.image, "pvc": opts.pvc, "versions": result.versions, "sets": opts.sets,
+            "engine_args": result.engine_args,
+        })
+    result.out = Path(out)
+    return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,7 +63,8 @@ def test_read_input_keeps_line_numbers_and_refuses_duplicates(tmp_path: Path) ->
                                                {"id": "b", "prompt": "z"}])
     parsed = read_input(src)
     assert [r.id for r in parsed.rows] == ["a", "b"] and parsed.order == {"a": 0, "b": 4}
-    assert [(e.line, e.reason.split(":")[0]) for e in parsed.errors] == [(3, "not JSON"), (4, "duplicate id (first on line 1)")]
+    got = [(e.line, e.reason.split(":")[0]) for e in parsed.errors]
+    assert got == [(3, "not JSON"), (4, "duplicate id (first on line 1)")]
 
 
 def test_done_ids_cuts_a_torn_line_and_finalize_orders(tmp_path: Path) -> None:
@@ -139,7 +141,6 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 @pytest.mark.vllm
 def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
     src, ids = _mixed_input(tmp_path / "in.jsonl")
-    ids.remove("no-body")
     out = tmp_path / "out.jsonl"
     argv = [sys.executable, "-m", "qlift", "batch", str(smollm2_dir), str(src), "-o", str(out), "--max-tokens", "32",
             "--set", "max_model_len=1024"]
@@ -190,3 +191,63 @@ def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_pat
     errors = [json.loads(t) for t in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [(e["line"], e["id"]) for e in errors] == [(5, None), (6, "no-body")]
     assert "not JSON" in errors[0]["error"] and "'body' must be an object" in errors[1]["error"]
+
+
+@pytest.fixture
+def ray_head(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A local Ray head on 127.0.0.1, started by the test and stopped by pid (all of its processes)."""
+    pytest.importorskip("ray")
+    import tempfile
+
+    import psutil
+
+    from qlift.serve.process import free_port
+
+    temp = tempfile.mkdtemp(prefix="qray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    port = free_port()
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    log = open(tmp_path_factory.mktemp("ray") / "head.log", "wb")  # noqa: SIM115
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        import socket
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert head.poll() is None, "ray head exited"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        ours = [head.pid] + [p.pid for p in psutil.process_iter(["cmdline"])
+                             if temp in " ".join(p.info["cmdline"] or [])]
+        for pid in ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        head.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.vllm
+def test_batch_on_a_local_ray_head_resumes_like_the_local_path(run_cli, tmp_path: Path, smollm2_dir: Path,
+                                                               ray_head: str) -> None:
+    rows: list[object] = [{"id": f"p{i}", "prompt": f"Number {i} is", "max_tokens": 4 + i} for i in range(3)]
+    rows += [{"custom_id": f"o{i}", "body": {"messages": [{"role": "user", "content": f"Say {i}."}],
+                                             "max_tokens": 3}} for i in range(3)]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "p1", "text": "kept", "finish_reason": "length", "usage": {"completion_tokens": 5}}\n'
+                   '{"id": "p0", "text": "kept too", "finish_reason": "length", "usage": {"completion_tokens": 4}}\n')
+    r = run_cli("batch", smollm2_dir, src, "-o", out, "--resume", "--ray", ray_head, "--set", "max_model_len=512",
+                "--json")
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["rows_done_before"] == 2 and result["rows_written"] == 4 and result["ray_address"] == ray_head
+    assert _ids(out) == ["p0", "p1", "p2", "o0", "o1", "o2"]
+    done = [json.loads(t) for t in out.read_text().splitlines()]
+    assert done[0]["text"] == "kept too" and done[2]["usage"]["completion_tokens"] == 6
+    assert done[3]["response"]["body"]["usage"]["completion_tokens"] <= 3

@@ -63,7 +63,8 @@ def _print(r: BatchResult) -> None:
     rows: list[tuple[str, Any]] = [
         ("output", f"{r.output} ({r.output_rows} rows, in input order)"),
         ("this run", f"{r.rows_written} rows, {r.completion_tokens:,} output tokens in {r.generate_s:.1f} s "
-                     f"(+{r.load_s:.1f} s engine start)"),
+                     + (f"on Ray at {r.ray_address} (engine start included)" if r.ray_address
+                        else f"(+{r.load_s:.1f} s engine start)")),
         ("speed", f"{r.rows_per_s:.2f} rows/s, {r.output_tokens_per_s:.1f} output tok/s"),
     ]
     if r.rows_done_before:

@@ -43,6 +43,7 @@ class BatchResult:
     recipe: str
     vllm_version: str | None
     engines: int = 1
+    ray_address: str | None = None  # with Ray, generate_s includes the engines' start
     notes: list[str] = field(default_factory=list)
 
 
@@ -154,5 +155,5 @@ def run_batch(
         rows_per_s=result["rows"] / gen_s if todo else 0.0,
         output_tokens_per_s=result["completion_tokens"] / gen_s if todo else 0.0,
         recipe=engine.recipe.name, vllm_version=result["vllm_version"], engines=int(result.get("engines", 1)),
-        notes=engine.notes,
+        ray_address=ray_address, notes=engine.notes,
     )

@@ -59,7 +59,7 @@ def run_ray(job: dict[str, Any], rows: list[BatchRow]) -> dict[str, Any]:
     address = None if job["ray"] == "local" else job["ray"]
     env_vars = {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "HF_HUB_OFFLINE")
                 if k in os.environ}
-    local = {"include_dashboard": False} if address is None else {}  # only a new local cluster takes it
+    local: dict[str, Any] = {"include_dashboard": False} if address is None else {}  # only a new cluster takes it
     ray.init(address=address, runtime_env={"py_modules": [qlift_dir], "env_vars": env_vars}, log_to_driver=False,
              **local)
     try:
@@ -67,8 +67,8 @@ def run_ray(job: dict[str, Any], rows: list[BatchRow]) -> dict[str, Any]:
         engines = int(job.get("ray_engines") or max(1, gpus))
         import ray.data
 
-        ds = ray.data.from_items([{"row": json.dumps(asdict(r))} for r in rows])
-        ds = ds.map_batches(EngineActor, fn_constructor_kwargs={"job": job}, batch_size=int(job["window"]),
+        items = ray.data.from_items([{"row": json.dumps(asdict(r))} for r in rows])
+        ds = items.map_batches(EngineActor, fn_constructor_kwargs={"job": job}, batch_size=int(job["window"]),
                             concurrency=engines, num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1)
         t0 = time.monotonic()
         totals = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0}

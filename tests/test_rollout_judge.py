@@ -67,7 +67,8 @@ def _ev(version: str, n: int, *, errors: int = 0, latency: float = 0.5, ttft: fl
 
 
 def _judge(canary: VersionEvidence, stable: VersionEvidence, **limits: float):  # type: ignore[no-untyped-def]
-    return judge(Evidence(stable, canary, 0.0, 1.0, "test"), AnalysisSpec(min_requests=10, **limits))
+    limits.setdefault("min_requests", 10)
+    return judge(Evidence(stable, canary, 0.0, 1.0, "test"), AnalysisSpec(**limits))
 
 
 def test_healthy_canary_advances_with_p_values_only_where_tested() -> None:
@@ -126,6 +127,12 @@ def test_rambling_and_silence() -> None:
     silent = _judge(_ev("c", 30, empty=20), _ev("s", 100))
     names = {c.name for c in silent.checks if c.status == "fail"}
     assert "empty_completions" in names and silent.action == "rollback"
+
+
+def test_too_few_samples_for_a_rank_test_is_inconclusive() -> None:
+    d = _judge(_ev("c", 4, latency=3.0, seed=4), _ev("s", 100), min_samples=5, min_requests=4)
+    lat = next(c for c in d.checks if c.name == "latency")
+    assert lat.status == "inconclusive" and "rank test" in lat.detail and d.action == "hold"
 
 
 def test_quantile_only_source_judges_on_the_ratio() -> None:

@@ -99,7 +99,7 @@ def check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysis
     limit, tolerance, kind = a.max_ttft_ratio, a.min_latency_increase_s, name
     if name == "latency":
         limit = a.max_latency_ratio
-        if min(len(c.token_latency_s), len(s.token_latency_s)) >= a.min_samples:
+        if c.token_latency_s and s.token_latency_s:
             kind, tolerance = "token_latency", a.min_token_latency_increase_s
     q = a.latency_quantile
     cv, sv = c.latency_quantile(kind, q), s.latency_quantile(kind, q)
@@ -119,7 +119,10 @@ def check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysis
                "token_latency": (c.token_latency_s, s.token_latency_s)}[kind]
     t = _samples_test(samples[0], samples[1], a, larger=True)
     detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} > {limit}"
-    if t is None:  # no samples (a quantile-only source): the ratio decides once there is traffic
+    if t is None and (samples[0] or samples[1]):
+        r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
+        return r
+    if t is None:  # a quantile-only source (Prometheus): the ratio decides once there is traffic
         enough = c.requests >= a.min_requests
         r.status = "fail" if enough else "inconclusive"
         r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
@@ -174,6 +177,9 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
     t = _samples_test(c.completion_tokens, s.completion_tokens, a, larger=longer)
     what = "rambles" if longer else "goes quiet"
     detail = f"canary {what}: mean completion tokens {cv:.3g} vs {sv:.3g} (ratio {r.ratio:.3g})"
+    if t is None and (c.completion_tokens or s.completion_tokens):
+        r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
+        return r
     if t is None:
         enough = c.requests >= a.min_requests
         r.status = "fail" if enough else "inconclusive"

@@ -209,9 +209,10 @@ def _spec_file(tmp_path: Path, s: TinyOpenAI, c: TinyOpenAI, listen: str, steps:
     return f
 
 
-def _start(spec_file: Path, journal: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "qlift", "promote", "start", "-f", str(spec_file),
-                             "--journal", str(journal)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _start(spec_file: Path, journal: Path, *, resume: bool = False) -> subprocess.Popen[bytes]:
+    args = ["resume"] if resume else ["start", "-f", str(spec_file)]
+    return subprocess.Popen([sys.executable, "-m", "qlift", "promote", *args, "--journal", str(journal)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def _journal_knows_the_weights(journal_path: Path, plane: NginxDataPlane) -> dict[str, Any]:
@@ -254,7 +255,7 @@ def test_sigkill_at_any_point_resumes_at_the_recorded_step(tmp_path: Path,
         with BackgroundLoad(f"http://{listen}", "", concurrency=2, stream=False, max_tokens=8, timeout_s=90,
                             headers={"Connection": "close"}) as load:
             steps_seen = []
-            for _ in range(6):
+            for attempt in range(6):
                 time.sleep(rng.uniform(0.2, 1.6))
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(10)
@@ -263,7 +264,7 @@ def test_sigkill_at_any_point_resumes_at_the_recorded_step(tmp_path: Path,
                 steps_seen.append(state["step"])
                 if state["state"] != "progressing":
                     break
-                proc = _start(spec_file, journal)
+                proc = _start(spec_file, journal, resume=attempt % 2 == 1)  # `start` and `resume` both continue
             assert proc.wait(60) == 0 or state["state"] == "promoted", proc.stderr.read() if proc.stderr else ""
         result = load.result
     finally:

@@ -152,3 +152,27 @@ def test_argo_analysis_reaches_promotes_verdicts(prometheus: str, canary: str, f
             assert verdict == "pass" and got[canary].requests >= analysis.min_requests
         else:
             assert verdict == judged[SAME_CHECK[check.name]], (check.name, verdict, judged)
+
+
+def test_promote_drives_the_rendered_route_with_the_rendered_spec(run_cli, prometheus: str, tmp_path: Path) -> None:
+    """`qlift deploy k8s --canary` output, run by `qlift promote start -f` unchanged but for where the
+    route goes (a file, GitOps-style, instead of a cluster) and this Prometheus: promoted, route at 100."""
+    from test_deploy import _model, validate
+
+    out = tmp_path / "k8s"
+    r = run_cli("deploy", "k8s", _model(tmp_path, "base"), "--recipe", "chat-h100", "--canary",
+                _model(tmp_path, "good"), "-o", out, "--prometheus-url", prometheus)
+    assert r.exit_code == 0, r.output
+    spec = yaml.safe_load((out / "promote-rollout.yaml").read_text())
+    spec["gateway"].pop("kubeconfig")
+    spec["gateway"]["output"] = str(out / "httproute.yaml")
+    (tmp_path / "rollout.yaml").write_text(yaml.safe_dump(spec))
+    started = time.monotonic()
+    r = run_cli("promote", "start", "-f", tmp_path / "rollout.yaml", "--interval", "3s", "--min-requests", "5",
+                "--journal", tmp_path / "journal.sqlite")
+    assert r.exit_code == 0, r.output
+    assert time.monotonic() - started < 60
+    route = yaml.safe_load((out / "httproute.yaml").read_text())
+    validate(route)
+    assert [(b["name"], b["weight"]) for b in route["spec"]["rules"][0]["backendRefs"]] == [
+        ("llm-stable", 0), ("llm-canary", 100)]

@@ -191,6 +191,19 @@ def test_argo_analysis_uses_promotes_queries_and_limits() -> None:
     assert "empty-share-ratio" in router
 
 
+def test_argo_metrics_hold_on_no_data_like_promote(models) -> None:
+    """Argo ends a metric Successful once its count is reached whatever was inconclusive, so a
+    single measurement without data would pass: each metric is measured once per window instead,
+    succeeding on the first pass, failing on the first failure, inconclusive after max_inconclusive."""
+    a = AnalysisSpec()
+    objs = render_k8s(DeployOptions(model=models[0], recipe="chat-h100", canary=models[1], rollout="argo")).objects
+    for metric in objs["analysistemplate.yaml"]["spec"]["metrics"]:
+        assert metric["interval"] == "30s"
+        assert metric["consecutiveSuccessLimit"] == a.intervals_per_step
+        assert metric["count"] == a.max_inconclusive + a.intervals_per_step
+        assert (metric["failureLimit"], metric["inconclusiveLimit"]) == (0, a.max_inconclusive)
+
+
 def test_argo_rollout_steps_and_route(models) -> None:
     objs = render_k8s(DeployOptions(model=models[0], recipe="chat-h100", canary=models[1], rollout="argo")).objects
     canary = objs["rollout.yaml"]["spec"]["strategy"]["canary"]

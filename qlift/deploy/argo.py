@@ -6,8 +6,9 @@ Each check of promote's judge becomes one metric. Its query is built from the Pr
 ``$model`` bound to the AnalysisRun's arguments, and its limits and tolerances are the
 fields of ``AnalysisSpec``. A query yields a value only when the canary is over its
 tolerance, so a success condition ``<= limit`` is the judge's pass; an empty or NaN answer
-(no traffic yet) satisfies neither condition, which Argo counts as inconclusive. What Argo
-cannot do is the judge's significance tests: an over-limit window fails at once.
+(no traffic yet) satisfies neither condition, which Argo counts as inconclusive and measures
+again one window later, as the judge holds. What Argo cannot do is the judge's significance
+tests: an over-limit window fails at once.
 """
 
 from __future__ import annotations
@@ -91,10 +92,16 @@ def checks(preset_name: str, analysis: AnalysisSpec, window_s: float) -> list[Ch
 
 def analysis_template(*, name: str, namespace: str, labels: dict[str, str], prometheus_url: str,
                       preset: str, analysis: AnalysisSpec, window_s: float) -> dict[str, Any]:
+    # Measured once per window, as promote judges: a failure ends the analysis at once, the
+    # first intervals_per_step passes in a row end it successfully, and max_inconclusive
+    # windows without a verdict are tolerated; one more makes the analysis inconclusive.
     metrics = [{
         "name": c.name,
+        "interval": window_label(window_s),
+        "count": analysis.max_inconclusive + analysis.intervals_per_step,
         "successCondition": c.success,
         "failureCondition": c.failure,
+        "consecutiveSuccessLimit": analysis.intervals_per_step,
         "failureLimit": 0,
         "inconclusiveLimit": analysis.max_inconclusive,
         "provider": {"prometheus": {"address": prometheus_url, "query": c.query}},

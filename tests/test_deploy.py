@@ -241,7 +241,8 @@ def test_cli_writes_kustomize_dir_with_lineage(run_cli, models, tmp_path: Path) 
     for f in kust["resources"]:
         validate(yaml.safe_load((out / f).read_text()))
     manifest = json.loads((out / "qlift.json").read_text())
-    assert manifest["operation"] == "deploy-k8s" and {i["role"] for i in manifest["inputs"]} == {"model", "canary"}
+    assert manifest["operation"] == "deploy-k8s"
+    assert {i["role"] for i in manifest["inputs"]} == {"model", "canary", "recipe"}
     assert "promote-rollout.yaml" in manifest["outputs"]
     again = run_cli("deploy", "k8s", models[0], "--recipe", "chat-h100", "-o", out)
     assert again.exit_code == 3 and "--force" in again.stderr

@@ -58,6 +58,7 @@ class DeployResult:
     engine_args: dict[str, Any]
     image: str
     promote_spec: dict[str, Any] | None = None
+    recipe_path: Path | None = None
     out: Path | None = None
 
 
@@ -116,7 +117,7 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
     validate_httproute(route)
     objects["prometheus-adapter-rules.yaml"] = k8s.adapter_configmap(app=app, namespace=ns)
     return DeployResult(objects=objects, versions={v.role: v.served_name for v in versions}, recipe=recipe.name,
-                        engine_args=stable.engine_args, image=image, promote_spec=promote)
+                        engine_args=stable.engine_args, image=image, promote_spec=promote, recipe_path=recipe.path)
 
 
 def _promote_objects(opts: DeployOptions, recipe: Recipe, versions: list[k8s.Version],
@@ -204,8 +205,9 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
     """Render, then write one YAML file per object, kustomization.yaml and qlift.json atomically."""
     started = utc_now()
     result = render_k8s(opts)
-    inputs = {"model": opts.model} | ({"canary": opts.canary} if opts.canary is not None else {})
-    with atomic_output_dir(out, force=force, inputs=list(inputs.values())) as tmp:
+    models = {"model": opts.model} | ({"canary": opts.canary} if opts.canary is not None else {})
+    inputs = models | ({"recipe": result.recipe_path} if result.recipe_path is not None else {})
+    with atomic_output_dir(out, force=force, inputs=list(models.values())) as tmp:
         for name, obj in result.objects.items():
             (tmp / name).write_text(to_yaml(obj), encoding="utf-8")
         kustomization = _kustomization(list(result.objects), opts.namespace)

@@ -20,7 +20,9 @@ class QliftError(Exception):
 
     def one_line(self) -> str:
         text = self.message.rstrip(".")
-        return f"{text}. {self.hint}" if self.hint else text
+        line = f"{text}. {self.hint}" if self.hint else text
+        # A file name may hold a newline or another line break: shown escaped, it stays one line.
+        return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in line)
 
 
 class BadInputError(QliftError):

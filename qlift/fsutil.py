@@ -70,18 +70,27 @@ def check_output_path(out: Path, *, force: bool, inputs: Iterable[Path | str] = 
             f"parent directory {out.parent} of the output does not exist",
             hint="Create it first or choose another -o path.",
         )
-    if not os.access(out.parent, os.W_OK | os.X_OK):
+    try:  # a real probe: os.access says yes to root on read-only mounts (/sys, ro bind mounts)
+        os.rmdir(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.probe."))
+    except OSError as exc:
         raise BadInputError(
-            f"cannot write into {out.parent} (permission denied)",
+            f"cannot write into {out.parent} ({exc.strerror or 'permission denied'})",
             hint="Choose an -o path in a directory you can write to.",
-        )
+        ) from None
+
+
+def _resolved(path: Path | str) -> Path:
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop
+        raise BadInputError(f"cannot resolve {path} ({exc})", hint="Fix or remove the symlink.") from None
 
 
 def check_not_an_input(out: Path, inputs: Iterable[Path | str]) -> None:
     """Refuse an output path that is, contains, or lies inside an input path."""
-    target = Path(out).expanduser().resolve()
+    target = _resolved(out)
     for given in inputs:
-        src = Path(given).expanduser().resolve()
+        src = _resolved(given)
         if target == src:
             how = "is"
         elif src.is_relative_to(target):

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from qlift.errors import BadInputError
 from qlift.router.accesslog import AccessLog
 from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
@@ -107,7 +108,12 @@ class Router:
                                     shutdown_timeout=self.config.drain_s)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.host, self.config.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            raise BadInputError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror}",
+                                field="--port", hint="Pick another --port (0 = any free one).") from None
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{self.config.host}:{port}"
         return self.url

@@ -196,7 +196,7 @@ def build_config(*, config_path: Path | None, backends: list[str], weights: list
         next(b for b in cfg.backends if b.name == name).weight = value
     given = [b.weight for b in cfg.backends if b.weight is not None]
     if given and (sum(given) > 100 or (len(given) == len(cfg.backends) and sum(given) != 100)):
-        raise BadInputError(f"backend weights sum to {sum(given)}, not 100", path=where,
-                            field="backends.weight" if not weights else "--weight",
+        raise BadInputError(f"backend weights sum to {sum(given)}, not 100", path=None if weights else config_path,
+                            field="--weight" if weights else "backends.weight",
                             hint="Make the weights add up to 100.")
     return cfg

@@ -102,8 +102,8 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
             async with asyncio.timeout(first_byte_s):
                 upstream = await session.post(backend.url + request.path, data=payload, headers=headers)
                 att.status = upstream.status
-                att.ttfb_s = time.monotonic() - att.started
                 if upstream.status != 200 or not stream:
+                    att.ttfb_s = time.monotonic() - att.started  # the whole answer comes at once
                     body = await upstream.read()
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             att.status, att.error = 0, f"connection failed: {type(exc).__name__}"
@@ -169,6 +169,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
                 if not scanner.done:
                     att.error = "stream from backend ended without [DONE]"
                 break
+            if att.ttfb_s is None:  # a stream's first chunk: its first token, as the client sees it
+                att.ttfb_s = time.monotonic() - att.started
             scanner.feed(chunk)
             await out.write(chunk)
         await out.write_eof()

@@ -145,7 +145,7 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
             ev.completion_tokens.append(float(r.completion_tokens))
             ev.completions = (ev.completions or 0) + 1
             ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + r.completion_tokens
-            if r.completion_tokens > 1 and r.ttfb_s is not None:  # decode time per token, like vLLM's TPOT
+            if r.stream and r.completion_tokens > 1 and r.ttfb_s is not None:  # decode time a token (TPOT)
                 ev.token_latency_s.append((float(r.latency_s) - float(r.ttfb_s)) / (r.completion_tokens - 1))
             elif r.completion_tokens > 0:
                 ev.token_latency_s.append(float(r.latency_s) / r.completion_tokens)

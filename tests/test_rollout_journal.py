@@ -195,6 +195,23 @@ def test_held_windows_carry_their_evidence_into_the_next(tmp_path: Path) -> None
     assert last["canary"]["requests"] == 6 and last["notes"] == ["cumulative over 3 windows of this step"]
 
 
+class BrokenEvidence(ScriptedEvidence):
+    def collect(self) -> Evidence:
+        raise ExternalToolError("router at http://127.0.0.1:1 did not answer", tool="router")
+
+
+def test_an_evidence_outage_holds_and_never_passes(tmp_path: Path) -> None:
+    sp = spec()
+    plane = MemoryPlane()
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(sp.model_dump(mode="json"), "s", "c")
+    final = Controller(journal, r.id, sp, plane, BrokenEvidence([]), tick=0.01).run()  # type: ignore[arg-type]
+    h = journal.history(r.id)
+    assert [d["action"] for d in h["decisions"]] == ["start", "hold", "hold", "rollback"]
+    assert final.state == "rolled_back" and plane.current == {"s": 100, "c": 0}
+    assert "evidence source failed: router at" in h["windows"][0]["notes"][0]
+
+
 def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
     sp = spec(interval=0.3)
     plane = MemoryPlane()

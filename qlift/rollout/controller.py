@@ -15,8 +15,9 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from qlift.errors import QliftError
 from qlift.rollout.dataplane import DataPlane
-from qlift.rollout.evidence import Evidence
+from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.journal import FINAL_STATES, Journal, Rollout, now_iso
 from qlift.rollout.judge import Decision, judge
 from qlift.rollout.sources import Collector
@@ -85,7 +86,7 @@ class Controller:
             return
         try:
             actual = self.plane.weights()
-        except Exception as exc:  # noqa: BLE001 - an unreadable data plane is set again below
+        except Exception as exc:  # an unreadable data plane is set again below
             log.warning("could not read the data plane's weights: %s", exc)
             actual = None
         if actual is None or any(actual.get(k, 0) != v for k, v in last.weights.items()):
@@ -106,7 +107,12 @@ class Controller:
             also=lambda db: self.journal.start_step(db, self.rid, r.step, weight))
 
     def _watch_window(self, r: Rollout) -> Evidence | None:
-        self.collector.begin()
+        failure: str | None = None
+        try:
+            self.collector.begin()
+        except QliftError as exc:
+            failure = exc.one_line()
+        started = time.time()
         deadline = time.monotonic() + self.spec.interval
         while (left := deadline - time.monotonic()) > 0:
             self.sleep(min(self.tick, left))
@@ -114,7 +120,15 @@ class Controller:
             if now.state != "progressing" or now.step != r.step:
                 log.info("window interrupted: rollout is %s", now.state)
                 return None
-        return self.collector.collect()
+        if failure is None:
+            try:
+                return self.collector.collect()
+            except QliftError as exc:
+                failure = exc.one_line()
+        # No evidence is no pass: the window holds (and counts toward max_inconclusive).
+        log.warning("no evidence this window: %s", failure)
+        return Evidence(VersionEvidence(r.stable), VersionEvidence(r.canary), started, time.time(),
+                        "none", notes=[f"evidence source failed: {failure}"])
 
     # -- decisions -------------------------------------------------------------------
 

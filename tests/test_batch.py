@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,11 +131,17 @@ def _children(pid: int) -> list[int]:
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     import psutil
 
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     deadline = time.monotonic() + timeout
-    alive = pids
+    alive = [p for p in pids if running(p)]
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         time.sleep(0.5)
+        alive = [p for p in alive if running(p)]
     return alive
 
 
@@ -158,12 +165,13 @@ def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_pat
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         # The worker dies with qlift, and vLLM's engine process with the worker.
-        assert _wait_gone(engine_pids, 60) == []
+        assert len(engine_pids) >= 2 and _wait_gone(engine_pids, 30) == []
     finally:
         if proc.poll() is None:
             proc.kill()
         for pid in _wait_gone(engine_pids, 0):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     kept = _ids(out) if out.read_text().strip() else []
     assert 3 <= len(kept) < len(ids) and len(set(kept)) == len(kept)
 
@@ -230,6 +238,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
                 os.kill(pid, signal.SIGKILL)
         head.wait(timeout=30)
         log.close()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.vllm

@@ -20,7 +20,7 @@ from typing import Any
 
 from qlift.eval.vllm_worker import _render
 from qlift.perf.batch_rows import BatchRow, output_row
-from qlift.perf.worker import write_result
+from qlift.perf.worker import die_with_group, write_result
 
 OnRow = Callable[[dict[str, Any], BatchRow, int, int], None]  # output row, input row, prompt, completion tokens
 
@@ -109,6 +109,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         return {**run_ray(job, rows), "vllm_version": vllm.__version__}
     t0 = time.monotonic()
     llm = make_llm(job)
+    die_with_group()  # again, in case vLLM set its own handler
     load_s = time.monotonic() - t0
     errors: list[dict[str, Any]] = []
     totals = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0}
@@ -133,6 +134,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    die_with_group()
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     try:
         result = run(job)

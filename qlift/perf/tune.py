@@ -11,6 +11,7 @@ good); the recipe written records every point, the hardware, the vLLM version an
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -241,6 +242,7 @@ def _write_recipe(out: Path, data: dict[str, Any]) -> None:
     """Validate as a recipe (schema, vLLM argument names), then write via a temp file and a rename."""
     from qlift.serve.recipes import parse_recipe
 
+    data = json.loads(json.dumps(data))  # plain copies: no YAML anchors where two places share a dict
     parse_recipe(data, path=out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

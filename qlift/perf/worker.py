@@ -90,6 +90,19 @@ def _run(argv: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
                 proc.wait(timeout=30)
 
 
+def die_with_group() -> None:
+    """The worker side: on SIGTERM (qlift died: PR_SET_PDEATHSIG) take the whole process group down.
+
+    vLLM's engine core and its workers do not notice their parent's death; they share the
+    worker's process group (qlift started it in a session of its own), so this ends them all.
+    """
+
+    def kill_group(signum: int, frame: object) -> None:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_group)
+
+
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """The worker side: write the result file atomically."""
     tmp = path.with_suffix(".tmp")

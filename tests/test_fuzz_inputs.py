@@ -335,6 +335,17 @@ def test_url_arguments(pair: Path, command: str, url: str) -> None:
     check(invoke(*argv), f"cli {command} --endpoint")
 
 
+@settings(CLI, max_examples=80 * SCALE)
+@given(st.sampled_from(["max_model_len", "gpu_memory_utilization", "max_num_seqs", "dtype", "kv_cache_dtype",
+                        "tensor_parallel_size", "enforce_eager", "no_such_arg", "", "=", "max-model-len"]),
+       st.one_of(NUMBER_TEXT, st.text(max_size=12), st.sampled_from(["[1, 2]", "{a: 1}", "null", "*x", "!!python"])),
+       st.sampled_from(["cpu", "chat-4090"]))
+def test_set_overrides_and_gpu_names(pair: Path, key: str, value: str, recipe: str) -> None:
+    gpu = ["--gpu", "RTX 4090"] if recipe != "cpu" else []
+    check(invoke("plan", pair / "base", "--recipe", recipe, *gpu, "--set", f"{key}={value}"), "cli plan --set")
+    check(invoke("plan", pair / "base", "--gpu", value or " "), "cli plan --gpu NAME")
+
+
 # --- path arguments ----------------------------------------------------------------------------
 
 PATH_CASES = [

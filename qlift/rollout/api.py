@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, QliftError
-from qlift.rollout.journal import ACTIVE_STATES, FINAL_STATES, Journal, Rollout
+from qlift.rollout.journal import ACTIVE_STATES, FINAL_STATES, Journal, Rollout, now_iso
 from qlift.rollout.spec import RolloutSpec
 from qlift.settings import qlift_home
 
@@ -132,7 +132,7 @@ def _finish_manually(journal_path: Path | None, *, action: str, to_canary: bool)
         from qlift.rollout.webhook import notify
 
         spec = _spec_of(r)
-        notify(spec.webhook, {"rollout": r.id, "action": action, "state": state, "reason": reason,
+        notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": action, "state": state, "reason": reason,
                               "stable": r.stable, "canary": r.canary, "manual": True,
                               "weights": r.weights_for(100 if to_canary else 0)})
         return journal.get(r.id)

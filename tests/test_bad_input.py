@@ -484,3 +484,10 @@ def test_plan_and_serve_agree_on_a_recipe_for_another_gpu(run_cli, smollm2_dir: 
 def test_plan_still_plans_a_recipe_made_for_the_gpu(run_cli, smollm2_dir: Path) -> None:
     r = run_cli("plan", smollm2_dir, "--gpu", "RTX 4090", "-r", "chat-4090")
     assert r.exit_code == 0 and "fits" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("name", ["~nosuchuser/model", "x" * 5000, "a\x00b", "/proc/self/fd/0"])
+def test_odd_base_model_names_only_warn(run_cli, tmp_path: Path, base: Path, name: str) -> None:
+    ad = write_adapter(tmp_path / "lora", config={**ADAPTER_CONFIG, "base_model_name_or_path": name})
+    r = run_cli("merge", base, ad, "-o", tmp_path / "out", "--no-verify")
+    assert r.exit_code == 0 and "not obviously" in r.stderr, r.stderr

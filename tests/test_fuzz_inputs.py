@@ -36,7 +36,7 @@ from test_bad_input import (
 )
 
 from qlift.cli import cli
-from qlift.errors import BadInputError, NotFoundError
+from qlift.errors import BadInputError, QliftError
 
 PROBES: Counter[str] = Counter()
 # QLIFT_FUZZ_SCALE=10 probes ten times as much (a deeper local hunt); CI runs the default.
@@ -44,12 +44,14 @@ SCALE = int(os.environ.get("QLIFT_FUZZ_SCALE", "1"))
 FAST = settings(max_examples=150 * SCALE, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 CLI = settings(FAST, max_examples=40 * SCALE)
-EXPECTED_LIBRARY_ERRORS = (BadInputError, NotFoundError)
+EXPECTED_LIBRARY_ERRORS = QliftError  # each maps to a documented exit code (tests/test_cli.py checks the table)
 
 # --- strategies -------------------------------------------------------------------------------
 
+NASTY_TEXT = st.sampled_from(["~nosuchuser/x", "x" * 300, "a\x00b", "../../etc/passwd", "/", "", "\n", "nan",
+                              "/proc/self/fd/0", "${HOME}", "%s%n", "\u202e", "C:\\x"])
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                    st.text(max_size=8))
+                    st.text(max_size=8), NASTY_TEXT)
 JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                      st.dictionaries(st.text(max_size=6), inner, max_size=4)),
                     max_leaves=12)

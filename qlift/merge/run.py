@@ -77,9 +77,14 @@ def _base_matches(adapter: Adapter, base: ModelDir) -> bool:
     name = adapter.base_name
     if not name:
         return True
-    if (Path(name).expanduser().exists() and Path(name).expanduser().resolve() == base.path.resolve()) or \
-            name.rstrip("/").rsplit("/", 1)[-1] == base.path.resolve().name:
+    if name.rstrip("/").rsplit("/", 1)[-1] == base.path.resolve().name:
         return True
+    try:  # a hub id, or a path on the machine it was trained on: anything may be written here
+        local = Path(name).expanduser()
+        if local.exists() and local.resolve() == base.path.resolve():
+            return True
+    except (OSError, RuntimeError, ValueError):
+        pass
     manifest = read_manifest(base.path)
     return bool(manifest and name in json.dumps(manifest))
 

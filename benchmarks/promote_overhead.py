@@ -7,8 +7,11 @@ controller as a separate `qlift promote start` process.
 
 1. stable alone: the load through the router at 100/0 for --phase-s seconds, no controller.
 2. during a rollout: the same load while a healthy canary goes 10 -> 50 -> 100 (the controller
-   polls the router's request log and both servers' /metrics every window). Reports req/s and
-   p95 latency against phase 1 (target >= 0.95x, no extra errors) and the controller's own CPU.
+   polls the router's request log every second and both servers' /metrics every window), and
+   the controller's own CPU.
+2b. the same weight timeline (read from the rollout's journal) set by hand, no controller: the
+   canary answers differently and runs on the other core, so the split alone changes req/s and
+   p95; the ratio rollout / this (target >= 0.95x, no extra errors) is the controller's cost.
 3. time to roll back: a new rollout; once the canary holds 10% and a window is under way the
    proxy starts answering 500s; the clock runs until the router's weights are 100/0 (target
    <= 2 intervals). Client-visible errors are counted (the router replays each failure).
@@ -61,6 +64,17 @@ def controller(router: RouterProcess, journal: Path, interval: float, *extra: st
             *extra]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(journal.with_suffix(".log"), "wb"),  # noqa: SIM115
                             env={**os.environ, "QLIFT_ROUTER_TOKEN": TOKEN})
+
+
+def weight_timeline(journal: Path, t0_wall: float) -> list[tuple[float, dict[str, int]]]:
+    """(seconds after the controller started, weights) of every weight change the rollout made."""
+    from datetime import datetime
+
+    from qlift.rollout.journal import Journal
+
+    with Journal(journal) as j:
+        changes = j.history(1)["weight_changes"]
+    return [(datetime.fromisoformat(c["journaled_at"]).timestamp() - t0_wall, c["weights"]) for c in changes]
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
@@ -125,6 +139,7 @@ def main() -> None:
         out["stable_alone"] = summarize(bg.result)
 
         # 2. the same load during a healthy rollout
+        t0_wall = time.time()
         ctl = controller(router, work / "healthy.sqlite", args.interval, "--max-inconclusive", "30")
         ps = psutil.Process(ctl.pid)
         t0 = time.monotonic()
@@ -140,7 +155,20 @@ def main() -> None:
         during.update({"controller_exit": ctl_rc, "controller_cpu_s": round(cpu, 2),
                        "controller_wall_s": round(time.monotonic() - t0, 1)})
         out["during_rollout"] = during
-        base = out["stable_alone"]
+
+        # 2b. the same weight timeline set by hand, no controller: what the split itself does
+        # to the load (the canary answers differently, on another core), so that the ratio
+        # below is the controller's own cost.
+        timeline = weight_timeline(work / "healthy.sqlite", t0_wall)
+        admin.set_weights({"stable": 100, "canary": 0})
+        t1 = time.monotonic()
+        with load(args.phase_s) as bg:
+            for offset, weights in timeline:
+                time.sleep(max(0.0, t1 + offset - time.monotonic()))
+                admin.set_weights(weights)
+            bg.wait()
+        out["same_split_no_controller"] = summarize(bg.result)
+        base = out["same_split_no_controller"]
         out["rps_ratio"] = during["rps"] / base["rps"] if base["rps"] else None
         out["p95_ratio"] = during["p95_s"] / base["p95_s"] if base["p95_s"] else None
         out["extra_errors"] = during["errors"] - base["errors"]
@@ -166,11 +194,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    a, d, rb = out["stable_alone"], out["during_rollout"], out["rollback"]
-    print(f"stable alone:   {a['rps']:.2f} req/s  p95 {a['p95_s']:.2f} s  errors {a['errors']}/{a['requests']}")
-    print(f"during rollout: {d['rps']:.2f} req/s  p95 {d['p95_s']:.2f} s  errors {d['errors']}/{d['requests']}  "
-          f"(controller exit {d['controller_exit']}, {d['controller_cpu_s']} s CPU over {d['controller_wall_s']} s)")
-    print(f"ratio: {out['rps_ratio']:.2f}x req/s, {out['p95_ratio']:.2f}x p95, extra errors {out['extra_errors']}")
+    a, d, b, rb = out["stable_alone"], out["during_rollout"], out["same_split_no_controller"], out["rollback"]
+    for label, x in (("stable alone", a), ("same split, by hand", b), ("during rollout", d)):
+        print(f"{label + ':':<21}{x['rps']:.2f} req/s  p95 {x['p95_s']:.2f} s  errors {x['errors']}/{x['requests']}")
+    print(f"controller: exit {d['controller_exit']}, {d['controller_cpu_s']} s CPU over {d['controller_wall_s']} s")
+    print(f"rollout vs the same split by hand: {out['rps_ratio']:.2f}x req/s, {out['p95_ratio']:.2f}x p95, "
+          f"extra errors {out['extra_errors']}")
     print(f"canary failing -> weights 100/0: {rb['seconds']} s = {rb['intervals']} intervals of {args.interval} s "
           f"(exit {rb['controller_exit']}, client errors {rb['client_errors']}/{rb['requests']})")
 

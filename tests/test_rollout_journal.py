@@ -50,6 +50,9 @@ class ScriptedEvidence:
     def begin(self) -> None:
         pass
 
+    def peek(self) -> None:
+        return None
+
     def collect(self) -> Evidence:
         canary, stable = self.script[min(self.windows, len(self.script) - 1)]
         self.windows += 1

@@ -19,12 +19,14 @@ from qlift.errors import QliftError
 from qlift.rollout.dataplane import DataPlane
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.journal import FINAL_STATES, Journal, Rollout, now_iso
-from qlift.rollout.judge import Decision, judge
+from qlift.rollout.judge import Decision, check_error_rate, judge
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.webhook import notify
 
 log = logging.getLogger(__name__)
+
+EARLY_CHECK_S = 1.0  # how often a window in progress is checked for significant canary errors
 
 
 def _iso(ts: float) -> str:
@@ -113,22 +115,47 @@ class Controller:
         except QliftError as exc:
             failure = exc.one_line()
         started = time.time()
+        early: str | None = None
         deadline = time.monotonic() + self.spec.interval
+        next_peek = time.monotonic() + EARLY_CHECK_S
         while (left := deadline - time.monotonic()) > 0:
             self.sleep(min(self.tick, left))
             now = self.journal.get(self.rid)
             if now.state != "progressing" or now.step != r.step:
                 log.info("window interrupted: rollout is %s", now.state)
                 return None
+            if failure is None and time.monotonic() >= next_peek:
+                next_peek = time.monotonic() + EARLY_CHECK_S
+                if self._errors_already_fail(r):
+                    early = f"ended early after {time.time() - started:.1f}s: canary errors already significant"
+                    break
         if failure is None:
             try:
-                return self.collector.collect()
+                ev = self.collector.collect()
+                ev.notes += [early] if early else []
+                return ev
             except QliftError as exc:
                 failure = exc.one_line()
         # No evidence is no pass: the window holds (and counts toward max_inconclusive).
         log.warning("no evidence this window: %s", failure)
         return Evidence(VersionEvidence(r.stable), VersionEvidence(r.canary), started, time.time(),
                         "none", notes=[f"evidence source failed: {failure}"])
+
+    def _errors_already_fail(self, r: Rollout) -> bool:
+        """A failing canary need not wait for the window's end: once its errors are significant
+        (the same test as the window's), the window ends now and is judged in full."""
+        try:
+            ev = self.collector.peek()
+        except QliftError:
+            return False
+        if ev is None:
+            return False
+        if self.carry is not None and self.carry[0] == r.step:
+            ev = self.carry[1].merged(ev)
+        if check_error_rate(ev.canary, ev.stable, self.spec.analysis).status != "fail":
+            return False
+        log.info("canary errors are already significant: ending the window early")
+        return True
 
     # -- decisions -------------------------------------------------------------------
 

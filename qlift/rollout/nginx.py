@@ -186,27 +186,42 @@ class AccessLogSource:
         self.by_addr = {host_port(url): v for v, url in backends.items()}
         self.versions = list(backends)
         self.offset = 0
+        self.lines: list[dict[str, object]] = []
 
     def begin(self) -> None:
         self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.lines = []
 
-    def collect(self) -> dict[str, VersionEvidence]:
-        out = {v: VersionEvidence(v, errors=0) for v in self.versions}
+    def _poll(self) -> None:
         if not self.path.exists():
-            return out
+            return
         with open(self.path, "rb") as fh:
             fh.seek(self.offset)
             data = fh.read()
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next window
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
         self.offset += end
         for raw in data[:end].splitlines():
             try:
                 line = json.loads(raw)
             except ValueError:
                 continue
-            if int(line.get("status", 0)) == 499:
-                continue
+            if int(line.get("status", 0)) != 499:
+                self.lines.append(line)
+
+    def _folded(self) -> dict[str, VersionEvidence]:
+        out = {v: VersionEvidence(v, errors=0) for v in self.versions}
+        for line in self.lines:
             self._fold(line, out)
+        return out
+
+    def peek(self) -> dict[str, VersionEvidence]:
+        self._poll()
+        return self._folded()
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        self._poll()
+        out = self._folded()
+        self.lines = []
         return out
 
     def _fold(self, line: dict[str, object], out: dict[str, VersionEvidence]) -> None:

@@ -82,6 +82,9 @@ class PrometheusSource:
     def begin(self) -> None:
         pass  # Prometheus keeps the history; the window is the query's range
 
+    def peek(self) -> None:
+        return None  # the queries' range is the whole window
+
     def query(self, promql: str) -> float | None:
         try:
             resp = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=self.spec.timeout_s)

@@ -25,7 +25,11 @@ class EvidenceSource(Protocol):
 
     def begin(self) -> None: ...
 
-    def collect(self) -> dict[str, VersionEvidence]: ...
+    def collect(self) -> dict[str, VersionEvidence]:
+        """The whole window since ``begin`` (or the last collect)."""
+
+    def peek(self) -> dict[str, VersionEvidence] | None:
+        """The window so far, without ending it; None when the source cannot tell before the end."""
 
 
 class RouterSource:
@@ -38,19 +42,35 @@ class RouterSource:
         self.versions = versions
         self.cursor = 0
 
+        self.records: list[Any] = []
+
     def begin(self) -> None:
         self.cursor = self.client.state().seq
+        self.records = []
 
-    def collect(self) -> dict[str, VersionEvidence]:
-        per_backend: dict[str, list[Any]] = defaultdict(list)
+    def _poll(self) -> None:
         batch = self.client.requests(since=self.cursor)
         if batch.requests and batch.requests[0].seq > self.cursor + 1:
             log.warning("the router's request log dropped %d records in this window (ring buffer)",
                         batch.requests[0].seq - self.cursor - 1)
-        for r in batch.requests:
-            per_backend[r.backend].append(r)
+        self.records.extend(batch.requests)
         self.cursor = batch.seq
+
+    def _fold(self) -> dict[str, VersionEvidence]:
+        per_backend: dict[str, list[Any]] = defaultdict(list)
+        for r in self.records:
+            per_backend[r.backend].append(r)
         return {v: from_request_records(v, per_backend.get(v, [])) for v in self.versions}
+
+    def peek(self) -> dict[str, VersionEvidence]:
+        self._poll()
+        return self._fold()
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        self._poll()
+        out = self._fold()
+        self.records = []
+        return out
 
 
 class Collector:
@@ -65,6 +85,14 @@ class Collector:
         self.primary.begin()
         if self.vllm is not None:
             self.vllm.begin()
+
+    def peek(self) -> Evidence | None:
+        per_version = self.primary.peek()
+        if per_version is None:
+            return None
+        return Evidence(per_version.get(self.stable, VersionEvidence(self.stable)),
+                        per_version.get(self.canary, VersionEvidence(self.canary)),
+                        started_at=self.started, ended_at=time.time(), source=self.primary.name)
 
     def collect(self) -> Evidence:
         per_version = self.primary.collect()
@@ -117,3 +145,6 @@ class _NoPrimary:
 
     def collect(self) -> dict[str, VersionEvidence]:
         return {v: VersionEvidence(v) for v in self.versions}
+
+    def peek(self) -> None:
+        return None

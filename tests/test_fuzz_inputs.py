@@ -240,6 +240,26 @@ def test_config_json(pair: Path, change: dict[str, Any]) -> None:
     check(invoke("plan", model, "--recipe", "cpu"), "cli config.json: plan")
 
 
+SIDE_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "chat_template.json", "qlift.json",
+              "model.safetensors.index.json", "generation_config.json"]
+SIDE_JSON = st.one_of(JSON, st.fixed_dictionaries({}, optional={
+    "model": st.one_of(JSON, st.fixed_dictionaries({}, optional={"vocab": JSON})), "added_tokens": JSON,
+    "added_tokens_decoder": JSON, "chat_template": JSON, "weight_map": st.one_of(JSON, st.dictionaries(
+        st.text(max_size=6), st.one_of(st.just("model.safetensors"), NASTY_TEXT, SCALARS), max_size=3)),
+    "outputs": JSON, "parents": JSON, "operation": SCALARS}))
+
+
+@CLI
+@given(st.sampled_from(SIDE_FILES), st.one_of(SIDE_JSON.map(_text_of), st.binary(max_size=24)))
+def test_side_files_of_a_model(pair: Path, name: str, raw: bytes) -> None:
+    d = scratch(pair)
+    model = write_base(d / "base")
+    (model / name).write_bytes(raw)
+    check(invoke("inspect", model), f"cli {name}: inspect")
+    out = d / "out"
+    check(invoke("merge", model, pair / "lora", "-o", out, "--no-verify"), f"cli {name}: merge", out=out)
+
+
 ADAPTER_FIELDS = {
     "r": st.one_of(st.integers(-3, 5), JSON), "lora_alpha": st.one_of(st.floats(), JSON),
     "rank_pattern": st.one_of(JSON, st.dictionaries(st.sampled_from(["q_proj", "layers.0.self_attn.q_proj"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,13 @@ __all__ = ["ModelDir", "TensorInfo", "load_json"]
 def load_json(path: Path) -> Any:
     """A JSON file of a model or adapter directory (see qlift.loaders for what is refused)."""
     return read_json(path)
+
+
+def _token_ids(values: Iterable[Any], path: Path, field: str) -> list[int]:
+    ids = list(values)
+    if not all(type(i) is int for i in ids):
+        raise BadInputError("token ids must be integers", path=path, field=field)
+    return ids
 
 
 class ModelDir:
@@ -139,27 +147,24 @@ class ModelDir:
             model = data.get("model") or {}
             vocab = model.get("vocab") if isinstance(model, dict) else None
             if isinstance(vocab, list):  # Unigram: [piece, score] pairs, ids by position
-                ids = set(range(len(vocab)))
+                ids = list(range(len(vocab)))
             elif isinstance(vocab, dict) or vocab is None:
-                ids = set((vocab or {}).values())
+                ids = _token_ids((vocab or {}).values(), tj, "model.vocab")
             else:
                 raise BadInputError("must be a map or a list", path=tj, field="model.vocab")
             added = data.get("added_tokens") or []
             if not isinstance(added, list) or not all(isinstance(t, dict) for t in added):
                 raise BadInputError("must be a list of objects", path=tj, field="added_tokens")
-            ids.update(t.get("id") for t in added)
-            if not all(type(i) is int for i in ids):
-                raise BadInputError("token ids must be integers", path=tj, field="model.vocab")
-            return len(ids) or None
+            ids += _token_ids((t.get("id") for t in added), tj, "added_tokens")
+            return len(set(ids)) or None
         vj = self.path / "vocab.json"
         if vj.is_file():
-            ids = set(read_json_object(vj).values())
+            ids = _token_ids(read_json_object(vj).values(), vj, "vocab")
             decoder = self.tokenizer_config.get("added_tokens_decoder") or {}
             if not isinstance(decoder, dict) or not all(str(k).isdigit() for k in decoder):
                 raise BadInputError("must map token ids to tokens", path=self.path / "tokenizer_config.json",
                                     field="added_tokens_decoder")
-            ids.update(int(k) for k in decoder)
-            return len(ids)
+            return len(set(ids) | {int(k) for k in decoder})
         return None
 
     # --- weights -----------------------------------------------------------

@@ -107,15 +107,17 @@ def write_held_out(path: Path, n: int, seed: int) -> None:
 
 
 def train(base: Path, out: Path, *, steps: int, batch: int, lr: float, rank: int, seed: int,
-          train_size: int, bf16: bool) -> dict[str, object]:
+          train_size: int, bf16: bool, device: str = "cpu") -> dict[str, object]:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    # A .gguf base is dequantized by transformers, exactly as `qlift import-gguf` does.
+    where, gguf = (base.parent, {"gguf_file": base.name}) if base.suffix == ".gguf" else (base, {})
+    tok = AutoTokenizer.from_pretrained(where, **gguf)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **gguf).to(device)
     cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, task_type="CAUSAL_LM",
                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(model, cfg)
@@ -135,10 +137,10 @@ def train(base: Path, out: Path, *, steps: int, batch: int, lr: float, rank: int
         rows = [data[(step * batch + k) % len(data)] for k in range(batch)]
         width = max(len(ids) for ids, _ in rows)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows], device=device)
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows], device=device)
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows], device=device)
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
@@ -148,22 +150,24 @@ def train(base: Path, out: Path, *, steps: int, batch: int, lr: float, rank: int
             value = float(loss.detach())
             curve.append((step, round(value, 4)))
             print(f"step {step:4d}  loss {value:.4f}  {time.monotonic() - t0:6.0f} s", flush=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)  # the tokenizer it was trained with; merge checks it against the base
+    model.peft_config["default"].base_model_name_or_path = "SmolLM2-135M-Instruct"  # not a local path
+    model.save_pretrained(out)  # the adapter only: the vocabulary is the base's, unchanged
     record = {"base": "SmolLM2-135M-Instruct (qlift import-gguf --builtin smollm2)", "seed": seed, "steps": steps,
               "batch": batch, "lr": lr, "rank": rank, "alpha": 2 * rank, "train_examples": train_size,
               "targets": cfg.target_modules and sorted(cfg.target_modules), "loss_curve": curve,
-              "autocast_bf16": bf16, "wall_s": round(time.monotonic() - t0, 1), "torch": torch.__version__}
+              "autocast_bf16": bf16, "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+              "wall_s": round(time.monotonic() - t0, 1), "torch": torch.__version__}
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", type=Path, help="SmolLM2 model dir (default: qlift's converted built-in)")
+    ap.add_argument("--base", type=Path, help="SmolLM2 model dir or .gguf (default: qlift's converted built-in)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda where there is a GPU")
     ap.add_argument("-o", "--out", type=Path, default=HERE / "adapter")
     ap.add_argument("--prompts", type=Path, default=HERE / "prompts" / "tickets-heldout.jsonl")
-    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=6)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--rank", type=int, default=8)
@@ -184,7 +188,7 @@ def main() -> None:
         base, _ = ensure_builtin("smollm2")
     write_held_out(args.prompts, args.held_out, args.seed)
     record = train(base, args.out, steps=args.steps, batch=args.batch, lr=args.lr, rank=args.rank,
-                   seed=args.seed, train_size=args.train_size, bf16=args.bf16)
+                   seed=args.seed, train_size=args.train_size, bf16=args.bf16, device=args.device)
     print(json.dumps({k: v for k, v in record.items() if k != "loss_curve"}))
 
 

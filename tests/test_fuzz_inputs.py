@@ -81,7 +81,7 @@ def _text_of(value: Any) -> bytes:
 def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     capture = request.config.pluginmanager.getplugin("capturemanager")
-    lines = [f"  {family:<34} {n:>5}" for family, n in sorted(PROBES.items())]
+    lines = [f"  {family:<44} {n:>5}" for family, n in sorted(PROBES.items())]
     text = f"\nfuzz probes per family ({sum(PROBES.values())} in all):\n" + "\n".join(lines) + "\n"
     if capture is not None:
         with capture.global_and_fixture_disabled():
@@ -249,7 +249,7 @@ SIDE_JSON = st.one_of(JSON, st.fixed_dictionaries({}, optional={
     "outputs": JSON, "parents": JSON, "operation": SCALARS}))
 
 
-@CLI
+@settings(CLI, max_examples=140 * SCALE)
 @given(st.sampled_from(SIDE_FILES), st.one_of(SIDE_JSON.map(_text_of), st.binary(max_size=24)))
 def test_side_files_of_a_model(pair: Path, name: str, raw: bytes) -> None:
     d = scratch(pair)
@@ -311,6 +311,18 @@ def test_weights_cut_or_poisoned(pair: Path, which: str, keep: int, value: float
     check(r, f"cli {which} weights cut/NaN: merge", out=out)
     if which == "adapter" and value is not None and not math.isfinite(value):
         assert r.exit_code == 2
+
+
+@CLI
+@given(HEADER, st.binary(max_size=64), st.sampled_from(["adapter_model.safetensors", "model.safetensors"]))
+def test_weight_headers_through_merge(pair: Path, header: Any, payload: bytes, name: str) -> None:
+    d = scratch(pair)
+    head = json.dumps(header, allow_nan=True).encode()
+    raw = struct.pack("<Q", len(head)) + head + payload
+    base = write_base(d / "base", weights=raw) if name == "model.safetensors" else pair / "base"
+    ad = write_adapter(d / "lora", weights=raw) if name != "model.safetensors" else pair / "lora"
+    out = d / "out"
+    check(invoke("merge", base, ad, "-o", out, "--no-verify"), f"cli {name} header: merge", out=out)
 
 
 # --- numeric arguments -------------------------------------------------------------------------

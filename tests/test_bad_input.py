@@ -458,6 +458,7 @@ FLAG_CASES = [
     (["download", "org/m", "--max-workers", "0", "--dry-run"], "--max-workers"),
     (["quantize", "{base}", "--awq", "-o", "{out}", "--num-samples", "0"], "--num-samples"),
     (["quantize", "{base}", "--awq", "-o", "{out}", "--seq-len", "1.5"], "--seq-len"),
+    (["quantize", "{base}", "--awq", "-o", "{out}", "--ignore", "re:("], "--ignore"),
 ]
 
 

@@ -343,6 +343,7 @@ NUMERIC = [  # (family, argv with {v}, {base}, {lora}, {out})
     ("download --max-workers", ["download", "org/model", "-o", "{out}", "--dry-run", "--max-workers", "{v}"]),
     ("quantize --num-samples", ["quantize", "{out}", "--awq", "-o", "{out}q", "--num-samples", "{v}"]),
     ("quantize --seq-len", ["quantize", "{out}", "--awq", "-o", "{out}q", "--seq-len", "{v}"]),
+    ("quantize --ignore re:", ["quantize", "{out}", "--awq", "-o", "{out}q", "--ignore", "re:{v}"]),
 ]
 URL_TEXT = st.one_of(st.text(max_size=20), st.builds(
     "{}://{}{}{}".format, st.sampled_from(["http", "https", "ftp", "", "HTTP"]),

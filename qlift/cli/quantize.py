@@ -25,7 +25,7 @@ from qlift.cli.params import count
               help="Tokens per calibration sample (default: 256 on CPU, 512 on CUDA).")
 @click.option("--group-size", type=click.Choice(["auto", "32", "64", "128"]), default="auto", show_default=True,
               help="AWQ group size; auto picks the largest that divides every quantized layer's input dim.")
-@click.option("--ignore", "ignore", multiple=True, metavar="PATTERN",
+@click.option("--ignore", "ignore", multiple=True, metavar="PATTERN", callback=lambda c, p, v: _regexes(v),
               help="Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where llm-compressor runs.")
@@ -83,6 +83,22 @@ def quantize_cmd(
         )
 
     emit(result, human)
+
+
+def _regexes(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """--ignore values: a ``re:`` pattern must compile (checked before any work)."""
+    import re
+
+    from qlift.errors import BadInputError
+
+    for pat in patterns:
+        if pat.startswith("re:"):
+            try:
+                re.compile(pat[3:])
+            except re.error as exc:
+                raise BadInputError(f"{pat!r} is not a regular expression ({exc})", field="--ignore",
+                                    hint="Write re:REGEX (Python syntax) or a plain module name.") from None
+    return patterns
 
 
 class _LayerBar:

@@ -340,6 +340,8 @@ NUMERIC = [  # (family, argv with {v}, {base}, {lora}, {out})
     ("eval --bootstrap", ["eval", "m", "--prompts", "{out}", "--bootstrap", "{v}"]),
     ("eval --seed", ["eval", "m", "--prompts", "{out}", "--seed", "{v}"]),
     ("eval --max-model-len", ["eval", "m", "--prompts", "{out}", "--max-model-len", "{v}"]),
+    ("eval --gate", ["eval", "m", "--prompts", "{out}", "--gate", "rougeL >= baseline {v}"]),
+    ("eval --metrics", ["eval", "m", "--prompts", "{out}", "--metrics", "{v}"]),
     ("download --max-workers", ["download", "org/model", "-o", "{out}", "--dry-run", "--max-workers", "{v}"]),
     ("quantize --num-samples", ["quantize", "{out}", "--awq", "-o", "{out}q", "--num-samples", "{v}"]),
     ("quantize --seq-len", ["quantize", "{out}", "--awq", "-o", "{out}q", "--seq-len", "{v}"]),

@@ -5,7 +5,7 @@ LoRA-merged SmolLM2 on core 1), the real `qlift router` in front, a FaultProxy (
 between the router and the canary, a bounded closed-loop chat load (tests/faults.py), and the
 controller as a separate `qlift promote start` process.
 
-1. stable alone: the load through the router at 100/0 for --phase-s seconds, no controller.
+1. stable alone: the load through the router at 100/0, no controller, as long as phase 2 took.
 2. during a rollout: the same load while a healthy canary goes 10 -> 50 -> 100 (the controller
    polls the router's request log every second and both servers' /metrics every window), and
    the controller's own CPU.
@@ -16,8 +16,8 @@ controller as a separate `qlift promote start` process.
    proxy starts answering 500s; the clock runs until the router's weights are 100/0 (target
    <= 2 intervals). Client-visible errors are counted (the router replays each failure).
 
-    .venv/bin/python benchmarks/promote_overhead.py [--interval 4] [--phase-s 40] [--concurrency 8]
-        [--max-tokens 32] [--stable-url URL --canary-url URL] [--canary-model DIR] [--json]
+    .venv/bin/python benchmarks/promote_overhead.py [--interval 4] [--concurrency 8] [--max-rollout-s 300]
+        [--max-tokens 64] [--stable-url URL --canary-url URL] [--canary-model DIR] [--json]
 
 Without --stable-url/--canary-url it starts both servers (about a minute); the canary model
 defaults to the promote tests' cached merge (.cache/tests/canary-smollm2-lora-v1/model).
@@ -77,6 +77,19 @@ def weight_timeline(journal: Path, t0_wall: float) -> list[tuple[float, dict[str
     return [(datetime.fromisoformat(c["journaled_at"]).timestamp() - t0_wall, c["weights"]) for c in changes]
 
 
+def outcome(journal: Path) -> dict[str, Any]:
+    """The rollout's end state and reason, and each window's decision with when it was made."""
+    from qlift.rollout.journal import Journal
+
+    with Journal(journal) as j:
+        r = j.latest()
+        assert r is not None
+        h = j.history(r.id)
+    return {"state": r.state, "reason": r.reason,
+            "windows": [f"{w['ended_at'][11:23]} {w['action']}: {w['reason'][:160]}" for w in h["windows"]],
+            "weight_changes": [f"{c['journaled_at'][11:23]} {c['weights']}" for c in h["weight_changes"]]}
+
+
 def cpu_seconds(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return float(t.user + t.system)
@@ -104,9 +117,10 @@ def start_servers(stack: ExitStack, canary_model: Path, work: Path) -> tuple[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=4.0, help="analysis window, seconds")
-    ap.add_argument("--phase-s", type=float, default=40.0, help="seconds of load in phases 1 and 2")
+    ap.add_argument("--max-rollout-s", type=float, default=300.0, help="give up on the healthy rollout after this")
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64,
+                    help="64: the canary checkpoint answers in ~40 tokens; a lower cap cuts all its answers")
     ap.add_argument("--stable-url")
     ap.add_argument("--canary-url")
     ap.add_argument("--canary-model", type=Path, default=REPO / ".cache/tests/canary-smollm2-lora-v1/model")
@@ -133,36 +147,30 @@ def main() -> None:
             return BackgroundLoad(router.url, "chat", concurrency=args.concurrency, max_tokens=args.max_tokens,
                                   timeout_s=seconds)
 
-        # 1. stable alone
-        with load(args.phase_s) as bg:
-            bg.wait()
-        out["stable_alone"] = summarize(bg.result)
-
-        # 2. the same load during a healthy rollout
+        # 2. a healthy rollout under load: the load runs until the controller is done
         t0_wall = time.time()
         ctl = controller(router, work / "healthy.sqlite", args.interval, "--max-inconclusive", "30")
         ps = psutil.Process(ctl.pid)
         t0 = time.monotonic()
         cpu = 0.0
-        with load(args.phase_s) as bg:
-            while time.monotonic() < t0 + args.phase_s:
-                if ctl.poll() is None:
-                    cpu = cpu_seconds(ps)  # read while it lives: a reaped process has no times
+        with load(args.max_rollout_s) as bg:
+            while ctl.poll() is None and time.monotonic() < t0 + args.max_rollout_s:
+                cpu = cpu_seconds(ps)  # read while it lives: a reaped process has no times
                 time.sleep(0.2)
-            bg.wait()
-        ctl_rc = ctl.wait(600)
+            bg.stop()
+        duration = time.monotonic() - t0
         during = summarize(bg.result)
-        during.update({"controller_exit": ctl_rc, "controller_cpu_s": round(cpu, 2),
-                       "controller_wall_s": round(time.monotonic() - t0, 1)})
+        during.update({"controller_exit": ctl.wait(30), "controller_cpu_s": round(cpu, 2),
+                       "seconds": round(duration, 1), "rollout": outcome(work / "healthy.sqlite")})
         out["during_rollout"] = during
 
-        # 2b. the same weight timeline set by hand, no controller: what the split itself does
-        # to the load (the canary answers differently, on another core), so that the ratio
-        # below is the controller's own cost.
+        # 2b. the same weight timeline set by hand, no controller, for as long: what the split
+        # itself does to the load (the canary answers differently, on the other core), so the
+        # ratio below is the controller's own cost.
         timeline = weight_timeline(work / "healthy.sqlite", t0_wall)
         admin.set_weights({"stable": 100, "canary": 0})
         t1 = time.monotonic()
-        with load(args.phase_s) as bg:
+        with load(duration) as bg:
             for offset, weights in timeline:
                 time.sleep(max(0.0, t1 + offset - time.monotonic()))
                 admin.set_weights(weights)
@@ -172,6 +180,12 @@ def main() -> None:
         out["rps_ratio"] = during["rps"] / base["rps"] if base["rps"] else None
         out["p95_ratio"] = during["p95_s"] / base["p95_s"] if base["p95_s"] else None
         out["extra_errors"] = during["errors"] - base["errors"]
+
+        # 1. for reference: the stable alone, as long
+        admin.set_weights({"stable": 100, "canary": 0})
+        with load(duration) as bg:
+            bg.wait()
+        out["stable_alone"] = summarize(bg.result)
 
         # 3. time from the canary starting to fail to weights 100/0
         admin.set_weights({"stable": 100, "canary": 0})
@@ -183,6 +197,7 @@ def main() -> None:
             time.sleep(args.interval / 2)  # mid-window
             proxy.fail_status = 500
             t_fail = time.monotonic()
+            fail_wall = time.strftime("%H:%M:%S", time.gmtime())
             while admin.state().weights.get("canary") != 0 and time.monotonic() < t_fail + 120:
                 time.sleep(0.05)
             t_back = time.monotonic() - t_fail
@@ -190,14 +205,16 @@ def main() -> None:
         rc = ctl.wait(30)
         out["rollback"] = {"seconds": round(t_back, 2), "intervals": round(t_back / args.interval, 2),
                            "controller_exit": rc, "client_errors": bg.result.errors,
-                           "requests": bg.result.total}
+                           "requests": bg.result.total, "failing_since_utc": fail_wall,
+                           "rollout": outcome(work / "failing.sqlite")}
     if args.json:
         print(json.dumps(out, indent=2))
         return
     a, d, b, rb = out["stable_alone"], out["during_rollout"], out["same_split_no_controller"], out["rollback"]
     for label, x in (("stable alone", a), ("same split, by hand", b), ("during rollout", d)):
         print(f"{label + ':':<21}{x['rps']:.2f} req/s  p95 {x['p95_s']:.2f} s  errors {x['errors']}/{x['requests']}")
-    print(f"controller: exit {d['controller_exit']}, {d['controller_cpu_s']} s CPU over {d['controller_wall_s']} s")
+    print(f"controller: exit {d['controller_exit']} ({d['rollout']['state']}), {d['controller_cpu_s']} s CPU "
+          f"over {d['seconds']} s")
     print(f"rollout vs the same split by hand: {out['rps_ratio']:.2f}x req/s, {out['p95_ratio']:.2f}x p95, "
           f"extra errors {out['extra_errors']}")
     print(f"canary failing -> weights 100/0: {rb['seconds']} s = {rb['intervals']} intervals of {args.interval} s "

@@ -17,7 +17,8 @@ controller as a separate `qlift promote start` process.
    <= 2 intervals). Client-visible errors are counted (the router replays each failure).
 
     .venv/bin/python benchmarks/promote_overhead.py [--interval 4] [--concurrency 8] [--max-rollout-s 300]
-        [--max-tokens 64] [--stable-url URL --canary-url URL] [--canary-model DIR] [--json]
+        [--max-tokens 64] [--rollback-max-tokens 16] [--stable-url URL --canary-url URL]
+        [--canary-model DIR] [--json]
 
 Without --stable-url/--canary-url it starts both servers (about a minute); the canary model
 defaults to the promote tests' cached merge (.cache/tests/canary-smollm2-lora-v1/model).
@@ -121,6 +122,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64,
                     help="64: the canary checkpoint answers in ~40 tokens; a lower cap cuts all its answers")
+    ap.add_argument("--rollback-max-tokens", type=int, default=16, help="load of phase 3 (a failing canary)")
     ap.add_argument("--stable-url")
     ap.add_argument("--canary-url")
     ap.add_argument("--canary-model", type=Path, default=REPO / ".cache/tests/canary-smollm2-lora-v1/model")
@@ -136,15 +138,20 @@ def main() -> None:
             if not args.canary_model.is_dir():
                 sys.exit(f"no canary model at {args.canary_model}: run the promote tests once or pass --canary-model")
             stable_url, canary_url = start_servers(stack, args.canary_model, work)
-        proxy = stack.enter_context(FaultProxy(canary_url))
-        router = RouterProcess("--backend", f"stable={stable_url}@smollm2", "--backend",
-                               f"canary={proxy.url}@smollm2-ft", "--weight", "stable=100", "--weight", "canary=0",
-                               "--public-model", "chat", log_path=work / "router.log", token=TOKEN).start()
-        stack.callback(router.stop)
+        def start_router(canary: str, name: str) -> RouterProcess:
+            r = RouterProcess("--backend", f"stable={stable_url}@smollm2", "--backend", f"canary={canary}@smollm2-ft",
+                              "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                              log_path=work / f"{name}.log", token=TOKEN).start()
+            stack.callback(r.stop)
+            return r
+
+        # Phases 1-2b go straight to the canary: the FaultProxy relays streams from this process's
+        # threads, beside the load generator, and would be the slowest hop of the canary path.
+        router = start_router(canary_url, "router")
         admin = RouterClient(router.url, TOKEN)
 
-        def load(seconds: float) -> BackgroundLoad:
-            return BackgroundLoad(router.url, "chat", concurrency=args.concurrency, max_tokens=args.max_tokens,
+        def load(seconds: float, max_tokens: int = args.max_tokens) -> BackgroundLoad:
+            return BackgroundLoad(router.url, "chat", concurrency=args.concurrency, max_tokens=max_tokens,
                                   timeout_s=seconds)
 
         # 2. a healthy rollout under load: the load runs until the controller is done
@@ -187,9 +194,12 @@ def main() -> None:
             bg.wait()
         out["stable_alone"] = summarize(bg.result)
 
-        # 3. time from the canary starting to fail to weights 100/0
-        admin.set_weights({"stable": 100, "canary": 0})
-        with load(600) as bg:
+        # 3. time from the canary starting to fail to weights 100/0, through the FaultProxy;
+        # shorter answers: more requests a second reach the 10% canary to fail on.
+        proxy = stack.enter_context(FaultProxy(canary_url))
+        router = start_router(proxy.url, "router-faults")
+        admin = RouterClient(router.url, TOKEN)
+        with load(600, args.rollback_max_tokens) as bg:
             ctl = controller(router, work / "failing.sqlite", args.interval, "--max-inconclusive", "30")
             deadline = time.monotonic() + 120
             while admin.state().weights.get("canary") != 10 and time.monotonic() < deadline:
@@ -205,7 +215,8 @@ def main() -> None:
         rc = ctl.wait(30)
         out["rollback"] = {"seconds": round(t_back, 2), "intervals": round(t_back / args.interval, 2),
                            "controller_exit": rc, "client_errors": bg.result.errors,
-                           "requests": bg.result.total, "failing_since_utc": fail_wall,
+                           "requests": bg.result.total, "rps": round(bg.result.total / bg.result.wall_s, 2),
+                           "failing_since_utc": fail_wall,
                            "rollout": outcome(work / "failing.sqlite")}
     if args.json:
         print(json.dumps(out, indent=2))

@@ -148,3 +148,34 @@ def test_infinite_ratio_when_the_stable_has_none() -> None:
     d = _judge(_ev("c", 30, empty=30), _ev("s", 100))
     e = next(c for c in d.checks if c.name == "empty_completions")
     assert e.ratio == math.inf and e.status == "fail"
+
+
+def test_vllm_metrics_window_deltas_and_quantiles() -> None:
+    from qlift.rollout.vllm_metrics import histogram_quantile, parse_metrics, window_metrics
+
+    def text(success: float, length: float, tokens: float, buckets: list[float], waiting: float) -> str:
+        lines = [
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {success - length}',
+            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} {length}',
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {tokens}',
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5',
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+        ]
+        for le, n in zip(("0.1", "0.5", "1.0", "+Inf"), buckets, strict=True):
+            lines.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{le}",model_name="m"}} {n}')
+        lines += [f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {buckets[-1]}',
+                  f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {buckets[-1] * 0.3}']
+        return "\n".join(lines) + "\n"
+
+    start = parse_metrics(text(10, 2, 100, [1, 5, 10, 10], 0))
+    end = parse_metrics(text(30, 12, 700, [1, 15, 30, 30], 3))
+    w = window_metrics(start, end)
+    assert (w["requests"], w["length_finishes"], w["generation_tokens"], w["queue_depth"]) == (20, 10, 600, 3)
+    assert w["ttft_mean"] == pytest.approx(0.3) and 0.1 < (w["ttft_p50"] or 0) <= 0.5
+    assert histogram_quantile([(0.1, 0), (0.5, 10), (math.inf, 10)], 0.5) == pytest.approx(0.3)

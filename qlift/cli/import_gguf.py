@@ -36,12 +36,7 @@ def import_gguf_cmd(gguf_file: Path | None, builtin: str | None, output: Path | 
         raise BadInputError("give either a GGUF_FILE or --builtin NAME", hint="See `qlift import-gguf --help`.")
     if builtin:
         if output is None:
-            path, res = gguf_import.ensure_builtin(builtin)
-            result = res or gguf_import.ImportResult(
-                output=str(path), source=f"builtin:{builtin}", architecture="", parameters=0,
-                dtype="bfloat16", cached=True, seconds=0.0,
-            )
-            result.output = str(path)
+            result = gguf_import.builtin_result(builtin)
         else:
             result = gguf_import.materialize_builtin(builtin, output, force=force)
     else:

@@ -72,8 +72,20 @@ def _forget(root: Path, path: str) -> None:
     meta.unlink(missing_ok=True)
 
 
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """Connection errors of the HTTP client huggingface_hub uses: httpx2 from 2.0, httpx before
+    (httpx is qlift's own dependency; httpx2 comes only with huggingface_hub 2)."""
+    import httpx
+
+    errors: list[type[Exception]] = [httpx.TransportError]
+    try:
+        import httpx2
+    except ImportError:
+        return tuple(errors)
+    return (*errors, httpx2.TransportError)
+
+
 def _translate(exc: Exception, repo: str, rev: str, endpoint: str) -> QliftError | None:
-    import httpx2
     from huggingface_hub import errors as hf
 
     where = f"{repo}@{rev} on {endpoint}"
@@ -95,7 +107,7 @@ def _translate(exc: Exception, repo: str, rev: str, endpoint: str) -> QliftError
     if isinstance(exc, hf.RemoteEntryNotFoundError):
         return NotFoundError(f"a listed file is missing from {where}", hint="Retry; the repo changed.")
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    unavailable = isinstance(exc, (httpx2.TransportError, hf.LocalEntryNotFoundError, hf.OfflineModeIsEnabled)) or (
+    unavailable = isinstance(exc, (*_transport_errors(), hf.LocalEntryNotFoundError, hf.OfflineModeIsEnabled)) or (
         isinstance(exc, hf.HfHubHTTPError) and (status is None or status >= 500 or status == 429)
     )
     if unavailable:

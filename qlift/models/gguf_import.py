@@ -158,6 +158,22 @@ def ensure_builtin(name: str) -> tuple[Path, ImportResult | None]:
     return target, import_gguf(gguf, target)
 
 
+def builtin_result(name: str) -> ImportResult:
+    """The built-in model in qlift's cache (converted on first use), described as an import."""
+    import time
+
+    from qlift.models.modeldir import ModelDir
+
+    t0 = time.monotonic()
+    path, result = ensure_builtin(name)
+    if result is not None:
+        return result
+    md = ModelDir(path)
+    return ImportResult(output=str(path), source=f"builtin:{name}", architecture=md.architecture,
+                        parameters=md.parameter_count, dtype="bfloat16", cached=True,
+                        seconds=round(time.monotonic() - t0, 2))
+
+
 def materialize_builtin(name: str, out: Path, *, force: bool = False) -> ImportResult:
     """Put the built-in model at ``out``: independent copies of the cached files (reflinks where the
     file system has them), so editing the output never changes the cache or a later import."""

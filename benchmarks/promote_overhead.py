@@ -246,6 +246,8 @@ def main() -> None:
     for i in out["rollout_rounds"]:
         print(f"controller: exit {i['controller_exit']} ({i['rollout']['state']}), {i['controller_cpu_s']} s CPU "
               f"over {i['seconds']} s")
+        if i["rollout"]["state"] != "promoted":
+            print("  " + "\n  ".join(i["rollout"]["windows"]))
     print(f"rollout vs the same split by hand: {out['rps_ratio']:.2f}x req/s, {out['p95_ratio']:.2f}x p95, "
           f"extra errors {out['extra_errors']}")
     print(f"canary failing -> weights 100/0: {rb['seconds']} s = {rb['intervals']} intervals of {args.interval} s "

@@ -23,7 +23,7 @@ from qlift.eval.generation import (
 )
 from qlift.eval.metrics import METRICS, applies, parse_metrics, score
 from qlift.eval.prompts import Example, load_prompts
-from qlift.fsutil import check_output_path
+from qlift.fsutil import check_output_path, write_json_atomic
 from qlift.settings import eval_cache_dir, vllm_python
 
 log = logging.getLogger(__name__)
@@ -116,9 +116,7 @@ def model_content_hash(path: Path) -> str:
             known = None
     records = hash_files(path, known)
     memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: asdict(v) for k, v in records.items()}), encoding="utf-8")
-    tmp.replace(memo)
+    write_json_atomic(memo, {k: asdict(v) for k, v in records.items()}, indent=None)
     return content_hash(records)
 
 

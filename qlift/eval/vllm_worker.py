@@ -88,9 +88,9 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # reported to the parent as data, with the traceback in the log
         traceback.print_exc()
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    tmp.replace(result_path)
+    from qlift.fsutil import write_json_atomic
+
+    write_json_atomic(result_path, result, indent=None)
     return 1 if "error" in result else 0
 
 

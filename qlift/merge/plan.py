@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from qlift.errors import IncompatibleError
 from qlift.merge.maths import BiasAdd, Lora, Replace, Step, Tokens
+from qlift.models.dtypes import FLOAT_CODES
 
 if TYPE_CHECKING:
     from qlift.merge.adapter import Adapter, LoraModule
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 LM_HEAD = "lm_head.weight"
 _EMBED_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight")
-FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
+FLOAT_DTYPES = FLOAT_CODES
 
 
 @dataclass

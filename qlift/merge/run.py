@@ -21,6 +21,7 @@ from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
 from qlift.merge.plan import Plan, build_plan, updated_config
 from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
+from qlift.models.dtypes import CODE_OF_NAME, FLOAT_CODES, TORCH_NAMES
 from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"bf16": ("BF16", "bfloat16"), "fp16": ("F16", "float16"), "fp32": ("F32", "float32")}
-_ST_TO_NAME = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+# --dtype: safetensors code and torch name of each choice
+DTYPES = {flag: (CODE_OF_NAME[name], name) for flag, name in (("bf16", "bfloat16"), ("fp16", "float16"),
+                                                               ("fp32", "float32"))}
 VERIFY_MAX_PARAMS = 2_000_000_000
 DEFAULT_TOLERANCE = 0.02
 
@@ -135,8 +137,8 @@ def _dtype(base: ModelDir, dtype: str) -> tuple[str | None, str]:
         raise BadInputError(f"unknown dtype {dtype!r}", field="--dtype", hint="Use auto, bf16, fp16 or fp32.")
     name = base.torch_dtype
     if not name:
-        counts = {k: v for k, v in base.weight_dtypes.items() if k in _ST_TO_NAME}
-        name = _ST_TO_NAME[max(counts, key=counts.__getitem__)] if counts else "float32"
+        counts = {k: v for k, v in base.weight_dtypes.items() if k in FLOAT_CODES}
+        name = TORCH_NAMES[max(counts, key=counts.__getitem__)] if counts else "float32"
     return None, str(name)
 
 

@@ -22,6 +22,8 @@ from qlift.errors import IncompatibleError
 from qlift.merge.maths import apply_step
 from qlift.merge.plan import Entry, Plan
 from qlift.merge.stio import RawTensor, Scratch, ShardReader, ShardWriter, WriteQueue, read_layout
+from qlift.models import dtypes
+from qlift.models.dtypes import ELEMENT_BYTES, TORCH_NAMES
 from qlift.progress import counter
 
 if TYPE_CHECKING:
@@ -29,21 +31,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+DTYPE_BYTES = {code: int(ELEMENT_BYTES[code]) for code in TORCH_NAMES}  # the dtypes a merge can write
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    import torch
-
-    table = {
-        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-        "BOOL": torch.bool,
-    }
-    if name not in table:
+    dtype = dtypes.torch_dtype(name)
+    if dtype is None:
         raise IncompatibleError(f"tensors of dtype {name} cannot be merged",
                                 hint="Merge into an unquantized (bf16/fp16/fp32) base model.")
-    return table[name]
+    return dtype
 
 
 def _nbytes(e: Entry) -> int:

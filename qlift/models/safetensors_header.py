@@ -9,15 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qlift.errors import BadInputError
+from qlift.models.dtypes import ELEMENT_BYTES as DTYPE_BYTES
 
-# Bytes per element for every dtype the safetensors format defines.
-DTYPE_BYTES: dict[str, float] = {
-    "F64": 8, "I64": 8, "U64": 8,
-    "F32": 4, "I32": 4, "U32": 4,
-    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
-    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75,
-}
 _MAX_HEADER = 100 * 1024 * 1024
 
 

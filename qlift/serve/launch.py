@@ -7,7 +7,6 @@ server in its own process group and stops that group on SIGINT/SIGTERM.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -23,6 +22,7 @@ from typing import Any
 import yaml
 
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
+from qlift.fsutil import write_json_atomic
 from qlift.models.modeldir import ModelDir
 from qlift.serve.hardware import Hardware
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
@@ -220,7 +220,7 @@ def run(
     (spec.run_dir / "config.yaml").write_text(spec.config_yaml)
     from qlift.serialize import to_jsonable
 
-    (spec.run_dir / "plan.json").write_text(json.dumps(to_jsonable(spec.plan), indent=2))
+    write_json_atomic(spec.run_dir / "plan.json", to_jsonable(spec.plan))
     env = dict(spec.env)
     if spec.api_key_env:
         env[API_KEY_VAR] = os.environ[spec.api_key_env]

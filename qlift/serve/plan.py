@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qlift.errors import BadInputError, IncompatibleError
+from qlift.models.dtypes import CODE_OF_NAME, SERVING_BYTES
 from qlift.models.modeldir import ModelDir
 from qlift.serve.hardware import GiB, Hardware
 from qlift.serve.recipes import Recipe
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-FLOAT_TENSORS = {"F32": 4, "F16": 2, "BF16": 2}
+DTYPE_BYTES = SERVING_BYTES  # model dtype name -> bytes per element
+FLOAT_TENSORS = {CODE_OF_NAME[name]: n for name, n in SERVING_BYTES.items()}  # weights vLLM casts to the model dtype
 # Tensors a quantized checkpoint keeps in their own precision (vLLM does not cast them).
 _KEEP_DTYPE_SUFFIXES = ("scale", "scales", "zero_point", "zeros", "g_idx", "weight_shape", "input_global_scale")
 

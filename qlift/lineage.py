@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from qlift import __version__
-from qlift.fsutil import contained, sha256_file, write_json_atomic
+from qlift.fsutil import contained, sha256_file, sha256_files, write_json_atomic
 from qlift.loaders import read_json_object, validated
 
 MANIFEST_NAME = "qlift.json"
@@ -101,6 +101,7 @@ def hash_files(
     known = known or {}
     precomputed = precomputed or {}
     records: dict[str, FileRecord] = {}
+    todo: dict[str, tuple[Path, os.stat_result]] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if not p.is_file() or rel == MANIFEST_NAME:
@@ -114,7 +115,11 @@ def hash_files(
             assert prev is not None
             records[rel] = FileRecord(st.st_size, prev["sha256"], st.st_mtime_ns)
         else:
-            records[rel] = FileRecord(st.st_size, sha256_file(p), st.st_mtime_ns)
+            todo[rel] = (p, st)
+            records[rel] = FileRecord(st.st_size, "", st.st_mtime_ns)  # its place in the order
+    digests = sha256_files(p for p, _ in todo.values())
+    for rel, (p, st) in todo.items():
+        records[rel] = FileRecord(st.st_size, digests[str(p.resolve())], st.st_mtime_ns)
     return records
 
 

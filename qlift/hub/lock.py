@@ -9,7 +9,7 @@ from typing import Any
 
 from qlift import progress
 from qlift.errors import BadInputError, NotFoundError
-from qlift.fsutil import contained, sha256_file, write_json_atomic
+from qlift.fsutil import FileHashes, contained, hash_threads, write_json_atomic
 from qlift.lineage import MANIFEST_NAME, utc_now
 from qlift.loaders import read_json_object
 
@@ -107,18 +107,28 @@ def verify_dir(directory: Path) -> VerifyResult:
     result = VerifyResult(str(directory), True, lock.repo, lock.source, lock.commit, 0, lock.total_bytes)
     locked = {f.path for f in lock.files}
     bar = progress.byte_bar(lock.total_bytes, desc="verify")
-    try:
-        for f in lock.files:
-            p = directory / f.path
-            if not p.is_file():
-                result.missing.append(f.path)
-                continue
-            if p.stat().st_size != f.size or sha256_file(p) != f.sha256:
-                result.changed.append(f.path)
+    present = {}
+    for f in lock.files:
+        p = directory / f.path
+        if not p.is_file():
+            result.missing.append(f.path)
+        elif p.stat().st_size != f.size:
+            result.changed.append(f.path)
             result.checked += 1
-            bar.update(f.size)
+        else:
+            present[p] = f
+    hashes = FileHashes(present, hash_threads())
+    try:
+        for p, digest in hashes.each():
+            if digest != present[p].sha256:
+                result.changed.append(present[p].path)
+            result.checked += 1
+            bar.update(present[p].size)
     finally:
+        hashes.cancel()
         bar.close()
+    order = {f.path: i for i, f in enumerate(lock.files)}
+    result.changed.sort(key=order.__getitem__)
     for p in sorted(directory.rglob("*")):
         rel = p.relative_to(directory).as_posix()
         if p.is_file() and rel not in locked and rel not in (LOCK_NAME, MANIFEST_NAME):

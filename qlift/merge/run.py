@@ -11,10 +11,10 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, IncompatibleError
-from qlift.fsutil import atomic_output_dir, check_output_path
+from qlift.fsutil import FileHashes, atomic_output_dir, check_output_path
 from qlift.lineage import read_manifest, recorded_hashes, utc_now, write_manifest
 from qlift.loaders import read_json_object, validated
 from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
@@ -23,9 +23,6 @@ from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
 from qlift.models.dtypes import CODE_OF_NAME, FLOAT_CODES, TORCH_NAMES
 from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
-
-if TYPE_CHECKING:
-    from qlift.merge.stio import FileHasher
 
 log = logging.getLogger(__name__)
 
@@ -180,14 +177,12 @@ def merge_model(
     # Hash the base shards for the lineage manifest on a thread of their own, from now on
     # (overlapping the torch import and the merge); digests a manifest of the base already
     # records for unchanged files are reused instead.
-    from qlift.merge.stio import FileHasher
-
     known = recorded_hashes(mdir.path)
     to_hash = [mdir.path / f for f in sorted(mdir.tensors_by_file()) if f not in known]
     for a in adapters:
         known = recorded_hashes(Path(a))
         to_hash += [Path(a) / n for n in (SAFE_NAME, PICKLE_NAME) if (Path(a) / n).is_file() and n not in known]
-    input_hasher = FileHasher(to_hash, threads=max(1, _cores() - 1))
+    input_hasher = FileHashes(to_hash, threads=max(1, _cores() - 1))
     try:
         if device.startswith("cuda"):
             import torch
@@ -203,7 +198,7 @@ def merge_model(
 
 def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None, dtype_name: str, *, t0: float,
            started: str, shard_bytes: int, max_shard_size: str, device: str, verify: bool | None, tolerance: float,
-           force: bool, allow_pickle: bool, strict: bool, input_hasher: FileHasher) -> MergeResult:
+           force: bool, allow_pickle: bool, strict: bool, input_hasher: FileHashes) -> MergeResult:
     loaded = [load_adapter(Path(a), allow_pickle=allow_pickle) for a in adapters]
     warnings: list[str] = []
     strangers = [a for a in loaded if not _base_matches(a, mdir)]

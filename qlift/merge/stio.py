@@ -3,7 +3,7 @@
 safetensors' ``save_file`` needs every tensor of a shard in memory at once; writing
 the header first (every shape is known from the plan) lets the merge hold one tensor
 at a time and copy untouched tensors as raw bytes. Hashing runs on threads of its own:
-``FileHasher`` for the inputs (started before torch is imported, so it overlaps that
+``fsutil.FileHashes`` for the inputs (started before torch is imported, so it overlaps that
 too) and a ``TailHasher`` per output shard, following the writer through the page cache.
 """
 
@@ -55,55 +55,6 @@ def read_layout(path: Path) -> list[RawTensor]:
     tensors, _ = read_header(path)
     out = [RawTensor(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in tensors.values()]
     return sorted(out, key=lambda t: t.start)
-
-
-class FileHasher:
-    """sha256 of whole files, read (mapped) and hashed on background threads, one file per
-    thread at a time, ``threads`` files at once.
-
-    Runs independently of the merge stream (both read the same page-cached bytes), so
-    it can start before torch is imported and runs on cores of its own.
-    """
-
-    def __init__(self, paths: list[Path], threads: int = 1) -> None:
-        self._todo = list(paths)
-        self._lock = threading.Lock()
-        self._digests: dict[str, str] = {}
-        self._errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, name="qlift-hash-in", daemon=True)
-                         for _ in range(max(1, min(threads, len(self._todo))))]
-        for t in self._threads:
-            t.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                with self._lock:
-                    if not self._todo:
-                        return
-                    path = self._todo.pop(0)
-                with open(path, "rb", buffering=0) as fh:
-                    digest = _hash_fd(fh.fileno(), 0, os.fstat(fh.fileno()).st_size, hashlib.sha256(), self._stop)
-                if digest is None:
-                    return
-                with self._lock:
-                    self._digests[str(path.resolve())] = digest
-        except BaseException as exc:  # surfaced by result()
-            self._errors.append(exc)
-
-    def result(self) -> dict[str, str]:
-        """Resolved path -> sha256 hex digest of every file given."""
-        for t in self._threads:
-            t.join()
-        if self._errors:
-            raise self._errors[0]
-        return dict(self._digests)
-
-    def cancel(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
 
 
 def _hash_fd(fd: int, start: int, end: int, h: Any, stop: threading.Event) -> str | None:
@@ -280,7 +231,7 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in with one call
 
 
 class ShardReader:
-    """Maps one safetensors file's tensors, in file order (``FileHasher`` hashes the inputs).
+    """Maps one safetensors file's tensors, in file order (``fsutil.FileHashes`` hashes the inputs).
 
     Mapping instead of reading saves a copy of every input byte; mapping only a tensor
     (or a chunk of one) at a time keeps the resident set to about one tensor.

@@ -3,7 +3,7 @@
 A pipeline holds one tensor at a time (plus the one being written): tensors no adapter
 touches are copied as raw bytes, the others are computed into a reused buffer. Its
 writes run on a thread behind the maths and its sha256 on a thread behind the writes,
-so the lineage manifest needs no second pass over multi-GB files (run.py's FileHasher
+so the lineage manifest needs no second pass over multi-GB files (fsutil.FileHashes
 hashes the inputs).
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 _enabled = True
@@ -42,3 +42,21 @@ def counter(total: int, desc: str = "", unit: str = "it", **kwargs: object):  # 
 def byte_bar(total: int, desc: str = ""):  # type: ignore[no-untyped-def]
     """A bytes progress bar (call ``.update(n)``, then ``.close()``); a no-op when disabled."""
     return counter(total, desc, unit="B", unit_scale=True, unit_divisor=1024)
+
+
+class StepBar:
+    """A bar fed ``update(done, total)`` by a callback that learns the total only at its first
+    step (AWQ's per-layer progress); a no-op when bars are off."""
+
+    def __init__(self, desc: str, unit: str = "it") -> None:
+        self.desc, self.unit = desc, unit
+        self._bar: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if self._bar is None:
+            self._bar = counter(total, self.desc, self.unit)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

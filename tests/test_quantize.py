@@ -64,7 +64,7 @@ def test_builtin_calibration_set_is_shipped_and_varied() -> None:
     ("content", "where"),
     [
         ('{"text": "ok"}\nnot json\n', ":2: not valid JSON"),
-        ('{"messages": "hi"}\n', ":1: field 'messages': must be a non-empty list"),
+        ('{"messages": "hi"}\n', ":1: field 'messages': Input should be a valid list"),
         ('{"prompt": "hi"}\n', ":1: needs a 'messages' list or a 'text' string"),
         ("\n\n", "no calibration samples"),
     ],

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -59,7 +57,9 @@ def quantize_cmd(
         raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
     method = "awq" if awq else "fp8"
     explicit_group = method == "awq" and group_size != "auto"
-    bar = _LayerBar()
+    from qlift.progress import StepBar
+
+    bar = StepBar("calibrating layers", unit="layer")
     try:
         result = quantize(
             model, output, method=method,  # type: ignore[arg-type]
@@ -99,26 +99,6 @@ def _regexes(patterns: tuple[str, ...]) -> tuple[str, ...]:
                 raise BadInputError(f"{pat!r} is not a regular expression ({exc})", field="--ignore",
                                     hint="Write re:REGEX (Python syntax) or a plain module name.") from None
     return patterns
-
-
-class _LayerBar:
-    """AWQ's per-layer progress on stderr (only on a terminal, and not with --quiet)."""
-
-    def __init__(self) -> None:
-        self._bar: Any = None
-
-    def update(self, done: int, total: int) -> None:
-        if STATE.quiet or not sys.stderr.isatty():
-            return
-        if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc="calibrating layers", unit="layer", file=sys.stderr, leave=False)
-        self._bar.update(done - self._bar.n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 @click.group("env")

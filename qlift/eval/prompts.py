@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qlift.errors import BadInputError, NotFoundError
 from qlift.loaders import iter_jsonl
+from qlift.models.chat import ChatMessage
 
 _HINT = "Each line must be a JSON object with 'id' and 'messages' (or 'prompt'); see docs/eval.md."
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    role: Literal["system", "user", "assistant"]
-    content: str
+Message = ChatMessage  # the one chat message model (qlift/models/chat.py), shared with calibration sets
 
 
 class Checks(BaseModel):

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, NotFoundError
-from qlift.loaders import iter_jsonl
+from qlift.loaders import iter_jsonl, validated
+from qlift.models.chat import ChatRecord
 
 BUILTIN_NAME = "builtin"
 # (num_samples, seq_len) when not given: AWQ on a CPU is slow, so less of it there.
@@ -44,13 +45,7 @@ def _check(rec: Any, source: Path | str, lineno: int) -> dict[str, Any]:
         raise BadInputError("a line is not a JSON object", path=source, line=lineno, hint=hint)
     if isinstance(rec.get("text"), str) and rec["text"].strip():
         return {"text": rec["text"]}
-    msgs = rec.get("messages")
-    if msgs is None:
+    if rec.get("messages") is None:
         raise BadInputError("needs a 'messages' list or a 'text' string", path=source, line=lineno, hint=hint)
-    if not isinstance(msgs, list) or not msgs:
-        raise BadInputError("must be a non-empty list", path=source, line=lineno, field="messages", hint=hint)
-    for m in msgs:
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise BadInputError("each message needs string 'role' and 'content'", path=source,
-                                line=lineno, field="messages", hint=hint)
-    return {"messages": [{"role": m["role"], "content": m["content"]} for m in msgs]}
+    chat = validated(ChatRecord, rec, path=source, line=lineno, hint=hint)  # the roles eval prompts take
+    return {"messages": [m.model_dump() for m in chat.messages]}

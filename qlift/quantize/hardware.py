@@ -67,24 +67,14 @@ def resolve_target(target_recipe: str | None) -> Target:
 
 
 def _first_nvml_gpu() -> Target | None:
-    """This machine's first NVIDIA GPU by NVML (milliseconds), not torch (seconds to import)."""
-    try:
-        import pynvml
+    """This machine's first NVIDIA GPU by NVML (serve's probe), not torch (seconds to import)."""
+    from qlift.serve.hardware import nvml_gpus
 
-        pynvml.nvmlInit()
+    try:
+        gpus = nvml_gpus()
     except Exception:  # no library or no driver: no NVIDIA GPU to advise about
         return None
-    try:
-        if pynvml.nvmlDeviceGetCount() == 0:
-            return None
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-        return Target(name.decode() if isinstance(name, bytes) else str(name), (int(major), int(minor)))
-    except Exception:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+    return Target(gpus[0].name, gpus[0].compute_capability) if gpus else None
 
 
 def _plain(pattern: str) -> str:

@@ -125,7 +125,9 @@ def detect_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
     )
 
 
-def _nvml_gpus() -> list[GpuInfo]:
+def nvml_gpus() -> list[GpuInfo]:
+    """This machine's NVIDIA GPUs by NVML (milliseconds, where torch takes seconds to import);
+    raises when NVML is missing or has no driver. The one NVML probe (quantize's advice uses it too)."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -160,7 +162,7 @@ def detect() -> Hardware:
     cpu = detect_cpu()
     notes = []
     try:
-        return Hardware(gpus=_nvml_gpus(), cpu=cpu, source="nvml")
+        return Hardware(gpus=nvml_gpus(), cpu=cpu, source="nvml")
     except Exception as exc:  # no driver, no library, no GPU: all mean "ask torch"
         notes.append(f"NVML unavailable ({type(exc).__name__})")
     try:

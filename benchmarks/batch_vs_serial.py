@@ -15,8 +15,10 @@ Also printed: tokens per second of generation alone (without engine start / serv
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +38,10 @@ if __name__ == "__main__":
     t1 = time.monotonic()
     outs = llm.chat(job["chats"], SamplingParams(temperature=0, max_tokens=job["max_tokens"]), use_tqdm=False)
     t2 = time.monotonic()
-    print(json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "generate_s": t2 - t1}))
+    with open(job["result"], "w") as fh:
+        json.dump({"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "generate_s": t2 - t1}, fh)
+    import os
+    os._exit(0)  # no engine teardown, like qlift's worker: both peers pay only for their work
 """
 TOPICS = ["the sea", "a lighthouse", "bread", "a violin", "winter", "a robot", "trains", "the moon", "gardens",
           "chess", "a library", "rain"]
@@ -46,6 +51,18 @@ def prompts(n: int) -> list[list[dict[str, str]]]:
     kinds = ["Write a short poem about {}.", "Explain {} to a child.", "List five facts about {}.",
              "Tell a story about {}."]
     return [[{"role": "user", "content": kinds[i % 4].format(TOPICS[i % len(TOPICS)]) + f" ({i})"}] for i in range(n)]
+
+
+def run_whole(argv: list[str], stdout: Path) -> None:
+    """Run ``argv`` to its exit in a session of its own, then end what it left behind (vLLM's engine
+    process outlives a parent that exits without tearing it down)."""
+    with open(stdout, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True)
+        rc = proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if rc != 0:
+        raise SystemExit(f"{argv[1:4]} failed with exit code {rc}")
 
 
 def load() -> str:
@@ -73,21 +90,20 @@ def main() -> None:
         t = Path(tmp)
         job = t / "job.json"
         job.write_text(json.dumps({"model": str(model), "engine_args": engine.engine_args, "chats": chats,
-                                   "max_tokens": args.max_tokens}))
+                                   "max_tokens": args.max_tokens, "result": str(t / "raw.json")}))
         (t / "raw.py").write_text(RAW)
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, str(t / "raw.py"), str(job)], capture_output=True, text=True, check=True)
-        raw = json.loads(out.stdout.strip().splitlines()[-1])
+        run_whole([sys.executable, str(t / "raw.py"), str(job)], t / "raw.log")
+        raw = json.loads((t / "raw.json").read_text())
         results["raw"] = {"wall_s": time.monotonic() - t0, "tokens": raw["tokens"], "generate_s": raw["generate_s"]}
 
         src = t / "in.jsonl"
         src.write_text("".join(json.dumps({"id": i, "messages": c, "temperature": 0}) + "\n"
                                for i, c in enumerate(chats)))
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "qlift", "batch", str(model), str(src), "-o", str(t / "out.jsonl"),
-                              "--set", "max_model_len=2048", "--max-tokens", str(args.max_tokens), "--json"],
-                             capture_output=True, text=True, check=True, cwd=REPO)
-        q = json.loads(out.stdout)
+        run_whole([sys.executable, "-m", "qlift", "--json", "batch", str(model), str(src), "-o", str(t / "out.jsonl"),
+                   "--set", "max_model_len=2048", "--max-tokens", str(args.max_tokens)], t / "qlift.json")
+        q = json.loads((t / "qlift.json").read_text())
         results["qlift"] = {"wall_s": time.monotonic() - t0, "tokens": q["completion_tokens"],
                             "generate_s": q["generate_s"]}
 

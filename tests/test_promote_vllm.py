@@ -153,10 +153,12 @@ def test_canary_cut_at_max_tokens_rolls_back_on_finish_reason(run_cli, router: R
 
 def test_sigkilled_controller_resumes_at_its_step(healthy_router: RouterProcess, tmp_path: Path) -> None:
     journal = tmp_path / "j.sqlite"
-    # This test is about the journal, not the judge: short answers for traffic, and a finish-reason
-    # limit that does not mind the canary checkpoint running past 16 tokens where the stable stops.
+    # This test is about the journal, not the judge: short answers for traffic, and limits that do
+    # not mind the canary checkpoint running past 16 tokens where the stable stops, or a core that
+    # other work on the machine slows down.
     spec = tmp_path / "rollout.yaml"
-    spec.write_text(json.dumps({"analysis": {"max_length_share_ratio": 10, "max_tokens_ratio": 10}}))
+    spec.write_text(json.dumps({"analysis": {"max_length_share_ratio": 10, "max_tokens_ratio": 10,
+                                             "max_latency_ratio": 10, "max_ttft_ratio": 10}}))
     argv = [sys.executable, "-m", "qlift", "promote", "start", "-f", str(spec), "--router", healthy_router.url,
             "--stable", "stable", "--canary", "canary", "--steps", "10,50,100", "--interval", "3s",
             "--min-requests", "4", "--max-inconclusive", "30", "--journal", str(journal)]

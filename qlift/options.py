@@ -48,8 +48,8 @@ def check_fields(options: Any) -> None:
                                 hint=f"Pass a number >= {low:g}.")
         choices = f.metadata.get("choices")
         if choices and value not in choices:
-            raise BadInputError(f"{value!r} is not one of {', '.join(choices)}", field=flag(f.name),
-                                hint=f"Use one of: {', '.join(choices)}.")
+            raise BadInputError(f"{value!r} is not one of {', '.join(map(str, choices))}", field=flag(f.name),
+                                hint=f"Use one of: {', '.join(map(str, choices))}.")
 
 
 def _at_least(value: Any, low: float) -> bool:

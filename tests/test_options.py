@@ -45,3 +45,31 @@ def test_merge_model_takes_field_names_as_keywords(tmp_path) -> None:
 def test_cli_values_reach_the_options(run_cli, tmp_path) -> None:
     r = run_cli("merge", tmp_path / "nope", tmp_path / "lora", "-o", tmp_path / "o", "--tolerance", "-1")
     assert r.exit_code == 2 and "--tolerance" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_quantize_options_match_the_cli() -> None:
+    """quantize's CLI keeps --awq/--fp8 and --group-size auto of its own; every other option is checked
+    against QuantizeOptions: same name, same help."""
+    from qlift.cli.quantize import quantize_cmd
+    from qlift.quantize.options import QuantizeOptions
+
+    docs = field_docs(QuantizeOptions)
+    params = {p.name: p for p in quantize_cmd.params}
+    for f in dataclasses.fields(QuantizeOptions):
+        assert docs.get(f.name), f"{f.name} has no docstring"
+        if f.name == "method":
+            assert {"awq", "fp8"} <= set(params)
+            continue
+        assert params[f.name].help == docs[f.name], f.name
+        assert flag(f.name) in params[f.name].opts
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"num_samples": 0}, "--num-samples"),
+                                           ({"group_size": 48}, "--group-size"), ({"device": "tpu"}, "--device"),
+                                           ({"method": "gptq"}, "--method")])
+def test_quantize_options_are_checked_from_code_too(kw, field) -> None:
+    from qlift.quantize.options import QuantizeOptions
+
+    with pytest.raises(BadInputError) as err:
+        QuantizeOptions(**{"method": "awq", **kw})
+    assert err.value.field == field

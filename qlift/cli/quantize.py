@@ -50,22 +50,23 @@ def quantize_cmd(
     """
     from qlift.errors import BadInputError
     from qlift.quantize.api import quantize
+    from qlift.quantize.options import Method, QuantizeOptions
 
     if awq == fp8:
         if awq:
             raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
         raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
-    method = "awq" if awq else "fp8"
+    method: Method = "awq" if awq else "fp8"
     explicit_group = method == "awq" and group_size != "auto"
     from qlift.progress import StepBar
 
     bar = StepBar("calibrating layers", unit="layer")
     try:
+        opts = QuantizeOptions(method=method, calib=calib, num_samples=num_samples, seq_len=seq_len,
+                               group_size=int(group_size) if explicit_group else None, ignore=tuple(ignore),
+                               device=device, target_recipe=target_recipe, force=force)
         result = quantize(
-            model, output, method=method,  # type: ignore[arg-type]
-            calib=calib, num_samples=num_samples, seq_len=seq_len,
-            group_size=int(group_size) if explicit_group else None,
-            ignore=list(ignore), device=device, target_recipe=target_recipe, force=force,
+            model, output, opts,
             on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),
             on_step=bar.update, echo_log=STATE.verbose > 0,
         )

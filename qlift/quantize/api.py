@@ -12,21 +12,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
 from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, dir_size
 from qlift.lineage import utc_now, write_manifest
 from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
+from qlift.quantize import options
 from qlift.quantize.calib import BUILTIN_NAME, load_calibration
 from qlift.quantize.env import quantize_env
 from qlift.quantize.groups import ALWAYS_IGNORED, choose_group_size, matches
 from qlift.quantize.hardware import advice, resolve_target
+from qlift.quantize.options import QuantizeOptions
 from qlift.quantize.runner import run_worker
 
 log = logging.getLogger(__name__)
 
-Method = Literal["awq", "fp8"]
+Method = options.Method
 SCHEMES = {
     "awq": "W4A16 (int4 asymmetric, group-wise; AWQ)",
     "fp8": "FP8_DYNAMIC (per-channel weights, per-token activations)",
@@ -89,28 +91,23 @@ def embedding_modules(model: ModelDir) -> list[str]:
 def quantize(
     model: Path,
     out: Path,
+    options: QuantizeOptions,
     *,
-    method: Method,
-    calib: Path | None = None,
-    num_samples: int | None = None,
-    seq_len: int | None = None,
-    group_size: int | None = None,
-    ignore: list[str] | None = None,
-    device: str = "auto",
-    target_recipe: str | None = None,
-    force: bool = False,
     on_status: Callable[[str], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
     echo_log: bool = False,
     env_root: Path | None = None,
 ) -> QuantizeResult:
-    """Quantize ``model`` into ``out`` (atomically). ``group_size=None`` means auto.
+    """Quantize ``model`` into ``out`` (atomically) as ``options`` say (``group_size=None``: auto).
 
     ``on_status`` gets stage messages; ``on_step(done, total)`` gets AWQ's per-layer progress.
     """
+    method, calib, num_samples, seq_len = options.method, options.calib, options.num_samples, options.seq_len
+    group_size, device, force = options.group_size, options.device, options.force
+    target_recipe = options.target_recipe
     say = on_status or (lambda msg: log.info("%s", msg))
     started, t0 = utc_now(), time.monotonic()
-    ignore = list(ignore or [])
+    ignore = list(options.ignore)
     src = _check_args(model, out, method, calib, num_samples, seq_len, group_size, device, force)
 
     job: dict[str, Any] = {"method": method, "model": str(src.path.resolve()), "device": device,

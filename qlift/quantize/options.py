@@ -1,0 +1,38 @@
+"""What a quantization can be asked to do besides MODEL and the output: the one definition
+``quantize`` takes; ``qlift quantize``'s options are checked against it (tests/test_options.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from qlift.options import check_fields
+
+Method = Literal["awq", "fp8"]
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    method: Method = field(metadata={"choices": ("awq", "fp8")})
+    """awq: AWQ W4A16, int4 asymmetric, group-wise (calibrated); fp8: FP8 dynamic, per-channel weights,
+    per-token activations."""
+    calib: Path | None = None
+    """Calibration JSONL, one {'messages': [...]} or {'text': ...} per line (default: built-in set)."""
+    num_samples: int | None = field(default=None, metadata={"min": 1})
+    """Calibration samples (default: 32 on CPU, the whole set on CUDA)."""
+    seq_len: int | None = field(default=None, metadata={"min": 1})
+    """Tokens per calibration sample (default: 256 on CPU, 512 on CUDA)."""
+    group_size: int | None = field(default=None, metadata={"choices": (None, 32, 64, 128)})
+    """AWQ group size; auto picks the largest that divides every quantized layer's input dim."""
+    ignore: tuple[str, ...] = ()
+    """Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are."""
+    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
+    """Where llm-compressor runs."""
+    target_recipe: str | None = None
+    """Warn about the hardware the model will be served on: a serving recipe, a GPU name, or cpu."""
+    force: bool = False
+    """Replace an existing output directory."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)

@@ -73,3 +73,20 @@ def test_quantize_options_are_checked_from_code_too(kw, field) -> None:
     with pytest.raises(BadInputError) as err:
         QuantizeOptions(**{"method": "awq", **kw})
     assert err.value.field == field
+
+
+def test_eval_options_match_the_cli() -> None:
+    """Every eval option is an EvalOptions field of the same name and help (eval_cmd no longer
+    passes its keywords through unchecked: EvalOptions refuses a name it does not have)."""
+    from qlift.cli.eval import eval_cmd
+    from qlift.eval import EvalOptions
+
+    docs = field_docs(EvalOptions)
+    params = {p.name: p for p in eval_cmd.params if p.name not in ("candidate", "no_cache", "json_output")}
+    fields = {f.name for f in dataclasses.fields(EvalOptions)}
+    assert set(params) == fields - {"use_cache"}
+    for name, p in params.items():
+        assert p.help == docs[name], name
+    assert docs["use_cache"]
+    with pytest.raises(TypeError):
+        EvalOptions(prompts="p.jsonl", bootstrap=5)  # type: ignore[arg-type, call-arg]

@@ -58,10 +58,10 @@ def eval_cmd(**kw: Any) -> None:
       qlift eval smollm2 --backend endpoint --endpoint http://127.0.0.1:8000 \\
           --prompts examples/prompts/smoke.jsonl --gate "json_valid >= 0.98" --json
     """
-    from qlift.eval import evaluate, require_pass
+    from qlift.eval import EvalOptions, evaluate, require_pass
 
-    no_cache = kw.pop("no_cache")
-    r = evaluate(kw.pop("candidate"), use_cache=not no_cache, gates=list(kw.pop("gates")), **kw)
+    candidate, no_cache = kw.pop("candidate"), kw.pop("no_cache")
+    r = evaluate(candidate, EvalOptions(**kw, use_cache=not no_cache))
 
     def human() -> None:
         from qlift.eval.report import fmt, fmt_diff, wtl

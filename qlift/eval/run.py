@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from qlift.eval.generation import (
     cached_generate,
 )
 from qlift.eval.metrics import METRICS, applies, parse_metrics, score
+from qlift.eval.options import EvalOptions
 from qlift.eval.prompts import Example, load_prompts
 from qlift.fsutil import check_output_path, write_json_atomic
 from qlift.settings import eval_cache_dir, vllm_python
@@ -165,32 +166,18 @@ def _judge(gate: Gate, result: EvalResult) -> GateResult:
     return GateResult(gate.expr, ok, s.candidate, thr, s.baseline, f"{s.candidate:.4g} {gate.op} {thr:.4g}")
 
 
-def evaluate(
-    candidate: str,
-    *,
-    prompts: Path,
-    baseline: str | None = None,
-    backend: str | None = None,
-    endpoint: str | None = None,
-    model_name: str | None = None,
-    baseline_endpoint: str | None = None,
-    metrics: str | None = None,
-    gates: list[str] | tuple[str, ...] = (),
-    report_dir: Path | None = None,
-    force: bool = False,
-    max_tokens: int = 64,
-    resamples: int = 1000,
-    seed: int = 0,
-    use_cache: bool = True,
-    concurrency: int = 1,
-    max_model_len: int = 4096,
-    api_key: str | None = None,
-) -> EvalResult:
+def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) -> EvalResult:
     """Generate with both models, score, compare, judge the gates, and write the reports.
 
+    ``options`` (or ``EvalOptions`` field names as keywords, e.g. ``prompts=...``) say how.
     Raises nothing for a failed gate (see ``EvalResult.passed`` and ``require_pass``);
     every backend failure raises ``ExternalToolError``.
     """
+    o = replace(options, **fields) if options is not None else EvalOptions(**fields)
+    prompts, baseline, backend, endpoint = o.prompts, o.baseline, o.backend, o.endpoint
+    model_name, baseline_endpoint, metrics, gates = o.model_name, o.baseline_endpoint, o.metrics, o.gates
+    report_dir, force, max_tokens, resamples, seed = o.report_dir, o.force, o.max_tokens, o.resamples, o.seed
+    use_cache, concurrency, max_model_len, api_key = o.use_cache, o.concurrency, o.max_model_len, o.api_key
     t0 = time.monotonic()
     examples = load_prompts(prompts)
     parsed_gates = [parse_gate(g) for g in gates]

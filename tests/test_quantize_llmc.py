@@ -119,11 +119,23 @@ def test_fp8_keeps_embeddings_and_lm_head_and_reuses_the_env(
 def test_worker_failure_is_one_error_line_with_the_cause(
     run_cli, tool_env: EnsureResult, tiny_qwen2_tied: Path, tmp_path: Path
 ) -> None:
-    # A pattern llm-compressor rejects: the worker's own error comes back on one line.
-    r = run_cli("quantize", tiny_qwen2_tied, "--fp8", "--ignore", "re:(", "-o", tmp_path / "o")
+    # A checkpoint llm-compressor rejects (a linear weight stored flat, which qlift's own checks
+    # let through): the worker's own error comes back on one line.
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "flat"
+    shutil.copytree(tiny_qwen2_tied, model)
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].flatten()
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    r = run_cli("quantize", model, "--fp8", "-o", tmp_path / "o")
     assert r.exit_code == 8, r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("error: llm-compressor failed: ") and "Full log:" in line
+    assert "expected 2D linear weight" in line
     assert not (tmp_path / "o").exists()
 
 

@@ -21,10 +21,11 @@ import httpx
 from qlift import __version__
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
 from qlift.perf.slo import RequestRecord, goodput, vllm_goodput_args
-from qlift.perf.worker import run_worker
+from qlift.perf.worker import Worker, run_worker
 
 log = logging.getLogger(__name__)
 RESULT_KIND = "qlift-bench/1"
+BENCH_WORKER = "qlift.perf.bench_worker"
 PERCENTILES = (50, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
@@ -126,8 +127,11 @@ def run_bench(
     seed: int = 0,
     timeout_s: float = 1800.0,
     server_args: dict[str, Any] | None = None,
+    worker: Worker | None = None,
 ) -> BenchResult:
-    """Bench ``model`` at ``endpoint``, one vLLM client run per concurrency level."""
+    """Bench ``model`` at ``endpoint``, one vLLM client run per concurrency level.
+
+    ``worker``: a ``Worker(BENCH_WORKER)`` started earlier (tune starts it with the server)."""
     from qlift.perf.engine import quick_hardware
 
     if not concurrency or any(c < 1 for c in concurrency):
@@ -146,7 +150,11 @@ def run_bench(
                "goodput_args": vllm_goodput_args(slo)}
         complete, vllm_version = True, None
         try:
-            vllm_version = run_worker("qlift.perf.bench_worker", job, name="bench", timeout_s=timeout_s)["vllm_version"]
+            if worker is None:
+                vllm_version = run_worker(BENCH_WORKER, job, name="bench", timeout_s=timeout_s)["vllm_version"]
+            else:
+                worker.submit(job)
+                vllm_version = worker.wait(timeout_s=timeout_s)["vllm_version"]
         except ExternalToolError as exc:
             if "did not finish within" not in exc.message or not levels_path.exists():
                 raise

@@ -66,6 +66,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main_(argv: list[str]) -> int:
     die_with_group()
+    import vllm.benchmarks.serve  # noqa: F401  (the slow import, while the server starts)
+
     job = read_job(Path(argv[1]))
     try:
         with contextlib.redirect_stdout(sys.stderr):

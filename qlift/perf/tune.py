@@ -23,8 +23,9 @@ import yaml
 
 from qlift.errors import BadInputError, ExternalToolError, QliftError
 from qlift.models.modeldir import ModelDir
-from qlift.perf.bench import BenchResult, LevelResult, run_bench
+from qlift.perf.bench import BENCH_WORKER, BenchResult, LevelResult, run_bench
 from qlift.perf.engine import quick_hardware
+from qlift.perf.worker import Worker
 from qlift.serve.engine_args import check_arg_name
 from qlift.serve.hardware import Hardware
 from qlift.serve.launch import config_yaml, new_run_dir
@@ -136,12 +137,15 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
                         python=vllm_python() or sys.executable, die_with_parent=True)
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
     try:
-        server.start()
-        try:
-            server.wait_ready(timeout=start_timeout)
-        except ExternalToolError as exc:
-            return TunePoint(label, engine, "failed", exc.one_line()), None
-        result = run_bench(server.base_url, "tune", tokenizer=str(md.path.resolve()), server_args=engine, **bench_kw)
+        # The bench client's vLLM import overlaps the server's start.
+        with Worker(BENCH_WORKER, name="bench") as bench_worker:
+            server.start()
+            try:
+                server.wait_ready(timeout=start_timeout)
+            except ExternalToolError as exc:
+                return TunePoint(label, engine, "failed", exc.one_line()), None
+            result = run_bench(server.base_url, "tune", tokenizer=str(md.path.resolve()), server_args=engine,
+                               worker=bench_worker, **bench_kw)
     finally:
         server.stop()
     if not result.levels:

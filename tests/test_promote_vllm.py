@@ -97,9 +97,15 @@ def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
     return [w for s in st["steps"] for w in s["windows"]]
 
 
+# Two same-size models on their own cores still differ by up to ~1.8x per token on 2 cores, where
+# the router, the load generator and pytest run unpinned beside them (seen in full-suite runs): the
+# healthy-path tests judge with that headroom; the slow-canary test keeps the default 1.5 against 3x.
+NOISE_HEADROOM = ("--max-latency-ratio", "2.5", "--max-ttft-ratio", "2.5")
+
+
 def test_healthy_canary_goes_10_50_100(run_cli, healthy_router: RouterProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with load(healthy_router.url, LONG) as bg:
-        r = promote(run_cli, healthy_router, tmp_path / "j.sqlite")
+        r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", *NOISE_HEADROOM)
     assert r.exit_code == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["state"] == "promoted" and [s["outcome"] for s in st["steps"]] == ["passed", "passed", "promoted"]
@@ -195,7 +201,7 @@ def test_same_promotion_through_nginx(run_cli, smollm2_server: Any, canary_serve
         "stable": "stable", "canary": "canary", "data_plane": "nginx", "steps": [50, 100], "interval": "4s",
         "backends": {"stable": smollm2_server.base_url, "canary": canary_server.base_url},
         "nginx": {"prefix": str(tmp_path / "nginx"), "listen": listen, "binary": NGINX},
-        "analysis": {"min_requests": 4, "max_inconclusive": 12},
+        "analysis": {"min_requests": 4, "max_inconclusive": 12, "max_latency_ratio": 2.5, "max_ttft_ratio": 2.5},
     }))
     from qlift.rollout.nginx import NginxDataPlane
     from qlift.rollout.spec import NginxSpec
@@ -225,7 +231,8 @@ def test_same_promotion_through_prometheus(run_cli, healthy_router: RouterProces
     try:
         with load(healthy_router.url, LONG) as bg:
             time.sleep(2)
-            r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", "--prometheus", prom.url, steps="50,100")
+            r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", "--prometheus", prom.url, *NOISE_HEADROOM,
+                        steps="50,100")
     finally:
         prom.stop()
     assert r.exit_code == 0, r.stderr

@@ -13,14 +13,13 @@ import json
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from qlift.eval.vllm_worker import _render
 from qlift.perf.batch_rows import BatchRow, output_row
-from qlift.perf.worker import die_with_group, read_job, write_result
+from qlift.perf.worker import die_with_group, exit_now, read_job, run_and_report
 
 OnRow = Callable[[dict[str, Any], BatchRow, int, int], None]  # output row, input row, prompt, completion tokens
 
@@ -139,18 +138,8 @@ def main(argv: list[str]) -> int:
 
     job = read_job(Path(argv[1]))
     os.environ.update(job.get("env", {}))  # the recipe's variables (the caller's own environment wins)
-    try:
-        result = run(job)
-    except Exception as exc:  # reported to the parent as data, with the traceback in the log
-        traceback.print_exc()
-        result = {"error": f"{type(exc).__name__}: {exc}"}
-    write_result(Path(job["result"]), result)
-    return 1 if "error" in result else 0
+    return run_and_report(run, job)
 
 
 if __name__ == "__main__":
-    code = main(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip vLLM's graceful engine teardown (seconds): the parent kills this process group.
-    os._exit(code)
+    exit_now(main(sys.argv))

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from qlift.perf.worker import die_with_group, read_job, write_result
+from qlift.perf.worker import die_with_group, exit_now, read_job, run_and_report
 
 # Per-request lists vLLM returns with --save-detailed; qlift keeps what it needs of them.
 _DETAIL = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors",
@@ -69,18 +67,9 @@ def main_(argv: list[str]) -> int:
     import vllm.benchmarks.serve  # noqa: F401  (the slow import, while the server starts)
 
     job = read_job(Path(argv[1]))
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run(job)
-    except Exception as exc:  # reported to the parent as data, with the traceback in the log
-        traceback.print_exc()
-        result = {"error": f"{type(exc).__name__}: {exc}"}
-    write_result(Path(job["result"]), result)
-    return 1 if "error" in result else 0
+    with contextlib.redirect_stdout(sys.stderr):  # vLLM's client prints its tables on stdout
+        return run_and_report(run, job)
 
 
 if __name__ == "__main__":
-    code = main_(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main_(sys.argv))

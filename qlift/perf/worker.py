@@ -16,11 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import ExternalToolError
+from qlift.fsutil import write_json_atomic
 from qlift.serve.process import first_error_line
 from qlift.settings import qlift_home, vllm_python
 
@@ -142,6 +144,23 @@ def die_with_group() -> None:
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """The worker side: write the result file atomically."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    tmp.replace(path)
+    write_json_atomic(path, result, indent=None)
+
+
+def run_and_report(run: Callable[[dict[str, Any]], dict[str, Any]], job: dict[str, Any]) -> int:
+    """The worker side: run the job, write its result (or its error, as data, with the traceback
+    in the log) to the job's result file, and return the worker's exit code."""
+    try:
+        result = run(job)
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    write_result(Path(job["result"]), result)
+    return 1 if "error" in result else 0
+
+
+def exit_now(code: int) -> None:
+    """Flush and leave without vLLM's graceful engine teardown (seconds): the parent kills the group."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -122,9 +122,15 @@ def check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysis
         return r
     samples = {"latency": (c.latency_s, s.latency_s), "ttft": (c.ttft_s, s.ttft_s),
                "token_latency": (c.token_latency_s, s.token_latency_s)}[kind]
-    t = _samples_test(samples[0], samples[1], a, larger=True)
     detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} > {limit}"
-    if t is None and (samples[0] or samples[1]):
+    return _rank_verdict(r, detail, samples[0], samples[1], c, a, larger=True)
+
+
+def _rank_verdict(r: CheckResult, detail: str, canary: list[float], stable: list[float], c: VersionEvidence,
+                  a: AnalysisSpec, *, larger: bool) -> CheckResult:
+    """A ratio past its limit fails only where a Mann-Whitney U test on the samples agrees."""
+    t = _samples_test(canary, stable, a, larger=larger)
+    if t is None and (canary or stable):
         r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
         return r
     if t is None:  # a quantile-only source (Prometheus): the ratio decides once there is traffic
@@ -179,21 +185,9 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
         return r
     longer = r.ratio > a.max_tokens_ratio
     r.limit = a.max_tokens_ratio if longer else a.min_tokens_ratio
-    t = _samples_test(c.completion_tokens, s.completion_tokens, a, larger=longer)
     what = "rambles" if longer else "goes quiet"
     detail = f"canary {what}: mean completion tokens {cv:.3g} vs {sv:.3g} (ratio {r.ratio:.3g})"
-    if t is None and (c.completion_tokens or s.completion_tokens):
-        r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
-        return r
-    if t is None:
-        enough = c.requests >= quantile_only_requests(a)
-        r.status = "fail" if enough else "inconclusive"
-        r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
-        return r
-    r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
-    r.detail = f"{detail}; mann-whitney p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
-    return r
+    return _rank_verdict(r, detail, c.completion_tokens, s.completion_tokens, c, a, larger=longer)
 
 
 def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult | None:

@@ -139,6 +139,22 @@ def test_failover_replays_5xx_and_connect_errors_before_the_first_byte(tmp_path:
             assert router.admin().state().backend("canary").healthy is False
 
 
+def test_a_dropped_pooled_connection_is_resent_to_the_same_backend(tmp_path: Path) -> None:
+    with TinyBackend("m") as a, RouterProcess("--backend", f"only={a.url}", "--public-model", "pub",
+                                              log_path=tmp_path / "router.log", token=TOKEN) as router:
+        assert chat(router.url).status_code == 200  # leaves a kept-alive connection in the pool
+        a.drop_reused = 1
+        for _ in range(5):  # a request may find the pooled connection busy with a health check
+            r = chat(router.url, stream=True)
+            assert r.status_code == 200, r.text
+            if a.dropped:
+                break
+        assert a.dropped == 1
+        assert router.metric("qlift_router_requests_total", backend="only", status_class="5xx") == 0
+        assert router.admin().state().backend("only").errors == 0
+        assert "dropped the connection before answering, resending" in router.log_tail(20)
+
+
 def test_all_backends_down_is_503_and_health_brings_one_back(tmp_path: Path) -> None:
     with TinyBackend("m") as a:
         cfg = tmp_path / "router.yaml"

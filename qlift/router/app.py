@@ -85,8 +85,9 @@ class Router:
         """Open backend pools, run a first health round, listen; returns the router's URL."""
         t = self.config.timeouts
         for b in self.balancer.backends:
-            # One pool per backend, keep-alive; per-phase timeouts are applied per request.
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            # One pool per backend, keep-alive; per-phase timeouts are applied per request. A pooled
+            # connection outliving the backend's keep-alive races its close: a request sent on it dies.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=t.keepalive_s, enable_cleanup_closed=True)
             self.sessions[b.name] = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s),
                 auto_decompress=False,
@@ -200,6 +201,7 @@ class Router:
                                 t0=t0, path=request.path)
         t = self.config.timeouts
         retried_from: str | None = None
+        resent = False
         att = Attempt(backend.name, stream)
         try:
             while True:
@@ -213,6 +215,12 @@ class Router:
                     self._end(backend)
                 if att.connect_failed and self.health is not None:
                     self.health.mark_down(backend)
+                if att.dropped and not resent:
+                    # Not the backend's fault until it happens twice: a pooled connection it had
+                    # already closed. Resend once on the same backend; a dead one then fails to connect.
+                    resent = True
+                    log.info("request %s: %s dropped the connection before answering, resending", rid, backend.name)
+                    continue
                 replay_on = None
                 if att.failed_early and retried_from is None:
                     replay_on = self.balancer.choose(session_key, exclude={backend.name})

@@ -50,6 +50,8 @@ class TimeoutsConfig(_Strict):
     connect_s: float = Field(default=5.0, gt=0, description="Connecting to a backend.")
     first_byte_s: float = Field(default=300.0, gt=0, description="Request sent -> backend's response headers.")
     idle_s: float = Field(default=60.0, gt=0, description="Longest silence between two chunks of a response.")
+    keepalive_s: float = Field(default=4.0, gt=0, description="How long an idle pooled connection is reused; keep it "
+                               "below the backend's own keep-alive (vLLM closes idle connections after 5 s).")
 
 
 class HealthConfig(_Strict):

@@ -39,6 +39,7 @@ class Attempt:
     upstream_body: bytes = b""  # kept for a failure that is handed to the client as it came
     upstream_content_type: str = "application/json"
     connect_failed: bool = False
+    dropped: bool = False  # the backend closed the connection before answering (a stale pooled one, usually)
     response: web.StreamResponse | None = None  # what the client got, once responded
 
     @property
@@ -108,6 +109,7 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             att.status, att.error = 0, f"connection failed: {type(exc).__name__}"
             att.connect_failed = isinstance(exc, aiohttp.ClientConnectorError)
+            att.dropped = isinstance(exc, aiohttp.ServerDisconnectedError)
             return
         except TimeoutError:
             att.status, att.error = 0, f"no answer within {first_byte_s:g} s"

@@ -78,7 +78,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from qlift.models.gguf_import import ensure_builtin
     from qlift.perf.engine import engine_for
-    from qlift.serve.process import VllmServer
+    from qlift.vllm.server import VllmServer
 
     model = (args.model or ensure_builtin("smollm2")[0]).resolve()
     engine = engine_for(model, recipe="auto", sets=["max_model_len=2048"])

@@ -106,7 +106,7 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 def start_servers(stack: ExitStack, canary_model: Path, work: Path) -> tuple[str, str]:
     from qlift.models.gguf_import import ensure_builtin
-    from qlift.serve.process import VllmServer, cpu_engine_args
+    from qlift.vllm.server import VllmServer, cpu_engine_args
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     smollm2, _ = ensure_builtin("smollm2")

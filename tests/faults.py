@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "upgrade"}
 

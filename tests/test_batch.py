@@ -209,7 +209,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
 
     import psutil
 
-    from qlift.serve.process import free_port
+    from qlift.vllm.process import free_port
 
     temp = tempfile.mkdtemp(prefix="qray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     port = free_port()

@@ -24,7 +24,7 @@ from qlift.rollout.evidence import Evidence
 from qlift.rollout.judge import run_checks
 from qlift.rollout.prometheus import PrometheusSource
 from qlift.rollout.spec import AnalysisSpec, PrometheusSpec
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 WINDOW_S = 10

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-import qlift.serve.engine_args as ea
-from qlift.serve._vllm_names import NAMES, VLLM_VERSION
+import qlift.vllm.engine_args as ea
+from qlift.vllm._arg_names import NAMES, VLLM_VERSION
 
-SNAPSHOT = Path(ea.__file__).with_name("_vllm_names.py")
+SNAPSHOT = Path(ea.__file__).with_name("_arg_names.py")
 
 
 def _wrapper(path: Path, *python_args: str) -> Path:
@@ -71,8 +71,8 @@ def test_snapshot_matches_the_installed_vllm(installed, probed) -> None:
     version, names = probed["first"]
     assert version == installed
     assert installed == VLLM_VERSION, (
-        f"vLLM {installed} is installed but the snapshot is of {VLLM_VERSION}: run `python -m qlift.serve.engine_args`")
-    assert names == NAMES, ("the snapshot drifted from vLLM; run `python -m qlift.serve.engine_args`: "
+        f"vLLM {installed} is installed but the snapshot is of {VLLM_VERSION}: run `python -m qlift.vllm.engine_args`")
+    assert names == NAMES, ("the snapshot drifted from vLLM; run `python -m qlift.vllm.engine_args`: "
                             f"new {sorted(names - NAMES)}, gone {sorted(NAMES - names)}")
 
 
@@ -110,7 +110,7 @@ def test_regenerating_without_vllm_leaves_the_snapshot_alone(tmp_path) -> None:
     before = SNAPSHOT.read_bytes()
     python = _wrapper(tmp_path / "python", "-S")
     env = {**os.environ, "QLIFT_VLLM_PYTHON": str(python)}
-    r = subprocess.run([sys.executable, "-m", "qlift.serve.engine_args"], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "qlift.vllm.engine_args"], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and "vLLM cannot be imported" in r.stderr, r.stderr
     assert SNAPSHOT.read_bytes() == before

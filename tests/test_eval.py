@@ -223,7 +223,7 @@ def test_existing_report_needs_force(run_cli, tiny_qwen2_tied: Path, tmp_path: P
 
 
 def test_unreachable_endpoint_is_an_evaluation_error(run_cli) -> None:
-    from qlift.serve.process import free_port
+    from qlift.vllm.process import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     r = run_cli("eval", "smollm2", "--endpoint", url, "--prompts", SMOKE)

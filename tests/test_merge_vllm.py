@@ -9,7 +9,7 @@ import pytest
 from conftest import _cached
 from substrate import build_lora
 
-from qlift.serve.process import VllmServer, chat, cpu_engine_args
+from qlift.vllm.server import VllmServer, chat, cpu_engine_args
 
 
 @pytest.mark.vllm

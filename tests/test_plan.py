@@ -13,8 +13,8 @@ import pytest
 from substrate import QWEN3B, QWEN7B, qwen2_tensors, write_header_only_safetensors
 
 from qlift.errors import IncompatibleError
+from qlift.hardware import simulate
 from qlift.models.modeldir import ModelDir
-from qlift.serve.hardware import simulate
 from qlift.serve.plan import ModelShape, fit_to_model, plan_memory, resolve_dtype
 from qlift.serve.recipes import apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch

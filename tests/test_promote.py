@@ -21,7 +21,7 @@ import pytest
 from faults import BackgroundLoad, FaultProxy, RouterProcess, TinyBackend
 
 from qlift.router.client import RouterClient
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 TOKEN = "promote-test-token"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -21,7 +21,7 @@ from test_rollout_nginx import NGINX, needs_nginx
 
 from qlift.rollout.journal import Journal
 from qlift.router.client import RouterClient
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 pytestmark = pytest.mark.vllm
 

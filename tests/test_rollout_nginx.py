@@ -26,7 +26,7 @@ from aiohttp import web
 from qlift.rollout.journal import Journal
 from qlift.rollout.nginx import AccessLogSource, NginxDataPlane, render_nginx_conf
 from qlift.rollout.spec import NginxSpec
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 needs_nginx = pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed (apt-get install nginx)")

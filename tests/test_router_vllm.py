@@ -14,7 +14,7 @@ import httpx
 import pytest
 from faults import BackgroundLoad, FaultProxy, RouterProcess, metric_value, run_load
 
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 pytestmark = pytest.mark.vllm
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from qlift.serve.process import free_port
+from qlift.vllm.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 QLIFT = REPO / ".venv" / "bin" / "qlift"
@@ -229,7 +229,7 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 
 
 def test_first_error_line_skips_wrappers_and_log_prefixes() -> None:
-    from qlift.serve.process import first_error_line
+    from qlift.vllm.process import first_error_line
 
     assert first_error_line(WORKER_LOG) == "ValueError: Unknown RoPE scaling type bogus"
     pyd = "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n  Value error, bad x\n"

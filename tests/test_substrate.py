@@ -7,7 +7,7 @@ import pytest
 from substrate import QWEN_EMBED_ROWS, read_config
 
 from qlift.models import ModelDir
-from qlift.serve.process import chat
+from qlift.vllm.server import chat
 
 
 @pytest.mark.vllm

@@ -14,7 +14,7 @@ from qlift.cli.output import STATE, emit, human_bytes, json_option
 from qlift.cli.params import PORT, SECONDS, count
 
 if TYPE_CHECKING:
-    from qlift.serve.hardware import Hardware
+    from qlift.hardware import Hardware
     from qlift.serve.launch import LaunchSpec
     from qlift.serve.plan import MemoryPlan
 
@@ -41,7 +41,7 @@ def _recipe_options(f: Any) -> Any:
 
 
 def _hardware(gpu: str | None, gpus: int | None) -> Hardware:
-    from qlift.serve.hardware import resolve
+    from qlift.hardware import resolve
 
     return resolve(gpu, gpus)
 

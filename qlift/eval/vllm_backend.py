@@ -15,8 +15,8 @@ from pathlib import Path
 
 from qlift.errors import ExternalToolError
 from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
-from qlift.serve.process import first_error_line
 from qlift.settings import qlift_home, vllm_python
+from qlift.vllm.process import first_error_line
 
 log = logging.getLogger(__name__)
 

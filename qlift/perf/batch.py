@@ -21,7 +21,7 @@ from qlift.errors import BadInputError, OutputExistsError
 from qlift.fsutil import check_not_an_input
 from qlift.perf.batch_rows import done_ids, finalize, read_input, write_errors
 from qlift.perf.engine import engine_for
-from qlift.perf.worker import Worker
+from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
 

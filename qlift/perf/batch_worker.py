@@ -19,7 +19,7 @@ from typing import Any
 
 from qlift.eval.vllm_worker import _render
 from qlift.perf.batch_rows import BatchRow, output_row
-from qlift.perf.worker import die_with_group, exit_now, read_job, run_and_report
+from qlift.vllm.worker import die_with_group, exit_now, read_job, run_and_report
 
 OnRow = Callable[[dict[str, Any], BatchRow, int, int], None]  # output row, input row, prompt, completion tokens
 

@@ -21,7 +21,7 @@ import httpx
 from qlift import __version__
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
 from qlift.perf.slo import RequestRecord, goodput, vllm_goodput_args
-from qlift.perf.worker import Worker, run_worker
+from qlift.vllm.worker import Worker, run_worker
 
 log = logging.getLogger(__name__)
 RESULT_KIND = "qlift-bench/1"

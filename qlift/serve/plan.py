@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qlift.errors import BadInputError, IncompatibleError
+from qlift.hardware import GiB, Hardware
 from qlift.models.dtypes import CODE_OF_NAME, SERVING_BYTES
 from qlift.models.modeldir import ModelDir
-from qlift.serve.hardware import GiB, Hardware
 from qlift.serve.recipes import Recipe
 
 DTYPE_BYTES = SERVING_BYTES  # model dtype name -> bytes per element

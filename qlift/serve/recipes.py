@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qlift.errors import BadInputError, NotFoundError
 from qlift.loaders import read_yaml
-from qlift.serve.engine_args import check_arg_name, normalize
 from qlift.settings import recipes_dir_override
+from qlift.vllm.engine_args import check_arg_name, normalize
 
 Workload = Literal["chat", "long-doc", "multi-tenant", "batch"]
 WORKLOADS: tuple[str, ...] = ("chat", "long-doc", "multi-tenant", "batch")

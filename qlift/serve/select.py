@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qlift.errors import NotFoundError, QliftError
+from qlift.hardware import GiB, Hardware
 from qlift.models.modeldir import ModelDir
-from qlift.serve.hardware import GiB, Hardware
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, list_recipes
 

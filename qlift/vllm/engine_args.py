@@ -4,7 +4,7 @@ Names come from vLLM's ``AsyncEngineArgs`` and the OpenAI server's ``FrontendArg
 dataclasses. Importing vLLM takes seconds, so the names are read once per vLLM version
 in a subprocess and cached (for ``QLIFT_VLLM_PYTHON`` too; a corrupt cache file is probed
 again); without vLLM, a list captured from vLLM 0.32 stands in. ``python -m
-qlift.serve.engine_args`` regenerates that list from an installed vLLM, and refuses without one.
+qlift.vllm.engine_args`` regenerates that list from an installed vLLM, and refuses without one.
 tests/test_engine_args.py fails when the list drifts from the installed vLLM.
 """
 
@@ -127,7 +127,7 @@ def vllm_arg_names() -> tuple[str, frozenset[str]]:
     """(vLLM version, argument names) of the vLLM qlift launches; a static list without one.
 
     The probe is cached per vLLM version, for this interpreter and for ``QLIFT_VLLM_PYTHON`` alike."""
-    from qlift.serve._vllm_names import NAMES, VLLM_VERSION
+    from qlift.vllm._arg_names import NAMES, VLLM_VERSION
 
     python = vllm_python() or sys.executable
     version = _installed_version(python)
@@ -173,12 +173,12 @@ def check_arg_name(key: str, *, path: Path | str | None = None, field: str | Non
 
 
 def write_snapshot(version: str, names: frozenset[str], path: Path) -> None:
-    """The static fallback list, as qlift/serve/_vllm_names.py holds it."""
+    """The static fallback list, as qlift/vllm/_arg_names.py holds it."""
     body = "\n".join(f'    "{n}",' for n in sorted(names))
     path.write_text(
         f'"""vLLM\'s argument names (AsyncEngineArgs + the OpenAI server\'s FrontendArgs) in vLLM {version}.\n\n'
         "The fallback when vLLM cannot be imported; regenerate with\n"
-        '``python -m qlift.serve.engine_args`` (it refuses to run without vLLM).\n"""\n\n'
+        '``python -m qlift.vllm.engine_args`` (it refuses to run without vLLM).\n"""\n\n'
         f'VLLM_VERSION = "{version}"\nNAMES: frozenset[str] = frozenset({{\n{body}\n}})\n'
     )
 
@@ -189,4 +189,4 @@ if __name__ == "__main__":  # regenerate the static fallback list from an instal
     if found is None:
         sys.exit(f"error: vLLM cannot be imported by {python}; the snapshot is left as it is. "
                  "Run this in the environment that has vLLM (or set QLIFT_VLLM_PYTHON).")
-    write_snapshot(*found, Path(__file__).with_name("_vllm_names.py"))
+    write_snapshot(*found, Path(__file__).with_name("_arg_names.py"))

@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,50 +22,9 @@ from types import TracebackType
 import httpx
 
 from qlift.errors import ExternalToolError
+from qlift.vllm.process import first_error_line, free_port, term_on_parent_death
 
 log = logging.getLogger(__name__)
-
-# Exception lines in vLLM logs that only wrap the real cause printed above them.
-_WRAPPER_ERRORS = (
-    "Engine core initialization failed",
-    "EngineCore failed to start",
-    "subprocess.CalledProcessError",
-    "Traceback (most recent call last)",
-    "initialization failed",
-    "See stack trace for root cause",
-    "See root cause above",
-)
-_ERROR_LINE = re.compile(
-    r"^\s*(?:\([\w-]+ pid=\d+\)\s*)?"  # (EngineCore pid=12), (VllmWorker-0 pid=7) from a child
-    r"(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"  # vLLM's "ERROR 11-29 19:01:12 [file.py:953]"
-    r"([\w.]*(?:Error|Exception)): (.+)$"
-)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-_PYDANTIC_HEADER = re.compile(r"^\d+ validation errors? for \w+$")
-_MAX_CAUSE = 300
-
-
-def first_error_line(log_text: str) -> str | None:
-    """The first exception line in a vLLM log that states a root cause (at most ~300 characters)."""
-    lines = log_text.splitlines()
-    for i, line in enumerate(lines):
-        m = _ERROR_LINE.match(line)
-        if m and not any(w in line for w in _WRAPPER_ERRORS):
-            cause = m.group(2).strip()
-            if _PYDANTIC_HEADER.match(cause):  # pydantic puts the reason on the next line
-                detail = next((ln.strip() for ln in lines[i + 1:i + 3] if ln.strip()), "")
-                cause = f"{cause}: {detail.removeprefix('Value error, ')}"
-            if len(cause) > _MAX_CAUSE:
-                cause = cause[:_MAX_CAUSE].rstrip() + " ..."
-            return f"{m.group(1)}: {cause}"
-    return None
 
 
 @dataclass
@@ -117,7 +74,7 @@ class VllmServer:
             self.proc = subprocess.Popen(
                 self.argv(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,
-                preexec_fn=_term_on_parent_death if self.die_with_parent else None,
+                preexec_fn=term_on_parent_death if self.die_with_parent else None,
             )
         return self
 
@@ -189,14 +146,6 @@ class VllmServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def _term_on_parent_death() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def cpu_engine_args(max_model_len: int = 2048) -> list[str]:

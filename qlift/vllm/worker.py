@@ -1,6 +1,6 @@
 """Run a ``python -m MODULE JOB.json`` worker in the interpreter that has vLLM.
 
-The same pattern as ``qlift.eval.vllm_backend``: the job is a JSON file, the worker writes a
+Shared by perf (batch, bench, tune) and eval: the job is a JSON file, the worker writes a
 result JSON, runs in a process group of its own (vLLM spawns engine processes) and dies with
 qlift (PR_SET_PDEATHSIG), so a killed ``qlift`` leaves no engine behind. ``on_poll`` runs
 every half second while it works: progress, or raising to stop it.
@@ -23,8 +23,8 @@ from typing import Any
 
 from qlift.errors import ExternalToolError
 from qlift.fsutil import write_json_atomic
-from qlift.serve.process import first_error_line
 from qlift.settings import qlift_home, vllm_python
+from qlift.vllm.process import first_error_line, term_on_parent_death
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -46,8 +46,6 @@ class Worker:
     """
 
     def __init__(self, module: str, *, name: str, env: dict[str, str] | None = None) -> None:
-        from qlift.serve.process import _term_on_parent_death
-
         self.name = name
         logs = qlift_home() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -59,7 +57,7 @@ class Worker:
         with open(self.log_path, "wb") as logf:
             self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=worker_env(env), start_new_session=True,
-                                         preexec_fn=_term_on_parent_death)
+                                         preexec_fn=term_on_parent_death)
 
     def submit(self, job: dict[str, Any]) -> None:
         tmp = self.job_path.with_suffix(".tmp")

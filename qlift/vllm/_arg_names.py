@@ -1,7 +1,7 @@
 """vLLM's argument names (AsyncEngineArgs + the OpenAI server's FrontendArgs) in vLLM 0.32.0.
 
 The fallback when vLLM cannot be imported; regenerate with
-``python -m qlift.serve.engine_args`` (it refuses to run without vLLM).
+``python -m qlift.vllm.engine_args`` (it refuses to run without vLLM).
 """
 
 VLLM_VERSION = "0.32.0"

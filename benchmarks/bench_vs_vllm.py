@@ -49,7 +49,10 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from qlift.models.gguf_import import ensure_builtin
-    from qlift.vllm.server import VllmServer, cpu_engine_args
+    sys.path.insert(0, str(REPO / "tests"))
+    from substrate import cpu_engine_args
+
+    from qlift.vllm.server import VllmServer
 
     model = (args.model or ensure_builtin("smollm2")[0]).resolve()
     runs: dict[str, list[dict[str, float]]] = {"vllm": [], "qlift": []}

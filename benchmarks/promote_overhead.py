@@ -105,8 +105,10 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 def start_servers(stack: ExitStack, canary_model: Path, work: Path) -> tuple[str, str]:
+    from substrate import cpu_engine_args
+
     from qlift.models.gguf_import import ensure_builtin
-    from qlift.vllm.server import VllmServer, cpu_engine_args
+    from qlift.vllm.server import VllmServer
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     smollm2, _ = ensure_builtin("smollm2")

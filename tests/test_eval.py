@@ -249,3 +249,37 @@ def test_model_content_hash_is_the_lineage_hash_and_is_remembered(tmp_path: Path
     (d / "model.safetensors").write_bytes(b"y" * 1000)
     os.utime(d / "model.safetensors", ns=(1, 1))  # new content, new mtime: hashed again
     assert model_content_hash(d) != h
+
+
+def test_prompt_rendering_is_the_chat_template_or_plain_text(tiny_qwen2_tied: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from qlift.errors import IncompatibleError
+    from qlift.models.chat import prompt_token_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen2_tied)
+    chat = prompt_token_ids(tok, {"messages": [{"role": "user", "content": "hi"}], "prompt": None})
+    assert tok.decode(chat).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(prompt_token_ids(tok, {"messages": None, "prompt": "plain hi"})) == "plain hi"
+    tok.chat_template = None
+    with pytest.raises(IncompatibleError, match="no chat template"):
+        prompt_token_ids(tok, {"messages": [{"role": "user", "content": "hi"}], "prompt": None})
+
+
+def test_vllm_worker_job_and_result_are_checked_on_both_sides() -> None:
+    from pydantic import ValidationError
+
+    from qlift.eval.generation import Generation, Request, Sampling
+    from qlift.eval.vllm_job import VllmEvalJob, VllmEvalResult
+
+    job = VllmEvalJob(model="/m", requests=[Request(messages=None, prompt="p", reference="r")],
+                      sampling=Sampling(max_tokens=8), max_model_len=512)
+    wire = json.loads(json.dumps({**job.model_dump(mode="json"), "result": "/tmp/result.json"}))
+    assert VllmEvalJob.model_validate(wire) == job  # the worker machinery's "result" key is not the job's
+    with pytest.raises(ValidationError, match="sampling"):
+        VllmEvalJob.model_validate({k: v for k, v in wire.items() if k != "sampling"})
+    result = VllmEvalResult(generations=[Generation(text="a", output_tokens=1, latency_s=0.1)], load_s=1.0,
+                            generate_s=2.0, vllm_version="0.32.0")
+    assert VllmEvalResult.model_validate(json.loads(json.dumps(result.model_dump(mode="json")))) == result
+    with pytest.raises(ValidationError, match="output_tokens"):
+        VllmEvalResult.model_validate({**result.model_dump(mode="json"), "generations": [{"text": "a"}]})

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from qlift.errors import ExternalToolError
+from qlift.eval.backend import Backend
 from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
 from qlift.progress import bar
 from qlift.threads import map_unordered
@@ -32,7 +33,7 @@ BACKOFF_S = 0.5  # doubled each attempt: 0.5, 1, 2, 4 s
 MAX_RETRY_AFTER_S = 30.0
 
 
-class EndpointBackend:
+class EndpointBackend(Backend):
     name = "endpoint"
 
     def __init__(self, *, concurrency: int = 1, timeout_s: float = 300.0, api_key: str | None = None,

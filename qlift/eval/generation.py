@@ -11,9 +11,12 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from qlift.eval.prompts import Example
+
+if TYPE_CHECKING:
+    from qlift.eval.backend import Backend
 from qlift.fsutil import write_json_atomic
 from qlift.progress import bar
 
@@ -125,7 +128,7 @@ def cached_generate(
     models: list[ModelRef],
     requests: list[Request],
     sampling: Sampling,
-    backend: Any,
+    backend: Backend,
     cache: GenerationCache,
 ) -> tuple[dict[str, list[Generation]], CacheStats]:
     """Generations per model role: from the cache where possible, else from ``backend``.
@@ -136,9 +139,7 @@ def cached_generate(
     out: dict[str, list[Generation]] = {}
     by_hash: dict[str, str] = {}
     for model in bar(models, total=len(models), desc="models", unit="model"):
-        identify = getattr(backend, "identify", None)
-        if identify is not None:  # an endpoint: what does it serve under this name?
-            identify(model)
+        backend.identify(model)
         cid = model.cache_id
         if cid is not None and cid in by_hash:
             out[model.role] = out[by_hash[cid]]

@@ -4,36 +4,26 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
-from qlift.errors import ExternalToolError
+from qlift.errors import ExternalToolError, QliftError
+from qlift.eval.backend import Backend
 from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
+from qlift.models.chat import prompt_token_ids
 from qlift.progress import bar
 
 log = logging.getLogger(__name__)
 
 
-def _prompt_ids(tok: Any, req: Request) -> list[int]:
-    if req.messages is not None:
-        if not getattr(tok, "chat_template", None):
-            raise ExternalToolError(
-                "the model has no chat template, so 'messages' cannot be rendered",
-                hint="Use 'prompt' in the prompt file for this model.", tool="transformers",
-            )
-        text = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok(req.prompt)["input_ids"])
-
-
-class TransformersBackend:
+class TransformersBackend(Backend):
     name = "transformers"
-    supports_ppl = True
 
     def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         try:
             return self._generate(model, requests, sampling)
-        except ExternalToolError:
+        except QliftError:
             raise
         except Exception as exc:  # any failure of the backend fails the evaluation
             raise ExternalToolError(
@@ -54,7 +44,7 @@ class TransformersBackend:
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else 0)
         out: list[Generation] = []
         for req in bar(requests, total=len(requests), desc=f"transformers {model.role}"):
-            ids = _prompt_ids(tok, req)
+            ids = prompt_token_ids(tok, asdict(req))
             x = torch.tensor([ids])
             t0 = time.monotonic()
             with torch.no_grad():

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, ExternalToolError, GateFailedError
+from qlift.eval.backend import Backend
 from qlift.eval.compare import MetricSummary, summarize
 from qlift.eval.gates import Gate, GateResult, parse_gate
 from qlift.eval.generation import (
@@ -81,7 +82,7 @@ def pick_backend(backend: str | None, endpoint: str | None) -> str:
     return "transformers"
 
 
-def _make_backend(name: str, *, concurrency: int, max_model_len: int, api_key: str | None) -> Any:
+def _make_backend(name: str, *, concurrency: int, max_model_len: int, api_key: str | None) -> Backend:
     if name == "vllm":
         from qlift.eval.vllm_backend import VllmBackend
 

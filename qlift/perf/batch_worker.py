@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from qlift.eval.vllm_worker import _render
+from qlift.models.chat import prompt_token_ids as _render
 from qlift.perf.batch_rows import BatchRow, output_row
 from qlift.vllm.worker import die_with_group, exit_now, read_job, run_and_report
 

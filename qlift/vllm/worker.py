@@ -45,8 +45,10 @@ class Worker:
     returns its result; leaving the ``with`` block ends its process group whatever happened.
     """
 
-    def __init__(self, module: str, *, name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, module: str, *, name: str, env: dict[str, str] | None = None,
+                 failure: str | None = None) -> None:
         self.name = name
+        self.failure = failure or f"{name} failed"  # what the error says before its cause
         logs = qlift_home() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = logs / f"{name}-{os.getpid()}.log"
@@ -81,8 +83,11 @@ class Worker:
         result = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         if rc != 0 or "error" in result:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
-            cause = result.get("error") or first_error_line(text) or f"exit code {rc}"
-            raise ExternalToolError(f"{self.name} failed: {cause}", hint=f"Full log: {self.log_path}", tool="vllm")
+            error = result.get("error")
+            # The worker's own error, unless it only wraps a cause vLLM logged above it.
+            cause = (first_error_line(error) if error else None) or first_error_line(text) or error \
+                or f"exit code {rc}"
+            raise ExternalToolError(f"{self.failure}: {cause}", hint=f"Full log: {self.log_path}", tool="vllm")
         self.log_path.unlink(missing_ok=True)
         return dict(result)
 
@@ -109,9 +114,11 @@ def run_worker(
     timeout_s: float,
     on_poll: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
+    failure: str | None = None,
 ) -> dict[str, Any]:
-    """Run ``module`` on ``job``; return its result, or raise with the first error line of its log."""
-    with Worker(module, name=name, env=env) as worker:
+    """Run ``module`` on ``job``; return its result, or raise ``failure`` (default "NAME failed") with
+    the cause: the worker's error, or the first error line of its log."""
+    with Worker(module, name=name, env=env, failure=failure) as worker:
         worker.submit(job)
         return worker.wait(timeout_s=timeout_s, on_poll=on_poll)
 

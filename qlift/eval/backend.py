@@ -1,0 +1,23 @@
+"""What evaluation asks of a backend. The transformers, vllm and endpoint backends each satisfy it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
+
+
+class Backend(Protocol):
+    name: str
+    """Part of every cache key: answers from one backend are never served for another."""
+
+    def identify(self, model: ModelRef) -> None:
+        """Record what identifies ``model`` for the cache where no content hash can (a served
+        model); a backend of local directories has the content hash and does nothing here."""
+        return None
+
+    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+                 on_result: OnResult | None = None) -> list[Generation]:
+        """One answer per request, in order. ``on_result`` is called as each answer arrives, by
+        backends that answer one request at a time, so a failure later keeps what came before."""
+        ...

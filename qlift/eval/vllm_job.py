@@ -1,0 +1,25 @@
+"""What the eval vLLM worker is given and what it gives back, checked on both sides of the JSON files."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from qlift.eval.generation import Generation, Request, Sampling
+
+
+class VllmEvalJob(BaseModel):
+    """One model's requests for ``python -m qlift.eval.vllm_worker`` (the worker machinery adds ``result``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    requests: list[Request]
+    sampling: Sampling
+    max_model_len: int
+
+
+class VllmEvalResult(BaseModel):
+    generations: list[Generation]
+    load_s: float
+    generate_s: float
+    vllm_version: str

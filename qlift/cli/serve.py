@@ -97,10 +97,9 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
     from qlift.serve.launch import plan_launch
 
     hw = _hardware(gpu, gpus)
-    _, _, reason, p, notes = plan_launch(model, recipe=recipe, hardware=hw, workload=workload, sets=list(sets))
-    p.notes[:0] = notes
-    if recipe == "auto":
-        p.notes.insert(0, f"recipe auto: {reason}")
+    planned = plan_launch(model, recipe=recipe, hardware=hw, workload=workload, sets=list(sets))
+    p = planned.memory
+    p.notes[:0] = ([f"recipe auto: {planned.reason}"] if recipe == "auto" else []) + planned.notes
     emit(p, lambda: _print_plan(p))
 
 

@@ -80,9 +80,21 @@ def _unsuited(recipe: Recipe, hw: Hardware) -> str | None:
     return why if why and recipe.hardware.device == "gpu" else None
 
 
+@dataclass
+class LaunchPlan:
+    """What `qlift plan` shows and `qlift serve` runs: the model, the effective recipe and why, its memory plan."""
+
+    model: ModelDir
+    recipe: Recipe
+    reason: str
+    memory: MemoryPlan
+    notes: list[str]  # how the recipe was fitted to the model (the memory plan has notes of its own)
+
+
 def plan_launch(model: Path, *, recipe: str, hardware: Hardware, workload: str = "chat",
-                sets: list[str] | None = None) -> tuple[ModelDir, Recipe, str, MemoryPlan, list[str]]:
-    """(model, effective recipe, why that recipe, memory plan, notes): what `plan` shows and `serve` runs."""
+                sets: list[str] | None = None) -> LaunchPlan:
+    """Resolve the recipe (auto, a name or a file), apply ``sets`` and plan memory; refuse what
+    `serve` on ``hardware`` would refuse. Starts and writes nothing."""
     md = ModelDir.open(model)
     md.require_weights()
     chosen, reason = resolve_recipe(recipe, hardware, workload, md)
@@ -95,7 +107,7 @@ def plan_launch(model: Path, *, recipe: str, hardware: Hardware, workload: str =
             f"recipe {chosen.name} does not suit {hardware.describe()}: {why}",
             hint="Use --recipe auto, or a recipe that `qlift recipes list --gpu NAME` marks for that GPU.",
         )
-    return md, chosen, reason, plan, notes
+    return LaunchPlan(md, chosen, reason, plan, notes)
 
 
 def new_run_dir(served_name: str) -> Path:
@@ -124,8 +136,8 @@ def prepare(
     api_key_env: str | None = None,
 ) -> LaunchSpec:
     """Resolve recipe, overrides and plan into a launch; starts and writes nothing."""
-    md, chosen, reason, plan, notes = plan_launch(model, recipe=recipe, hardware=hardware, workload=workload,
-                                                  sets=sets)
+    planned = plan_launch(model, recipe=recipe, hardware=hardware, workload=workload, sets=sets)
+    md, chosen, plan = planned.model, planned.recipe, planned.memory
     if api_key_env is not None and not os.environ.get(api_key_env):
         raise BadInputError(
             f"--api-key-env {api_key_env}: that environment variable is not set or empty",
@@ -135,13 +147,13 @@ def prepare(
     engine = chosen.engine.args()
     engine.setdefault("dtype", plan.dtype)
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
-    notes += [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
+    notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
     run_dir = new_run_dir(served)
     port = port or free_port(host)  # 0: any free port, fixed now so config, argv and URL agree
     server = _server(md.path, run_dir, host, port, served, env)
     return LaunchSpec(
-        model=md.path, recipe=chosen.name, recipe_reason=reason, served_model_name=served, host=host,
+        model=md.path, recipe=chosen.name, recipe_reason=planned.reason, served_model_name=served, host=host,
         port=port, engine_args=engine, env=env, run_dir=run_dir, argv=server.argv(),
         config_yaml=config_yaml(md.path.resolve(), host, port, served, engine), plan=plan,
         api_key_env=api_key_env, notes=notes + plan.notes,

@@ -84,13 +84,18 @@ def _active(journal: Journal) -> Rollout:
     return r
 
 
+def _switch(journal: Journal, r: Rollout, *, before: str, after: str, action: str, reason: str) -> None:
+    """``before`` -> ``after``, the operator's decision journaled in the same transaction; any other state stays."""
+    with journal.tx() as db:
+        if journal.get(r.id).state == before:
+            journal.update(db, r.id, state=after)
+            journal.decide(db, r.id, r.step, action, reason, manual=True)
+
+
 def pause(journal_path: Path | None = None) -> Rollout:
     with Journal(Path(journal_path or default_journal())) as journal:
         r = _active(journal)
-        with journal.tx() as db:
-            if journal.get(r.id).state == "progressing":
-                journal.update(db, r.id, state="paused")
-                journal.decide(db, r.id, r.step, "pause", "paused by an operator", manual=True)
+        _switch(journal, r, before="progressing", after="paused", action="pause", reason="paused by an operator")
         return journal.get(r.id)
 
 
@@ -98,10 +103,8 @@ def resume(journal_path: Path | None = None) -> Rollout:
     """Set a paused rollout progressing; with no controller running, run one here (foreground)."""
     with Journal(Path(journal_path or default_journal())) as journal:
         r = _active(journal)
-        with journal.tx() as db:
-            if journal.get(r.id).state == "paused":
-                journal.update(db, r.id, state="progressing")
-                journal.decide(db, r.id, r.step, "resume", "resumed by an operator", manual=True)
+        _switch(journal, r, before="paused", after="progressing", action="resume",
+                reason="resumed by an operator")
         with journal.controller_lock() as mine:
             if not mine:
                 return journal.get(r.id)  # the running controller picks it up
@@ -125,13 +128,13 @@ def _finish_manually(journal_path: Path | None, *, action: str, to_canary: bool)
             journal.update(db, r.id, state=state, desired_version=desired, reason=reason,
                            **({"step": last} if to_canary else {}))
 
-        plane = make_data_plane(_spec_of(r))
+        spec = _spec_of(r)
+        plane = make_data_plane(spec)
         if not journal.change_weights(r.id, r.weights_for(100 if to_canary else 0), reason, plane.set_weights,
                                       allowed_states=ACTIVE_STATES, also=also):
             raise QliftError(f"rollout {r.id} finished meanwhile ({journal.get(r.id).state})")
         from qlift.rollout.webhook import notify
 
-        spec = _spec_of(r)
         notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": action, "state": state, "reason": reason,
                               "stable": r.stable, "canary": r.canary, "manual": True,
                               "weights": r.weights_for(100 if to_canary else 0)})

@@ -231,9 +231,12 @@ class LoadResult:
 
 
 def _chat_body(model: str, i: int, *, stream: bool, max_tokens: int) -> dict[str, Any]:
+    # 40 prompts over and over: a steady mix. Greedy SmolLM2 answers "Count to ten. (i)" with 3 to
+    # 64 tokens depending on i, in runs (i = 120..199 nearly all under 10), so a load that walked
+    # through i would change its mix from one promotion window to the next.
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": f"Count to ten. ({i})"}],
+        "messages": [{"role": "user", "content": f"Count to ten. ({i % 40})"}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,
@@ -374,7 +377,9 @@ class TinyBackend:
 
     Answers /v1/chat/completions and /v1/completions (``tokens`` one-word chunks when
     streamed, ``chunk_delay_s`` apart), /v1/models with ``served_model``, /health. Counts
-    requests and remembers the last JSON body it got.
+    requests and remembers the last JSON body it got. ``drop_reused = N``: the next N requests
+    that arrive on a kept-alive connection find it closed (what a client sees when it reuses a
+    connection the server has just timed out).
     """
 
     def __init__(self, served_model: str = "tiny", *, tokens: int = 3, chunk_delay_s: float = 0.0) -> None:
@@ -385,6 +390,9 @@ class TinyBackend:
         self.requests = 0
         self.last_body: dict[str, Any] = {}
         self.disconnects = 0
+        self.drop_reused = 0
+        self.dropped = 0
+        self._seen_connections: set[int] = set()
         self.port = free_port()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -437,8 +445,19 @@ class TinyBackend:
         ready = threading.Event()
         self._loop = asyncio.new_event_loop()
 
+        @web.middleware
+        async def drop_reused(request: web.Request, handler: Any) -> web.StreamResponse:
+            conn = id(request.protocol)
+            if conn in self._seen_connections and self.drop_reused > 0 and request.transport is not None:
+                self.drop_reused -= 1
+                self.dropped += 1
+                request.transport.abort()
+                raise asyncio.CancelledError
+            self._seen_connections.add(conn)
+            return await handler(request)
+
         async def setup() -> None:
-            app = web.Application()
+            app = web.Application(middlewares=[drop_reused])
             app.router.add_post("/v1/chat/completions", self._chat)
             app.router.add_post("/v1/completions", self._chat)
             app.router.add_get("/v1/models", self._models)

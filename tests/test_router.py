@@ -59,6 +59,19 @@ def test_sticky_keys_move_only_with_the_shifted_slice() -> None:
     assert 8 < 100 * Counter(after.values())["canary"] / len(keys) - 10 < 12
 
 
+def test_split_is_exact_per_100_requests_and_follows_no_pattern_in_the_traffic() -> None:
+    bal = Balancer([Backend("stable", "u", "m", 50), Backend("canary", "u", "m", 50)])
+    picks = [bal.choose().name for _ in range(1000)]  # type: ignore[union-attr]
+    assert all(Counter(picks[i:i + 100])["canary"] == 50 for i in range(0, 1000, 100))
+    # A client alternating long and short prompts: its long ones must not all land on one version
+    # (smooth round-robin sent every even request to the stable).
+    even_to_canary = sum(p == "canary" for p in picks[::2]) / 500
+    assert 0.35 < even_to_canary < 0.65
+    assert bal.choose(exclude={"canary"}).name == "stable"  # type: ignore[union-attr]
+    bal.set_weights({"stable": 90, "canary": 10})
+    assert Counter(bal.choose().name for _ in range(100))["canary"] == 10  # type: ignore[union-attr]
+
+
 def test_token_buckets() -> None:
     now = [0.0]
     bucket = TokenBucket(rate=2.0, capacity=2, clock=lambda: now[0])

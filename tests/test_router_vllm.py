@@ -57,7 +57,9 @@ def _chat(url: str, *, stream: bool = False, max_tokens: int = 16, headers: dict
 
 def test_both_versions_answer_by_one_public_name_streamed_and_not(fresh: RouterProcess) -> None:
     seen = {}
-    for stream in (False, False, True, True):  # round-robin at 50/50: each version twice
+    for weights, stream in [({"stable": 100, "canary": 0}, False), ({"stable": 100, "canary": 0}, True),
+                            ({"stable": 0, "canary": 100}, False), ({"stable": 0, "canary": 100}, True)]:
+        fresh.admin().set_weights(weights)
         r = _chat(fresh.url, stream=stream)
         assert r.status_code == 200, r.text
         if stream:
@@ -69,7 +71,7 @@ def test_both_versions_answer_by_one_public_name_streamed_and_not(fresh: RouterP
             text = r.json()["choices"][0]["message"]["content"]
         assert text.strip()
         seen.setdefault(r.headers["X-Qlift-Backend"], []).append(stream)
-    assert sorted(seen) == ["canary", "stable"]
+    assert seen == {"stable": [False, True], "canary": [False, True]}
     assert [m["id"] for m in httpx.get(fresh.url + "/v1/models").json()["data"]] == [PUBLIC]
 
 

@@ -1,6 +1,11 @@
 """Which backend gets a request: weighted, or sticky by session key over the same weights.
 
-Without a session key, smooth weighted round-robin splits traffic in exact proportion.
+Without a session key, requests are dealt from a shuffled deck holding each backend as many
+times as its weight: exact shares over every deck (100 requests at weights summing to 100),
+and a random order inside it. Promotion compares the versions on the requests each one got,
+so the assignment must not follow any pattern in the traffic: a strict alternation (smooth
+round-robin) sends every other request of a client that alternates long and short prompts to
+the same version, and the comparison then measures the prompts, not the model.
 
 A session key hashes to a fixed point in [0, 100); the backends' weights lay out
 consecutive ranges over [0, 100) in their configured order, and the key goes to the
@@ -11,6 +16,7 @@ the second moves only the keys in the shifted slice; every other session stays p
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 
 
@@ -44,7 +50,9 @@ class Balancer:
     def __init__(self, backends: list[Backend]) -> None:
         self.backends = backends
         self.by_name = {b.name: b for b in backends}
-        self._current = {b.name: 0 for b in backends}  # smooth weighted round-robin state
+        self._deck: list[str] = []
+        self._deck_for: tuple[tuple[str, int], ...] = ()  # the candidates and weights the deck was made for
+        self._rng = random.Random()
 
     @property
     def weights(self) -> dict[str, int]:
@@ -54,7 +62,6 @@ class Balancer:
         # One synchronous pass on the event loop: no request sees half the change.
         for b in self.backends:
             b.weight = weights.get(b.name, 0)
-            self._current[b.name] = 0
 
     def _routable(self, b: Backend, exclude: set[str]) -> bool:
         return b.healthy and b.served_model is not None and b.name not in exclude
@@ -74,21 +81,20 @@ class Balancer:
                     break
         candidates = [b for b in self.backends if self._routable(b, exclude) and b.weight > 0]
         if candidates:
-            return self._smooth_round_robin(candidates)
+            if exclude:  # a replay: leave the deck to first choices
+                return self._rng.choices(candidates, weights=[b.weight for b in candidates])[0]
+            return self._deal(candidates)
         # Every backend with weight is down or excluded: a healthy zero-weight one beats a 503.
         spare = [b for b in self.backends if self._routable(b, exclude)]
         return min(spare, key=lambda b: b.in_flight) if spare else None
 
-    def _smooth_round_robin(self, candidates: list[Backend]) -> Backend:
-        # nginx's smooth weighted round-robin: exact shares over any window, well interleaved
-        # (random draws would put a 50/50 split outside +-5 points over 400 requests 5% of the time).
-        total = 0
-        for b in candidates:
-            self._current[b.name] += b.weight
-            total += b.weight
-        best = max(candidates, key=lambda b: self._current[b.name])
-        self._current[best.name] -= total
-        return best
+    def _deal(self, candidates: list[Backend]) -> Backend:
+        spec = tuple((b.name, b.weight) for b in candidates)
+        if spec != self._deck_for or not self._deck:  # new weights or a backend in or out: a fresh deck
+            self._deck = [b.name for b in candidates for _ in range(b.weight)]
+            self._rng.shuffle(self._deck)
+            self._deck_for = spec
+        return self.by_name[self._deck.pop()]
 
     def any_healthy(self) -> bool:
         return any(self._routable(b, set()) for b in self.backends)

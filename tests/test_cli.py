@@ -141,3 +141,40 @@ def test_global_json_flag(run_cli, tiny_qwen2_tied) -> None:
     assert result.exit_code == 0
     assert json.loads(result.stdout)["architecture"] == "Qwen2ForCausalLM"
     assert cli.name is not None
+
+
+def _leaves() -> list[list[str]]:
+    out = []
+    for name in COMMANDS:
+        cmd = cli.get_command(click.Context(cli), name)
+        out += [[name, sub] for sub in cmd.commands] if isinstance(cmd, click.Group) else [[name]]
+    return out
+
+
+@pytest.mark.parametrize("words", _leaves(), ids=" ".join)
+def test_usage_errors_are_one_line_naming_the_help_to_read(run_cli, words: list[str]) -> None:
+    r = run_cli(*words, "--no-such-flag")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == f"error: no such option '--no-such-flag'. See `qlift {' '.join(words)} --help`."
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["merge"], "error: missing argument 'BASE'. See `qlift merge --help`."),
+    (["nosuch"], "error: no such command 'nosuch'. See `qlift --help`."),
+    (["promote", "nosuch"], "error: no such command 'nosuch'. See `qlift promote --help`."),
+    (["inspect", "a", "b"], "error: got unexpected extra argument (b). See `qlift inspect --help`."),
+    (["--forc"], "error: no such option '--forc'. See `qlift --help`."),
+    (["merge", "--forc", "a", "b"], "error: no such option '--forc'. Did you mean '--force'? See `qlift merge --help`."),
+    (["plan", "m", "--workload", "x"], "error: invalid value for '--workload': 'x' is not one of 'chat', "
+                                      "'long-doc', 'multi-tenant', 'batch'. See `qlift plan --help`."),
+])
+def test_usage_error_lines(run_cli, args: list[str], line: str) -> None:
+    r = run_cli(*args)
+    assert (r.exit_code, r.stderr.strip()) == (2, line)
+
+
+def test_usage_error_from_the_console_script_is_one_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "qlift", "eval"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == ["error: missing argument 'CANDIDATE'. See `qlift eval --help`."]

@@ -8,6 +8,7 @@ import platform
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -74,9 +75,31 @@ class QliftGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        """Click's own handling, except that its errors are one line too (Click prints three for
+        a usage error: usage, "Try --help", the error)."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            return super().invoke(ctx)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            click.echo(usage_error_line(exc), err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort as exc:  # Ctrl-C while Click parses, or a declined prompt
+            interrupt = exc.__cause__ if isinstance(exc.__cause__, KeyboardInterrupt) else None
+            click.echo("aborted" if interrupt is None else "interrupted", err=True)
+            sys.exit(1 if interrupt is None else exit_code_for(interrupt))
+        # Not standalone, Click returns what the command returned, or the code it exited with;
+        # invoke() below returns nothing, so an int here is always an exit code.
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: click.Context) -> None:
+        try:
+            super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except QliftError as exc:
@@ -92,6 +115,18 @@ class QliftGroup(click.Group):
                 "(rerun with --debug for the traceback and report it)",
             )
             ctx.exit(INTERNAL_ERROR_EXIT)
+
+
+def usage_error_line(exc: click.UsageError) -> str:
+    """'error: missing argument 'BASE'. See `qlift merge --help`.': the problem and where the fix is."""
+    message = " ".join(exc.format_message().split())
+    if message[1:2].islower():  # "Missing argument" -> "missing argument"; leave "URL ..." alone
+        message = message[0].lower() + message[1:]
+    if not message.endswith((".", "?")):
+        message += "."
+    words = exc.ctx.command_path.split() if exc.ctx is not None else []
+    command = " ".join(["qlift", *words[1:]])  # the root's own name differs under CliRunner
+    return f"error: {message} See `{command} --help`."
 
 
 def _report(exc: BaseException, line: str) -> None:

@@ -165,7 +165,8 @@ def test_usage_errors_are_one_line_naming_the_help_to_read(run_cli, words: list[
     (["promote", "nosuch"], "error: no such command 'nosuch'. See `qlift promote --help`."),
     (["inspect", "a", "b"], "error: got unexpected extra argument (b). See `qlift inspect --help`."),
     (["--forc"], "error: no such option '--forc'. See `qlift --help`."),
-    (["merge", "--forc", "a", "b"], "error: no such option '--forc'. Did you mean '--force'? See `qlift merge --help`."),
+    (["merge", "--forc", "a", "b"],
+     "error: no such option '--forc'. Did you mean '--force'? See `qlift merge --help`."),
     (["plan", "m", "--workload", "x"], "error: invalid value for '--workload': 'x' is not one of 'chat', "
                                       "'long-doc', 'multi-tenant', 'batch'. See `qlift plan --help`."),
 ])

@@ -283,3 +283,25 @@ def test_vllm_worker_job_and_result_are_checked_on_both_sides() -> None:
     assert VllmEvalResult.model_validate(json.loads(json.dumps(result.model_dump(mode="json")))) == result
     with pytest.raises(ValidationError, match="output_tokens"):
         VllmEvalResult.model_validate({**result.model_dump(mode="json"), "generations": [{"text": "a"}]})
+
+
+def test_messages_for_a_model_without_chat_template_fail_before_any_work(run_cli, tiny_qwen2_tied: Path,
+                                                                           tmp_path: Path) -> None:
+    import shutil
+
+    model = tmp_path / "no-template"
+    shutil.copytree(tiny_qwen2_tied, model)
+    (model / "chat_template.jinja").unlink()
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    chats = _write(tmp_path / "chats.jsonl", [json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})])
+    for backend in ("transformers", "vllm"):
+        r = run_cli("eval", model, "--prompts", chats, "--backend", backend, "--max-tokens", "2", "--no-cache")
+        assert r.exit_code == 6, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"error: the candidate model {model} has no chat template, so the prompt file's 'messages' cannot be "
+            "rendered. Use 'prompt' instead of 'messages' for this model."]
+    plain = _write(tmp_path / "plain.jsonl", [json.dumps({"id": "a", "prompt": "hi"})])
+    r = run_cli("eval", model, "--prompts", plain, "--backend", "transformers", "--max-tokens", "2", "--no-cache")
+    assert r.exit_code == 0, r.stderr

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, ExternalToolError, GateFailedError
+from qlift.errors import BadInputError, ExternalToolError, GateFailedError, IncompatibleError
 from qlift.eval.backend import Backend
 from qlift.eval.compare import MetricSummary, summarize
 from qlift.eval.gates import Gate, GateResult, parse_gate
@@ -122,11 +122,16 @@ def model_content_hash(path: Path) -> str:
     return content_hash(records)
 
 
-def _local_model(role: str, path_str: str) -> ModelRef:
+def _local_model(role: str, path_str: str, *, chat: bool) -> ModelRef:
+    """``chat``: the prompts have 'messages', which only a model with a chat template can render."""
     from qlift.models import ModelDir
 
     md = ModelDir.open(path_str)
     md.require_weights()
+    if chat and md.chat_template is None:
+        raise IncompatibleError(f"the {role} model {path_str} has no chat template, so the prompt file's "
+                                "'messages' cannot be rendered",
+                                hint="Use 'prompt' instead of 'messages' for this model.")
     return ModelRef(role=role, name=str(path_str), path=md.path, content_hash=model_content_hash(md.path))
 
 
@@ -201,9 +206,10 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         if baseline is not None:
             models.append(ModelRef("baseline", baseline, endpoint=baseline_endpoint or endpoint))
     else:
-        models = [_local_model("candidate", candidate)]
+        chat = any(ex.messages is not None for ex in examples)
+        models = [_local_model("candidate", candidate, chat=chat)]
         if baseline is not None:
-            models.append(_local_model("baseline", baseline))
+            models.append(_local_model("baseline", baseline, chat=chat))
 
     sampling = Sampling(max_tokens=max_tokens, seed=seed)
     requests = [Request.of(ex) for ex in examples]

@@ -61,7 +61,8 @@ def render_nginx_conf(spec: NginxSpec, backends: dict[str, str], weights: dict[s
         others = [o for o in versions if o != v]
         lines = [f"        server {host_port(backends[v])} max_fails=0;"]
         lines += [f"        server {host_port(backends[o])} max_fails=0 backup;" for o in others]
-        upstreams.append(f"    upstream {upstream_name(v)} {{\n" + "\n".join(lines) + "\n        keepalive 32;\n        keepalive_timeout 4s;\n    }")
+        lines += ["        keepalive 32;", "        keepalive_timeout 4s;"]
+        upstreams.append(f"    upstream {upstream_name(v)} {{\n" + "\n".join(lines) + "\n    }")
     # Heaviest version takes the remainder (*): split_clients wants percentages below 100.
     ordered = sorted(versions, key=lambda v: weights.get(v, 0))
     rest = ordered[-1]

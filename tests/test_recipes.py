@@ -135,3 +135,36 @@ def test_recipes_show(run_cli) -> None:  # type: ignore[no-untyped-def]
     assert data["engine"]["enforce_eager"] is True and data["hardware"]["device"] == "cpu"
     res = run_cli("recipes", "show", "nope")
     assert res.exit_code == 4 and res.stderr.count("\n") == 1
+
+
+def test_h200_recipe_carries_its_measurements() -> None:
+    r = load_recipe("chat-h200")
+    m = r.measurements
+    assert m is not None and m["vllm_version"] == "0.26.0" and m["workload"] == "chat"
+    points = {p["label"]: p for p in m["points"]}
+    chosen = points[m["chosen"]]
+    assert chosen["status"] == "measured" and points["vllm-defaults"]["status"] == "measured"
+    # the recipe serves the chosen point's settings, never its random weights
+    engine = r.engine.args()
+    assert "load_format" not in engine
+    implicit = ("load_format", "max_cudagraph_capture_size")  # dummy weights; 512 is vLLM's own capture limit
+    assert all(engine[k] == v for k, v in chosen["engine"].items() if k not in implicit)
+    assert chosen["output_tokens_per_s"] >= points["vllm-defaults"]["output_tokens_per_s"]
+
+
+def test_false_engine_args_reach_vllm_on_the_command_line(tmp_path: Path) -> None:
+    """vLLM 0.26's --config loader drops `KEY: false`; the command line carries it for every version."""
+    from qlift.serve.launch import config_yaml
+    from qlift.vllm.engine_args import false_flags
+
+    engine = {"enable_prefix_caching": False, "enforce_eager": True, "disable_log_stats": False, "max_num_seqs": 8}
+    flags = false_flags(engine)
+    assert flags == ["--no-enable-prefix-caching"]  # disable_log_stats has no --no- form; false is its default
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(config_yaml(tmp_path, "127.0.0.1", 8000, "m", engine))
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--config", str(cfg), *flags])
+    assert args.enable_prefix_caching is False and args.enforce_eager is True and args.max_num_seqs == 8

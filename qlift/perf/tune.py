@@ -6,6 +6,7 @@ says does not fit is skipped; a point whose server fails to start is recorded. E
 point: start vLLM (the same config file ``qlift serve`` writes), ``qlift bench`` it, stop it.
 The pick is the highest goodput among points that meet the SLO (>= 90% of a level's requests
 good); the recipe written records every point, the hardware, the vLLM version and the date.
+Interrupted (Ctrl-C, or SIGINT from a time limit), it picks among the points measured so far.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from qlift.serve.launch import config_yaml, new_run_dir
 from qlift.serve.plan import fit_to_model, plan_memory
 from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
 from qlift.settings import vllm_python
-from qlift.vllm.engine_args import check_arg_name
+from qlift.vllm.engine_args import check_arg_name, false_flags
 from qlift.vllm.process import free_port
 from qlift.vllm.server import VllmServer
 from qlift.vllm.worker import Worker
@@ -134,7 +135,7 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
     (run_dir / "config.yaml").write_text(config_yaml(md.path.resolve(), "127.0.0.1", port, "tune", engine))
     env = {k: v for k, v in recipe.env.items()}
     server = VllmServer(model=md.path.resolve(), log_path=run_dir / "vllm.log", port=port, served_model_name="tune",
-                        extra_args=["--config", str(run_dir / "config.yaml")], env=env,
+                        extra_args=["--config", str(run_dir / "config.yaml"), *false_flags(engine)], env=env,
                         python=vllm_python() or sys.executable, die_with_parent=True)
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
     try:
@@ -188,8 +189,14 @@ def tune(
                 "slo": slo, "timeout_s": bench_timeout}
     points: list[TunePoint] = []
     vllm_version: str | None = None
-    for label, recipe in _points(base, sets or [], grid):
-        point, result = _measure(md, label, recipe, hw, bench_kw, start_timeout)
+    todo = _points(base, sets or [], grid)
+    for i, (label, recipe) in enumerate(todo):
+        try:
+            point, result = _measure(md, label, recipe, hw, bench_kw, start_timeout)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGINT at a time limit: the recipe comes from the points measured
+            log.warning("tune: interrupted at %s; choosing among the points measured", label)
+            points += [TunePoint(lb, r.engine.args(), "skipped", "interrupted") for lb, r in todo[i:]]
+            break
         vllm_version = vllm_version or (result.vllm_version if result else None)
         log.info("tune: %s: %s%s", label, point.status, f" ({point.reason})" if point.reason else
                  f" - goodput {point.best.goodput_requests_per_s:.2f} req/s, {point.best.output_tokens_per_s:.1f} tok/s"
@@ -227,7 +234,7 @@ def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePo
         "description": f"Tuned by qlift tune from {base.name} for {workload} on {hw.describe()}.",
         "workload": workload,
         "hardware": base.hardware.model_dump(mode="json"),
-        "engine": chosen.engine_args,
+        "engine": _servable(chosen.engine_args),
         "env": dict(base.env),
         "sources": [
             f"qlift tune, {date}, vLLM {vllm_version}, {hw.describe()}: {len(points)} points "
@@ -242,6 +249,12 @@ def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePo
             "points": [p.summary() for p in points],
         },
     }
+
+
+def _servable(engine: dict[str, Any]) -> dict[str, Any]:
+    """The chosen point's arguments as a recipe serves them: capacity runs' random weights
+    (``--set load_format=dummy``) stay in the measurements, never in the recipe."""
+    return {k: v for k, v in engine.items() if not (k == "load_format" and v == "dummy")}
 
 
 def _write_recipe(out: Path, data: dict[str, Any]) -> None:

@@ -148,6 +148,20 @@ def vllm_arg_names() -> tuple[str, frozenset[str]]:
     return found
 
 
+# vLLM's flags with no --no- form (store_true, the same in 0.26 and 0.32): false is their default.
+_NO_NEGATION = frozenset({"headless", "grpc", "data_parallel_multi_port_external_lb", "disable_log_stats",
+                          "aggregate_engine_logging"})
+
+
+def false_flags(engine: dict[str, Any]) -> list[str]:
+    """``--no-KEY`` for each argument set to false, for the command line after ``--config``.
+
+    vLLM 0.32's config-file loader turns ``KEY: false`` into ``--no-KEY``; 0.26's drops the line, so
+    ``enable_prefix_caching: false`` in a recipe would serve with prefix caching on. Both versions take
+    the flag on the command line."""
+    return [f"--no-{k.replace('_', '-')}" for k, v in engine.items() if v is False and k not in _NO_NEGATION]
+
+
 def normalize(key: str) -> str:
     return key.strip().replace("-", "_")
 

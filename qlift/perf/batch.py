@@ -120,7 +120,7 @@ def run_batch(
     with contextlib.ExitStack() as stack:
         # Started first: its vLLM import overlaps the recipe and memory plan (which may import torch).
         worker = stack.enter_context(Worker("qlift.perf.batch_worker", name="batch")) if todo else None
-        engine = engine_for(model, recipe=recipe, workload="batch", sets=sets)
+        engine = engine_for(model, recipe=recipe, workload="batch", sets=sets, in_process=ray_address is None)
         if force:
             out.unlink(missing_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def run_batch(
                 "rows": [asdict(r) for r in todo],
                 "sampling": {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature}),
                 "out": str(out.resolve()), "served_name": model.resolve().name,
-                "window": window or max(4 * seqs, 256), "ray": ray_address,
+                "window": window or max(4 * seqs, 256), "ray": ray_address, "threads": engine.threads,
             })
             watch = _Progress(out, len(todo))
             try:

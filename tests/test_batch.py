@@ -89,6 +89,27 @@ def test_cli_refuses_existing_output_and_contradictions(run_cli, tmp_path: Path)
     assert r.exit_code == 2 and "input" in r.stderr
 
 
+def test_engine_in_process_only_on_one_cpu_engine_the_user_did_not_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qlift.hardware import CpuInfo, GpuInfo, Hardware
+    from qlift.perf.engine import in_process_threads
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    cpu = Hardware(gpus=[], cpu=CpuInfo(model="x", cores=8, memory_bytes=1 << 34, avx512=False, avx512_bf16=False,
+                                        amx=False), source="test")
+    assert in_process_threads({}, {}, cpu) == 7  # vLLM's own binding keeps one core for its scheduler
+    assert in_process_threads({}, {}, Hardware(gpus=[], cpu=CpuInfo("x", 1, 1 << 30, False, False, False),
+                                               source="test")) == 1
+    assert in_process_threads({"tensor_parallel_size": 2}, {}, cpu) is None
+    assert in_process_threads({"distributed_executor_backend": "mp"}, {}, cpu) is None
+    assert in_process_threads({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}, cpu) is None
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert in_process_threads({}, {}, cpu) is None
+    gpu = Hardware(gpus=[GpuInfo("H200", 141 << 30, (9, 0))], cpu=cpu.cpu, source="test")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    assert in_process_threads({}, {}, gpu) is None
+
+
 def _story(i: int) -> str:
     return f"Write a long story about a robot called Unit {i} who learns to paint."
 
@@ -151,7 +172,10 @@ def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_pat
     out = tmp_path / "out.jsonl"
     argv = [sys.executable, "-m", "qlift", "batch", str(smollm2_dir), str(src), "-o", str(out), "--max-tokens", "32",
             "--set", "max_model_len=1024"]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    # Pinned to a core, the killed run keeps vLLM's own processes (engine core, model worker), the
+    # layout whose cleanup needs the process-group kill; the resumed run takes the default in-process engine.
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     engine_pids: list[int] = []
     try:
         deadline = time.monotonic() + 300

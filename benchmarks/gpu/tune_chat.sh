@@ -15,6 +15,7 @@ recipe=${RECIPE_OUT:-recipes/chat-h200.yaml}
 # Most promising first: a run stopped at its limit keeps the points it finished in tune.log.
 grid=${GRID:---grid max_cudagraph_capture_size=1024,512 --grid max_num_batched_tokens=16384,8192}
 [ -f "$model/config.json" ] || python3 benchmarks/gpu/build_model.py "$model" --shape "${SHAPE:-7b}"
+mark=$(mktemp)  # a recipe this run writes is newer than this file
 # shellcheck disable=SC2086  # grid and EXTRA are lists of words
 timeout -s INT "${TUNE_LIMIT:-540}" python3 -m qlift tune "$model" --recipe "$base" --set load_format=dummy ${EXTRA:-} $grid \
     --workload chat --concurrency "${CONCURRENCY:-1000}" --requests "${REQUESTS:-1000}" --slo "${SLO:-tpot=100ms}" \
@@ -23,6 +24,6 @@ timeout -s INT "${TUNE_LIMIT:-540}" python3 -m qlift tune "$model" --recipe "$ba
 grep -E "KV cache|Asynchronous scheduling|[Cc]apturing|[Gg]raph|took|finished in|Error" \
     "$QLIFT_HOME"/runs/*/vllm.log > "$OUT/vllm-lines.txt" 2>/dev/null || true
 # Step (c) on this machine serves the new recipe from /tmp/tuned (a recipe's name must equal its file name).
-if [ "${status:-0}" = 0 ]; then mkdir -p /tmp/tuned && cp "$recipe" "$OUT/" && cp "$recipe" /tmp/tuned/; fi
+if [ "$recipe" -nt "$mark" ]; then mkdir -p /tmp/tuned && cp "$recipe" "$OUT/" /tmp/tuned/; fi
 python3 benchmarks/gpu/kv_vs_plan.py "$model" --base "$base" -o "$OUT/kv-vs-plan.json" || true
 exit "${status:-0}"

@@ -41,6 +41,12 @@ def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monk
     assert out["plan"]["verdict"] == "fits" and out["plan"]["max_num_seqs"] == 4
     assert not (Path(os.environ["QLIFT_HOME"]) / "runs").exists()  # a dry run writes nothing
 
+    # vLLM 0.26's config loader drops `KEY: false`: a false setting also goes on the command line.
+    off = json.loads(run_cli("serve", smollm2_dir, "--recipe", "cpu", "--set", "enable_prefix_caching=false",
+                             "--dry-run", "--json").stdout)
+    assert "--no-enable-prefix-caching" in off["argv"]
+    assert yaml.safe_load(off["config"])["enable-prefix-caching"] is False
+
     human = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--dry-run")
     assert "vllm.entrypoints.openai.api_server" in human.stdout and "max-model-len: 4096" in human.stdout
     assert "verdict" in human.stdout

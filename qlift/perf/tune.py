@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,13 +26,11 @@ from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.perf.bench import BENCH_WORKER, BenchResult, LevelResult, run_bench
 from qlift.perf.engine import quick_hardware
-from qlift.serve.launch import config_yaml, new_run_dir
+from qlift.serve.launch import config_server, config_yaml, new_run_dir
 from qlift.serve.plan import fit_to_model, plan_memory
 from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
-from qlift.settings import vllm_python
-from qlift.vllm.engine_args import check_arg_name, false_flags
+from qlift.vllm.engine_args import check_arg_name
 from qlift.vllm.process import free_port
-from qlift.vllm.server import VllmServer
 from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -134,9 +131,7 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
     port = free_port()
     (run_dir / "config.yaml").write_text(config_yaml(md.path.resolve(), "127.0.0.1", port, "tune", engine))
     env = {k: v for k, v in recipe.env.items()}
-    server = VllmServer(model=md.path.resolve(), log_path=run_dir / "vllm.log", port=port, served_model_name="tune",
-                        extra_args=["--config", str(run_dir / "config.yaml"), *false_flags(engine)], env=env,
-                        python=vllm_python() or sys.executable, die_with_parent=True)
+    server = config_server(md.path, run_dir, "127.0.0.1", port, "tune", engine, env)
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
     try:
         # The bench client's vLLM import overlaps the server's start.

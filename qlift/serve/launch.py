@@ -29,6 +29,7 @@ from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
+from qlift.vllm.engine_args import false_flags
 from qlift.vllm.process import first_error_line, free_port
 from qlift.vllm.server import VllmServer
 
@@ -151,7 +152,7 @@ def prepare(
               if k in os.environ and os.environ[k] != v]
     run_dir = new_run_dir(served)
     port = port or free_port(host)  # 0: any free port, fixed now so config, argv and URL agree
-    server = _server(md.path, run_dir, host, port, served, env)
+    server = config_server(md.path, run_dir, host, port, served, engine, env)
     return LaunchSpec(
         model=md.path, recipe=chosen.name, recipe_reason=planned.reason, served_model_name=served, host=host,
         port=port, engine_args=engine, env=env, run_dir=run_dir, argv=server.argv(),
@@ -160,10 +161,12 @@ def prepare(
     )
 
 
-def _server(model: Path, run_dir: Path, host: str, port: int, served: str, env: dict[str, str]) -> VllmServer:
+def config_server(model: Path, run_dir: Path, host: str, port: int, served: str, engine: dict[str, Any],
+                  env: dict[str, str]) -> VllmServer:
+    """vLLM reading ``run_dir/config.yaml`` (see ``config_yaml``), its log beside it."""
     return VllmServer(
         model=model.resolve(), log_path=run_dir / "vllm.log", port=port, host=host, served_model_name=served,
-        extra_args=["--config", str(run_dir / "config.yaml")], env=env,
+        extra_args=["--config", str(run_dir / "config.yaml"), *false_flags(engine)], env=env,
         python=vllm_python() or sys.executable, die_with_parent=True,
     )
 
@@ -237,7 +240,8 @@ def run(
     env = dict(spec.env)
     if spec.api_key_env:
         env[API_KEY_VAR] = os.environ[spec.api_key_env]
-    server = _server(spec.model, spec.run_dir, spec.host, spec.port, spec.served_model_name, env)
+    server = config_server(spec.model, spec.run_dir, spec.host, spec.port, spec.served_model_name,
+                           spec.engine_args, env)
     stopped: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

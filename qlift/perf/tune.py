@@ -189,6 +189,8 @@ def tune(
         try:
             point, result = _measure(md, label, recipe, hw, bench_kw, start_timeout)
         except KeyboardInterrupt:  # Ctrl-C, or SIGINT at a time limit: the recipe comes from the points measured
+            if not any(p.best is not None for p in points):
+                raise  # nothing to choose from: exit 130 like any interrupted command
             log.warning("tune: interrupted at %s; choosing among the points measured", label)
             points += [TunePoint(lb, r.engine.args(), "skipped", "interrupted") for lb, r in todo[i:]]
             break

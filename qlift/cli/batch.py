@@ -72,6 +72,7 @@ def _print(r: BatchResult) -> None:
     if r.errors_file:
         rows.append(("errors", f"{r.rows_failed} rows in {r.errors_file}"))
     rows.append(("recipe", f"{r.recipe}, vLLM {r.vllm_version or '-'}, {r.engines} engine(s)"))
+    rows += [("note", note) for note in r.notes]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k.ljust(width)}  {v}")

@@ -75,7 +75,8 @@ class Worker:
             if time.monotonic() > deadline:
                 raise ExternalToolError(f"vLLM worker did not finish within {timeout_s:.0f} s",
                                         hint=f"Raise --timeout or read the log: {self.log_path}", tool="vllm")
-            time.sleep(0.5)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # returns the moment the worker exits
+                self.proc.wait(timeout=0.5)
         if on_poll is not None:
             on_poll()
         rc = self.proc.returncode

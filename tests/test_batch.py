@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from qlift.perf.batch_rows import BatchRow, RowError, done_ids, finalize, parse_row, read_input
+from qlift.perf.batch_rows import BatchRow, RowError, finalize, parse_row, read_input, read_output
+from qlift.perf.batch_state import BatchFiles, hashes_for, resume, write_state
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,13 +69,123 @@ def test_read_input_keeps_line_numbers_and_refuses_duplicates(tmp_path: Path) ->
     assert got == [(3, "not JSON"), (4, "duplicate id (first on line 1)")]
 
 
-def test_done_ids_cuts_a_torn_line_and_finalize_orders(tmp_path: Path) -> None:
+def test_read_output_leaves_a_torn_line_alone_and_finalize_orders(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    out.write_text('{"id": "c", "text": "3"}\n{"id": "a", "text": "1"}\n{"id": "c", "text": "again"}\n{"id": "b", "te')
-    assert done_ids(out) == {"a", "c"}
-    assert out.read_text().endswith('"again"}\n')
+    plain = '{{"id": "{}", "text": "{}", "usage": {{}}}}\n'
+    out.write_text(plain.format("c", "3") + plain.format("a", "1") + plain.format("c", "again") + '{"id": "b", "te')
+    before = out.read_bytes()
+    got = read_output(out)
+    assert set(got.rows) == {"a", "c"} and got.torn and '"3"' in got.rows["c"]
+    assert out.read_bytes() == before  # reading changes nothing
     assert finalize(out, {"a": 0, "b": 1, "c": 2}) == 2
     assert [json.loads(t)["text"] for t in out.read_text().splitlines()] == ["1", "3"]
+
+
+SAMPLING = {"max_tokens": 256}  # what the CLI's defaults ask for
+
+
+def _plain(rid: str, text: str) -> str:
+    return json.dumps({"id": rid, "text": text, "finish_reason": "length", "usage": {"completion_tokens": 1}}) + "\n"
+
+
+def _earlier_run(tmp_path: Path, rows: list[dict[str, str]], answers: dict[str, str]) -> Path:
+    """An OUT as a finished qlift batch over ``rows`` leaves it (answers in file order), with its state."""
+    earlier = read_input(_write_jsonl(tmp_path / "earlier.jsonl", rows))
+    out = tmp_path / "out.jsonl"
+    out.write_text("".join(_plain(k, v) for k, v in answers.items()))
+    write_state(BatchFiles.beside(out), hashes_for(earlier.rows, SAMPLING))
+    return out
+
+
+def test_resume_keys_kept_rows_by_id_and_request(tmp_path: Path) -> None:
+    out = _earlier_run(tmp_path, [{"id": "a", "prompt": "A"}, {"id": "b", "prompt": "B"}, {"id": "c", "prompt": "C"}],
+                       {"a": "ans-a", "b": "ans-b", "c": "ans-c"})
+    now = read_input(_write_jsonl(tmp_path / "in.jsonl", [{"id": "c", "prompt": "C"},
+                                                            {"id": "b", "prompt": "B, changed"},
+                                                            {"id": "d", "prompt": "D"}]))
+    got = resume(BatchFiles.beside(out), now.rows, hashes_for(now.rows, SAMPLING))
+    assert set(got.kept) == {"c"} and got.changed == 1 and got.dropped == 1
+    # another --max-tokens is another request too
+    other = resume(BatchFiles.beside(out), now.rows, hashes_for(now.rows, {"max_tokens": 8}))
+    assert other.kept == {} and other.changed == 2
+
+
+def test_resume_drops_gone_ids_and_keeps_input_order(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    rows = [{"id": "a", "prompt": "A"}, {"id": "b", "prompt": "B"}, {"id": "c", "prompt": "C"}]
+    out = _earlier_run(tmp_path, rows, {"b": "ans-b", "a": "ans-a", "c": "ans-c"})
+    src = _write_jsonl(tmp_path / "in.jsonl", [rows[2], rows[1]])  # a is gone; c now comes first
+    r = run_cli("batch", smollm2_dir, src, "-o", out, "--resume", "--json")
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert _ids(out) == ["c", "b"] and [json.loads(t)["text"] for t in out.read_text().splitlines()] == \
+        ["ans-c", "ans-b"]
+    assert (result["rows_done_before"], result["rows_changed"], result["rows_dropped"], result["rows_written"]) == \
+        (2, 0, 1, 0)
+
+
+def test_resume_never_touches_a_file_qlift_did_not_write(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x"}])
+    notes = tmp_path / "notes.jsonl"
+    notes.write_bytes(b'{"id": "a", "text": "mine", "usage": {}}\nmy unfinished last line')
+    r = run_cli("batch", smollm2_dir, src, "-o", notes, "--resume")
+    assert r.exit_code == 2 and "not a qlift batch output" in r.stderr and "Traceback" not in r.stderr
+    assert notes.read_bytes() == b'{"id": "a", "text": "mine", "usage": {}}\nmy unfinished last line'
+    assert not (tmp_path / "notes.qlift-batch.json").exists()
+
+
+def test_resume_refuses_a_bare_number_line(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    out = _earlier_run(tmp_path, [{"id": "a", "prompt": "A"}], {"a": "ans-a"})
+    with open(out, "a") as fh:
+        fh.write("42\n")
+    before = out.read_bytes()
+    r = run_cli("batch", smollm2_dir, tmp_path / "earlier.jsonl", "-o", out, "--resume")
+    assert r.exit_code == 2 and f"{out}:2: not a qlift batch output row" in r.stderr
+    assert out.read_bytes() == before
+
+
+def test_no_written_file_may_be_the_input(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    # every row malformed: nothing to run, so today's run reaches the errors file without vLLM
+    src = _write_jsonl(tmp_path / "x.errors.jsonl", ["{oops", "{oops again"])
+    before = src.read_bytes()
+    for out in (tmp_path / "x.jsonl", tmp_path / "x"):
+        r = run_cli("batch", smollm2_dir, src, "-o", out)
+        assert r.exit_code == 2 and "input" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert src.read_bytes() == before
+    state = _write_jsonl(tmp_path / "y.qlift-batch.json", ["{oops"])
+    r = run_cli("batch", smollm2_dir, state, "-o", tmp_path / "y.jsonl")
+    assert r.exit_code == 2 and state.read_text() == "{oops\n"
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"id": "a", "prompt": "caf\u00e9"}\n'.encode("latin-1"), "in.jsonl:1: not UTF-8 text (byte 0xe9)"),
+    ('{"id": "a", "prompt": "x"}\n'.encode("utf-16"), "is UTF-16 text"),
+])
+def test_input_in_another_encoding_is_refused_whole(run_cli, tmp_path: Path, smollm2_dir: Path, content: bytes,
+                                                    needle: str) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    r = run_cli("batch", smollm2_dir, src, "-o", tmp_path / "out.jsonl")
+    assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_byte_order_mark_is_not_part_of_row_one(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n')
+    parsed = read_input(src)
+    assert [r.id for r in parsed.rows] == ["a", "b"] and parsed.errors == []
+
+
+def test_directories_as_input_or_output(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x"}])
+    (tmp_path / "indir").mkdir()
+    r = run_cli("batch", smollm2_dir, tmp_path / "indir", "-o", tmp_path / "out.jsonl")
+    assert r.exit_code == 2 and "is a directory" in r.stderr and "does not exist" not in r.stderr
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    (outdir / "keep.txt").write_text("mine")
+    r = run_cli("batch", tmp_path / "model", src, "-o", outdir, "--force")
+    assert r.exit_code == 2 and "is a directory" in r.stderr and (outdir / "keep.txt").read_text() == "mine"
 
 
 def test_cli_refuses_existing_output_and_contradictions(run_cli, tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
               help="Output tokens per row, unless the row sets max_tokens.")
 @click.option("--temperature", type=NON_NEGATIVE, default=None,
               help="Sampling temperature, unless the row sets one (default: vLLM's, 1.0).")
-@click.option("--resume", is_flag=True, help="Keep the rows already in OUT and run only the missing ids.")
+@click.option("--resume", is_flag=True,
+              help="Keep OUT's rows whose id and request are unchanged; run the rest, drop ids no longer in IN.")
 @click.option("--force", is_flag=True, help="Replace an existing OUT.")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Run on an existing Ray cluster (Ray Data, one vLLM engine per GPU or CPU slot); 'local' "
@@ -44,6 +45,8 @@ def batch_cmd(model: Path, input_path: Path, out: Path, recipe: str, sets: tuple
     (OpenAI batch output, or plain rows), in input order, with token counts and finish_reason.
     Finished rows are written as they finish, so a killed run keeps them and --resume runs
     only the rest. Malformed rows go to OUT.errors.jsonl with line numbers; the rest run.
+    OUT.qlift-batch.json beside OUT records each id's request hash: --resume touches only an
+    OUT that has one.
 
     \b
     Examples:
@@ -67,8 +70,9 @@ def _print(r: BatchResult) -> None:
                         else f"(+{r.load_s:.1f} s engine start)")),
         ("speed", f"{r.rows_per_s:.2f} rows/s, {r.output_tokens_per_s:.1f} output tok/s"),
     ]
-    if r.rows_done_before:
-        rows.append(("resumed", f"{r.rows_done_before} rows were already done"))
+    if r.rows_done_before or r.rows_changed or r.rows_dropped:
+        rows.append(("resumed", f"{r.rows_done_before} rows kept, {r.rows_changed} changed since (run again), "
+                                f"{r.rows_dropped} no longer in the input (dropped)"))
     if r.errors_file:
         rows.append(("errors", f"{r.rows_failed} rows in {r.errors_file}"))
     rows.append(("recipe", f"{r.recipe}, vLLM {r.vllm_version or '-'}, {r.engines} engine(s)"))

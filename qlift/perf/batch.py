@@ -1,9 +1,10 @@
 """``qlift batch``: offline inference over a JSONL file with one vLLM engine (or a Ray cluster).
 
 The parent reads and checks the input (bad rows go to ``OUT.errors.jsonl`` with line numbers),
-skips ids already in OUT under ``--resume``, runs ``qlift.perf.batch_worker`` in vLLM's
-interpreter, shows progress from the rows the worker appends to OUT, and at the end rewrites
-OUT in input order with each id once.
+under ``--resume`` keeps the rows of OUT whose id and request are unchanged
+(``qlift.perf.batch_state``), runs ``qlift.perf.batch_worker`` in vLLM's interpreter, shows
+progress from the rows the worker appends to OUT, and at the end rewrites OUT in input order
+with each id once.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 from qlift import progress
 from qlift.errors import BadInputError, OutputExistsError
-from qlift.fsutil import check_not_an_input
-from qlift.perf.batch_rows import done_ids, finalize, read_input, write_errors
+from qlift.perf.batch_rows import finalize, read_input, write_errors
+from qlift.perf.batch_state import BatchFiles, Resumed, hashes_for, keep_only, remove_stale, write_state
+from qlift.perf.batch_state import resume as resume_output
 from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,9 @@ class BatchResult:
     output: Path
     errors_file: Path | None
     rows_total: int  # valid input rows
-    rows_done_before: int  # skipped by --resume
+    rows_done_before: int  # kept by --resume (same id, same request)
+    rows_changed: int  # --resume: in OUT, but the request changed since, so run again
+    rows_dropped: int  # --resume: in OUT, but no longer in the input, so removed
     rows_written: int  # this run
     rows_failed: int  # malformed or refused, in the errors file
     output_rows: int  # rows in the final OUT
@@ -102,7 +106,8 @@ def run_batch(
     timeout_s: float = 24 * 3600.0,
 ) -> BatchResult:
     """Run every row of ``input_path`` through ``model``; see the module docstring."""
-    check_not_an_input(out, [input_path, model])
+    files = BatchFiles.beside(out)
+    files.check([input_path, model])
     if out.exists() and not (resume or force):
         raise OutputExistsError(out)
     if resume and force:
@@ -110,11 +115,14 @@ def run_batch(
     if max_tokens < 1:
         raise BadInputError("--max-tokens must be at least 1", field="--max-tokens", hint="Example: --max-tokens 256.")
     parsed = read_input(input_path)
-    done = done_ids(out) if resume else set()
-    todo = [r for r in parsed.rows if r.id not in done]
+    sampling = {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature})
+    hashes = hashes_for(parsed.rows, sampling)
+    # An earlier OUT is read (or refused) before anything starts, and rewritten only below.
+    done = resume_output(files, parsed.rows, hashes) if resume else Resumed({}, 0, 0)
+    todo = [r for r in parsed.rows if r.id not in done.kept]
     result: dict[str, Any] = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": [],
                               "load_s": 0.0, "generate_s": 0.0, "vllm_version": None, "engines": 0}
-    errors_path = out.with_name(out.name.removesuffix(".jsonl") + ".errors.jsonl")
+    errors_path = files.errors
     errors = [e.as_json() for e in parsed.errors]
     with contextlib.ExitStack() as stack:
         # Started first: its vLLM import overlaps the recipe and memory plan (which may import torch).
@@ -123,22 +131,28 @@ def run_batch(
 
         engine = engine_for(model, recipe=recipe, workload="batch", sets=sets, in_process=ray_address is None)
         if force:
-            out.unlink(missing_ok=True)
+            remove_stale(files)
         out.parent.mkdir(parents=True, exist_ok=True)
+        if resume:
+            keep_only(files, done)
+        write_state(files, hashes)
         write_errors(errors_path, errors)
         for e in parsed.errors[:5]:
             log.warning("%s:%d: %s", input_path, e.line, e.reason)
         if len(parsed.errors) > 5:
             log.warning("%d more malformed rows; all are in %s", len(parsed.errors) - 5, errors_path)
         out.touch()
-        log.info("batch: %d rows to run (%d already in %s, %d malformed), recipe %s", len(todo), len(done), out,
-                 len(parsed.errors), engine.recipe.name)
+        log.info("batch: %d rows to run (%d already in %s, %d malformed), recipe %s", len(todo), len(done.kept),
+                 out, len(parsed.errors), engine.recipe.name)
+        if done.changed or done.dropped:
+            log.info("batch: --resume runs %d changed rows again and dropped %d rows no longer in the input",
+                     done.changed, done.dropped)
         if worker is not None:
             seqs = int(engine.engine_args.get("max_num_seqs") or 256)
             worker.submit({
                 "model": str(model.resolve()), "engine_args": engine.engine_args, "env": engine.env,
                 "rows": [asdict(r) for r in todo],
-                "sampling": {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature}),
+                "sampling": sampling,
                 "out": str(out.resolve()), "served_name": model.resolve().name,
                 "window": window or max(4 * seqs, 256), "ray": ray_address, "threads": engine.threads,
             })
@@ -153,7 +167,8 @@ def run_batch(
     gen_s = float(result["generate_s"]) or 1e-9
     return BatchResult(
         output=out, errors_file=errors_path if errors_path.exists() else None, rows_total=len(parsed.rows),
-        rows_done_before=len(done & set(parsed.order)), rows_written=int(result["rows"]),
+        rows_done_before=len(done.kept), rows_changed=done.changed, rows_dropped=done.dropped,
+        rows_written=int(result["rows"]),
         rows_failed=len(parsed.errors) + len(result["errors"]), output_rows=final_rows,
         prompt_tokens=int(result["prompt_tokens"]), completion_tokens=int(result["completion_tokens"]),
         load_s=float(result["load_s"]), generate_s=float(result["generate_s"]),

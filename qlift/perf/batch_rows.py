@@ -10,6 +10,7 @@ input's format: the OpenAI batch output format for batch rows, plain rows for pl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, NotFoundError
+from qlift.errors import BadInputError
+from qlift.loaders import read_bytes
 
 OVERRIDES = ("max_tokens", "temperature", "top_p", "stop", "seed")
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
@@ -115,62 +117,102 @@ class ParsedInput:
     order: dict[str, int]  # id -> input index, for the final ordering
 
 
+def _text_of(path: Path) -> str:
+    """The input's text: UTF-8 (a byte-order mark is dropped); any other encoding is refused whole,
+    so that no row is read wrong."""
+    raw = read_bytes(path, hint="Pass a JSONL file.")
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise BadInputError("is UTF-16 text; qlift batch reads UTF-8", path=path,
+                            hint="Convert it, e.g. `iconv -f UTF-16 -t UTF-8 IN > IN.utf8.jsonl`.")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise BadInputError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})", path=path, line=line,
+                            hint="Convert the file to UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 IN > IN.utf8.jsonl`.") \
+            from None
+
+
 def read_input(path: Path) -> ParsedInput:
     """Every line of ``path``: valid rows, and refused ones with line numbers and reasons."""
-    if not path.is_file():
-        raise NotFoundError(f"input file {path} does not exist", hint="Check the path.")
     rows: list[BatchRow] = []
     errors: list[RowError] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                errors.append(RowError(lineno, None, f"not JSON: {exc.msg} (column {exc.colno})"))
-                continue
-            parsed = parse_row(obj, index=lineno - 1, line=lineno)
-            if isinstance(parsed, RowError):
-                errors.append(parsed)
-            elif parsed.id in seen:
-                errors.append(RowError(lineno, parsed.id, f"duplicate id (first on line {seen[parsed.id]})"))
-            else:
-                seen[parsed.id] = lineno
-                rows.append(parsed)
+    for lineno, text in enumerate(_text_of(path).split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            errors.append(RowError(lineno, None, f"not JSON: {exc.msg} (column {exc.colno})"))
+            continue
+        except RecursionError:
+            errors.append(RowError(lineno, None, "not JSON: nested too deeply"))
+            continue
+        parsed = parse_row(obj, index=lineno - 1, line=lineno)
+        if isinstance(parsed, RowError):
+            errors.append(parsed)
+        elif parsed.id in seen:
+            errors.append(RowError(lineno, parsed.id, f"duplicate id (first on line {seen[parsed.id]})"))
+        else:
+            seen[parsed.id] = lineno
+            rows.append(parsed)
     if not rows and not errors:
         raise BadInputError("the input file has no rows", path=path,
                             hint="Write one JSON object a line (see docs/batch.md).")
     return ParsedInput(rows=rows, errors=errors, order={r.id: r.index for r in rows})
 
 
-def row_id(out_row: dict[str, Any]) -> str | None:
-    rid = out_row["custom_id"] if "custom_id" in out_row else out_row.get("id")
-    return None if rid is None else str(rid)
+def request_hash(row: BatchRow, sampling: dict[str, Any]) -> str:
+    """What a row asks for (prompt or messages, format, effective sampling): a kept answer is
+    reused only while this is unchanged."""
+    request = {"format": row.format, "messages": row.messages, "prompt": row.prompt,
+               "sampling": {**sampling, **row.sampling}}
+    return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:32]
 
 
-def done_ids(out: Path) -> set[str]:
-    """Ids already in ``out``; a torn last line (a killed run) is cut off first."""
-    if not out.is_file():
-        return set()
-    with open(out, "r+b") as fh:
-        data = fh.read()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            fh.truncate(end)
-    ids: set[str] = set()
-    for lineno, text in enumerate(data[:end].decode("utf-8", errors="replace").splitlines(), start=1):
-        if not text.strip():
+def row_id(out_row: Any) -> str | None:
+    """The id of a qlift output row; None for anything qlift does not write."""
+    if not isinstance(out_row, dict):
+        return None
+    if "custom_id" in out_row and isinstance(out_row.get("response"), dict):
+        rid = out_row["custom_id"]
+    elif "id" in out_row and "text" in out_row and "usage" in out_row:
+        rid = out_row["id"]
+    else:
+        return None
+    return None if rid is None or isinstance(rid, (dict, list, bool)) else str(rid)
+
+
+@dataclass
+class OutputRows:
+    """A qlift batch output as read for --resume: the complete rows, each id's first."""
+
+    rows: dict[str, str]  # id -> the line as written (with its newline)
+    torn: bool  # the last line was cut off (a killed run)
+
+
+def read_output(out: Path) -> OutputRows:
+    """Read ``out`` without changing it; any line that is not a qlift output row is refused."""
+    hint = "--resume continues an output qlift wrote; choose another -o, or --force to replace it."
+    raw = read_bytes(out, hint=hint)
+    end = raw.rfind(b"\n") + 1
+    try:
+        text = raw[:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInputError("not a qlift batch output (not UTF-8)", path=out, hint=hint) from None
+    rows: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
             continue
         try:
-            rid = row_id(json.loads(text))
-        except (json.JSONDecodeError, AttributeError):
-            raise BadInputError("not a qlift batch output row", path=out, line=lineno,
-                                hint="--resume continues an output qlift wrote; choose another -o.") from None
-        if rid is not None:
-            ids.add(rid)
-    return ids
+            rid = row_id(json.loads(line))
+        except (json.JSONDecodeError, RecursionError):
+            rid = None
+        if rid is None:
+            raise BadInputError("not a qlift batch output row", path=out, line=lineno, hint=hint)
+        rows.setdefault(rid, line + "\n")
+    return OutputRows(rows=rows, torn=end < len(raw))
 
 
 def output_row(row: BatchRow, *, text: str, finish_reason: str | None, prompt_tokens: int,
@@ -194,30 +236,32 @@ def output_row(row: BatchRow, *, text: str, finish_reason: str | None, prompt_to
             "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
 
 
-def finalize(out: Path, order: dict[str, int]) -> int:
-    """Rewrite ``out`` in input order with each id once (atomically); returns the row count."""
-    best: dict[str, tuple[int, str]] = {}
-    with open(out, encoding="utf-8") as fh:
-        for text in fh:
-            if not text.strip():
-                continue
-            rid = row_id(json.loads(text))
-            if rid is not None and rid not in best:
-                best[rid] = (order.get(rid, len(order)), text if text.endswith("\n") else text + "\n")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+def rewrite(out: Path, lines: list[str]) -> None:
+    """Replace ``out`` with ``lines`` through a temp file and a rename."""
+    tmp = out.with_name(temp_name(out))
     with open(tmp, "w", encoding="utf-8") as fh:
-        for _, text in sorted(best.values(), key=lambda item: item[0]):
-            fh.write(text)
+        fh.writelines(lines)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out)
-    return len(best)
+
+
+def temp_name(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}.tmp"
+
+
+def finalize(out: Path, order: dict[str, int]) -> int:
+    """Rewrite ``out`` in input order with each id once (atomically); returns the row count."""
+    written = read_output(out).rows
+    kept = sorted((order[rid], text) for rid, text in written.items() if rid in order)
+    rewrite(out, [text for _, text in kept])
+    return len(kept)
 
 
 def write_errors(path: Path, errors: list[dict[str, Any]]) -> None:
     if not errors:
         path.unlink(missing_ok=True)
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(temp_name(path))
     tmp.write_text("".join(json.dumps(e) + "\n" for e in sorted(errors, key=lambda e: e["line"])), encoding="utf-8")
     os.replace(tmp, path)

@@ -36,6 +36,19 @@ class CpuInfo:
     avx512: bool
     avx512_bf16: bool
     amx: bool
+    flags: frozenset[str] = frozenset()  # /proc/cpuinfo's, as the kernel reports them
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 maths in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it, several times slower."""
+        return self.avx512_bf16 or self.amx
+
+    @property
+    def vector_isa(self) -> str:
+        """The widest vector set, as people name it: "AVX-512 with BF16", "AVX-512", "AVX2" or "no AVX2"."""
+        if self.avx512:
+            return "AVX-512 with BF16" if self.avx512_bf16 else "AVX-512 without BF16"
+        return "AVX2 without AVX-512" if "avx2" in self.flags else "no AVX2"
 
 
 @dataclass
@@ -101,6 +114,7 @@ def simulate(name: str, count: int = 1) -> Hardware:
 
 
 def detect_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
+    """This machine's CPU; ``cpuinfo`` is read for the model name and flags (tests pass another host's)."""
     import psutil
 
     model, flags = "unknown", set[str]()
@@ -114,15 +128,51 @@ def detect_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
                 flags = set(value.split())
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return CpuInfo(
         model=model,
-        cores=cores,
+        cores=usable_cpus(),
         memory_bytes=int(psutil.virtual_memory().total),
         avx512="avx512f" in flags,
         avx512_bf16="avx512_bf16" in flags,
         amx="amx_tile" in flags,
+        flags=frozenset(flags),
     )
+
+
+def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may actually use: its affinity mask, capped by a cgroup v2 ``cpu.max``
+    quota (a container given 1.5 CPUs on a 64-core host gets 1), at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota)))
+    return max(1, cpus)
+
+
+def cgroup_cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs granted by the cgroup quota (v2 ``cpu.max`` "QUOTA PERIOD", v1 ``cpu.cfs_quota_us`` and
+    ``cpu.cfs_period_us``), None when unlimited or unknown."""
+    try:
+        v2 = [cgroup_root / _cgroup_v2_path().lstrip("/") / "cpu.max", cgroup_root / "cpu.max"]
+        for f in v2:
+            if f.is_file():
+                quota, _, period = f.read_text().strip().partition(" ")
+                return None if quota == "max" else int(quota) / int(period or "100000")
+        v1 = cgroup_root / "cpu"
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+            return None if quota_us <= 0 else quota_us / int((v1 / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _cgroup_v2_path() -> str:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    return next((line.partition("::")[2] for line in lines if line.startswith("0::")), "/")
 
 
 def nvml_gpus() -> list[GpuInfo]:

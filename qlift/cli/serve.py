@@ -147,6 +147,9 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
     if dry_run:
         emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
         return
+    from qlift.cpu_support import require_cpu_support
+
+    require_cpu_support(model, hardware=hw)
     if not STATE.json:
         _print_plan(spec.plan)
     from qlift.serve.launch import check_plan

@@ -27,6 +27,9 @@ class VllmBackend(Backend):
     def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         assert model.path is not None
+        from qlift.cpu_support import require_cpu_support
+
+        require_cpu_support(model.path, what=f"evaluate the {model.role}")
         job = VllmEvalJob(model=str(model.path), requests=requests, sampling=sampling,
                           max_model_len=self._max_len(model.path))
         log.info("vLLM: generating %d answers with %s (%s)", len(requests), model.name, model.role)

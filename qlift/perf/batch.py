@@ -114,6 +114,10 @@ def run_batch(
         raise BadInputError("--resume and --force contradict each other", hint="Pass one of them.")
     if max_tokens < 1:
         raise BadInputError("--max-tokens must be at least 1", field="--max-tokens", hint="Example: --max-tokens 256.")
+    if ray_address is None:  # a Ray cluster's workers may have GPUs
+        from qlift.cpu_support import require_cpu_support
+
+        require_cpu_support(model, what="run a batch with")
     parsed = read_input(input_path)
     sampling = {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature})
     hashes = hashes_for(parsed.rows, sampling)

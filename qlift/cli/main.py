@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "batch": ("qlift.cli.batch", "batch_cmd", "Offline inference over a JSONL file: one vLLM engine, resumable."),
     "bench": ("qlift.cli.bench", "bench_cmd", "Benchmark a vLLM server per concurrency: latencies, tok/s, goodput."),
     "tune": ("qlift.cli.tune", "tune_cmd", "Measure a grid of vLLM settings and write the best as a recipe."),
+    "lora": ("qlift.cli.lora", "lora_group", "LoRA adapters on a running vLLM server: list, load, unload (checked)."),
     "deploy": ("qlift.cli.deploy", "deploy_group", "Kubernetes manifests: vLLM, queue-depth HPA, HTTPRoute or Argo."),
 }
 

@@ -1,0 +1,212 @@
+"""A running vLLM server's adapters: list, load and unload them at runtime, checked first.
+
+vLLM lists an adapter in ``/v1/models`` with ``root`` (the path it loaded) and ``parent`` (its
+base's served name), and loads or unloads one through ``/v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter`` when it runs with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+(`qlift serve --lora-runtime`). A load here is checked against the base the server serves
+(its ``root`` in ``/v1/models``, or ``base_dir``) as `qlift serve --lora` checks, then asked to
+answer one token, so a load that "succeeded" but cannot generate is reported, not kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, NotFoundError
+from qlift.serve.lora import LoraCheck, check_adapter, check_lora_name
+
+log = logging.getLogger(__name__)
+TIMEOUT_S = 120.0  # a load reads the adapter's weights into the engine
+
+
+@dataclass
+class ServedModel:
+    """One entry of a vLLM server's /v1/models."""
+
+    id: str
+    root: str | None
+    parent: str | None  # set for an adapter: its base's served name
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.parent is not None
+
+
+@dataclass
+class ServedAdapter:
+    """An adapter a server holds, as `qlift lora list` shows it."""
+
+    name: str
+    base: str | None
+    path: str | None
+    content_hash: str | None  # None when its path is not a directory on this machine
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _url(server: str) -> str:
+    return server.rstrip("/").removesuffix("/v1")
+
+
+def _request(method: str, server: str, path: str, *, api_key: str | None, json: Any = None,
+             timeout: float = 10.0) -> httpx.Response:
+    try:
+        return httpx.request(method, _url(server) + path, json=json, headers=_headers(api_key), timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ExternalToolError(f"cannot reach the vLLM server at {_url(server)} ({type(exc).__name__}: {exc})",
+                                hint="Check --server and that the server is up.", tool="vllm") from None
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:200]
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:300]
+        return str(data.get("detail") or data.get("message") or data)[:300]
+    return str(data)[:300]
+
+
+def served_models(server: str, *, api_key: str | None = None) -> list[ServedModel]:
+    resp = _request("GET", server, "/v1/models", api_key=api_key)
+    if resp.status_code == 401:
+        raise BadInputError(f"{_url(server)} wants an API key", field="--api-key-env",
+                            hint="Pass --api-key-env NAME with the server's key.")
+    try:
+        resp.raise_for_status()
+        return [ServedModel(id=str(m["id"]), root=m.get("root"), parent=m.get("parent"))
+                for m in resp.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ExternalToolError(f"{_url(server)}/v1/models did not answer a model list ({exc})",
+                                hint="Is it a vLLM server?", tool="vllm") from None
+
+
+def base_model(server: str, *, api_key: str | None = None) -> ServedModel:
+    bases = [m for m in served_models(server, api_key=api_key) if not m.is_adapter]
+    if not bases:
+        raise ExternalToolError(f"{_url(server)} lists no base model", tool="vllm")
+    return bases[0]
+
+
+def find_served(server: str, name: str, *, api_key: str | None = None) -> ServedModel | None:
+    """The entry named ``name`` in the server's /v1/models (a base or an adapter), or None."""
+    return next((m for m in served_models(server, api_key=api_key) if m.id == name), None)
+
+
+def local_base_dir(server: str, *, api_key: str | None = None) -> Path:
+    root = base_model(server, api_key=api_key).root
+    if not root or not Path(root).is_dir():
+        raise BadInputError(f"the server's base model ({root}) is not a directory on this machine, so the adapter "
+                            "cannot be checked against it", field="--base",
+                            hint="Pass --base DIR (a copy of the base the server serves).")
+    return Path(root)
+
+
+def adapter_hash(path: str | Path | None) -> str | None:
+    """The lineage content hash of an adapter dir (its qlift.json's records where it has one)."""
+    from qlift.lineage import describe_input
+
+    if path is None or not Path(path).is_dir():
+        return None
+    return describe_input("adapter", Path(path))[0].content_hash
+
+
+def list_adapters(server: str, *, api_key: str | None = None) -> list[ServedAdapter]:
+    return [ServedAdapter(name=m.id, base=m.parent, path=m.root, content_hash=adapter_hash(m.root))
+            for m in served_models(server, api_key=api_key) if m.is_adapter]
+
+
+def _runtime_off(resp: httpx.Response) -> bool:
+    """vLLM answers a bare 404 (no OpenAI error body) when runtime LoRA updating is off."""
+    try:
+        return resp.status_code in (404, 405) and "error" not in resp.json()
+    except ValueError:
+        return resp.status_code in (404, 405)
+
+
+def check_for_server(server: str, name: str, path: Path, *, base_dir: Path | None = None,
+                     max_lora_rank: int | None = None, api_key: str | None = None) -> LoraCheck:
+    """The checks of `qlift serve --lora`, against the base the server serves."""
+    from qlift.models.modeldir import ModelDir
+
+    check_lora_name(name, flag="NAME")
+    base = ModelDir.open(base_dir or local_base_dir(server, api_key=api_key))
+    return check_adapter(name, path, base, max_lora_rank=max_lora_rank)
+
+
+def load(server: str, name: str, path: Path, *, base_dir: Path | None = None, max_lora_rank: int | None = None,
+         api_key: str | None = None, verify: bool = True) -> LoraCheck:
+    """Check adapter ``path``, load it into ``server`` as ``name`` and make it answer one token."""
+    checked = check_for_server(server, name, path, base_dir=base_dir, max_lora_rank=max_lora_rank, api_key=api_key)
+    served = find_served(server, name, api_key=api_key)
+    if served is not None:
+        if not served.is_adapter:
+            raise BadInputError(f"{name} is the server's base model name", field="NAME",
+                                hint="Give the adapter another name.")
+        if served.root and Path(served.root).resolve() == checked.path:
+            log.info("adapter %s is already loaded from %s", name, checked.path)
+            if verify:
+                answer_one_token(server, name, api_key=api_key)
+            return checked
+        raise BadInputError(f"the server already serves an adapter named {name} (from {served.root})",
+                            field="NAME", hint=f"Unload it first: qlift lora unload {name} --server {_url(server)}.")
+    resp = _request("POST", server, "/v1/load_lora_adapter", api_key=api_key, timeout=TIMEOUT_S,
+                    json={"lora_name": name, "lora_path": str(checked.path)})
+    if _runtime_off(resp):
+        raise IncompatibleError(f"{_url(server)} does not load adapters at runtime",
+                                hint="Start it with `qlift serve BASE --lora-runtime` "
+                                     "(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).")
+    if resp.status_code >= 400:
+        text = _error_text(resp)
+        if "max_lora_rank" in text:
+            raise IncompatibleError(f"the server refused adapter {name}: {text}",
+                                    hint="Restart the server with a larger --set max_lora_rank, or merge the adapter.")
+        raise ExternalToolError(f"the server refused adapter {name} ({resp.status_code}): {text}",
+                                hint="See the server's log.", tool="vllm")
+    if verify:
+        try:
+            answer_one_token(server, name, api_key=api_key)
+        except ExternalToolError:
+            unload(server, name, api_key=api_key, missing_ok=True)
+            raise
+    return checked
+
+
+def answer_one_token(server: str, name: str, *, api_key: str | None = None) -> None:
+    resp = _request("POST", server, "/v1/completions", api_key=api_key, timeout=TIMEOUT_S,
+                    json={"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
+    if resp.status_code >= 400:
+        raise ExternalToolError(f"adapter {name} was loaded but does not answer ({resp.status_code}): "
+                                f"{_error_text(resp)}", hint="See the server's log.", tool="vllm")
+
+
+def unload(server: str, name: str, *, api_key: str | None = None, missing_ok: bool = False) -> bool:
+    """Unload adapter ``name``; True if it was loaded. Refuses the base model's name."""
+    served = find_served(server, name, api_key=api_key)
+    if served is not None and not served.is_adapter:
+        raise BadInputError(f"{name} is the server's base model, not an adapter", field="NAME")
+    if served is None:
+        if missing_ok:
+            return False
+        raise NotFoundError(f"{_url(server)} serves no adapter named {name}",
+                            hint=f"`qlift lora list --server {_url(server)}` shows what it serves.")
+    resp = _request("POST", server, "/v1/unload_lora_adapter", api_key=api_key, json={"lora_name": name})
+    if _runtime_off(resp):
+        raise IncompatibleError(f"{_url(server)} does not unload adapters at runtime",
+                                hint="Start it with `qlift serve BASE --lora-runtime`.")
+    if resp.status_code == 404 and missing_ok:
+        return False
+    if resp.status_code >= 400:
+        raise ExternalToolError(f"the server refused to unload {name} ({resp.status_code}): {_error_text(resp)}",
+                                tool="vllm")
+    return True

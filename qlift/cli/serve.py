@@ -113,13 +113,17 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
 @click.option("--served-model-name", default=None, help="Model name clients send (default: the directory name).")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require this API key, read from environment variable NAME (never printed).")
+@click.option("--lora", "loras", multiple=True, metavar="NAME=DIR",
+              help="Also serve LoRA adapter DIR unmerged as model NAME, checked against MODEL first. Repeatable.")
+@click.option("--lora-runtime", is_flag=True,
+              help="Let `qlift lora load|unload` add adapters while it runs (binds 127.0.0.1 or needs --api-key-env).")
 @click.option("--dry-run", is_flag=True, help="Print the command, config and plan; start nothing.")
 @click.option("--timeout", type=SECONDS, default=900, show_default=True, help="Seconds to wait for /health.")
 @_hardware_options
 @json_option
 def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], host: str, port: int,
-              served_model_name: str | None, api_key_env: str | None, dry_run: bool, timeout: float,
-              gpu: str | None, gpus: int | None) -> None:
+              served_model_name: str | None, api_key_env: str | None, loras: tuple[str, ...], lora_runtime: bool,
+              dry_run: bool, timeout: float, gpu: str | None, gpus: int | None) -> None:
     """Serve MODEL with vLLM (OpenAI-compatible API) using a hardware-profiled recipe.
 
     Resolves the recipe (auto: the best one that fits this hardware and workload),
@@ -134,16 +138,19 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
       qlift serve ./merged --recipe auto --served-model-name support-bot
       qlift serve ./merged -r chat-4090 --set max_model_len=4096 --api-key-env MY_KEY
       qlift serve ./merged --recipe auto --gpu T4 --dry-run
+      qlift serve ./smollm2 --recipe cpu --lora tickets=./adapters/tickets --lora-runtime
     """
     from qlift.errors import BadInputError
     from qlift.serve.launch import prepare, run
+    from qlift.serve.lora import parse_lora_flags
 
     if gpu and not dry_run:
         raise BadInputError("--gpu simulates hardware, so it only works with --dry-run",
                             hint="Drop --gpu to serve on this machine, or add --dry-run.")
     hw = _hardware(gpu, gpus)
     spec = prepare(model, recipe=recipe, hardware=hw, workload=workload, host=host, port=port,
-                   served_model_name=served_model_name, sets=list(sets), api_key_env=api_key_env)
+                   served_model_name=served_model_name, sets=list(sets), api_key_env=api_key_env,
+                   loras=parse_lora_flags(loras), lora_runtime=lora_runtime)
     if dry_run:
         emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
         return

@@ -135,8 +135,11 @@ def prepare(
     served_model_name: str | None = None,
     sets: list[str] | None = None,
     api_key_env: str | None = None,
+    loras: dict[str, Path] | None = None,
+    lora_runtime: bool = False,
 ) -> LaunchSpec:
-    """Resolve recipe, overrides and plan into a launch; starts and writes nothing."""
+    """Resolve recipe, overrides and plan into a launch; starts and writes nothing. ``loras`` (name ->
+    adapter dir) are checked against the model before anything starts (qlift.serve.lora)."""
     planned = plan_launch(model, recipe=recipe, hardware=hardware, workload=workload, sets=sets)
     md, chosen, plan = planned.model, planned.recipe, planned.memory
     if api_key_env is not None and not os.environ.get(api_key_env):
@@ -150,6 +153,14 @@ def prepare(
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
+    if loras or lora_runtime or engine.get("enable_lora"):
+        from qlift.serve.lora import plan_lora_serving
+
+        lora = plan_lora_serving(md, loras or {}, engine, runtime=lora_runtime, served_name=served, host=host,
+                                 api_key_env=api_key_env)
+        engine.update(lora.engine)
+        env.update(lora.env)
+        notes += lora.notes
     run_dir = new_run_dir(served)
     port = port or free_port(host)  # 0: any free port, fixed now so config, argv and URL agree
     server = config_server(md.path, run_dir, host, port, served, engine, env)

@@ -77,6 +77,11 @@ class EngineSpec(BaseModel):
     tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one model replica is split across.")
     enforce_eager: bool | None = Field(None, description="Skip CUDA graphs / graph compilation.")
     block_size: int | None = Field(None, ge=1, description="Tokens per KV cache block.")
+    enable_lora: bool | None = Field(None, description="Serve LoRA adapters unmerged (`qlift serve --lora`).")
+    max_loras: int | None = Field(None, ge=1, description="Adapters in one batch (default: the --lora count).")
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = Field(
+        None, description="Largest adapter rank served (default: the smallest that holds the --lora adapters).")
+    max_cpu_loras: int | None = Field(None, ge=1, description="Adapters cached in CPU memory (>= max_loras).")
 
     @model_validator(mode="before")
     @classmethod

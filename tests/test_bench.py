@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -118,3 +124,98 @@ def test_bench_names_a_model_the_server_lacks(run_cli, tmp_path: Path) -> None:
     assert r.exit_code == 8 and "cannot reach" in r.stderr
     r = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--concurrency", "0,2")
     assert r.exit_code == 2 and "--concurrency" in r.stderr
+
+
+def test_slo_refuses_zero_and_repeated_objectives() -> None:
+    for bad, needle in (("ttft=0ms", "above 0"), ("tpot=0s", "above 0"), ("ttft=1s,ttft=2s", "twice"),
+                        ("e2e=1s,e2el=2s", "twice")):
+        with pytest.raises(BadInputError, match=needle):
+            parse_slo(bad)
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """A server that lists a model and answers completions as the test says: an OpenAI-shaped
+    /v1/models (or not JSON), and every completion a 500, or an answer that never comes."""
+
+    models_body: bytes = b""
+    completions: str = "500"  # "500" | "stall"
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._send(200, self.models_body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.completions == "stall":
+            time.sleep(30)
+            return
+        self._send(500, json.dumps({"error": {"message": "injected failure", "code": 500}}).encode())
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _stub(models: object, completions: str = "500") -> Iterator[str]:
+    body = models if isinstance(models, bytes) else json.dumps(models).encode()
+    handler = type("Handler", (_Stub,), {"models_body": body, "completions": completions})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _models(root: str) -> dict[str, object]:
+    return {"object": "list", "data": [{"id": "m", "object": "model", "root": root, "max_model_len": 2048}]}
+
+
+def test_models_list_that_is_not_json_is_exit_8(run_cli) -> None:
+    for body in (b"<html>not an OpenAI server</html>", b'{"data": 5}', b"[1, 2]"):
+        with _stub(body) as url:
+            r = run_cli("bench", "--endpoint", url, "--model", "m", "--requests", "1")
+        assert r.exit_code == 8 and "did not answer an OpenAI model list" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_no_local_tokenizer_fails_at_once_naming_the_flag(run_cli, tmp_path: Path) -> None:
+    started = time.monotonic()
+    for root in ("/nonexistent/model-dir", "some-org/a-model-no-cache-has"):
+        with _stub(_models(root)) as url:
+            r = run_cli("bench", "--endpoint", url, "--model", "m", "--requests", "1", "-o", tmp_path / "r.json")
+        assert r.exit_code == 2 and "--tokenizer" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert time.monotonic() - started < 20 and not (tmp_path / "r.json").exists()
+    r = run_cli("bench", "--help")
+    assert "--tokenizer DIR|ORG/REPO" in r.stdout
+
+
+@pytest.mark.slow
+def test_every_request_failing_is_exit_8_with_the_result_written(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    out = tmp_path / "r.json"
+    with _stub(_models(str(smollm2_dir))) as url:
+        r = run_cli("bench", "--endpoint", url, "--model", "m", "--concurrency", "1", "--requests", "2",
+                    "--input-tokens", "8", "--output-tokens", "4", "-o", out)
+    assert r.exit_code == 8 and "all 2 requests failed at concurrency 1" in r.stderr, r.stderr
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["levels"][0]["completed"] == 0 and result["levels"][0]["failed"] == 2
+
+
+@pytest.mark.slow
+def test_timeout_before_any_level_keeps_a_result_marked_incomplete(run_cli, tmp_path: Path,
+                                                                    smollm2_dir: Path) -> None:
+    out = tmp_path / "r.json"
+    with _stub(_models(str(smollm2_dir)), completions="stall") as url:
+        r = run_cli("bench", "--endpoint", url, "--model", "m", "--concurrency", "1", "--requests", "1",
+                    "--input-tokens", "8", "--output-tokens", "4", "--timeout", "20", "-o", out)
+    assert r.exit_code == 8 and "no concurrency level finished within --timeout 20 s" in r.stderr, r.stderr
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and result["levels"] == []

@@ -38,7 +38,9 @@ def parse_levels(text: str) -> list[int]:
               help="Output tokens per request (EOS ignored, so every request generates them all).")
 @click.option("--dataset", type=click.Path(path_type=Path), help='JSONL of {"prompt": ...} rows instead of random.')
 @click.option("--slo", help="Service-level objectives for goodput, e.g. ttft=500ms,tpot=50ms,e2e=10s.")
-@click.option("--tokenizer", help="Tokenizer (default: the server's model directory, if it is on this machine).")
+@click.option("--tokenizer", metavar="DIR|ORG/REPO",
+              help="Tokenizer for the prompts (default: the server's model directory, or that repo in the local hub "
+                   "cache; otherwise required).")
 @click.option("--baseline", type=click.Path(path_type=Path), help="An earlier result JSON: print ratios against it.")
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG: throughput against latency per level.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), help="Write the result JSON here.")
@@ -55,15 +57,18 @@ def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_
     output tok/s, goodput under --slo and errors for each level. The result JSON records the
     hardware, vLLM version, model and what the server says about itself; --baseline prints
     this run's ratios against an earlier result. Only the endpoint you name gets traffic.
+    A level where every request failed, or a --timeout reached before any level finished,
+    exits 8 once the result is written (-o, with complete: false on a timeout).
 
     \b
     Examples:
       qlift bench --endpoint http://127.0.0.1:8000 --model smollm2 --concurrency 1,4 --requests 16
       qlift bench --endpoint http://127.0.0.1:8000 --model chat --slo ttft=500ms,tpot=50ms -o run.json --plot run.png
       qlift bench --endpoint http://127.0.0.1:8000 --model chat --baseline before.json --json
+      qlift bench --endpoint http://gateway:9000 --model chat --tokenizer ./merged   # a remote or routed server
     """
     from qlift.fsutil import write_json_atomic
-    from qlift.perf.bench import compare, load_result, run_bench
+    from qlift.perf.bench import check_outcome, compare, load_result, run_bench
     from qlift.perf.slo import parse_slo
     from qlift.serialize import to_jsonable
 
@@ -77,11 +82,12 @@ def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_
         result.baseline = compare(result, base, baseline)
     if out:
         write_json_atomic(out, to_jsonable(result))
-    if plot:
-        from qlift.perf.plot import plot_levels
+    if plot and result.levels:
+        from qlift.perf.plot import plot_bench
 
-        plot_levels(result.levels, plot, title=f"{model} at {result.endpoint} ({result.hardware['description']})")
+        plot_bench(result, plot, baseline=base)
     emit(result, lambda: print_result(result))
+    check_outcome(result, timeout)
 
 
 def print_result(r: BenchResult) -> None:

@@ -84,12 +84,39 @@ def server_info(base: str, model: str) -> dict[str, Any]:
     if resp.status_code != 200:
         raise ExternalToolError(f"{base}/v1/models answered HTTP {resp.status_code}", tool="vllm",
                                 hint="Is --endpoint an OpenAI-compatible vLLM server?")
-    models = {m.get("id"): m for m in resp.json().get("data", [])}
+    try:
+        data = resp.json().get("data")
+        models = {str(m.get("id")): m for m in data}
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        raise ExternalToolError(f"{base}/v1/models did not answer an OpenAI model list (JSON with 'data': [...])",
+                                hint="Is --endpoint an OpenAI-compatible vLLM server?", tool="vllm") from None
     if model not in models:
-        raise NotFoundError(f"the server at {base} does not serve '{model}' (it serves: {', '.join(map(str, models))})",
+        raise NotFoundError(f"the server at {base} does not serve '{model}' (it serves: {', '.join(models)})",
                             hint="Pass one of those to --model.")
     entry = models[model]
     return {"root": entry.get("root"), "max_model_len": entry.get("max_model_len")}
+
+
+def pick_tokenizer(model: str, root: Any) -> str:
+    """The tokenizer vLLM's client builds prompts with, found on this machine: the server's model
+    directory (its /v1/models ``root``), else that repo (or the served name) in the local hub cache.
+    Never the hub itself: a name no cache has would cost minutes of retries and then fail."""
+    names = [str(n) for n in (root, model) if isinstance(n, str) and n]
+    for name in names:
+        if Path(name).is_dir():
+            return name
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    for name in names:
+        try:
+            return str(snapshot_download(name, local_files_only=True))
+        except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+            continue
+    raise BadInputError(
+        f"no tokenizer for '{model}' on this machine (the server's model root {root!r} is not a directory here, "
+        "nor a repo in the local hub cache)", field="--tokenizer",
+        hint="Pass --tokenizer DIR (the model directory, or a copy of its tokenizer files) or --tokenizer ORG/REPO.")
 
 
 def to_level(raw: dict[str, Any], slo: dict[str, float]) -> LevelResult:
@@ -141,7 +168,7 @@ def run_bench(
     slo = slo or {}
     base = api_base(endpoint)
     info = server_info(base, model)
-    tok = tokenizer or (info["root"] if info["root"] and Path(info["root"]).is_dir() else model)
+    tok = tokenizer or pick_tokenizer(model, info["root"])
     with tempfile.TemporaryDirectory(prefix="qlift-bench-") as tmp:
         levels_path = Path(tmp) / "levels.jsonl"
         job = {"base_url": base, "model": model, "tokenizer": tok, "requests": requests, "input_len": input_tokens,
@@ -156,7 +183,7 @@ def run_bench(
                 worker.submit(job)
                 vllm_version = worker.wait(timeout_s=timeout_s)["vllm_version"]
         except ExternalToolError as exc:
-            if "did not finish within" not in exc.message or not levels_path.exists():
+            if "did not finish within" not in exc.message:
                 raise
             log.warning("bench: stopped at the %.0f s limit; keeping the levels that finished", timeout_s)
             complete = False
@@ -173,6 +200,20 @@ def run_bench(
                   "output_tokens": output_tokens, "dataset": str(dataset) if dataset else None, "seed": seed},
         slo_ms=slo, levels=[to_level(r, slo) for r in raw_levels], complete=complete,
     )
+
+
+def check_outcome(result: BenchResult, timeout_s: float) -> None:
+    """After the result is written: a run that measured nothing is a failure (exit 8), not a result.
+    A level where every request failed, or a time limit reached before any level finished."""
+    if not result.levels and not result.complete:
+        raise ExternalToolError(f"no concurrency level finished within --timeout {timeout_s:g} s", tool="vllm",
+                                hint="Raise --timeout, or lower --requests or --output-tokens.")
+    for lv in result.levels:
+        if lv.requests and lv.completed == 0:
+            first = f" (first error: {lv.errors[0][:200]})" if lv.errors else ""
+            raise ExternalToolError(f"all {lv.requests} requests failed at concurrency {lv.concurrency}{first}",
+                                    tool="vllm", hint="Check the server's log and --model; the result records "
+                                                      "each level's errors.")
 
 
 def load_result(path: Path) -> dict[str, Any]:

@@ -36,17 +36,21 @@ PROFILES = {
     "slow": {"rps": 5.0, "length": 0.02, "tokens": 100, "e2e": 2.5, "ttft": 0.1},
     "cut": {"rps": 5.0, "length": 0.5, "tokens": 100, "e2e": 0.5, "ttft": 0.1},
     "rambling": {"rps": 5.0, "length": 0.02, "tokens": 300, "e2e": 0.5, "ttft": 0.1},
+    "quiet": {"rps": 5.0, "length": 0.0, "tokens": 30, "e2e": 0.5, "ttft": 0.1},
+    # a base that rambles to max_tokens, and a fine-tune that answers in short JSON by design
+    "rambler": {"rps": 5.0, "length": 0.9, "tokens": 64, "e2e": 0.5, "ttft": 0.1},
+    "terse": {"rps": 5.0, "length": 0.0, "tokens": 30, "e2e": 0.5, "ttft": 0.1},
 }
-# AnalysisTemplate metric -> promote judge check
-SAME_CHECK = {"latency-ratio": "latency", "ttft-ratio": "ttft", "finish-length-share-ratio": "finish_length",
-              "completion-tokens-ratio": "completion_tokens"}
+# Behind nginx both versions serve the client's one model name: two scrape targets tell them apart.
+NGINX_TARGETS = {"stable": PROFILES["base"], "canary": PROFILES["good"]}
+EXPORTERS: dict[str, str] = {}  # role -> host:port of its exporter (the scrape's instance label)
 
 
-def _exposition(t: float) -> str:
+def _exposition(t: float, profiles: dict[str, dict[str, float]] = PROFILES) -> str:
     """vLLM's series as counters growing with ``t`` seconds: each model's requests all land in one bucket."""
     lines = ["# TYPE vllm:request_success_total counter", "# TYPE vllm:generation_tokens_total counter",
              "# TYPE vllm:e2e_request_latency_seconds histogram", "# TYPE vllm:time_to_first_token_seconds histogram"]
-    for model, p in PROFILES.items():
+    for model, p in profiles.items():
         n = p["rps"] * t
         m = f'model_name="{model}"'
         lines.append(f'vllm:request_success_total{{{m},finished_reason="length"}} {n * p["length"]}')
@@ -67,26 +71,32 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("prometheus is not installed")
     start = time.monotonic()
 
-    class Exporter(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = _exposition(time.monotonic() - start).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def exporter_for(profiles: dict[str, dict[str, float]]) -> ThreadingHTTPServer:
+        class Exporter(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = _exposition(time.monotonic() - start, profiles).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
-        def log_message(self, *args: Any) -> None:
-            pass
+            def log_message(self, *args: Any) -> None:
+                pass
 
-    exporter = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    threading.Thread(target=exporter.serve_forever, daemon=True).start()
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    exporter = exporter_for(PROFILES)
+    behind_nginx = {role: exporter_for({"chat": p}) for role, p in NGINX_TARGETS.items()}
+    EXPORTERS.update({role: f"127.0.0.1:{e.server_address[1]}" for role, e in behind_nginx.items()})
     tmp = tmp_path_factory.mktemp("prom")
     port = free_port()
     (tmp / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s"},
         "scrape_configs": [{"job_name": "vllm", "static_configs": [
-            {"targets": [f"127.0.0.1:{exporter.server_address[1]}"]}]}]}))
+            {"targets": [f"127.0.0.1:{exporter.server_address[1]}", *EXPORTERS.values()]}]}]}))
     with open(tmp / "prometheus.log", "wb") as log:
         proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -113,6 +123,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.kill()
             proc.wait(5)
         exporter.shutdown()
+        for e in behind_nginx.values():
+            e.shutdown()
 
 
 def argo_verdict(condition_success: str, condition_failure: str, result: list[float]) -> str:
@@ -133,25 +145,54 @@ def query(url: str, promql: str) -> list[float]:
     return [float(s["value"][1]) for s in body["data"]["result"]]
 
 
-@pytest.mark.parametrize(("canary", "failing"), [
-    ("good", set()), ("slow", {"latency"}), ("cut", {"finish_length"}), ("rambling", {"completion_tokens"}),
+@pytest.mark.parametrize(("stable", "canary", "failing"), [
+    ("base", "good", set()), ("base", "slow", {"latency"}), ("base", "cut", {"finish_length"}),
+    ("base", "rambling", {"completion_tokens"}), ("base", "quiet", {"completion_tokens"}),
+    # short answers against a stable cut at max_tokens in 90% of its answers: style, not silence
+    ("rambler", "terse", set()),
 ])
-def test_argo_analysis_reaches_promotes_verdicts(prometheus: str, canary: str, failing: set[str]) -> None:
+def test_argo_analysis_reaches_promotes_verdicts(prometheus: str, stable: str, canary: str, failing: set[str]) -> None:
     analysis = AnalysisSpec.model_validate({})
     spec = PrometheusSpec.model_validate({"url": prometheus, "preset": "vllm"})
-    got = PrometheusSource(spec, ["base", canary], {"base": "base", canary: canary}, WINDOW_S).collect()
+    got = PrometheusSource(spec, [stable, canary], {stable: stable, canary: canary}, WINDOW_S).collect()
     judged = {c.name: c.status for c in
-              run_checks(Evidence(got["base"], got[canary], 0.0, 0.0, "prometheus"), analysis)}
+              run_checks(Evidence(got[stable], got[canary], 0.0, 0.0, "prometheus"), analysis)}
     assert {name for name, status in judged.items() if status == "fail"} == failing, judged
-    assert all(judged[name] == "pass" for name in SAME_CHECK.values() if name not in failing), judged
-    args = {"stable": "base", "canary": canary, "stable-model": "base", "canary-model": canary}
-    for check in checks("vllm", analysis, WINDOW_S):
+    args = {"stable": stable, "canary": canary, "stable-model": stable, "canary-model": canary}
+    metrics = checks("vllm", analysis, WINDOW_S)
+    assert {m.check for m in metrics} == {n for n, status in judged.items() if status != "skipped"}
+    for check in metrics:
         promql = re.sub(r"\{\{args\.([\w-]+)\}\}", lambda m: args[m.group(1)], check.query)
         verdict = argo_verdict(check.success, check.failure, query(prometheus, promql))
-        if check.name == "canary-requests":
-            assert verdict == "pass" and got[canary].requests >= analysis.min_requests
-        else:
-            assert verdict == judged[SAME_CHECK[check.name]], (check.name, verdict, judged)
+        assert verdict == judged[check.check], (check.name, verdict, judged)
+    assert got[canary].requests >= analysis.min_requests
+
+
+def test_nginx_plane_reads_prometheus_by_scrape_target(prometheus: str, tmp_path: Path) -> None:
+    """Behind nginx both versions serve one model name: the nginx plane's default preset tells them apart
+    by scrape target, where the router preset (the old default) saw 0 requests and said nothing."""
+    from qlift.rollout.sources import make_collector
+    from qlift.rollout.spec import build_spec
+
+    backends = {"stable": f"http://{EXPORTERS['stable']}", "canary": f"http://{EXPORTERS['canary']}"}
+    base = {"stable": "stable", "canary": "canary", "data_plane": "nginx", "provider": "prometheus",
+            "interval": WINDOW_S, "vllm_metrics": False, "backends": backends,
+            "nginx": {"prefix": str(tmp_path / "nginx")}}
+    spec = build_spec({**base, "prometheus": {"url": prometheus}}, {})
+    assert spec.prometheus is not None and spec.prometheus.preset == "nginx"
+    collector = make_collector(spec, {})
+    collector.begin()
+    ev = collector.collect()
+    assert ev.canary.requests >= 20 and ev.stable.requests >= 20, ev
+    assert not ev.notes, ev.notes
+    assert {c.name for c in run_checks(ev, spec.analysis) if c.status == "fail"} == set()
+
+    routed = build_spec({**base, "prometheus": {"url": prometheus, "preset": "router"}}, {})
+    collector = make_collector(routed, {})
+    collector.begin()
+    ev = collector.collect()
+    assert ev.canary.requests == 0
+    assert any("no series at all for canary" in n for n in ev.notes), ev.notes
 
 
 def test_promote_drives_the_rendered_route_with_the_rendered_spec(run_cli, prometheus: str, tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ def test_healthy_canary_advances_with_p_values_only_where_tested() -> None:
     d = _judge(_ev("c", 30, seed=1), _ev("s", 200, seed=2))
     assert d.action == "advance", d.reason
     assert {c.name: c.status for c in d.checks} == {
-        "error_rate": "pass", "latency": "pass", "ttft": "pass", "finish_length": "pass",
+        "canary_requests": "pass", "error_rate": "pass", "latency": "pass", "ttft": "pass", "finish_length": "pass",
         "completion_tokens": "pass", "empty_completions": "pass"}
 
 

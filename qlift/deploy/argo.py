@@ -1,7 +1,8 @@
 """Argo Rollouts: a ``Rollout`` (canary 10 -> 50 -> 100 with pauses and analysis) and an
 ``AnalysisTemplate`` whose Prometheus queries are ``qlift promote``'s own.
 
-Each check of promote's judge becomes one metric. Its query is built from the PromQL preset
+Each check of promote's judge (the registry ``qlift.rollout.checks.CHECKS``, where each check
+carries its own PromQL form) becomes one metric. Its query is built from the PromQL preset
 ``qlift promote --prometheus`` uses (``qlift.rollout.prometheus.PRESETS``) with ``$backend`` /
 ``$model`` bound to the AnalysisRun's arguments, and its limits and tolerances are the
 fields of ``AnalysisSpec``. A query yields a value only when the canary is over its
@@ -13,11 +14,9 @@ tests: an over-limit window fails at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from string import Template
 from typing import Any
 
-from qlift.errors import BadInputError
+from qlift.rollout.checks import PromqlMetric, argo_metrics
 from qlift.rollout.prometheus import PRESETS, window_label
 from qlift.rollout.spec import AnalysisSpec
 
@@ -26,68 +25,20 @@ GATEWAY_PLUGIN = "argoproj-labs/gatewayAPI"  # Argo Rollouts' Gateway API traffi
 ARGS = ("stable", "canary", "stable-model", "canary-model")
 
 
-@dataclass
-class Check:
-    """One metric of the template: a query and the conditions on its one value."""
-
-    name: str
-    query: str
-    success: str
-    failure: str
+Check = PromqlMetric  # one metric of the template: a query and the conditions on its one value
 
 
-def _bound(preset: dict[str, str], field: str, role: str, window: str) -> str:
-    """The preset's query for ``field`` about ``role`` (stable/canary), as an AnalysisRun evaluates it."""
-    return Template(preset[field]).safe_substitute(
-        backend=f"{{{{args.{role}}}}}", model=f"{{{{args.{role}-model}}}}", window=window)
+def checks(preset_name: str, analysis: AnalysisSpec, window_s: float) -> list[PromqlMetric]:
+    """promote's checks (``qlift.rollout.checks.CHECKS``), in the judge's order, for the fields the
+    preset has queries for."""
+    return argo_metrics(PRESETS[preset_name], analysis, window_label(window_s))
 
 
-def _limit(value: float) -> tuple[str, str]:
-    return f"len(result) > 0 && result[0] <= {value}", f"len(result) > 0 && result[0] > {value}"
-
-
-def checks(preset_name: str, analysis: AnalysisSpec, window_s: float) -> list[Check]:
-    """promote's checks, in the judge's order, for the fields the preset has queries for."""
-    preset, window = PRESETS[preset_name], window_label(window_s)
-
-    def q(field: str, role: str) -> str:
-        return f"({_bound(preset, field, role, window)})"
-
-    def ratio_over(field: str, tolerance: float, cmp: str) -> str:
-        # canary/stable, zeroed while the canary is within ``tolerance`` of the stable (a pass)
-        c, s = q(field, "canary"), q(field, "stable")
-        return f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) {cmp} bool {tolerance})"
-
-    def share(num: str, den: str, role: str) -> str:
-        return f"({q(num, role)} / {q(den, role)})"
-
-    out = [Check("canary-requests", q("requests", "canary"),
-                 f"len(result) > 0 && result[0] >= {analysis.min_requests}", "false")]
-    if "errors" in preset:
-        out.append(Check("error-rate", f"{q('errors', 'canary')} / {q('requests', 'canary')}",
-                         *_limit(analysis.max_error_rate)))
-    quantile = f"p{round(analysis.latency_quantile * 100)}"
-    for check, field, limit in (("latency-ratio", f"latency_{quantile}", analysis.max_latency_ratio),
-                                ("ttft-ratio", f"ttft_{quantile}", analysis.max_ttft_ratio)):
-        if field not in preset:
-            raise BadInputError(f"the {preset_name} preset has no {field} query", field="analysis.latency_quantile",
-                                hint="Use latency_quantile 0.5 or 0.95.")
-        out.append(Check(check, ratio_over(field, analysis.min_latency_increase_s, ">"), *_limit(limit)))
-    if {"length_finishes", "finishes"} <= set(preset):
-        c, s = share("length_finishes", "finishes", "canary"), share("length_finishes", "finishes", "stable")
-        query = f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) >= bool {analysis.min_share_increase})"
-        out.append(Check("finish-length-share-ratio", query, *_limit(analysis.max_length_share_ratio)))
-    if {"completion_tokens", "completions"} <= set(preset):
-        c, s = share("completion_tokens", "completions", "canary"), share("completion_tokens", "completions", "stable")
-        lo, hi = analysis.min_tokens_ratio, analysis.max_tokens_ratio
-        out.append(Check("completion-tokens-ratio", f"{c} / {s}",
-                         f"len(result) > 0 && result[0] >= {lo} && result[0] <= {hi}",
-                         f"len(result) > 0 && (result[0] < {lo} || result[0] > {hi})"))
-    if {"empty", "completions"} <= set(preset):
-        c, s = share("empty", "completions", "canary"), share("empty", "completions", "stable")
-        query = f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) >= bool {analysis.min_share_increase})"
-        out.append(Check("empty-share-ratio", query, *_limit(analysis.max_empty_share_ratio)))
-    return out
+def template_args(metrics: list[PromqlMetric]) -> list[str]:
+    """The AnalysisRun arguments the queries use (the nginx preset adds each version's scrape instance)."""
+    extra = [f"{role}-instance" for role in ("stable", "canary")
+             if any(f"{{{{args.{role}-instance}}}}" in m.query for m in metrics)]
+    return [*ARGS, *extra]
 
 
 def analysis_template(*, name: str, namespace: str, labels: dict[str, str], prometheus_url: str,
@@ -95,6 +46,7 @@ def analysis_template(*, name: str, namespace: str, labels: dict[str, str], prom
     # Measured once per window, as promote judges: a failure ends the analysis at once, the
     # first intervals_per_step passes in a row end it successfully, and max_inconclusive
     # windows without a verdict are tolerated; one more makes the analysis inconclusive.
+    found = checks(preset, analysis, window_s)
     metrics = [{
         "name": c.name,
         "interval": window_label(window_s),
@@ -105,12 +57,12 @@ def analysis_template(*, name: str, namespace: str, labels: dict[str, str], prom
         "failureLimit": 0,
         "inconclusiveLimit": analysis.max_inconclusive,
         "provider": {"prometheus": {"address": prometheus_url, "query": c.query}},
-    } for c in checks(preset, analysis, window_s)]
+    } for c in found]
     return {
         "apiVersion": ROLLOUT_API,
         "kind": "AnalysisTemplate",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {"args": [{"name": a} for a in ARGS], "metrics": metrics},
+        "spec": {"args": [{"name": a} for a in template_args(found)], "metrics": metrics},
     }
 
 

@@ -19,9 +19,10 @@ from qlift.rollout.stats import mean, quantile
 class VersionEvidence:
     version: str
     requests: int = 0  # upstream attempts in the window, failed ones included
-    errors: int | None = None  # 5xx and connection errors, replayed ones included
+    errors: int | None = None  # 5xx, connection errors and answers that are not answers, replayed ones included
+    bad_answers: int | None = None  # ... of which HTTP 200s whose body is no completion (router: reason)
     latency_s: list[float] = field(default_factory=list)  # e2e of successful attempts
-    ttft_s: list[float] = field(default_factory=list)  # time to first byte of successful attempts
+    ttft_s: list[float] = field(default_factory=list)  # time to first byte of successful *streamed* attempts
     completion_tokens: list[float] = field(default_factory=list)  # per successful request
     # seconds per completion token after the first byte (e2e / tokens without one): speed, not verbosity
     token_latency_s: list[float] = field(default_factory=list)
@@ -75,6 +76,7 @@ class VersionEvidence:
 
         return VersionEvidence(
             self.version, requests=self.requests + later.requests, errors=add(self.errors, later.errors),
+            bad_answers=add(self.bad_answers, later.bad_answers),
             latency_s=self.latency_s + later.latency_s, ttft_s=self.ttft_s + later.ttft_s,
             completion_tokens=self.completion_tokens + later.completion_tokens,
             token_latency_s=self.token_latency_s + later.token_latency_s,
@@ -88,7 +90,7 @@ class VersionEvidence:
     def summary(self) -> dict[str, Any]:
         """The numbers the journal and `status` keep (samples reduced to quantiles)."""
         out: dict[str, Any] = {
-            "version": self.version, "requests": self.requests, "errors": self.errors,
+            "version": self.version, "requests": self.requests, "errors": self.errors, "bad_answers": self.bad_answers,
             "error_rate": self.error_rate, "length_share": self.length_share, "empty_share": self.empty_share,
             "mean_completion_tokens": self.mean_completion_tokens,
             "latency_samples": len(self.latency_s), "ttft_samples": len(self.ttft_s),
@@ -114,18 +116,27 @@ class Evidence:
     source: str
     notes: list[str] = field(default_factory=list)
     windows: int = 1  # >1: held windows of this step carried over into this one
+    weight: int | None = None  # the canary's planned percent in this window (the controller fills it in)
 
     def merged(self, later: Evidence) -> Evidence:
         return Evidence(self.stable.merged(later.stable), self.canary.merged(later.canary), self.started_at,
-                        later.ended_at, later.source, self.notes + later.notes, self.windows + later.windows)
+                        later.ended_at, later.source, self.notes + later.notes, self.windows + later.windows,
+                        later.weight if later.weight is not None else self.weight)
+
+
+# The router's failure reasons for an HTTP 200 whose body is no completion (qlift.router).
+BAD_ANSWER_REASONS = frozenset({"bad_body", "no_choices", "no_done", "bad_json", "not_json", "empty_body"})
 
 
 def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidence:
     """Fold the router's per-attempt records of one backend into evidence.
 
-    A client that went away is nobody's error and has no meaningful latency: skipped.
+    A client that went away is nobody's error and has no meaningful latency: skipped. A failed
+    record whose reason says the 200 answer was garbage also counts in ``bad_answers``. Time to
+    first byte is TTFT only for a streamed request (a non-streamed one's first byte is its whole
+    answer): those feed the latency and per-token samples only.
     """
-    ev = VersionEvidence(version, errors=0, finishes=0, length_finishes=0, completions=0,
+    ev = VersionEvidence(version, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
                          completion_tokens_sum=0.0, empty=0)
     for r in records:
         if r.client_disconnected:
@@ -133,9 +144,11 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
         ev.requests += 1
         if not r.ok:
             ev.errors = (ev.errors or 0) + 1
+            if getattr(r, "reason", None) in BAD_ANSWER_REASONS:
+                ev.bad_answers = (ev.bad_answers or 0) + 1
             continue
         ev.latency_s.append(float(r.latency_s))
-        if r.ttfb_s is not None:
+        if r.ttfb_s is not None and r.stream:
             ev.ttft_s.append(float(r.ttfb_s))
         if r.finish_reason is not None:
             ev.finishes = (ev.finishes or 0) + 1

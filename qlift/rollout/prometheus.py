@@ -1,12 +1,15 @@
 """The Prometheus analysis provider: PromQL per evidence field, like an Argo Rollouts
 AnalysisTemplate. Queries are data (spec ``prometheus.queries``) over shipped presets;
-``$backend`` (the version's name), ``$model`` (its served model name) and ``$window`` (the
-analysis interval, e.g. ``30s``) are filled in. A query should return one number; several
-series are summed; an empty answer or NaN means "no data".
+``$backend`` (the version's name), ``$model`` (its served model name), ``$instance`` (its
+server's host:port, the ``instance`` label of a scrape) and ``$window`` (the analysis interval,
+e.g. ``30s``) are filled in. A query should return one number; several series are summed; an
+empty answer or NaN means "no data". The preset defaults to the data plane's (see planes.py);
+a window whose queries find no series at all for a version says so in its notes.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from string import Template
 
@@ -15,6 +18,8 @@ import httpx
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.spec import PrometheusSpec
+
+log = logging.getLogger(__name__)
 
 _R = 'backend="$backend"'
 _ROUTER_HIST = 'histogram_quantile({q}, sum by (le) (rate(qlift_router_{name}_bucket{{' + _R + '}}[$window])))'
@@ -26,8 +31,9 @@ PRESETS: dict[str, dict[str, str]] = {
         "errors": f'sum(increase(qlift_router_requests_total{{{_R},status_class=~"5xx|error"}}[$window]))',
         "latency_p50": _ROUTER_HIST.format(q=0.5, name="request_duration_seconds"),
         "latency_p95": _ROUTER_HIST.format(q=0.95, name="request_duration_seconds"),
-        "ttft_p50": _ROUTER_HIST.format(q=0.5, name="ttfb_seconds"),
-        "ttft_p95": _ROUTER_HIST.format(q=0.95, name="ttfb_seconds"),
+        # TTFT of streamed requests (a router that labels stream; without the label every series matches)
+        "ttft_p50": _ROUTER_HIST.format(q=0.5, name="ttfb_seconds").replace(_R, _R + ',stream!="false"'),
+        "ttft_p95": _ROUTER_HIST.format(q=0.95, name="ttfb_seconds").replace(_R, _R + ',stream!="false"'),
         "finishes": f"sum(increase(qlift_router_finish_reason_total{{{_R}}}[$window]))",
         "length_finishes": f'sum(increase(qlift_router_finish_reason_total{{{_R},reason="length"}}[$window]))',
         "completions": f"sum(increase(qlift_router_finish_reason_total{{{_R}}}[$window]))",
@@ -52,6 +58,13 @@ PRESETS: dict[str, dict[str, str]] = {
         "completion_tokens": 'sum(increase(vllm:generation_tokens_total{model_name="$model"}[$window]))',
     },
 }
+
+def _by_instance(preset: dict[str, str]) -> dict[str, str]:
+    """vLLM's series picked by scrape target: behind nginx both versions serve the client's one model name."""
+    return {k: q.replace('model_name="$model"', 'instance="$instance"') for k, q in preset.items()}
+
+
+PRESETS["nginx"] = _by_instance(PRESETS["vllm"])
 FIELDS = ("requests", "errors", "latency_p50", "latency_p95", "ttft_p50", "ttft_p95", "finishes",
           "length_finishes", "completions", "completion_tokens", "empty")
 
@@ -61,7 +74,13 @@ def queries_for(spec: PrometheusSpec) -> dict[str, str]:
     if unknown:
         raise BadInputError(f"unknown query name(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}",
                             field="prometheus.queries")
-    return {**PRESETS[spec.preset], **spec.queries}
+    return {**PRESETS[spec.preset or "router"], **spec.queries}
+
+
+def label_value(value: str) -> str:
+    """``value`` escaped for a PromQL double-quoted string (a label matcher's value): a model
+    directory named with a quote or a backslash must not end the string early."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def window_label(seconds: float) -> str:
@@ -71,13 +90,17 @@ def window_label(seconds: float) -> str:
 class PrometheusSource:
     name = "prometheus"
 
-    def __init__(self, spec: PrometheusSpec, versions: list[str], models: dict[str, str], window_s: float) -> None:
+    def __init__(self, spec: PrometheusSpec, versions: list[str], models: dict[str, str], window_s: float,
+                 instances: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.url = spec.url.rstrip("/")
         self.versions = versions
         self.models = models
+        self.instances = instances or {}
         self.window_s = window_s
         self.queries = queries_for(spec)
+        self.notes: list[str] = []  # of the last collect: what the window record should say
+        self.series = 0  # series the last query returned
 
     def begin(self) -> None:
         pass  # Prometheus keeps the history; the window is the query's range
@@ -99,15 +122,28 @@ class PrometheusSource:
             values = [float(data["result"][1])]
         else:
             values = [float(s["value"][1]) for s in data["result"]]
+        self.series = len(values)
         values = [v for v in values if not math.isnan(v)]
         return sum(values) if values else None
 
     def collect(self) -> dict[str, VersionEvidence]:
         out: dict[str, VersionEvidence] = {}
+        self.notes = []
         window = window_label(self.window_s)
         for version in self.versions:
-            subst = {"backend": version, "model": self.models.get(version, version), "window": window}
-            got = {name: self.query(Template(q).safe_substitute(subst)) for name, q in self.queries.items()}
+            subst = {"backend": label_value(version), "model": label_value(self.models.get(version, version)),
+                     "window": window, "instance": label_value(self.instances.get(version, version))}
+            got: dict[str, float | None] = {}
+            series = 0
+            for name, q in self.queries.items():
+                got[name] = self.query(Template(q).safe_substitute(subst))
+                series += self.series
+            if series == 0:
+                note = (f"prometheus: no series at all for {version} (preset {self.spec.preset}, "
+                        f"{', '.join(f'{k}={v}' for k, v in subst.items())}): is Prometheus scraping it, "
+                        f"and is the preset the data plane's?")
+                log.warning("%s", note)
+                self.notes.append(note)
             ev = VersionEvidence(version)
             ev.requests = round(got.get("requests") or 0)
             counts = {k: (None if got.get(k) is None and k not in self.queries else round(got.get(k) or 0))

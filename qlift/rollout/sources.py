@@ -99,7 +99,8 @@ class Collector:
         engine = self.vllm.collect() if self.vllm is not None else {}
         ev = Evidence(per_version.get(self.stable, VersionEvidence(self.stable)),
                       per_version.get(self.canary, VersionEvidence(self.canary)),
-                      started_at=self.started, ended_at=time.time(), source=self.primary.name)
+                      started_at=self.started, ended_at=time.time(), source=self.primary.name,
+                      notes=list(getattr(self.primary, "notes", [])))
         for version_ev in (ev.stable, ev.canary):
             if version_ev.version in engine:
                 fill_from_vllm(version_ev, engine[version_ev.version])
@@ -114,10 +115,13 @@ def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector
     versions = [spec.stable, spec.canary]
     primary: EvidenceSource
     if spec.provider == "prometheus":
+        from qlift.rollout.nginx import host_port
         from qlift.rollout.prometheus import PrometheusSource
 
         assert spec.prometheus is not None
-        primary = PrometheusSource(spec.prometheus, versions, spec.models, spec.interval)
+        urls = {**backend_urls, **spec.backends}
+        instances = {v: host_port(urls[v]) for v in versions if v in urls}
+        primary = PrometheusSource(spec.prometheus, versions, spec.models, spec.interval, instances)
     elif spec.data_plane == "nginx":
         from qlift.rollout.nginx import AccessLogSource
 

@@ -7,14 +7,18 @@ Every field has a default and a doc; a bad value is reported as one line naming 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticUndefined
 
 from qlift.errors import BadInputError
 
+F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -65,10 +69,13 @@ class AnalysisSpec(_Strict):
     max_tokens_ratio: float = Field(2.0, gt=0, description="Highest canary/stable mean completion tokens (rambling).")
     min_tokens_ratio: float = Field(0.5, ge=0, description="Lowest canary/stable mean completion tokens (silence).")
     alpha: float = Field(0.05, gt=0, lt=1, description="Family-wise significance level of one window's "
-                         "one-sided tests (each check tests at alpha / 6, Bonferroni).")
+                         "one-sided tests (each tested check at alpha / their number, Bonferroni).")
     min_samples: int = Field(5, ge=2, description="Samples per version before a statistical test is used.")
     max_inconclusive: int = Field(
         5, ge=0, description="Inconclusive windows tolerated per step before the canary is rolled back.")
+    on_insufficient: Literal["pause", "rollback"] = Field(
+        "pause", description="What too little canary traffic (fewer than min_requests in a window) does: pause "
+        "the rollout and say how to size the window, or count toward max_inconclusive and roll back.")
     intervals_per_step: int = Field(1, ge=1, description="Passing windows needed before the next step.")
     max_tpot_ratio: float | None = Field(
         None, gt=0, description="Optional limit on the vLLM time-per-output-token ratio (from /metrics).")
@@ -78,8 +85,9 @@ class PrometheusSpec(_Strict):
     """A Prometheus server that scrapes the router (and backends), queried with PromQL."""
 
     url: str = Field(description="Base URL of the Prometheus server, e.g. http://127.0.0.1:9090.")
-    preset: Literal["router", "vllm"] = Field(
-        "router", description="Shipped query set: the qlift router's series, or vLLM's own.")
+    preset: Literal["router", "vllm", "nginx"] | None = Field(
+        None, description="Shipped query set: the qlift router's series, vLLM's own by model name, or vLLM's own "
+        "by scrape instance (nginx: both versions serve one model name). Default: the data plane's.")
     queries: dict[str, str] = Field(
         default_factory=dict,
         description="PromQL per evidence field, overriding the preset; $backend, $model and $window are filled in.")
@@ -94,6 +102,9 @@ class NginxSpec(_Strict):
     session_key: str = Field(
         "$http_x_session_id", description="nginx variable(s) hashed for the sticky split (with $request_id).")
     binary: str = Field("nginx", description="The nginx executable.")
+    max_answer_s: Duration = Field(
+        600.0, description="The longest answer a client waits for: nginx's proxy_read_timeout, and how long a "
+        "reload lets old workers finish their in-flight streams (worker_shutdown_timeout).")
 
 
 class BackendRef(_Strict):
@@ -121,6 +132,34 @@ class GatewaySpec(_Strict):
     output: Path | None = Field(None, description="Also write the rendered HTTPRoute YAML here (GitOps).")
 
 
+def parse_percent(value: Any) -> Any:
+    """'20%' or 20 -> 20."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        return value.strip()[:-1].strip()
+    return value
+
+
+class ShadowSpec(_Strict):
+    """Shadow traffic before any user sees the canary: the router mirrors a share of live requests to
+    the canary, users get the stable's answers only, and the judge compares both answers per prompt."""
+
+    percent: Annotated[int, BeforeValidator(parse_percent)] = Field(
+        20, ge=1, le=100, description="Share of live requests mirrored to the canary, e.g. 20 or '20%'.")
+    windows: int = Field(2, ge=1, description="Analysis windows of the shadow phase that must pass.")
+    max_inflight: int = Field(
+        4, ge=1, description="Shadow copies in flight at once; above it copies are dropped, never queued.")
+    min_pairs: int = Field(10, ge=1, description="Answered prompt pairs a shadow window needs before it can pass.")
+    min_agreement: float = Field(
+        0.3, ge=0, le=1, description="Lowest mean ROUGE-L F1 between the canary's and the stable's answers.")
+    agreement_tolerance: float = Field(
+        0.3, ge=0, le=1, description="Pairs whose ROUGE-L is below this count as disagreeing (the share test).")
+    max_disagree_share: float = Field(
+        0.5, gt=0, le=1, description="Highest share of disagreeing pairs that passes.")
+    max_json_invalid_share: float = Field(
+        0.1, ge=0, le=1, description="Highest share of canary answers that are not JSON where the prompt asked "
+        "for JSON (and the stable's was).")
+
+
 class RolloutSpec(_Strict):
     """Everything `qlift promote start` needs."""
 
@@ -144,6 +183,7 @@ class RolloutSpec(_Strict):
     eval_report: Path | None = Field(None, description="A passing `qlift eval --report` dir for the canary.")
     canary_model: Path | None = Field(None, description="The canary's model dir (default: asked from its server).")
     webhook: str | None = Field(None, description="URL that gets a JSON POST on every decision.")
+    shadow: ShadowSpec | None = Field(None, description="A shadow phase before the first step (qlift router only).")
 
     @model_validator(mode="after")
     def _consistent(self) -> RolloutSpec:
@@ -170,19 +210,109 @@ class RolloutSpec(_Strict):
                 raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
         if self.provider == "prometheus" and self.prometheus is None:
             raise ValueError("provider prometheus needs a prometheus: section (url)")
+        if self.shadow is not None and self.data_plane != "builtin":
+            raise ValueError("a shadow phase needs the qlift router as the data plane (data_plane builtin)")
+        if self.prometheus is not None and self.prometheus.preset is None:
+            from qlift.rollout.planes import PLANES
+
+            self.prometheus.preset = PLANES[self.data_plane].prometheus_preset  # type: ignore[assignment]
         if self.provider == "builtin" and not self.router and not self.backends:
             raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")
         return self
 
 
-# Flag spelling of a top-level field, to name the flag when one was wrong.
+# -- flags generated from the models --------------------------------------------------------
+# Each section's fields become Click options: help from the field's description, choices from a
+# Literal, --x/--no-x for a bool; values stay strings where pydantic parses them (durations,
+# percents), so a flag and the spec file go through the same validation.
+
+# section -> (model, flag prefix, fields left to hand-written flags)
+OPTION_SECTIONS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
+    "analysis": (AnalysisSpec, "", ()),
+    "shadow": (ShadowSpec, "shadow-", ("percent",)),  # --shadow PERCENT is the phase's own flag
+}
+
+
+def flag_name(section: str, field: str) -> str:
+    return "--" + OPTION_SECTIONS[section][1] + field.replace("_", "-")
+
+
+def _param_name(section: str, field: str) -> str:
+    return f"{section}__{field}"
+
+
+def _click_type(info: Any) -> tuple[Any, bool]:
+    """(click type, is a bool flag) for a pydantic field."""
+    import click
+
+    ann = info.annotation
+    args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) in (Union, UnionType) else [ann]
+    base = args[0] if len(args) == 1 else ann
+    if any(isinstance(m, BeforeValidator) for m in info.metadata):
+        return click.STRING, False
+    if get_origin(base) is Literal:
+        return click.Choice([str(v) for v in get_args(base)]), False
+    if base is bool:
+        return None, True
+    if base is int:
+        return click.INT, False
+    if base is float:
+        return click.FLOAT, False
+    return click.STRING, False
+
+
+def _default_text(info: Any) -> str:
+    default = info.default
+    if default is None or default is PydanticUndefined:
+        return ""
+    return f" [default: {default}]"
+
+
+def spec_options(*sections: str) -> Callable[[F], F]:
+    """A decorator adding one Click option per field of each section's model (see OPTION_SECTIONS).
+    Every option defaults to None (= not given, the spec file or the model default applies)."""
+    import click
+
+    def decorate(fn: F) -> F:
+        for section in reversed(sections):
+            model, _, skip = OPTION_SECTIONS[section]
+            for field, info in reversed(list(model.model_fields.items())):
+                if field in skip:
+                    continue
+                ctype, is_bool = _click_type(info)
+                flag = flag_name(section, field)
+                text = (info.description or "") + f" (spec: {section}.{field})" + _default_text(info)
+                if is_bool:
+                    decls = [f"{flag}/--no-{flag[2:]}", _param_name(section, field)]
+                    fn = click.option(*decls, default=None, help=text)(fn)
+                else:
+                    fn = click.option(flag, _param_name(section, field), type=ctype, default=None, help=text)(fn)
+        return fn
+
+    return decorate
+
+
+def spec_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """Pop the generated options out of a command's keyword arguments: dotted overrides for build_spec
+    (None where the flag was not given)."""
+    out: dict[str, Any] = {}
+    for section, (model, _, skip) in OPTION_SECTIONS.items():
+        for field in model.model_fields:
+            if field in skip:
+                continue
+            name = _param_name(section, field)
+            if name in params:
+                out[f"{section}.{field}"] = params.pop(name)
+    return out
+
+
+# Flag spelling of a field, to name the flag when one was wrong.
 FLAG_FOR = {
     "router": "--router", "stable": "--stable", "canary": "--canary", "steps": "--steps",
     "interval": "--interval", "data_plane": "--data-plane", "eval_report": "--eval-report",
-    "canary_model": "--canary-model", "webhook": "--webhook",
-    "analysis.min_requests": "--min-requests", "analysis.max_error_rate": "--max-error-rate",
-    "analysis.max_latency_ratio": "--max-latency-ratio", "analysis.max_ttft_ratio": "--max-ttft-ratio",
-    "analysis.max_inconclusive": "--max-inconclusive",
+    "canary_model": "--canary-model", "webhook": "--webhook", "shadow.percent": "--shadow",
+    **{f"{section}.{field}": flag_name(section, field)
+       for section, (model, _, skip) in OPTION_SECTIONS.items() for field in model.model_fields if field not in skip},
 }
 
 

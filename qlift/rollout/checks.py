@@ -1,0 +1,427 @@
+"""The judge's checks as data: one entry per check in ``CHECKS``.
+
+An entry names the check, the evidence fields it reads, the statistic that decides it, the
+``AnalysisSpec`` fields that set its limits, whether it runs a significance test (those share
+the window's ``alpha``, Bonferroni), whether it may end a window early, the function the judge
+runs, and its PromQL form for an Argo ``AnalysisTemplate``. The judge, the Bonferroni count,
+``status`` output and ``qlift.deploy.argo`` all read this table: adding a check is one entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from string import Template
+
+from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.spec import AnalysisSpec
+from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
+
+Status = str  # "pass" | "fail" | "inconclusive" | "skipped"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: Status
+    canary: float | None = None
+    stable: float | None = None
+    ratio: float | None = None
+    limit: float | None = None
+    test: str | None = None
+    p_value: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PromqlMetric:
+    """One Argo metric: a query whose one value the success / failure conditions read."""
+
+    name: str
+    check: str  # the judge's check it mirrors
+    query: str
+    success: str
+    failure: str
+
+
+@dataclass(frozen=True)
+class Promql:
+    """A preset's queries bound to an AnalysisRun's arguments ({{args.canary}} ...)."""
+
+    preset: dict[str, str]
+    window: str
+
+    def has(self, *fields: str) -> bool:
+        return all(f in self.preset for f in fields)
+
+    def q(self, field: str, role: str) -> str:
+        return "(" + Template(self.preset[field]).safe_substitute(
+            backend=f"{{{{args.{role}}}}}", model=f"{{{{args.{role}-model}}}}",
+            instance=f"{{{{args.{role}-instance}}}}", window=self.window) + ")"
+
+    def share(self, num: str, den: str, role: str) -> str:
+        return f"({self.q(num, role)} / {self.q(den, role)})"
+
+
+Runner = Callable[[VersionEvidence, VersionEvidence, AnalysisSpec], "CheckResult | None"]
+ArgoForm = Callable[[Promql, AnalysisSpec], list[PromqlMetric]]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    reads: tuple[str, ...]  # VersionEvidence fields
+    statistic: str  # what decides, in words (status and docs show it)
+    limits: tuple[str, ...]  # AnalysisSpec fields
+    tested: bool  # runs a one-sided test at alpha / (number of tested checks)
+    early: bool  # significant before the window's end ends the window (the controller's peek)
+    run: Runner
+    argo: ArgoForm | None
+    doc: str
+
+    def describe(self, a: AnalysisSpec) -> dict[str, object]:
+        """What this check compares under ``a`` (for `status` and docs)."""
+        return {"name": self.name, "doc": self.doc, "reads": list(self.reads), "statistic": self.statistic,
+                "limits": {f: getattr(a, f) for f in self.limits}, "tested": self.tested}
+
+
+# -- statistics shared by the checks -------------------------------------------------------
+
+
+def tested_checks() -> int:
+    return sum(1 for c in CHECKS if c.tested)
+
+
+def check_alpha(a: AnalysisSpec) -> float:
+    """Per-check significance: ``alpha`` is the family-wise level of one window (Bonferroni over the
+    tested checks), so several tests a window do not turn noise into a rollback one time in twenty."""
+    return a.alpha / tested_checks()
+
+
+def quantile_only_requests(a: AnalysisSpec) -> int:
+    """Canary requests before a ratio alone (no samples for a test: Prometheus) may fail a check."""
+    return max(a.min_requests, 4 * a.min_samples)
+
+
+def _ratio(canary: float | None, stable: float | None) -> float | None:
+    if canary is None or stable is None:
+        return None
+    if stable == 0:
+        return 1.0 if canary == 0 else math.inf
+    return canary / stable
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _samples_test(x: list[float], y: list[float], a: AnalysisSpec, *, larger: bool) -> TestResult | None:
+    if len(x) < a.min_samples or len(y) < a.min_samples:
+        return None
+    return mann_whitney_greater(x, y) if larger else mann_whitney_greater(y, x)
+
+
+def _rank_verdict(r: CheckResult, detail: str, canary: list[float], stable: list[float], c: VersionEvidence,
+                  a: AnalysisSpec, *, larger: bool) -> CheckResult:
+    """A ratio past its limit fails only where a Mann-Whitney U test on the samples agrees."""
+    t = _samples_test(canary, stable, a, larger=larger)
+    if t is None and (canary or stable):
+        r.detail = detail + f" (fewer than {a.min_samples} samples a version for a rank test yet)"
+        return r
+    if t is None:  # a quantile-only source (Prometheus): the ratio decides once there is traffic
+        enough = c.requests >= quantile_only_requests(a)
+        r.status = "fail" if enough else "inconclusive"
+        r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
+        return r
+    r.test, r.p_value = t.test, t.p_value
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.detail = f"{detail}; mann-whitney p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
+    return r
+
+
+def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: int | None,
+                 limit: float, a: AnalysisSpec, what: str) -> CheckResult:
+    cshare = cx / cn if cx is not None and cn else None
+    sshare = sx / sn if sx is not None and sn else None
+    r = CheckResult(name, "inconclusive", cshare, sshare, _ratio(cshare, sshare), limit)
+    if cn is None or cx is None:
+        r.status, r.detail = "skipped", f"the evidence source has no {name} counts"
+        return r
+    if cshare is None or sshare is None or sn is None or sx is None:
+        r.detail = "no answers to compare yet"
+        return r
+    assert r.ratio is not None
+    worse = r.ratio > limit and cshare - sshare >= a.min_share_increase
+    if not worse:
+        r.status, r.detail = "pass", f"{what}: canary {cshare:.3g} vs stable {sshare:.3g} (ratio {r.ratio:.3g} " \
+                                     f"<= {limit} or less than {a.min_share_increase} higher)"
+        return r
+    t = proportion_greater(cx, cn, sx, sn)
+    r.test, r.p_value = t.test, t.p_value
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.detail = (f"{what}: canary {cshare:.3g} ({cx}/{cn}) vs stable {sshare:.3g} ({sx}/{sn}), ratio "
+                f"{r.ratio:.3g} > {limit}; {t.test} p={t.p_value:.3g}" + ("" if r.status == "fail"
+                                                                            else " (not significant)"))
+    return r
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+def check_canary_requests(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    r = CheckResult("canary_requests", "pass", float(c.requests), float(s.requests), limit=float(a.min_requests))
+    if c.requests < a.min_requests:
+        r.status = "inconclusive"
+        r.detail = f"insufficient traffic: canary served {c.requests} requests < min_requests {a.min_requests}"
+    else:
+        r.detail = f"canary served {c.requests} requests >= min_requests {a.min_requests}"
+    return r
+
+
+def check_error_rate(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    """Errors include answers that are not answers (HTTP 200 with a body that is no completion):
+    a canary that fails significantly is rolled back in its first window, below min_requests too."""
+    r = CheckResult("error_rate", "inconclusive", c.error_rate, s.error_rate, limit=a.max_error_rate)
+    if c.errors is None:
+        r.status, r.detail = "skipped", "the evidence source does not count errors"
+        return r
+    rate = c.error_rate or 0.0
+    bad = f", {c.bad_answers} of them unparseable or empty answers" if c.bad_answers else ""
+    if rate <= a.max_error_rate:
+        r.status, r.detail = "pass", f"canary error rate {rate:.3g} <= {a.max_error_rate}"
+        return r
+    # Above the limit: is the canary worse than the stable, or is something shared failing?
+    if s.errors is not None and s.requests >= a.min_samples:
+        t = proportion_greater(c.errors, c.requests, s.errors, s.requests)
+    else:
+        t = binomial_greater(c.errors, c.requests, a.max_error_rate)
+    r.test, r.p_value = t.test, t.p_value
+    significant = t.p_value < check_alpha(a)
+    r.status = "fail" if significant else "inconclusive"
+    r.detail = (f"canary error rate {rate:.3g} ({c.errors}/{c.requests}{bad}) > {a.max_error_rate}, stable "
+                f"{_fmt(s.error_rate)}; {t.test} p={t.p_value:.3g}" + ("" if significant else " (not significant)"))
+    return r
+
+
+def _check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    """``latency`` compares e2e seconds per completion token when both versions have enough such
+    samples (verbosity is the completion_tokens check's business), else e2e seconds; ``ttft`` compares
+    streamed requests only (a non-streamed request's first byte is its whole answer)."""
+    limit, tolerance, kind = a.max_ttft_ratio, a.min_latency_increase_s, name
+    if name == "latency":
+        limit = a.max_latency_ratio
+        if c.token_latency_s and s.token_latency_s:
+            kind, tolerance = "token_latency", a.min_token_latency_increase_s
+    q = a.latency_quantile
+    cv, sv = c.latency_quantile(kind, q), s.latency_quantile(kind, q)
+    r = CheckResult(name, "inconclusive", cv, sv, _ratio(cv, sv), limit)
+    if cv is None or sv is None:
+        if name == "ttft" and (c.latency_s or s.latency_s):
+            r.status = "skipped"
+            r.detail = "no streamed requests on " + ("the canary" if cv is None else "the stable") + \
+                       " (TTFT is judged on streamed requests only)"
+        else:
+            r.status = "skipped" if not (c.latency_s or c.ttft_s or c.quantiles) else "inconclusive"
+            r.detail = f"no {kind} numbers for " + ("the canary" if cv is None else "the stable")
+        return r
+    label = f"{kind} p{round(q * 100)}"
+    assert r.ratio is not None
+    if r.ratio <= limit or cv - sv <= tolerance:
+        r.status = "pass"
+        r.detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} " + (
+            f"<= {limit}" if r.ratio <= limit else f"(within {tolerance}s)")
+        return r
+    samples = {"latency": (c.latency_s, s.latency_s), "ttft": (c.ttft_s, s.ttft_s),
+               "token_latency": (c.token_latency_s, s.token_latency_s)}[kind]
+    detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} > {limit}"
+    return _rank_verdict(r, detail, samples[0], samples[1], c, a, larger=True)
+
+
+def check_latency(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    return _check_latency("latency", c, s, a)
+
+
+def check_ttft(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    return _check_latency("ttft", c, s, a)
+
+
+def check_finish_length(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    """Rambling: the canary is cut at max_tokens significantly more often than the stable."""
+    return _share_check("finish_length", c.length_finishes, c.finishes, s.length_finishes, s.finishes,
+                        a.max_length_share_ratio, a, "share cut at max_tokens")
+
+
+def quiet_limit(s: VersionEvidence, a: AnalysisSpec) -> float:
+    """The lowest canary/stable mean-tokens ratio that passes, down-weighted by the share of the
+    stable's answers cut at max_tokens: a stable that rambles to the limit sets no standard of length
+    (at 89% cut, an answer a quarter its length is a style, not silence; empty answers are their own check)."""
+    share = s.length_share or 0.0
+    return a.min_tokens_ratio * (1.0 - share)
+
+
+def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    cv, sv = c.mean_completion_tokens, s.mean_completion_tokens
+    r = CheckResult("completion_tokens", "inconclusive", cv, sv, _ratio(cv, sv), a.max_tokens_ratio)
+    if c.completions is None:
+        r.status, r.detail = "skipped", "the evidence source has no completion token counts"
+        return r
+    if cv is None or sv is None or r.ratio is None:
+        r.detail = "no answers to compare yet"
+        return r
+    lo = quiet_limit(s, a)
+    cut = f" (stable cut at max_tokens in {s.length_share:.0%}: lower limit {lo:.3g})" if s.length_share else ""
+    if lo <= r.ratio <= a.max_tokens_ratio:
+        r.status = "pass"
+        r.detail = f"mean completion tokens canary {cv:.3g} / stable {sv:.3g} = {r.ratio:.3g} " \
+                   f"within [{lo:.3g}, {a.max_tokens_ratio}]" + cut
+        return r
+    longer = r.ratio > a.max_tokens_ratio
+    r.limit = a.max_tokens_ratio if longer else lo
+    what = "verbose" if longer else "goes quiet"
+    detail = f"canary {what}: mean completion tokens {cv:.3g} vs {sv:.3g} (ratio {r.ratio:.3g})" + cut
+    return _rank_verdict(r, detail, c.completion_tokens, s.completion_tokens, c, a, larger=longer)
+
+
+def check_empty_completions(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    return _share_check("empty_completions", c.empty, c.completions, s.empty, s.completions,
+                        a.max_empty_share_ratio, a, "share of empty answers")
+
+
+def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult | None:
+    if a.max_tpot_ratio is None:
+        return None
+    cv, sv = c.vllm.get("tpot_mean"), s.vllm.get("tpot_mean")
+    r = CheckResult("tpot", "inconclusive", cv, sv, _ratio(cv, sv), a.max_tpot_ratio)
+    if r.ratio is None:
+        r.detail = "no vLLM time-per-output-token numbers"
+    elif r.ratio <= a.max_tpot_ratio:
+        r.status, r.detail = "pass", f"vLLM TPOT ratio {r.ratio:.3g} <= {a.max_tpot_ratio}"
+    else:
+        r.status, r.detail = "fail", f"vLLM TPOT ratio {r.ratio:.3g} > {a.max_tpot_ratio}"
+    return r
+
+
+# -- PromQL forms (Argo) -----------------------------------------------------------------------
+
+
+def _limit(value: float) -> tuple[str, str]:
+    return f"len(result) > 0 && result[0] <= {value}", f"len(result) > 0 && result[0] > {value}"
+
+
+def _share_ratio(p: Promql, num: str, den: str, a: AnalysisSpec) -> str:
+    c, s = p.share(num, den, "canary"), p.share(num, den, "stable")
+    return f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) >= bool {a.min_share_increase})"
+
+
+def _argo_requests(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
+    return [PromqlMetric("canary-requests", "canary_requests", p.q("requests", "canary"),
+                         f"len(result) > 0 && result[0] >= {a.min_requests}", "false")]
+
+
+def _argo_errors(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
+    if not p.has("errors", "requests"):
+        return []
+    return [PromqlMetric("error-rate", "error_rate", f"{p.q('errors', 'canary')} / {p.q('requests', 'canary')}",
+                         *_limit(a.max_error_rate))]
+
+
+def _argo_latency(kind: str, metric: str, limit_field: str) -> ArgoForm:
+    def form(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
+        field = f"{kind}_p{round(a.latency_quantile * 100)}"
+        if not p.has(field):
+            from qlift.errors import BadInputError
+
+            raise BadInputError(f"the preset has no {field} query", field="analysis.latency_quantile",
+                                hint="Use latency_quantile 0.5 or 0.95.")
+        c, s = p.q(field, "canary"), p.q(field, "stable")
+        # canary/stable, zeroed while the canary is within the tolerance of the stable (a pass)
+        query = f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) > bool {a.min_latency_increase_s})"
+        return [PromqlMetric(metric, kind, query, *_limit(getattr(a, limit_field)))]
+    return form
+
+
+def _argo_finish_length(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
+    if not p.has("length_finishes", "finishes"):
+        return []
+    return [PromqlMetric("finish-length-share-ratio", "finish_length",
+                         _share_ratio(p, "length_finishes", "finishes", a), *_limit(a.max_length_share_ratio))]
+
+
+def _argo_tokens(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
+    if not p.has("completion_tokens", "completions"):
+        return []
+    ratio = f"({p.share('completion_tokens', 'completions', 'canary')} / " \
+            f"{p.share('completion_tokens', 'completions', 'stable')})"
+    if p.has("length_finishes", "finishes"):
+        # Below 1 the ratio is divided by the stable's uncut share (and capped at 1), so one
+        # condition checks ratio >= min_tokens_ratio * (1 - stable cut share), as quiet_limit does.
+        uncut = f"clamp_min(1 - {p.share('length_finishes', 'finishes', 'stable')}, 1e-9)"
+        ratio = f"(({ratio} >= 1) or clamp_max({ratio} / {uncut}, 1))"
+    lo, hi = a.min_tokens_ratio, a.max_tokens_ratio
+    return [PromqlMetric("completion-tokens-ratio", "completion_tokens", ratio,
+                         f"len(result) > 0 && result[0] >= {lo} && result[0] <= {hi}",
+                         f"len(result) > 0 && (result[0] < {lo} || result[0] > {hi})")]
+
+
+def _argo_empty(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
+    if not p.has("empty", "completions"):
+        return []
+    return [PromqlMetric("empty-share-ratio", "empty_completions", _share_ratio(p, "empty", "completions", a),
+                         *_limit(a.max_empty_share_ratio))]
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("canary_requests", ("requests",), "count >= limit", ("min_requests",), tested=False, early=False,
+          run=check_canary_requests, argo=_argo_requests,
+          doc="Enough canary traffic to judge; too little pauses (on_insufficient), never fails."),
+    Check("error_rate", ("requests", "errors", "bad_answers"),
+          "rate <= limit, else one-sided two-proportion (vs stable) or binomial (vs limit) test",
+          ("max_error_rate",), tested=True, early=True, run=check_error_rate, argo=_argo_errors,
+          doc="5xx, connection errors, and 200 answers that are not answers (unparseable, no choices, "
+              "a stream without [DONE])."),
+    Check("latency", ("token_latency_s", "latency_s"), "quantile ratio, then one-sided Mann-Whitney U",
+          ("max_latency_ratio", "latency_quantile", "min_latency_increase_s", "min_token_latency_increase_s"),
+          tested=True, early=False, run=check_latency, argo=_argo_latency("latency", "latency-ratio",
+                                                                          "max_latency_ratio"),
+          doc="Seconds per completion token (e2e when tokens are unknown); streamed and non-streamed."),
+    Check("ttft", ("ttft_s",), "quantile ratio, then one-sided Mann-Whitney U",
+          ("max_ttft_ratio", "latency_quantile", "min_latency_increase_s"), tested=True, early=False,
+          run=check_ttft, argo=_argo_latency("ttft", "ttft-ratio", "max_ttft_ratio"),
+          doc="Time to first token of streamed requests only."),
+    Check("finish_length", ("finishes", "length_finishes"), "share ratio, then one-sided proportion test",
+          ("max_length_share_ratio", "min_share_increase"), tested=True, early=False, run=check_finish_length,
+          argo=_argo_finish_length, doc="Rambles: cut at max_tokens significantly more often than the stable."),
+    Check("completion_tokens", ("completion_tokens", "completions", "completion_tokens_sum"),
+          "mean ratio within [min_tokens_ratio x (1 - stable cut share), max_tokens_ratio], then Mann-Whitney U",
+          ("min_tokens_ratio", "max_tokens_ratio"), tested=True, early=False, run=check_completion_tokens,
+          argo=_argo_tokens, doc="Goes quiet (relative to an uncut stable) or verbose."),
+    Check("empty_completions", ("completions", "empty"), "share ratio, then one-sided proportion test",
+          ("max_empty_share_ratio", "min_share_increase"), tested=True, early=True, run=check_empty_completions,
+          argo=_argo_empty, doc="Answers with zero completion tokens."),
+    Check("tpot", ("vllm",), "vLLM mean time per output token ratio <= limit (only when set)", ("max_tpot_ratio",),
+          tested=False, early=False, run=check_tpot, argo=None, doc="The engine's own per-token time."),
+)
+BY_NAME = {c.name: c for c in CHECKS}
+
+
+def run_checks(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec, *, early_only: bool = False
+               ) -> list[CheckResult]:
+    out = []
+    for check in CHECKS:
+        if early_only and not check.early:
+            continue
+        r = check.run(c, s, a)
+        if r is not None:
+            out.append(r)
+    return out
+
+
+def describe(a: AnalysisSpec) -> list[dict[str, object]]:
+    """Every check with its limits under ``a`` (what `status` shows the judge compares)."""
+    return [c.describe(a) for c in CHECKS if c.name != "tpot" or a.max_tpot_ratio is not None]
+
+
+def argo_metrics(preset: dict[str, str], a: AnalysisSpec, window: str) -> list[PromqlMetric]:
+    p = Promql(preset, window)
+    return [m for c in CHECKS if c.argo is not None for m in c.argo(p, a)]

@@ -58,5 +58,9 @@ def eval_cache_dir() -> Path:
 
 
 def router_token() -> str | None:
-    """Bearer token of `qlift router`'s admin API (QLIFT_ROUTER_TOKEN); unset = admin API off."""
-    return os.environ.get("QLIFT_ROUTER_TOKEN") or None
+    """Bearer token of `qlift router`'s admin API (QLIFT_ROUTER_TOKEN); unset = admin API off.
+
+    Stripped of surrounding whitespace (a trailing newline from `$(cat token.txt)` or a file
+    read as-is), as the router strips the token a client presents: the two sides always agree.
+    """
+    return (os.environ.get("QLIFT_ROUTER_TOKEN") or "").strip() or None

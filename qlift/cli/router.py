@@ -18,16 +18,16 @@ EPILOG = """\b
 Examples:
   qlift router --backend stable=http://127.0.0.1:8001 --backend canary=http://127.0.0.1:8002 \\
       --weight stable=90 --weight canary=10 --public-model chat --port 8000
-  qlift router --backend stable=http://127.0.0.1:8001@smollm2 --port 0 --json   # ready line as JSON
+  qlift router --backend stable=http://127.0.0.1:8001#smollm2 --port 0 --json   # ready line as JSON
   qlift router --config router.yaml                                             # keys, limits, filter
   QLIFT_ROUTER_TOKEN=secret qlift router --config router.yaml                   # with the admin API
 """
 
 
 @click.command("router", epilog=EPILOG)
-@click.option("--backend", "backends", multiple=True, metavar="NAME=URL[@SERVED_MODEL]",
-              help="A backend (an OpenAI-compatible server such as vLLM). Repeatable. Without @SERVED_MODEL "
-                   "the router asks the backend's /v1/models.")
+@click.option("--backend", "backends", multiple=True, metavar="NAME=URL[#MODEL]",
+              help="A backend (an OpenAI-compatible server such as vLLM) and the model it serves there, checked "
+                   "against its /v1/models. Repeatable. Without #MODEL the router takes the first model listed.")
 @click.option("--weight", "weights", multiple=True, metavar="NAME=PCT",
               help="Percent of traffic for a backend; all weights sum to 100. Repeatable.")
 @click.option("--public-model", default=None, metavar="NAME",
@@ -36,9 +36,12 @@ Examples:
 @click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one (default 8000).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="router.yaml with the same settings and more (keys, limits, filter, timeouts); flags win.")
+@click.option("--state-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Keep admin-set weights and shadow settings here across restarts "
+                   "(default: <config>.state.json beside --config; none without --config).")
 @json_option
 def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model: str | None, host: str | None,
-               port: int | None, config_path: Path | None) -> None:
+               port: int | None, config_path: Path | None, state_file: Path | None) -> None:
     """Route OpenAI chat/completions traffic between model versions by weight or session.
 
     Splits requests between backends by weight (sticky per X-Session-Id or `user`), streams
@@ -54,7 +57,7 @@ def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model
     from qlift.settings import router_token
 
     config = build_config(config_path=config_path, backends=list(backends), weights=list(weights),
-                          public_model=public_model, host=host, port=port)
+                          public_model=public_model, host=host, port=port, state_file=state_file)
     asyncio.run(serve(config, admin_token=router_token(), on_ready=_print_ready, restore_signals=False))
 
 
@@ -66,4 +69,5 @@ def _print_ready(router: Router) -> None:
                                "admin": router.admin_token is not None}))
     else:
         parts = ", ".join(f"{b.name} {b.weight}% ({'up' if b.healthy else 'DOWN'})" for b in router.balancer.backends)
-        click.echo(f"router ready at {router.url} (pid {os.getpid()}): model {router.public_model!r} -> {parts}")
+        model = repr(router.public_model) if router.public_model else "(pending: first backend not answering)"
+        click.echo(f"router ready at {router.url} (pid {os.getpid()}): model {model} -> {parts}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import itertools
@@ -25,15 +26,24 @@ from qlift.router.accesslog import AccessLog
 from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
-from qlift.router.health import HealthChecker, served_model_of
+from qlift.router.health import HealthChecker, models_of
 from qlift.router.limits import ApiKeys, KeyLimits
 from qlift.router.metrics import RouterMetrics, status_class
-from qlift.router.proxy import Attempt, attempt, error_body
+from qlift.router.proxy import BAD_ANSWER, Attempt, attempt, error_body
+from qlift.router.rewrite import ModelRewriter
+from qlift.router.shadow import Pair, PairRing, Shadow, ShadowSettings, answer_record, cancel_all, send_copy
+from qlift.router.state import SavedState
 
 log = logging.getLogger(__name__)
 
 RECORDS_KEPT = 20000
-PROXIED = ("/v1/chat/completions", "/v1/completions")
+COMPLETIONS = ("/v1/chat/completions", "/v1/completions")  # checked answers, usage, shadow copies
+# Every other OpenAI-compatible or vLLM route that takes a JSON body naming the model: proxied
+# with the model name rewritten (a backend that does not serve one answers its own 404).
+PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank",
+               "/v2/embed", "/tokenize", "/detokenize", "/pooling", "/classify", "/v1/messages",
+               "/v1/messages/count_tokens")
+STREAM_FIRST_BYTE_S = 60.0  # a stream's first event when timeouts.first_byte_s is unset
 
 
 def _json_error(status: int, message: str, type_: str, code: int | str | None = None, *,
@@ -50,8 +60,17 @@ class Router:
         self.config = config
         self.admin_token = admin_token
         weights = config.weights()
+        self.saved = SavedState(config.state_file)
+        saved_weights, saved_shadow = self.saved.load([b.name for b in config.backends])
+        weights = saved_weights or weights
         self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name]) for b in config.backends])
         self.public_model = config.public_model
+        self.shadow: Shadow | None = Shadow(saved_shadow) if saved_shadow else None
+        self.pair_ring = PairRing()
+        self.shadow_tasks: set[asyncio.Task[None]] = set()
+        self.active = 0  # client requests being answered (the drain waits for 0)
+        self.idle = asyncio.Event()
+        self.idle.set()
         self.keys = ApiKeys.load(config.api_keys_file) if config.api_keys_file else ApiKeys()
         lim = config.limits
         self.limits = KeyLimits(lim.requests_per_s, lim.burst, lim.tokens_per_min)
@@ -70,14 +89,18 @@ class Router:
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_request_bytes)
-        for path in PROXIED:
+        for path in COMPLETIONS + PASSTHROUGH:
             app.router.add_post(path, self.completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.model_by_id)
         app.router.add_get("/health", self.health_route)
         app.router.add_get("/metrics", self.metrics_route)
         app.router.add_get("/admin/state", self.admin_state)
         app.router.add_put("/admin/weights", self.admin_weights)
         app.router.add_get("/admin/requests", self.admin_requests)
+        app.router.add_put("/admin/shadow", self.admin_set_shadow)
+        app.router.add_delete("/admin/shadow", self.admin_clear_shadow)
+        app.router.add_get("/admin/shadow", self.admin_shadow_pairs)
         app.on_cleanup.append(self._close_sessions)
         return app
 
@@ -88,9 +111,10 @@ class Router:
             # One pool per backend, keep-alive; per-phase timeouts are applied per request. A pooled
             # connection outliving the backend's keep-alive races its close: a request sent on it dies.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=t.keepalive_s, enable_cleanup_closed=True)
+            # Bodies are asked for uncompressed (the router rewrites them); one compressed anyway is
+            # decoded here, never passed on as compressed bytes without their Content-Encoding.
             self.sessions[b.name] = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s),
-                auto_decompress=False,
             )
         h = self.config.health
         self.health = HealthChecker(lambda b: self.sessions[b.name], self.balancer.backends, interval_s=h.interval_s,
@@ -98,15 +122,13 @@ class Router:
         await self.health.check_all()
         for b in self.balancer.backends:  # down at start: out of rotation until a check passes
             b.healthy = b.healthy and b.health_failures == 0
-        if self.public_model is None:
-            first = self.balancer.backends[0]
-            self.public_model = first.served_model or await served_model_of(
-                self.sessions[first.name], first, h.timeout_s) or first.name
+        self._resolve_public_model()
         for b in self.balancer.backends:
             self.metrics.init_backend(b.name, b.weight, b.healthy)
         self.health.start()
+        # The drain is ours (stop()); aiohttp's own shutdown wait would come on top of it, twice.
         self.runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=self.config.drain_s)
+                                    shutdown_timeout=0.1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.host, self.config.port)
         try:
@@ -120,9 +142,20 @@ class Router:
         return self.url
 
     async def stop(self) -> None:
-        """Stop listening, let in-flight requests finish (up to drain_s), then close everything."""
+        """Stop listening, let in-flight requests finish (up to drain_s, once), then close everything."""
+        if self.runner is not None:
+            for site in list(self.runner.sites):
+                await site.stop()
+            if not self.idle.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.config.drain_s):
+                        await self.idle.wait()
+                if not self.idle.is_set():
+                    log.warning("drain_s (%g s) is over: cutting %d request(s) still in flight",
+                                self.config.drain_s, self.active)
         if self.health is not None:
             await self.health.stop()
+        await cancel_all(self.shadow_tasks)
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
@@ -134,6 +167,18 @@ class Router:
 
     def _health_changed(self, backend: Backend) -> None:
         self.metrics.healthy.labels(backend.name).set(int(backend.healthy))
+        self._resolve_public_model()
+
+    def _resolve_public_model(self) -> None:
+        """Without --public-model, clients use the first backend's model name, once it is known.
+
+        Until that backend has answered /v1/models, requests get 503: the public name never
+        silently becomes something else (a backend's short name, another version's model).
+        """
+        if self.public_model is None and self.balancer.backends[0].served_model is not None:
+            self.public_model = self.balancer.backends[0].served_model
+            log.info("public model name is %r (backend %s's model)", self.public_model,
+                     self.balancer.backends[0].name)
 
     # -- proxying -----------------------------------------------------------------------
 
@@ -169,6 +214,11 @@ class Router:
                 raise ValueError("not an object")
         except ValueError:
             return reject(400, None, key, "request body is not a JSON object", "invalid_request_error")
+        if self.public_model is None:
+            first = self.balancer.backends[0]
+            return reject(503, None, key, f"the public model name is not known yet: backend {first.name!r} has not "
+                          "listed its model at /v1/models; retry, or start the router with --public-model",
+                          "service_unavailable", headers={"Retry-After": "5"})
         model = body.get("model", self.public_model)
         if model != self.public_model:
             return reject(404, None, key, f"model {model!r} does not exist; this router serves "
@@ -184,33 +234,49 @@ class Router:
             return reject(429, refusal.reason, key, refusal.message, "rate_limit_exceeded",
                                 headers={"Retry-After": retry})
         stream = bool(body.get("stream"))
-        if stream:  # ask for usage so logs and token limits see the stream's counts
+        client_body, strip_usage = body, False
+        if stream and path in COMPLETIONS:  # ask for usage so logs and token limits see the stream's counts
             options = body.get("stream_options")
             options = options if isinstance(options, dict) else {}
-            if not options.get("include_usage"):
-                body["stream_options"] = {**options, "include_usage": True}
+            if not options.get("include_usage"):  # ... and keep the chunk it adds from a client that did not ask
+                body, strip_usage = {**body, "stream_options": {**options, "include_usage": True}}, True
         session_key = request.headers.get("X-Session-Id") or (body["user"] if isinstance(body.get("user"), str)
                                                                else None)
-        return await self._route(request, body, rid=rid, key=key, stream=stream, session_key=session_key, t0=t0)
+        self.active += 1
+        self.idle.clear()
+        try:
+            return await self._route(request, body, rid=rid, key=key, stream=stream, session_key=session_key, t0=t0,
+                                     client_body=client_body, strip_usage=strip_usage)
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self.idle.set()
 
     async def _route(self, request: web.Request, body: dict[str, Any], *, rid: str, key: str, stream: bool,
-                     session_key: str | None, t0: float) -> web.StreamResponse:
+                     session_key: str | None, t0: float, client_body: dict[str, Any],
+                     strip_usage: bool) -> web.StreamResponse:
         backend = self.balancer.choose(session_key)
         if backend is None:
             return self._reject(503, None, key, "no healthy backend", "service_unavailable", request_id=rid,
                                 t0=t0, path=request.path)
         t = self.config.timeouts
+        first_byte_s = t.first_byte_s or (STREAM_FIRST_BYTE_S if stream else t.request_s)
+        deadline = t0 + t.request_s
+        validate = request.path in COMPLETIONS
+        pair = self._mirror(request.path, client_body, backend, rid) if validate else None
         retried_from: str | None = None
         resent = False
         att = Attempt(backend.name, stream)
         try:
             while True:
-                att = Attempt(backend.name, stream)
+                att = Attempt(backend.name, stream, validate=validate, capture=pair is not None)
                 payload = json.dumps({**body, "model": backend.served_model}).encode()
+                rewrite = ModelRewriter(backend.served_model, self.public_model if self.config.rewrite_model else None)
                 self._begin(backend)
                 try:
                     await attempt(request, self.sessions[backend.name], backend, payload, stream=stream,
-                                  request_id=rid, first_byte_s=t.first_byte_s, idle_s=t.idle_s, att=att)
+                                  request_id=rid, first_byte_s=first_byte_s, idle_s=t.idle_s, deadline=deadline,
+                                  att=att, rewrite=rewrite, strip_usage=strip_usage)
                 finally:
                     self._end(backend)
                 if att.connect_failed and self.health is not None:
@@ -222,7 +288,7 @@ class Router:
                     log.info("request %s: %s dropped the connection before answering, resending", rid, backend.name)
                     continue
                 replay_on = None
-                if att.failed_early and retried_from is None:
+                if att.failed_early and retried_from is None and time.monotonic() < deadline:
                     replay_on = self.balancer.choose(session_key, exclude={backend.name})
                 self._finish(att, backend, rid, replayed=replay_on is not None)
                 if replay_on is None:
@@ -233,7 +299,9 @@ class Router:
             att.client_disconnected = True
             self._finish(att, backend, rid, replayed=False)
             self._log(att, rid, key, request.path, status=499, t0=t0, retried_from=retried_from)
+            self._pair_primary(pair, att)
             raise
+        self._pair_primary(pair, att)
         if att.failed_early:  # nowhere left to replay: hand the failure over
             status, response = self._failure_response(att, rid, backend)
         else:
@@ -247,12 +315,49 @@ class Router:
 
     def _failure_response(self, att: Attempt, rid: str, backend: Backend) -> tuple[int, web.Response]:
         headers = {"X-Request-Id": rid, "X-Qlift-Backend": backend.name}
-        if att.status:
+        if att.status >= 500:
             return att.status, web.Response(body=att.upstream_body, status=att.status,
                                             content_type=att.upstream_content_type.split(";")[0], headers=headers)
-        status = 504 if "no answer" in (att.error or "") else 502
+        status = 504 if att.reason in ("timeout", "deadline") else 502
         return status, _json_error(status, f"backend {backend.name} failed: {att.error}", "upstream_error",
                                    headers=headers)
+
+    # -- shadow copies ------------------------------------------------------------------
+
+    def _mirror(self, path: str, client_body: dict[str, Any], primary: Backend, rid: str) -> Pair | None:
+        """Start this request's shadow copy if it is its turn and there is room; never waits on it."""
+        shadow = self.shadow
+        if shadow is None or not shadow.wants(primary):
+            return None
+        target = self.balancer.by_name[shadow.settings.version]
+        if not shadow.admit(target):
+            self.metrics.shadow.labels(target.name, "dropped").inc()
+            return None
+        pair = Pair(rid=rid, ts=time.time(), path=path, request=client_body)
+        t = self.config.timeouts
+        stream = bool(client_body.get("stream"))
+        first_byte_s = t.first_byte_s or (STREAM_FIRST_BYTE_S if stream else t.request_s)
+        copy = send_copy(self.sessions[target.name], target, path, client_body, request_id=rid,
+                         first_byte_s=first_byte_s, idle_s=t.idle_s, request_s=t.request_s)
+
+        async def run() -> None:
+            try:
+                att = await copy
+            finally:
+                shadow.inflight -= 1
+            self.metrics.shadow.labels(target.name, "ok" if att.ok else "failed").inc()
+            pair.shadow = answer_record(att)
+            self.pair_ring.finish(pair)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self.shadow_tasks.add(task)
+        task.add_done_callback(self.shadow_tasks.discard)
+        return pair
+
+    def _pair_primary(self, pair: Pair | None, att: Attempt) -> None:
+        if pair is not None:
+            pair.primary = answer_record(att)
+            self.pair_ring.finish(pair)
 
     def _begin(self, backend: Backend) -> None:
         backend.in_flight += 1
@@ -269,8 +374,10 @@ class Router:
         ok = att.ok
         if not ok and not att.client_disconnected:
             backend.errors += 1
-        broken = att.responded and not att.completed and not att.client_disconnected
+        broken = (att.responded and not att.completed and not att.client_disconnected) or att.reason in BAD_ANSWER
         m.requests.labels(name, status_class(att.status, broken)).inc()
+        if att.reason is not None and not att.client_disconnected:
+            m.failures.labels(name, att.reason).inc()
         m.duration.labels(name).observe(att.latency_s)
         if att.ttfb_s is not None:
             m.ttfb.labels(name).observe(att.ttfb_s)
@@ -288,7 +395,7 @@ class Router:
             "ok": ok, "replayed": replayed, "stream": att.stream, "latency_s": round(att.latency_s, 6),
             "ttfb_s": None if att.ttfb_s is None else round(att.ttfb_s, 6), "prompt_tokens": att.prompt_tokens,
             "completion_tokens": att.completion_tokens, "finish_reason": att.finish_reason,
-            "client_disconnected": att.client_disconnected,
+            "client_disconnected": att.client_disconnected, "reason": att.reason,
         })
 
     def _log(self, att: Attempt, rid: str, key: str, path: str, *, status: int, t0: float,
@@ -302,13 +409,34 @@ class Router:
             completion_tokens=att.completion_tokens, finish_reason=att.finish_reason,
             ttfb_s=None if ttfb is None else round(ttfb, 6), latency_s=round(time.monotonic() - t0, 6),
             retried_from=retried_from, client_disconnected=att.client_disconnected, error=att.error,
+            reason=att.reason,
         )
 
     # -- plain routes -------------------------------------------------------------------
 
+    async def _model_entry(self) -> dict[str, Any]:
+        """The public model as a backend in rotation lists it (root, max_model_len, ...), under the public id."""
+        entry: dict[str, Any] = {"id": self.public_model, "object": "model", "created": 0, "owned_by": "qlift-router"}
+        backend = self.balancer.choose()
+        if backend is not None:
+            listed = await models_of(self.sessions[backend.name], backend, self.config.health.timeout_s)
+            found = next((m for m in listed or [] if m.get("id") == backend.served_model), None)
+            if found is not None:
+                entry = {**found, "id": self.public_model}
+        return entry
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.public_model, "object": "model", "created": 0, "owned_by": "qlift-router"}]})
+        if self.public_model is None:
+            return _json_error(503, "the public model name is not known yet (no answer from the first backend)",
+                               "service_unavailable")
+        return web.json_response({"object": "list", "data": [await self._model_entry()]})
+
+    async def model_by_id(self, request: web.Request) -> web.Response:
+        model_id = request.match_info["model_id"]
+        if self.public_model is None or model_id != self.public_model:
+            return _json_error(404, f"The model {model_id!r} does not exist", "invalid_request_error",
+                               "model_not_found")
+        return web.json_response(await self._model_entry())
 
     async def health_route(self, request: web.Request) -> web.Response:
         healthy = [b.name for b in self.balancer.backends if b.healthy]
@@ -335,7 +463,10 @@ class Router:
     def state(self) -> dict[str, Any]:
         return {"public_model": self.public_model, "weights": self.balancer.weights,
                 "backends": [b.state() for b in self.balancer.backends], "started_at": self.started_at,
-                "seq": self.seq}
+                "seq": self.seq, "shadow": self.shadow.state() if self.shadow else None}
+
+    def _save_state(self) -> None:
+        self.saved.save(self.balancer.weights, self.shadow.settings if self.shadow else None)
 
     async def admin_state(self, request: web.Request) -> web.Response:
         return self._admin_refusal(request) or web.json_response(self.state())
@@ -352,7 +483,43 @@ class Router:
         for name, w in weights.items():
             self.metrics.weight.labels(name).set(w)
         log.info("weights now %s", weights)
+        self._save_state()
         return web.json_response(self.state())
+
+    async def admin_set_shadow(self, request: web.Request) -> web.Response:
+        refusal = self._admin_refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            settings = ShadowSettings.parse(await request.json(), [b.name for b in self.balancer.backends])
+        except ValueError as exc:
+            return _json_error(400, str(exc), "invalid_request_error")
+        if self.shadow is not None and self.shadow.settings.version == settings.version:
+            self.shadow.settings = settings  # same target: the counters go on
+        else:
+            self.shadow = Shadow(settings)  # copies in flight finish; their pairs are filed
+        log.info("shadow now %s", settings.as_dict())
+        self._save_state()
+        return web.json_response(self.state())
+
+    async def admin_clear_shadow(self, request: web.Request) -> web.Response:
+        refusal = self._admin_refusal(request)
+        if refusal is not None:
+            return refusal
+        if self.shadow is not None:
+            log.info("shadow off (%d copies sent, %d dropped)", self.shadow.sent, self.shadow.dropped)
+            self.shadow = None
+            self._save_state()
+        return web.json_response(self.state())
+
+    async def admin_shadow_pairs(self, request: web.Request) -> web.Response:
+        refusal = self._admin_refusal(request)
+        if refusal is not None:
+            return refusal
+        text = request.query.get("since", "0")
+        if not text.isdigit() or len(text) > 18:
+            return _json_error(400, "since must be a non-negative integer (a pair's seq)", "invalid_request_error")
+        return web.json_response(self.pair_ring.since(int(text)))
 
     async def admin_requests(self, request: web.Request) -> web.Response:
         refusal = self._admin_refusal(request)

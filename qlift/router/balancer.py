@@ -31,11 +31,13 @@ class Backend:
     requests: int = 0
     errors: int = 0
     health_failures: int = 0
+    model_listed: bool = False  # its /v1/models listed served_model since it last became healthy
+    problem: str | None = None  # why it is out of rotation, beyond a failing /health
 
     def state(self) -> dict[str, object]:
         return {"name": self.name, "url": self.url, "served_model": self.served_model or "",
                 "weight": self.weight, "healthy": self.healthy, "in_flight": self.in_flight,
-                "requests": self.requests, "errors": self.errors}
+                "requests": self.requests, "errors": self.errors, "problem": self.problem}
 
 
 def key_point(key: str) -> float:

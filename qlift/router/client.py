@@ -23,14 +23,27 @@ class BackendState(BaseModel):
     in_flight: int
     requests: int
     errors: int
+    problem: str | None = None  # why it is out of rotation beyond a failing /health (its model not listed)
+
+
+class ShadowState(BaseModel):
+    """The shadow in force: its settings and what it did since it was set."""
+
+    version: str
+    percent: float
+    max_inflight: int
+    sent: int
+    dropped: int
+    inflight: int = 0
 
 
 class RouterState(BaseModel):
-    public_model: str
+    public_model: str | None  # None until the first backend has named its model (no --public-model)
     weights: dict[str, int]
     backends: list[BackendState]
     started_at: str
     seq: int
+    shadow: ShadowState | None = None
 
     def backend(self, name: str) -> BackendState:
         for b in self.backends:
@@ -56,11 +69,43 @@ class RequestRecord(BaseModel):
     completion_tokens: int | None = None
     finish_reason: str | None = None
     client_disconnected: bool = False
+    reason: str | None = None  # why it failed: http_5xx, connect, timeout, bad_body, no_choices, no_done, ...
 
 
 class RequestBatch(BaseModel):
     seq: int
     requests: list[RequestRecord]
+
+
+class ShadowAnswer(BaseModel):
+    """One side of a shadow pair. ``ttft_s``: a stream's first event, or the whole non-streamed answer."""
+
+    backend: str
+    status: int
+    ok: bool
+    reason: str | None = None
+    latency_s: float
+    ttft_s: float | None = None
+    text: str
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+
+
+class ShadowPair(BaseModel):
+    """The same request answered by the version users saw (primary) and by the shadow."""
+
+    seq: int
+    rid: str
+    ts: float
+    path: str
+    request: dict[str, Any]
+    primary: ShadowAnswer
+    shadow: ShadowAnswer
+
+
+class ShadowBatch(BaseModel):
+    next: int  # pass as since= next time
+    pairs: list[ShadowPair]
 
 
 class RouterClient:
@@ -79,6 +124,17 @@ class RouterClient:
 
     def requests(self, since: int = 0) -> RequestBatch:
         return RequestBatch.model_validate(self._call("GET", "/admin/requests", params={"since": since}))
+
+    def set_shadow(self, version: str, percent: float, max_inflight: int = 4) -> RouterState:
+        """Mirror ``percent`` of the requests other versions serve to ``version`` (answers never reach users)."""
+        body = {"version": version, "percent": percent, "max_inflight": max_inflight}
+        return RouterState.model_validate(self._call("PUT", "/admin/shadow", json=body))
+
+    def clear_shadow(self) -> RouterState:
+        return RouterState.model_validate(self._call("DELETE", "/admin/shadow"))
+
+    def shadow_pairs(self, since: int = 0) -> ShadowBatch:
+        return ShadowBatch.model_validate(self._call("GET", "/admin/shadow", params={"since": since}))
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}

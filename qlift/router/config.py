@@ -22,8 +22,20 @@ class _Strict(BaseModel):
 class BackendConfig(_Strict):
     name: str = Field(description="Short name used in weights, metrics and logs (stable, canary).")
     url: str = Field(description="Base URL of an OpenAI-compatible server (a vLLM), without /v1.")
-    served_model: str | None = Field(default=None, description="Its served name; from /v1/models if unset.")
+    served_model: str | None = Field(default=None, description="Its model name (URL#MODEL also sets it); checked to "
+                                     "be listed in its /v1/models; the first id listed there if unset.")
     weight: int | None = Field(default=None, ge=0, le=100, description="Percent of new traffic.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_model(cls, data: Any) -> Any:
+        """``url: http://host:port#MODEL``: a version is a server plus a model name."""
+        if isinstance(data, dict) and isinstance(data.get("url"), str) and "#" in data["url"]:
+            url, _, model = data["url"].partition("#")
+            data = {**data, "url": url}
+            if model and not data.get("served_model"):
+                data["served_model"] = model
+        return data
 
     @field_validator("name")
     @classmethod
@@ -48,8 +60,12 @@ class LimitsConfig(_Strict):
 
 class TimeoutsConfig(_Strict):
     connect_s: float = Field(default=5.0, gt=0, description="Connecting to a backend.")
-    first_byte_s: float = Field(default=300.0, gt=0, description="Request sent -> backend's response headers.")
-    idle_s: float = Field(default=60.0, gt=0, description="Longest silence between two chunks of a response.")
+    first_byte_s: float | None = Field(default=None, gt=0, description="Request sent -> a stream's first event, or a "
+                                       "whole non-streamed answer. Unset: 60 s for streams; non-streamed answers, "
+                                       "which arrive whole, get request_s.")
+    idle_s: float = Field(default=30.0, gt=0, description="Longest silence between two chunks of a stream.")
+    request_s: float = Field(default=600.0, gt=0, description="Deadline for a whole request, replays and stream "
+                             "included: a backend that never finishes (SSE comments forever) cannot hold a client.")
     keepalive_s: float = Field(default=4.0, gt=0, description="How long an idle pooled connection is reused; keep it "
                                "below the backend's own keep-alive (vLLM closes idle connections after 5 s).")
 
@@ -73,6 +89,10 @@ class RouterConfig(_Strict):
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="Larger request bodies get 413.")
     access_log: str = Field(default="-", description="File for JSON access lines; '-' = stderr, '' = off.")
     drain_s: float = Field(default=30.0, ge=0, description="On SIGTERM, time in-flight requests get to finish.")
+    state_file: Path | None = Field(default=None, description="Where admin-set weights and shadow settings are kept "
+                                    "across restarts (default: <config>.state.json beside --config).")
+    rewrite_model: bool = Field(default=True, description="Answers name the public model (off: the backend's own "
+                                "name, for debugging; X-Qlift-Backend names the backend either way).")
 
     @model_validator(mode="after")
     def _backends(self) -> RouterConfig:
@@ -141,13 +161,13 @@ def load_config(path: Path) -> RouterConfig:
 
 
 def parse_backend_flag(text: str) -> dict[str, Any]:
-    """``NAME=URL[@SERVED_MODEL]`` -> backend fields."""
+    """``NAME=URL[#MODEL]`` (or the older ``NAME=URL@MODEL``) -> backend fields."""
     name, sep, rest = text.partition("=")
     if not sep or not name or not rest:
         raise BadInputError(f"--backend {text!r} is not NAME=URL[@SERVED_MODEL]", field="--backend",
                             hint="Example: --backend stable=http://127.0.0.1:8001@smollm2")
-    url, served = rest, ""
-    if "@" in rest.split("://", 1)[-1]:
+    url, _, served = rest.partition("#")
+    if not served and "@" in rest.split("://", 1)[-1]:
         url, _, served = rest.rpartition("@")
     return {"name": name, "url": url, "served_model": served or None}
 
@@ -165,7 +185,7 @@ def parse_weight_flag(text: str) -> tuple[str, int]:
 
 
 def build_config(*, config_path: Path | None, backends: list[str], weights: list[str], public_model: str | None,
-                 host: str | None, port: int | None) -> RouterConfig:
+                 host: str | None, port: int | None, state_file: Path | None = None) -> RouterConfig:
     """The file's settings (if any) with the flags on top; weights checked to name backends and sum to 100."""
     data: dict[str, Any] = {}
     where: Path | str = "command line"
@@ -177,8 +197,13 @@ def build_config(*, config_path: Path | None, backends: list[str], weights: list
                 data[key] = str(config_path.parent / data[key])
         if data.get("access_log") not in (None, "", "-"):
             data["access_log"] = str(config_path.parent / data["access_log"])
+        data.setdefault("state_file", config_path.with_suffix(".state.json").name)
+        if data.get("state_file"):
+            data["state_file"] = str(config_path.parent / data["state_file"])
     if backends:
         data["backends"] = [parse_backend_flag(b) for b in backends]
+    if state_file is not None:
+        data["state_file"] = str(state_file)
     if public_model:
         data["public_model"] = public_model
     if host:

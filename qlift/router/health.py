@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -14,29 +15,49 @@ from qlift.router.balancer import Backend
 log = logging.getLogger(__name__)
 
 
-async def served_model_of(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> str | None:
-    """The first model id the backend lists at /v1/models, or None if it does not answer."""
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
+async def models_of(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> list[dict[str, Any]] | None:
+    """The model entries the backend lists at /v1/models, or None if it does not answer with a list."""
     try:
-        async with asyncio.timeout(timeout_s), session.get(backend.url + "/v1/models") as resp:
+        async with asyncio.timeout(timeout_s), session.get(backend.url + "/v1/models", headers=IDENTITY) as resp:
             if resp.status != 200:
                 return None
             data = await resp.json(content_type=None)
-            return str(data["data"][0]["id"])
-    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+            entries = [m for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+            return entries or None
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
         return None
 
 
 async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> bool:
+    """/health answers 200, and the backend lists its model (checked once per healthy spell)."""
     try:
-        async with asyncio.timeout(timeout_s), session.get(backend.url + "/health") as resp:
+        async with asyncio.timeout(timeout_s), session.get(backend.url + "/health", headers=IDENTITY) as resp:
             await resp.read()
             ok = resp.status == 200
     except (TimeoutError, aiohttp.ClientError):
         ok = False
-    if ok and backend.served_model is None:
-        backend.served_model = await served_model_of(session, backend, timeout_s)
-        ok = backend.served_model is not None
-    return ok
+    if not ok:
+        backend.model_listed = False  # it may come back serving something else
+        return False
+    if backend.model_listed:
+        return True
+    listed = await models_of(session, backend, timeout_s)
+    if listed is None:
+        return False
+    ids = [m["id"] for m in listed]
+    if backend.served_model is None:
+        backend.served_model = ids[0]
+    elif backend.served_model not in ids:
+        problem = f"model {backend.served_model!r} is not listed at /v1/models (it lists {', '.join(ids)})"
+        if backend.problem != problem:
+            log.warning("backend %s: %s", backend.name, problem)
+            backend.problem = problem
+        return False
+    backend.model_listed, backend.problem = True, None
+    return True
 
 
 class HealthChecker:

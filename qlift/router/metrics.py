@@ -37,6 +37,11 @@ class RouterMetrics:
         self.healthy = Gauge("qlift_router_backend_healthy", "1 when the backend is in rotation.", ["backend"],
                              registry=r)
         self.weight = Gauge("qlift_router_weight", "Percent of new traffic.", ["backend"], registry=r)
+        self.failures = Counter("qlift_router_failures", "Failed attempts by reason: http_5xx, connect, timeout, "
+                                "bad_body, no_choices, error_object, no_done, error_event, stream_broke, ...",
+                                ["backend", "reason"], registry=r)
+        self.shadow = Counter("qlift_router_shadow", "Shadow copies by outcome: ok, failed, dropped.",
+                              ["backend", "outcome"], registry=r)
         self.rejected = Counter("qlift_router_rejected", "Requests refused before any backend.",
                                 ["key", "reason"], registry=r)
 

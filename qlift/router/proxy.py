@@ -1,5 +1,11 @@
 """One upstream attempt: send a request to a backend and, unless it failed before its first
-byte, pass the answer to the client (SSE chunk by chunk, unbuffered)."""
+byte, pass the answer to the client (SSE event by event, unbuffered).
+
+An answer on a completion route is checked on its way: a non-streamed 200 must be JSON with
+``choices`` (not an error object), a stream must end with ``[DONE]``. A non-streamed answer
+that is not an answer is held back and replayed like a 5xx; a stream is checked as it passes
+(its bytes are already the client's) and recorded as failed.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,14 @@ import aiohttp
 from aiohttp import web
 
 from qlift.router.balancer import Backend
+from qlift.router.rewrite import ModelRewriter, is_usage_only
+
+# A 200 that is not an answer, each its own reason (access log, records, metric label).
+BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "error_event"})
+# Failed before the client got a byte, in a way another backend may not: replayable.
+REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream"}
+# Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
+UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
 def error_body(message: str, type_: str, code: int | str) -> dict[str, Any]:
@@ -25,9 +39,12 @@ def error_body(message: str, type_: str, code: int | str) -> dict[str, Any]:
 class Attempt:
     backend: str
     stream: bool
+    validate: bool = False  # a completion route: check the answer is one
+    capture: bool = False  # keep the answer's text (a request mirrored to a shadow)
     started: float = field(default_factory=time.monotonic)
     status: int = 0  # 0 = no answer (connection error or timeout)
     error: str | None = None
+    reason: str | None = None  # why it failed, one word: http_5xx, bad_body, no_done, ... (None = it did not)
     responded: bool = False  # a byte went to the client: never replay after this
     completed: bool = False  # the whole answer went through
     client_disconnected: bool = False
@@ -41,52 +58,116 @@ class Attempt:
     connect_failed: bool = False
     dropped: bool = False  # the backend closed the connection before answering (a stale pooled one, usually)
     response: web.StreamResponse | None = None  # what the client got, once responded
+    text_parts: list[str] = field(default_factory=list)
 
     @property
     def failed_early(self) -> bool:
         """Failed before any byte reached the client, in a way another backend may not: replayable."""
-        return not self.responded and not self.client_disconnected and (self.status == 0 or self.status >= 500)
+        return not self.responded and not self.client_disconnected and (
+            self.status == 0 or self.status >= 500 or self.reason in REPLAYABLE)
 
     @property
     def ok(self) -> bool:
         """The backend did its part (a client that left early does not count against it)."""
         if self.client_disconnected:
             return self.error is None and (self.status == 0 or 200 <= self.status < 300)
-        return self.completed and 200 <= self.status < 300
+        return self.completed and 200 <= self.status < 300 and self.reason is None
 
-    def take_usage(self, event: dict[str, Any]) -> None:
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def fail(self, reason: str, error: str) -> None:
+        self.reason, self.error = reason, error
+
+    def take_event(self, event: Any) -> None:
+        """Usage, finish_reason (and the text, when capturing) from an answer or a stream chunk."""
+        if not isinstance(event, dict):
+            return
         usage = event.get("usage")
         if isinstance(usage, dict):
             self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
             self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
-        for choice in event.get("choices") or []:
-            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
-            if reason:
-                self.finish_reason = reason
+        for i, choice in enumerate(event.get("choices") or []):
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            if self.capture and i == 0:
+                piece = choice.get("text")
+                if piece is None:
+                    part = choice.get("delta") or choice.get("message") or {}
+                    piece = part.get("content") if isinstance(part, dict) else None
+                if isinstance(piece, str):
+                    self.text_parts.append(piece)
 
 
-class SseScanner:
-    """Picks usage and finish_reason out of an SSE stream without parsing every chunk."""
+def answer_problem(body: bytes) -> tuple[str, str] | None:
+    """(reason, message) when a non-streamed completion's 200 body is not an answer."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return "bad_body", "answered 200 with a body that is not JSON"
+    if not isinstance(data, dict):
+        return "bad_body", "answered 200 with JSON that is not an object"
+    if "error" in data or data.get("object") == "error":
+        return "error_object", "answered 200 with an error object"
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no_choices", "answered 200 without choices"
+    return None
 
-    def __init__(self, attempt: Attempt) -> None:
-        self.attempt = attempt
+
+class SseRelay:
+    """Passes a stream through line by line: notes usage, finish_reason, [DONE] and error
+    events, rewrites the model name, drops the usage chunk the client did not ask for."""
+
+    def __init__(self, att: Attempt, rewrite: ModelRewriter, strip_usage: bool) -> None:
+        self.att = att
+        self.rewrite = rewrite
+        self.strip_usage = strip_usage
         self.done = False
+        self.error_event = False
         self._tail = b""
+        self._skip_blank = False
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bytes:
         lines = (self._tail + chunk).split(b"\n")
         self._tail = lines.pop()
+        out = []
         for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            if line.startswith(b"data: [DONE]"):
-                self.done = True
-            elif b'"usage":{' in line or b'"usage": {' in line or (
-                b'"finish_reason":' in line and b'"finish_reason":null' not in line
-                and b'"finish_reason": null' not in line
-            ):
-                with contextlib.suppress(ValueError):
-                    self.attempt.take_usage(json.loads(line[5:]))
+            if self._skip_blank:  # the blank line that ended a dropped event
+                self._skip_blank = False
+                if line in (b"", b"\r"):
+                    continue
+            if line.startswith(b"data:"):
+                if not self._data_line(line):
+                    self._skip_blank = True
+                    continue
+                if self.rewrite:
+                    line = self.rewrite(line)
+            out.append(line)
+        return b"\n".join(out) + b"\n" if out else b""
+
+    def flush(self) -> bytes:
+        tail, self._tail = self._tail, b""
+        return self.rewrite(tail) if self.rewrite else tail
+
+    def _data_line(self, line: bytes) -> bool:
+        """Note what the line says; False to drop it."""
+        att = self.att
+        if line.startswith(b"data: [DONE]"):
+            self.done = True
+            return True
+        if line.startswith((b'data: {"error"', b'data:{"error"', b'data: {"object":"error"')):
+            self.error_event = True
+        if att.capture or b'"usage":{' in line or b'"usage": {' in line or (
+            b'"finish_reason":' in line and b'"finish_reason":null' not in line
+            and b'"finish_reason": null' not in line
+        ):
+            with contextlib.suppress(ValueError):
+                att.take_event(json.loads(line[5:]))
+        return not (self.strip_usage and is_usage_only(line))
 
 
 def _response_headers(request_id: str, backend: Backend, content_type: str) -> dict[str, str]:
@@ -94,48 +175,56 @@ def _response_headers(request_id: str, backend: Backend, content_type: str) -> d
 
 
 async def attempt(request: web.Request, session: aiohttp.ClientSession, backend: Backend, payload: bytes, *,
-                  stream: bool, request_id: str, first_byte_s: float, idle_s: float, att: Attempt) -> None:
-    """Run one attempt, filling ``att``. Answers the client unless it failed early (status 0 or 5xx)."""
-    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+                  stream: bool, request_id: str, first_byte_s: float, idle_s: float, deadline: float, att: Attempt,
+                  rewrite: ModelRewriter, strip_usage: bool = False) -> None:
+    """Run one attempt, filling ``att``. Answers the client unless it failed early (see Attempt.failed_early).
+
+    ``deadline`` (time.monotonic) ends the request wherever it is; ``first_byte_s`` bounds the wait
+    for a non-streamed answer, or a stream's first event.
+    """
+    headers = {**UPSTREAM_HEADERS, "X-Request-Id": request_id}
     upstream: aiohttp.ClientResponse | None = None
+    first_chunk = b""
+    wait = max(0.0, min(first_byte_s, deadline - time.monotonic()))
     try:
         try:
-            async with asyncio.timeout(first_byte_s):
+            async with asyncio.timeout(wait):
                 upstream = await session.post(backend.url + request.path, data=payload, headers=headers)
                 att.status = upstream.status
-                if upstream.status != 200 or not stream:
-                    att.ttfb_s = time.monotonic() - att.started  # the whole answer comes at once
+                content_type = upstream.headers.get("Content-Type", "application/json")
+                sse = content_type.startswith("text/event-stream")
+                if upstream.status != 200 or not stream or not sse:
                     body = await upstream.read()
+                    att.ttfb_s = time.monotonic() - att.started  # the whole answer comes at once
+                else:
+                    first_chunk = await upstream.content.readany()
+                    att.ttfb_s = time.monotonic() - att.started  # a stream's first event: its first token
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-            att.status, att.error = 0, f"connection failed: {type(exc).__name__}"
             att.connect_failed = isinstance(exc, aiohttp.ClientConnectorError)
             att.dropped = isinstance(exc, aiohttp.ServerDisconnectedError)
+            att.status = 0
+            att.fail("connect" if att.connect_failed else "dropped", f"connection failed: {type(exc).__name__}")
             return
         except TimeoutError:
-            att.status, att.error = 0, f"no answer within {first_byte_s:g} s"
+            att.status = 0
+            if time.monotonic() >= deadline:
+                att.fail("deadline", "request deadline (timeouts.request_s) reached before an answer")
+            else:
+                att.fail("timeout", f"no answer within {first_byte_s:g} s")
             return
         except aiohttp.ClientError as exc:
-            att.status, att.error = 0, f"{type(exc).__name__}: {exc}"
+            att.status = 0
+            att.fail("upstream", f"{type(exc).__name__}: {exc}")
             return
-        content_type = upstream.headers.get("Content-Type", "application/json")
-        if upstream.status != 200 or not stream:
-            if upstream.status >= 500:
-                att.error = f"HTTP {upstream.status}"
-                att.upstream_body, att.upstream_content_type = body, content_type
-                return
-            if upstream.status == 200:
-                with contextlib.suppress(ValueError):
-                    att.take_usage(json.loads(body))
-            else:
-                att.error = f"HTTP {upstream.status}"
-            att.responded = True
-            att.response = web.Response(body=body, status=upstream.status,
-                                        headers=_response_headers(request_id, backend, content_type))
-            await att.response.prepare(request)
-            await att.response.write_eof()
-            att.completed = True
+        if upstream.status != 200 or not stream or not sse:
+            await _answer_whole(request, backend, request_id, content_type, body, att, rewrite,
+                                expect_stream=stream)
             return
-        await _relay_stream(request, upstream, backend, request_id, content_type, idle_s, att)
+        if not first_chunk:  # a 200 stream that ended before its first event: nothing was sent, replay
+            att.fail("no_done", "stream ended before its first event")
+            return
+        await _relay_stream(request, upstream, backend, request_id, content_type, first_chunk, idle_s, deadline,
+                            att, SseRelay(att, rewrite, strip_usage))
     except asyncio.CancelledError:
         att.client_disconnected = True
         raise
@@ -148,34 +237,73 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
                 upstream.close()
 
 
+async def _answer_whole(request: web.Request, backend: Backend, request_id: str, content_type: str, body: bytes,
+                        att: Attempt, rewrite: ModelRewriter, *, expect_stream: bool) -> None:
+    status = att.status
+    if status >= 500:
+        att.fail("http_5xx", f"HTTP {status}")
+        att.upstream_body, att.upstream_content_type = body, content_type
+        return
+    if status == 200 and att.validate:
+        problem = ("bad_body", "answered a stream request with a body that is not an event stream") \
+            if expect_stream else answer_problem(body)
+        if problem is not None:
+            att.fail(problem[0], f"backend {problem[1]}")
+            att.upstream_body, att.upstream_content_type = body, content_type
+            return
+    if status == 200:
+        if content_type.startswith("application/json"):
+            with contextlib.suppress(ValueError):
+                att.take_event(json.loads(body))
+    else:
+        att.fail(f"http_{status // 100}xx", f"HTTP {status}")
+    if rewrite and content_type.startswith("application/json"):
+        body = rewrite(body)
+    att.responded = True
+    att.response = web.Response(body=body, status=status, headers=_response_headers(request_id, backend, content_type))
+    await att.response.prepare(request)
+    await att.response.write_eof()
+    att.completed = True
+
+
 async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, backend: Backend, request_id: str,
-                        content_type: str, idle_s: float, att: Attempt) -> None:
+                        content_type: str, first_chunk: bytes, idle_s: float, deadline: float, att: Attempt,
+                        relay: SseRelay) -> None:
     out = web.StreamResponse(status=200, headers={**_response_headers(request_id, backend, content_type),
                                                   "Cache-Control": "no-cache"})
-    scanner = SseScanner(att)
     att.response = out
     try:
         await out.prepare(request)
         att.responded = True
+        chunk = first_chunk
         while True:
+            data = relay.feed(chunk)
+            if data:
+                await out.write(data)
             try:
-                async with asyncio.timeout(idle_s):
+                async with asyncio.timeout(max(0.0, min(idle_s, deadline - time.monotonic()))):
                     chunk = await upstream.content.readany()
             except (TimeoutError, aiohttp.ClientError) as exc:
-                att.error = f"stream from backend broke: {type(exc).__name__}"
-                message = f"backend {backend.name} stream broke: {type(exc).__name__}"
+                if isinstance(exc, TimeoutError) and time.monotonic() >= deadline:
+                    att.fail("deadline", "request deadline (timeouts.request_s) reached mid-stream")
+                elif isinstance(exc, TimeoutError):
+                    att.fail("idle_timeout", f"stream from backend silent for {idle_s:g} s")
+                else:
+                    att.fail("stream_broke", f"stream from backend broke: {type(exc).__name__}")
+                message = f"backend {backend.name}: {att.error}"
                 event = json.dumps(error_body(message, "upstream_error", 502))
-                await out.write(f"data: {event}\n\n".encode())
+                await out.write(relay.flush() + f"data: {event}\n\n".encode())
                 break
             if not chunk:
-                if not scanner.done:
-                    att.error = "stream from backend ended without [DONE]"
+                tail = relay.flush()
+                if tail:
+                    await out.write(tail)
+                if relay.error_event:
+                    att.fail("error_event", "stream carried an error event")
+                elif not relay.done and att.validate:
+                    att.fail("no_done", "stream from backend ended without [DONE]")
                 break
-            if att.ttfb_s is None:  # a stream's first chunk: its first token, as the client sees it
-                att.ttfb_s = time.monotonic() - att.started
-            scanner.feed(chunk)
-            await out.write(chunk)
         await out.write_eof()
-        att.completed = att.error is None
+        att.completed = att.reason is None or att.reason == "error_event"
     except ConnectionResetError:  # the client went away between two chunks
         att.client_disconnected = True

@@ -1,0 +1,189 @@
+"""Shadow traffic: a share of live requests is copied to a version no user sees.
+
+The user gets the primary's answer only. The copy is sent alongside the primary, in a task
+of its own that nothing waits on; its answer is kept only to pair it with the primary's for
+the judge (``GET /admin/shadow``). Copies are capped (``max_inflight``); one over the cap, or
+aimed at a version out of rotation, is dropped and counted, so under load the copies go first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from qlift.router.balancer import Backend
+from qlift.router.proxy import UPSTREAM_HEADERS, Attempt, SseRelay, answer_problem
+from qlift.router.rewrite import ModelRewriter
+
+log = logging.getLogger(__name__)
+
+PAIRS_KEPT = 2000
+
+
+@dataclass(frozen=True)
+class ShadowSettings:
+    version: str
+    percent: float
+    max_inflight: int = 4
+
+    @classmethod
+    def parse(cls, data: Any, known: list[str]) -> ShadowSettings:
+        """From the admin API's JSON; raises ValueError naming the problem."""
+        if not isinstance(data, dict):
+            raise ValueError('shadow must be a JSON object like {"version": "canary", "percent": 20}')
+        unknown = set(data) - {"version", "percent", "max_inflight"}
+        if unknown:
+            raise ValueError(f"unknown shadow field {sorted(unknown)[0]!r}; known: version, percent, max_inflight")
+        version = data.get("version")
+        if version not in known:
+            raise ValueError(f"shadow version {version!r} is not a backend; known: {', '.join(known)}")
+        percent = data.get("percent")
+        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 < percent <= 100:
+            raise ValueError(f"shadow percent must be a number in (0, 100], got {percent!r}")
+        cap = data.get("max_inflight", 4)
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 1024:
+            raise ValueError(f"shadow max_inflight must be an integer 1..1024, got {cap!r}")
+        return cls(str(version), float(percent), cap)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "percent": self.percent, "max_inflight": self.max_inflight}
+
+
+def answer_record(att: Attempt) -> dict[str, Any]:
+    """One side of a pair (REC): what the judge compares."""
+    return {"backend": att.backend, "status": att.status, "ok": att.ok, "reason": att.reason,
+            "latency_s": round(att.latency_s, 6), "ttft_s": None if att.ttfb_s is None else round(att.ttfb_s, 6),
+            "text": att.text, "finish_reason": att.finish_reason, "completion_tokens": att.completion_tokens}
+
+
+@dataclass
+class Pair:
+    rid: str
+    ts: float
+    path: str
+    request: dict[str, Any]
+    primary: dict[str, Any] | None = None
+    shadow: dict[str, Any] | None = None
+
+
+class PairRing:
+    """Finished pairs, oldest first, the last PAIRS_KEPT of them (they outlive a shadow turned off)."""
+
+    def __init__(self) -> None:
+        self.pairs: deque[dict[str, Any]] = deque(maxlen=PAIRS_KEPT)
+        self.seq = 0
+
+    def finish(self, pair: Pair) -> None:
+        """File a pair once both sides are in."""
+        if pair.primary is None or pair.shadow is None:
+            return
+        self.seq += 1
+        self.pairs.append({"seq": self.seq, "rid": pair.rid, "ts": pair.ts, "path": pair.path,
+                           "request": pair.request, "primary": pair.primary, "shadow": pair.shadow})
+
+    def since(self, seq: int) -> dict[str, Any]:
+        start = seq if seq <= self.seq else 0  # a seq from before a restart: everything kept
+        pairs = [p for p in self.pairs if p["seq"] > start]
+        return {"next": pairs[-1]["seq"] if pairs else self.seq, "pairs": pairs}
+
+
+class Shadow:
+    """The current shadow settings, its counters and its copies in flight."""
+
+    def __init__(self, settings: ShadowSettings) -> None:
+        self.settings = settings
+        self.sent = 0
+        self.dropped = 0
+        self.inflight = 0
+        self._share = 0.0  # percent owed: every request adds `percent`, a copy takes 100
+
+    def state(self) -> dict[str, Any]:
+        return {**self.settings.as_dict(), "sent": self.sent, "dropped": self.dropped, "inflight": self.inflight}
+
+    def wants(self, primary: Backend) -> bool:
+        """This request's turn to be copied (exact share over the requests other versions serve)."""
+        if primary.name == self.settings.version:
+            return False
+        self._share += self.settings.percent
+        if self._share < 100:
+            return False
+        self._share -= 100
+        return True
+
+    def admit(self, target: Backend) -> bool:
+        """Room for one more copy; counts the drop when there is none."""
+        if self.inflight >= self.settings.max_inflight or not target.healthy or target.served_model is None:
+            self.dropped += 1
+            return False
+        self.inflight += 1
+        self.sent += 1
+        return True
+
+
+async def cancel_all(tasks: set[asyncio.Task[None]]) -> None:
+    for task in list(tasks):
+        task.cancel()
+    for task in list(tasks):
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def send_copy(session: aiohttp.ClientSession, target: Backend, path: str, body: dict[str, Any], *,
+                    request_id: str, first_byte_s: float, idle_s: float, request_s: float) -> Attempt:
+    """Send the copy and read its whole answer (never to a client)."""
+    stream = bool(body.get("stream"))
+    payload = {**body, "model": target.served_model}
+    if stream:
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        payload["stream_options"] = {**options, "include_usage": True}
+    att = Attempt(target.name, stream, validate=True, capture=True)
+    deadline = att.started + request_s
+    headers = {**UPSTREAM_HEADERS, "X-Request-Id": f"{request_id}-shadow"}
+    try:
+        async with asyncio.timeout(min(first_byte_s, request_s)):
+            upstream = await session.post(target.url + path, data=json.dumps(payload).encode(), headers=headers)
+        async with upstream:
+            att.status = upstream.status
+            if upstream.status != 200 or not stream:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    body_bytes = await upstream.read()
+                att.ttfb_s = time.monotonic() - att.started
+                if upstream.status != 200:
+                    att.fail(f"http_{upstream.status // 100}xx", f"HTTP {upstream.status}")
+                else:
+                    problem = answer_problem(body_bytes)
+                    if problem is not None:
+                        att.fail(*problem)
+                    else:
+                        att.take_event(json.loads(body_bytes))
+                        att.completed = True
+            else:
+                relay = SseRelay(att, ModelRewriter(None, None), strip_usage=False)
+                while True:
+                    async with asyncio.timeout(max(0.0, min(idle_s, deadline - time.monotonic()))):
+                        chunk = await upstream.content.readany()
+                    if not chunk:
+                        break
+                    if att.ttfb_s is None:
+                        att.ttfb_s = time.monotonic() - att.started
+                    relay.feed(chunk)
+                if relay.error_event:
+                    att.fail("error_event", "stream carried an error event")
+                elif not relay.done:
+                    att.fail("no_done", "stream ended without [DONE]")
+                att.completed = att.reason is None
+    except TimeoutError:
+        att.fail("deadline" if time.monotonic() >= deadline else "timeout", "shadow copy timed out")
+    except aiohttp.ClientError as exc:
+        att.fail("upstream", f"{type(exc).__name__}")
+    att.latency_s = time.monotonic() - att.started
+    return att

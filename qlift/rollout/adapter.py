@@ -1,0 +1,303 @@
+"""`qlift promote start --canary-adapter NAME=DIR`: a LoRA adapter rolled out on the stable's own server.
+
+The canary is the stable's vLLM server answering to model NAME: the router has it as a backend
+``canary=URL#NAME`` beside ``stable=URL#BASE`` (one server, two model names). Before the
+rollout, the adapter is checked against the base the server serves and loaded through vLLM's
+runtime endpoint, then made to answer one token; the usual steps and judge follow. After a
+rollback or an abort it is unloaded; after a promotion it stays, and the `qlift serve --lora`
+line that serves the same state after a restart is printed.
+
+Every load and unload is journaled in the rollout journal's own SQLite file (table
+``canary_adapters``) as an intent before the server is touched and as done after, so a
+controller killed anywhere is settled by the next `start` (or `resume`): an adapter whose
+rollout is still active is kept (re-loaded if the server lost it) and the rollout resumes;
+one whose rollout rolled back or was aborted is unloaded; one loaded for a rollout that never
+got created is unloaded unless the new `start` promotes the same adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import BadInputError, IncompatibleError
+from qlift.rollout.journal import ACTIVE_STATES, Journal, Rollout, now_iso
+from qlift.rollout.spec import RolloutSpec
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS canary_adapters (
+  id INTEGER PRIMARY KEY, name TEXT NOT NULL, path TEXT NOT NULL, server TEXT NOT NULL,
+  content_hash TEXT NOT NULL, base_dir TEXT, base_name TEXT, state TEXT NOT NULL, rollout_id INTEGER,
+  created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+"""
+# loading/unloading: the intent is journaled, the server may or may not have done it yet.
+OPEN_STATES = ("loading", "loaded", "unloading")
+HEALTHY_WAIT_S = 30.0  # the router re-checks its backends every couple of seconds
+
+
+@dataclass
+class AdapterRecord:
+    id: int
+    name: str
+    path: str
+    server: str
+    content_hash: str
+    base_dir: str | None
+    base_name: str | None
+    state: str  # loading, loaded, unloading, unloaded, kept
+    rollout_id: int | None
+    created_at: str
+    updated_at: str
+
+    def serve_command(self) -> list[str]:
+        """`qlift serve` with this adapter: what reproduces the promoted state after a restart."""
+        from qlift.serve.lora import serve_command
+
+        return serve_command(Path(self.base_dir or "BASE_DIR"), {self.name: Path(self.path)},
+                             served_name=self.base_name, runtime=True)
+
+
+class AdapterJournal:
+    """The ``canary_adapters`` table beside the rollout journal's own tables (same file, WAL)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            Journal(self.path).close()  # the rollout tables first: a file of only this table is not a journal
+        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def open_records(self) -> list[AdapterRecord]:
+        rows = self.db.execute(f"SELECT * FROM canary_adapters WHERE state IN {OPEN_STATES} ORDER BY id").fetchall()
+        return [AdapterRecord(**dict(r)) for r in rows]
+
+    def for_rollout(self, rollout_id: int) -> AdapterRecord | None:
+        row = self.db.execute("SELECT * FROM canary_adapters WHERE rollout_id = ? ORDER BY id DESC LIMIT 1",
+                              (rollout_id,)).fetchone()
+        return None if row is None else AdapterRecord(**dict(row))
+
+    def add(self, *, name: str, path: Path, server: str, content_hash: str, base_dir: str | None,
+            base_name: str | None, rollout_id: int | None) -> AdapterRecord:
+        t = now_iso()
+        cur = self.db.execute(
+            "INSERT INTO canary_adapters (name, path, server, content_hash, base_dir, base_name, state, rollout_id,"
+            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'loading', ?, ?, ?)",
+            (name, str(path), server, content_hash, base_dir, base_name, rollout_id, t, t))
+        return self.get(int(cur.lastrowid or 0))
+
+    def get(self, rid: int) -> AdapterRecord:
+        return AdapterRecord(**dict(self.db.execute("SELECT * FROM canary_adapters WHERE id = ?", (rid,)).fetchone()))
+
+    def set(self, rec: AdapterRecord, **fields: Any) -> AdapterRecord:
+        fields["updated_at"] = now_iso()
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE canary_adapters SET {cols} WHERE id = ?", (*fields.values(), rec.id))
+        return self.get(rec.id)
+
+
+@contextlib.contextmanager
+def adapter_journal(path: Path) -> Iterator[AdapterJournal]:
+    aj = AdapterJournal(path)
+    try:
+        yield aj
+    finally:
+        aj.close()
+
+
+@dataclass
+class AdapterTarget:
+    """Where the adapter goes: the stable's server, and the base it serves there."""
+
+    server: str
+    base_name: str
+    base_dir: Path | None
+
+
+def resolve_target(spec: RolloutSpec, name: str) -> AdapterTarget:
+    """The stable's server, checked to be the canary's too with model ``name`` (builtin data plane only)."""
+    if spec.data_plane == "nginx":
+        raise IncompatibleError(
+            "--canary-adapter needs the builtin router: nginx splits traffic by upstream (host:port), and stable "
+            "and canary are one server here, told apart only by the request body's model, which plain nginx "
+            "cannot read", hint="Use --data-plane builtin with `qlift router --backend stable=URL#BASE "
+                                "--backend canary=URL#ADAPTER` (docs/lora.md).")
+    if spec.data_plane != "builtin" or not spec.router:
+        raise IncompatibleError(
+            f"--canary-adapter drives the builtin router; the {spec.data_plane} data plane splits by Service",
+            hint="For Kubernetes render the Inference Extension objects: `qlift deploy k8s BASE --lora NAME=DIR "
+                 "--gateway-api` (docs/lora.md).")
+    from qlift.router.client import RouterClient
+    from qlift.serve.lora_runtime import find_served, served_models
+    from qlift.settings import router_token
+
+    state = RouterClient(spec.router, router_token()).state()
+    try:
+        stable, canary = state.backend(spec.stable), state.backend(spec.canary)
+    except KeyError as exc:
+        raise BadInputError(f"the router at {spec.router} has no backend {exc}",
+                            hint="Start it with --backend stable=URL#BASE --backend canary=URL#ADAPTER.") from None
+    if canary.url.rstrip("/") != stable.url.rstrip("/") or canary.served_model != name:
+        raise BadInputError(
+            f"--canary-adapter {name}: the router's {spec.canary} backend is {canary.url}#{canary.served_model}, "
+            f"not the stable's server {stable.url} with model {name}", field="--canary-adapter",
+            hint=f"Start the router with --backend {spec.canary}={stable.url}#{name}.")
+    base = next((m for m in served_models(stable.url) if not m.is_adapter), None)
+    if base is None or find_served(stable.url, stable.served_model) is None:
+        raise BadInputError(f"the stable's server {stable.url} does not list {stable.served_model}",
+                            hint="Check the router's stable backend.")
+    base_dir = Path(base.root) if base.root and Path(base.root).is_dir() else None
+    return AdapterTarget(server=stable.url, base_name=base.id, base_dir=base_dir)
+
+
+def _unload(aj: AdapterJournal, rec: AdapterRecord, why: str) -> AdapterRecord:
+    from qlift.serve.lora_runtime import unload
+
+    rec = aj.set(rec, state="unloading")
+    was = unload(rec.server, rec.name, missing_ok=True)
+    log.info("unloaded adapter %s from %s (%s)%s", rec.name, rec.server, why, "" if was else ": it was not loaded")
+    return aj.set(rec, state="unloaded")
+
+
+def _load(aj: AdapterJournal, rec: AdapterRecord, base_dir: Path | None) -> AdapterRecord:
+    from qlift.serve.lora_runtime import load
+
+    rec = aj.set(rec, state="loading")
+    load(rec.server, rec.name, Path(rec.path), base_dir=base_dir)
+    log.info("adapter %s loaded into %s and answering", rec.name, rec.server)
+    return aj.set(rec, state="loaded")
+
+
+def settle(journal_path: Path, *, keep: tuple[str, str] | None = None) -> list[AdapterRecord]:
+    """Bring every journaled adapter in line with its rollout: kept while the rollout is active or
+    promoted, unloaded once it rolled back or was aborted. ``keep`` (name, path): an adapter loaded
+    for a rollout that never got created, which the caller is about to use again."""
+    settled: list[AdapterRecord] = []
+    with Journal(journal_path) as journal, adapter_journal(journal_path) as aj:
+        latest = journal.latest()
+        for rec in aj.open_records():
+            rollout = _rollout_of(journal, aj, rec, latest)
+            if rollout is None:
+                if keep is not None and (rec.name, str(Path(keep[1]).resolve())) == (keep[0], rec.path):
+                    continue
+                settled.append(_unload(aj, rec, "its rollout was never started"))
+            elif rollout.state in ACTIVE_STATES:
+                continue
+            elif rollout.state == "promoted":
+                settled.append(aj.set(rec, state="kept"))
+            else:
+                settled.append(_unload(aj, rec, f"rollout {rollout.id} {rollout.state}"))
+    return settled
+
+
+def _rollout_of(journal: Journal, aj: AdapterJournal, rec: AdapterRecord, latest: Rollout | None) -> Rollout | None:
+    if rec.rollout_id is not None:
+        return journal.get(rec.rollout_id)
+    # Loaded before its rollout was created: the rollout is the one created after the load, of this canary.
+    if latest is not None and latest.created_at >= rec.created_at and aj.for_rollout(latest.id) is None:
+        aj.set(rec, rollout_id=latest.id)
+        return latest
+    return None
+
+
+def prepare(spec: RolloutSpec, journal_path: Path, name: str, path: Path) -> AdapterRecord:
+    """Check, journal and load the adapter (or find it loaded by a killed `start`); returns its record."""
+    from qlift.lineage import describe_input
+    from qlift.serve.lora import check_lora_name
+    from qlift.serve.lora_runtime import check_for_server
+
+    check_lora_name(name, flag="--canary-adapter")
+    target = resolve_target(spec, name)
+    checked = check_for_server(target.server, name, path, base_dir=target.base_dir)  # refused before any journal
+    settle(journal_path, keep=(name, str(checked.path)))
+    with Journal(journal_path) as journal, adapter_journal(journal_path) as aj:
+        active = journal.active()
+        rec = next((r for r in aj.open_records() if r.name == name and r.server == target.server), None)
+        if rec is not None and rec.path != str(checked.path):
+            raise BadInputError(f"adapter {name} on {target.server} is journaled from {rec.path}, not {checked.path}",
+                                field="--canary-adapter",
+                                hint="Finish that rollout first (`qlift promote status`, `qlift promote abort`).")
+        if rec is None:
+            if active is not None:
+                raise BadInputError(f"{journal_path} has rollout {active.id} in progress without adapter {name}",
+                                    hint="Resume it with `qlift promote resume`, or abort it first.")
+            rec = aj.add(name=name, path=checked.path, server=target.server,
+                         content_hash=describe_input("adapter", checked.path)[0].content_hash,
+                         base_dir=str(target.base_dir) if target.base_dir else None, base_name=target.base_name,
+                         rollout_id=None)
+        else:
+            log.info("adapter %s was journaled by an earlier start (%s): resuming with it", name, rec.state)
+        rec = _load(aj, rec, target.base_dir)
+    _wait_router_healthy(spec)
+    return rec
+
+
+def _wait_router_healthy(spec: RolloutSpec) -> None:
+    """The router takes a backend into rotation at its next health check (once the model is listed)."""
+    from qlift.router.client import RouterClient
+    from qlift.settings import router_token
+
+    assert spec.router is not None
+    client = RouterClient(spec.router, router_token())
+    deadline = time.monotonic() + HEALTHY_WAIT_S
+    while time.monotonic() < deadline:
+        if client.state().backend(spec.canary).healthy:
+            return
+        time.sleep(0.5)
+    log.warning("the router has not taken %s into rotation after %gs; its windows hold until it does", spec.canary,
+                HEALTHY_WAIT_S)
+
+
+def finish(journal_path: Path, r: Rollout) -> AdapterRecord | None:
+    """After the controller returns: link the record to rollout ``r`` and settle it (unload or keep)."""
+    with adapter_journal(journal_path) as aj:
+        rec = next((x for x in aj.open_records() if x.rollout_id in (None, r.id)), None)
+        if rec is not None and rec.rollout_id is None:
+            aj.set(rec, rollout_id=r.id)
+    settle(journal_path)
+    with adapter_journal(journal_path) as aj:
+        return aj.for_rollout(r.id)
+
+
+def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str,
+                       path: Path) -> tuple[Rollout, AdapterRecord | None]:
+    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep."""
+    from qlift.rollout.api import default_journal, start
+
+    journal_path = Path(journal_path or default_journal())
+    prepare(spec, journal_path, name, path)
+    final = start(spec, journal_path)
+    rec = finish(journal_path, final)
+    if rec is not None and rec.state == "kept":
+        log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,
+                 shlex.join(rec.serve_command()))
+    return final, rec
+
+
+def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None:
+    """The adapter of rollout ``rollout_id`` as `qlift promote status` shows it (None without one)."""
+    if not Path(journal_path).exists():
+        return None
+    with adapter_journal(journal_path) as aj:
+        rec = aj.for_rollout(rollout_id)
+    if rec is None:
+        return None
+    out = {"name": rec.name, "path": rec.path, "server": rec.server, "content_hash": rec.content_hash,
+           "state": rec.state}
+    if rec.state == "kept":
+        out["serve_command"] = shlex.join(rec.serve_command())
+    return out

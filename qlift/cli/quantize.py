@@ -27,14 +27,21 @@ from qlift.cli.params import count
               help="Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where llm-compressor runs.")
+@click.option("--threads", type=count(1, 4096),
+              help="CPU threads for calibration (default: the CPUs this process may use, by affinity and cgroup "
+                   "quota).")
+@click.option("--compute-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
+              show_default=True,
+              help="Calibration dtype on CPU; auto: float32 where the CPU has no bf16 units (AVX512-BF16 or AMX), "
+                   "else the model's own. The checkpoint is written in the model's dtype either way.")
 @click.option("--target-recipe", metavar="NAME",
               help="Warn about the hardware the model will be served on: a serving recipe, a GPU name, or cpu.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @json_option
 def quantize_cmd(
     model: Path, awq: bool, fp8: bool, output: Path, calib: Path | None, num_samples: int | None,
-    seq_len: int | None, group_size: str, ignore: tuple[str, ...], device: str,
-    target_recipe: str | None, force: bool,
+    seq_len: int | None, group_size: str, ignore: tuple[str, ...], device: str, threads: int | None,
+    compute_dtype: str, target_recipe: str | None, force: bool,
 ) -> None:
     """Quantize MODEL with llm-compressor into a compressed-tensors checkpoint vLLM loads.
 
@@ -47,6 +54,7 @@ def quantize_cmd(
       qlift quantize smollm2 --awq -o smollm2-awq                # built-in calibration set
       qlift quantize model --awq --calib chats.jsonl --num-samples 128 --seq-len 512 -o model-awq
       qlift quantize model --fp8 -o model-fp8 --target-recipe chat-h100
+      qlift quantize smollm2 --awq -o smollm2-awq --threads 1   # beside a server pinned to the other core
     """
     from qlift.errors import BadInputError
     from qlift.quantize.api import quantize
@@ -64,7 +72,8 @@ def quantize_cmd(
     try:
         opts = QuantizeOptions(method=method, calib=calib, num_samples=num_samples, seq_len=seq_len,
                                group_size=int(group_size) if explicit_group else None, ignore=tuple(ignore),
-                               device=device, target_recipe=target_recipe, force=force)
+                               device=device, threads=threads, compute_dtype=compute_dtype,
+                               target_recipe=target_recipe, force=force)
         result = quantize(
             model, output, opts,
             on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),

@@ -20,9 +20,10 @@ from qlift.lineage import utc_now, write_manifest
 from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
 from qlift.quantize import options
 from qlift.quantize.calib import BUILTIN_NAME, load_calibration
+from qlift.quantize.compute import compute_plan
 from qlift.quantize.env import quantize_env
 from qlift.quantize.groups import ALWAYS_IGNORED, choose_group_size, matches
-from qlift.quantize.hardware import advice, resolve_target
+from qlift.quantize.hardware import advice, has_nvidia_gpu, resolve_target
 from qlift.quantize.options import QuantizeOptions
 from qlift.quantize.runner import run_worker
 
@@ -124,10 +125,16 @@ def quantize(
     warnings = advice(method, target)
     for w in warnings:
         log.warning("%s", w)
+    worker_env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    if device == "cpu" or (device == "auto" and not has_nvidia_gpu()):
+        plan = compute_plan(threads=options.threads, dtype=options.compute_dtype)
+        job["threads"], job["compute_dtype"] = plan.threads, plan.dtype
+        worker_env |= plan.env
+        for note in plan.notes:
+            say(note)
 
     env = quantize_env(env_root)
     ensured = env.ensure(say)
-    worker_env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
     with atomic_output_dir(out, force=force, inputs=[src.path, *([calib] if calib else [])]) as tmp:
         job["output"] = str(tmp)
         result, log_path = run_worker(
@@ -149,7 +156,8 @@ def quantize(
         seconds=round(time.monotonic() - t0, 2), llmcompressor=str(result.get("llmcompressor")),
         env_path=str(ensured.path), env_created=ensured.created, log=str(log_path),
         extra={"worker_seconds": result.get("worker_seconds"),
-               "calibration_seconds": result.get("calibration_seconds")},
+               "calibration_seconds": result.get("calibration_seconds"),
+               "compute_dtype": result.get("compute_dtype"), "threads": result.get("threads")},
     )
 
 

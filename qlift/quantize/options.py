@@ -29,6 +29,11 @@ class QuantizeOptions:
     """Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are."""
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     """Where llm-compressor runs."""
+    threads: int | None = field(default=None, metadata={"min": 1})
+    """CPU threads for calibration (default: the CPUs this process may use, by affinity and cgroup quota)."""
+    compute_dtype: str = field(default="auto", metadata={"choices": ("auto", "bfloat16", "float32")})
+    """Calibration dtype on CPU; auto: float32 where the CPU has no bf16 units (AVX512-BF16 or AMX), else the
+    model's own. The checkpoint is written in the model's dtype either way."""
     target_recipe: str | None = None
     """Warn about the hardware the model will be served on: a serving recipe, a GPU name, or cpu."""
     force: bool = False

@@ -106,9 +106,11 @@ def run_awq(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform.awq import AWQModifier
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(job["device"])
+    if device == "cpu" and job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
     if not torch.cuda.is_available():
         _no_pin_memory_without_accelerator()
     num, seq_len = DEFAULTS[device]
@@ -116,7 +118,11 @@ def run_awq(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     seq_len = job.get("seq_len") or seq_len
 
     emit("progress", stage="load", message=f"loading {job['model']}")
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype="auto")
+    compute_dtype = job.get("compute_dtype") or "auto"
+    if device != "cpu" or compute_dtype == "auto":
+        compute_dtype = "auto"
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=compute_dtype)
+    stored_dtype = AutoConfig.from_pretrained(job["model"]).dtype
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     ignore = [*ALWAYS_IGNORED, *job["ignore"]]
     in_features = {
@@ -132,24 +138,34 @@ def run_awq(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
         QuantizationModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
                              ignore=ignore),
     ]
-    emit("progress", stage="calibrate",
-         message=f"AWQ W4A16 group {group} on {device}: {num} samples x {seq_len} tokens")
+    model_dtype = str(model.dtype).removeprefix("torch.")
+    on = f"{device}, {model_dtype}" + (f", {torch.get_num_threads()} threads" if device == "cpu" else "")
+    emit("progress", stage="calibrate", message=f"AWQ W4A16 group {group} on {on}: {num} samples x {seq_len} tokens")
     _report_layers(emit)
     t0 = time.monotonic()
     oneshot(model=model, dataset=dataset, recipe=recipe, max_seq_length=seq_len,
             num_calibration_samples=num, shuffle_calibration_samples=False)
     calib_s = time.monotonic() - t0
+    if isinstance(stored_dtype, torch.dtype) and model.dtype != stored_dtype:
+        # Calibrated in float32 for speed: scales and zero points go out in the model's own dtype.
+        model.to(stored_dtype)
+        model.config.dtype = stored_dtype
     emit("progress", stage="save", message="writing the compressed-tensors checkpoint")
     model.save_pretrained(job["output"], save_compressed=True)
     tokenizer.save_pretrained(job["output"])
     return {"device": device, "group_size": group, "num_samples": num, "seq_len": seq_len,
-            "ignore": ignore, "calibration_seconds": round(calib_s, 2)}
+            "ignore": ignore, "calibration_seconds": round(calib_s, 2), "compute_dtype": model_dtype,
+            "threads": torch.get_num_threads()}
 
 
 def run_fp8(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     from llmcompressor import model_free_ptq
 
     device = resolve_device(job["device"])
+    if device == "cpu" and job.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(job["threads"]))
     # Embeddings too: on a tied model model_free_ptq would otherwise quantize embed_tokens,
     # and vLLM refuses such a checkpoint (no parameter 'embed_tokens.weight_scale').
     ignore = [*ALWAYS_IGNORED, *job["embeddings"], *job["ignore"]]

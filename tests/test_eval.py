@@ -305,3 +305,19 @@ def test_messages_for_a_model_without_chat_template_fail_before_any_work(run_cli
     plain = _write(tmp_path / "plain.jsonl", [json.dumps({"id": "a", "prompt": "hi"})])
     r = run_cli("eval", model, "--prompts", plain, "--backend", "transformers", "--max-tokens", "2", "--no-cache")
     assert r.exit_code == 0, r.stderr
+
+
+def test_progress_lines_when_no_bar_can_be_drawn(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    """Without a terminal the endpoint backend reports progress as log lines: a tenth at a time, or every 30 s."""
+    from qlift.eval import endpoint
+
+    clock = iter([0.0, 1.0, 2.0, 40.0, 41.0, 42.0])
+    monkeypatch.setattr(endpoint.time, "monotonic", lambda: next(clock))
+    with caplog.at_level("INFO", logger="qlift.eval.endpoint"):
+        lines = endpoint.ProgressLines("endpoint candidate", 50, unit="answers")
+        for _ in range(5):
+            lines.step()
+    said = [r.getMessage() for r in caplog.records]
+    # answers 1-4 are under a tenth and under 30 s: silent; the 3rd waited 38 s, the 5th is a tenth
+    assert said == ["endpoint candidate: 3/50 answers (40 s, ~627 s left)",
+                    "endpoint candidate: 5/50 answers (42 s, ~378 s left)"]

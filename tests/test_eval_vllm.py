@@ -146,6 +146,8 @@ def test_endpoint_backend_json_checks(run_cli, vllm_server, tmp_path: Path) -> N
     assert summary["ppl"]["candidate"] == pytest.approx(summary["ppl"]["baseline"], rel=1e-3)
     json_gate = data["gates"][0]
     assert json_gate["passed"] == (sum(valid) / 3 >= 0.98)
+    # stderr is no terminal here, so no bar: progress comes as lines instead of 13 silent minutes.
+    assert "endpoint candidate: asking" in r.stderr and "endpoint candidate: 4/4 answers" in r.stderr
     assert r.exit_code == (0 if data["passed"] else 10), r.stderr
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from qlift import progress
 from qlift.errors import ExternalToolError
 from qlift.eval.backend import Backend
 from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
@@ -60,13 +61,19 @@ class EndpointBackend(Backend):
     def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         out: list[Generation | None] = [None] * len(requests)
+        desc = f"endpoint {model.role}"
+        log.info("%s: asking %s (%s) for %d answers, %d at a time", desc, model.endpoint, model.name,
+                 len(requests), self.concurrency)
+        lines = None if progress.enabled() else ProgressLines(desc, len(requests), unit="answers")
         with self._client(model) as client:
             answers = map_unordered(lambda r: self._one(client, model, r, sampling), requests,
                                     workers=self.concurrency, name="qlift-eval")
-            for i, gen in bar(answers, total=len(requests), desc=f"endpoint {model.role}"):
+            for i, gen in bar(answers, total=len(requests), desc=desc):
                 out[i] = gen
                 if on_result is not None:
                     on_result(i, gen)
+                if lines is not None:
+                    lines.step()
         return [g for g in out if g is not None]
 
     def _send(self, client: httpx.Client, model: ModelRef, method: str, path: str,
@@ -195,6 +202,27 @@ class EndpointBackend(Backend):
             )
         gen.ref_logprob = float(sum(ref_lps))
         gen.ref_tokens = len(ref_ids)
+
+
+class ProgressLines:
+    """Progress as log lines, for when no bar can be drawn (stderr is a file or a pipe): one line per
+    tenth done, or every ``every_s`` seconds, whichever comes first; --quiet hides them with the logs."""
+
+    def __init__(self, desc: str, total: int, *, unit: str = "it", every_s: float = 30.0) -> None:
+        self.desc, self.total, self.unit, self.every_s = desc, total, unit, every_s
+        self.done, self.t0 = 0, time.monotonic()
+        self.last_t, self.last_tenth = self.t0, 0
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        tenth = self.done * 10 // max(1, self.total)
+        if tenth > self.last_tenth or now - self.last_t >= self.every_s or self.done == self.total:
+            self.last_t, self.last_tenth = now, tenth
+            elapsed = now - self.t0
+            left = elapsed / self.done * (self.total - self.done)
+            log.info("%s: %d/%d %s (%.0f s, ~%.0f s left)", self.desc, self.done, self.total, self.unit,
+                     elapsed, left)
 
 
 def _json(resp: httpx.Response, model: ModelRef, path: str) -> Any:

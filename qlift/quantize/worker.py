@@ -148,7 +148,7 @@ def run_awq(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     calib_s = time.monotonic() - t0
     if isinstance(stored_dtype, torch.dtype) and model.dtype != stored_dtype:
         # Calibrated in float32 for speed: scales and zero points go out in the model's own dtype.
-        model.to(stored_dtype)
+        torch.nn.Module.to(model, stored_dtype)
         model.config.dtype = stored_dtype
     emit("progress", stage="save", message="writing the compressed-tensors checkpoint")
     model.save_pretrained(job["output"], save_compressed=True)

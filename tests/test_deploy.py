@@ -128,7 +128,7 @@ def test_deployment_runs_the_recipes_engine_arguments(models) -> None:
     stable, canary = models
     objs = render_k8s(DeployOptions(model=stable, recipe="multi-tenant-a100x2", canary=canary)).objects
     c = _container(objs["deployment-canary.yaml"])
-    assert c["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert c["command"] == ["vllm", "serve"]
     args = c["args"]
     assert args[args.index("--model") + 1] == "/models/chat-v2"
     i = args.index("--served-model-name")
@@ -262,6 +262,18 @@ def test_cli_writes_kustomize_dir_with_lineage(run_cli, models, tmp_path: Path) 
     (["--max-replicas", "0"], "--max-replicas"),
     (["--recipe", "no-such-recipe"], "no recipe named"),
     (["--set", "max_model_len=banana"], "--set"),
+    (["--max-replicas", str(2**31)], "--max-replicas"),
+    (["--replicas", str(2**40), "--max-replicas", str(2**41)], "--replicas"),
+    (["--queue-target", str(2**31)], "--queue-target"),
+    (["--pvc", "bad pvc/../x"], "--pvc"),
+    (["--pvc", "-models"], "--pvc"),
+    (["--gateway", "Bad Gateway!"], "--gateway"),
+    (["--gateway-namespace", "Not_A_Namespace"], "--gateway-namespace"),
+    (["--image", "vllm/vllm openai:latest"], "--image"),
+    (["--image", "Vllm/x"], "--image"),
+    (["--image", "vllm:tag:again"], "--image"),
+    (["--namespace", "a" * 64], "--namespace"),
+    (["--public-model", "line\nbreak"], "--public-model"),
 ])
 def test_bad_input_is_one_line(run_cli, models, tmp_path: Path, args: list[str], needle: str) -> None:
     base = ["deploy", "k8s", models[0], "-o", tmp_path / "o"]
@@ -279,3 +291,52 @@ def test_canary_with_the_same_directory_name_is_refused(run_cli, tmp_path: Path)
     one, two = _model(tmp_path / "a", "chat"), _model(tmp_path / "b", "chat")
     r = run_cli("deploy", "k8s", one, "--recipe", "chat-h100", "--canary", two, "-o", tmp_path / "o")
     assert r.exit_code == 2 and "--canary" in r.stderr
+
+
+def test_a_recipe_with_an_absurd_gpu_count_is_refused(run_cli, models, tmp_path: Path) -> None:
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "recipes" / "chat-h100.yaml").read_text())
+    recipe["hardware"]["gpu_count"] = 100000
+    recipe["name"] = "huge"
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    r = run_cli("deploy", "k8s", models[0], "--recipe", path, "-o", tmp_path / "o")
+    assert r.exit_code == 2 and "hardware.gpu_count" in r.stderr and "100000" in r.stderr, r.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rollout", ["promote", "argo"])
+@pytest.mark.parametrize("recipe", ["chat-h100", "cpu"])
+def test_written_yaml_passes_yamllint_default_profile(run_cli, models, tmp_path: Path, rollout: str,
+                                                     recipe: str) -> None:
+    from yamllint import linter
+    from yamllint.config import YamlLintConfig
+
+    out = tmp_path / "k8s"
+    r = run_cli("deploy", "k8s", models[0], "--recipe", recipe, "--canary", models[1], "--rollout", rollout, "-o", out)
+    assert r.exit_code == 0, r.output
+    conf = YamlLintConfig("extends: default")
+    files = sorted(out.glob("*.yaml"))
+    assert len(files) >= 6
+    problems = [f"{f.name}:{p.line}: {p.desc} ({p.rule})" for f in files for p in linter.run(f.read_text(), conf)]
+    assert problems == []
+    for f in files:  # still one document each, read back as rendered
+        assert len(list(yaml.safe_load_all(f.read_text()))) == 1
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) not installed")
+def test_a_model_dir_named_with_a_quote_keeps_the_promql_valid(tmp_path: Path) -> None:
+    stable, canary = _model(tmp_path, "chat-v1"), _model(tmp_path, 'chat"v2\\x')
+    objs = render_k8s(DeployOptions(model=stable, recipe="chat-h100", canary=canary, rollout="argo")).objects
+    steps = objs["rollout.yaml"]["spec"]["strategy"]["canary"]["steps"]
+    args = {a["name"]: a["value"] for a in steps[2]["analysis"]["args"]}
+    assert args["canary"] == 'chat"v2\\x' and args["canary-model"] == 'chat\\"v2\\\\x'
+    rules = []
+    for i, metric in enumerate(objs["analysistemplate.yaml"]["spec"]["metrics"]):
+        expr = metric["provider"]["prometheus"]["query"]
+        for name, value in args.items():  # what an AnalysisRun does with its arguments
+            expr = expr.replace(f"{{{{args.{name}}}}}", value)
+        rules.append({"record": f"qlift:check_{i}", "expr": expr})
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "qlift", "rules": rules}]}))
+    out = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr

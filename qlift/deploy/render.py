@@ -19,13 +19,15 @@ from qlift.fsutil import atomic_output_dir
 from qlift.lineage import utc_now, write_manifest
 from qlift.models.modeldir import ModelDir
 from qlift.rollout.gateway import render_httproute, validate_httproute
+from qlift.rollout.prometheus import label_value
 from qlift.rollout.spec import AnalysisSpec, GatewaySpec, RolloutSpec
 from qlift.serve.plan import fit_to_model
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 
 DEFAULT_IMAGES = {"gpu": "vllm/vllm-openai:v0.26.0", "cpu": "qlift-cpu:latest"}
 PROMOTE_SPEC = "promote-rollout.yaml"  # for `qlift promote start -f`; not a cluster object
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # 40: the object names add suffixes
+_DNS_LABEL_63 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass
@@ -62,16 +64,65 @@ class DeployResult:
     out: Path | None = None
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The image reference grammar of distribution/reference (what the kubelet and registries parse).
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+# a first part is a registry only with a '.' or a port, or as localhost; else it is a (lowercase) path part
+_IMAGE_DOMAIN = rf"(?:(?:localhost|{_IMAGE_HOST}(?:\.{_IMAGE_HOST})+)(?::[0-9]+)?|{_IMAGE_HOST}:[0-9]+)"
+_IMAGE = re.compile(rf"^(?P<name>(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*)"
+                    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+INT32_MAX = 2**31 - 1
+MAX_GPUS_PER_POD = 64  # the largest nodes hold 8-16 GPUs; a count past this is a typo, not a plan
+_LABEL_HELP = "lowercase letters, digits and '-', starting with a letter and ending with a letter or digit"
+
+
 def _check_names(opts: DeployOptions) -> None:
+    """Every value that lands in an object, checked as Kubernetes checks it, before anything is written."""
     for flag, value in (("--name", opts.app), ("--namespace", opts.namespace)):
         if not _DNS_LABEL.match(value):
-            raise BadInputError(f"{flag} '{value}' is not a DNS label (lowercase letters, digits, '-', "
-                                "starting with a letter, at most 40 characters)", field=flag)
-    if opts.replicas < 1 or opts.max_replicas < opts.replicas:
+            raise BadInputError(f"{flag} {value!r} is not a DNS label ({_LABEL_HELP}, at most 40 characters)",
+                                field=flag, hint="Example: --name chat.")
+    if opts.gateway_namespace is not None and not (_DNS_LABEL.match(opts.gateway_namespace)
+                                                   or _DNS_LABEL_63.match(opts.gateway_namespace)):
+        raise BadInputError(f"--gateway-namespace {opts.gateway_namespace!r} is not a namespace name (a DNS label: "
+                            f"{_LABEL_HELP}, at most 63 characters)", field="--gateway-namespace")
+    for flag, value in (("--pvc", opts.pvc), ("--gateway", opts.gateway)):
+        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+            raise BadInputError(f"{flag} {value!r} is not a Kubernetes object name (a DNS-1123 subdomain: lowercase "
+                                "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
+                                "253 characters)", field=flag, hint=f"Example: {flag} qlift-models.")
+    image = _IMAGE.match(opts.image) if opts.image is not None else None
+    if opts.image is not None and (image is None or len(image["name"]) > 255):
+        raise BadInputError(f"--image {opts.image!r} is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
+                            "NAME in lowercase)", field="--image", hint="Example: --image registry.local/vllm:v0.26.0.")
+    counts: dict[str, int] = {"--replicas": opts.replicas, "--max-replicas": opts.max_replicas,
+                              "--queue-target": opts.queue_target}
+    for flag, count in counts.items():
+        if not 1 <= count <= INT32_MAX:
+            raise BadInputError(f"{flag} {count} is out of range (1 to {INT32_MAX}, a Kubernetes int32)", field=flag)
+    if opts.max_replicas < opts.replicas:
         raise BadInputError(f"--max-replicas {opts.max_replicas} must be at least --replicas {opts.replicas} (>= 1)",
                             field="--max-replicas")
-    if opts.queue_target < 1:
-        raise BadInputError("--queue-target must be at least 1 waiting request per pod", field="--queue-target")
+    if opts.public_model is not None and (not opts.public_model.strip() or not opts.public_model.isprintable()):
+        raise BadInputError(f"--public-model {opts.public_model!r} must be a printable, non-empty name",
+                            field="--public-model")
+
+
+def _check_recipe(recipe: Recipe) -> None:
+    gpus = recipe.hardware.gpu_count
+    if recipe.hardware.device == "gpu" and not 1 <= gpus <= MAX_GPUS_PER_POD:
+        raise BadInputError(f"gpu_count {gpus} is not a GPU count one pod can have (1 to {MAX_GPUS_PER_POD})",
+                            path=recipe.path or recipe.name, field="hardware.gpu_count",
+                            hint="Fix the recipe's hardware.gpu_count.")
+
+
+def _check_model_name(role: str, name: str) -> None:
+    """The model directory's name is vLLM's served name and its metrics' model_name label."""
+    if not name.isprintable() or name != name.strip():
+        raise BadInputError(f"the {role} model directory name {name!r} has control characters or edge spaces; it "
+                            "becomes vLLM's served name and the model_name label of its metrics",
+                            field="--canary" if role == "canary" else "MODEL", hint="Rename the directory.")
 
 
 def _version(role: str, path: Path, recipe: Recipe, public: str) -> tuple[k8s.Version, Recipe]:
@@ -81,6 +132,7 @@ def _version(role: str, path: Path, recipe: Recipe, public: str) -> tuple[k8s.Ve
     engine = fitted.engine.args()
     weights = sum(p.stat().st_size for p in md.safetensors_files)
     name = md.path.resolve().name
+    _check_model_name(role, name)
     return k8s.Version(role=role, model_dir_name=name, served_name=name, public_model=public,
                        engine_args=engine, env=dict(fitted.env), weight_bytes=weights), fitted
 
@@ -89,6 +141,7 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
     """Every object, validated by construction where qlift has the schema (the HTTPRoute)."""
     _check_names(opts)
     recipe = apply_overrides(load_recipe(opts.recipe), opts.sets)
+    _check_recipe(recipe)
     public = opts.public_model or opts.app
     stable, fitted = _version("stable", opts.model, recipe, public)
     canary = _version("canary", opts.canary, recipe, public)[0] if opts.canary is not None else None
@@ -147,8 +200,9 @@ def _argo_objects(opts: DeployOptions, recipe: Recipe, stable: k8s.Version, cana
     window_s: float = spec["interval"].default
     checks_name = f"{app}-canary-checks"
     labels = k8s.labels(app)
+    # The *-model values land inside the queries' model_name="..." matchers: escaped for PromQL.
     args = {"stable": stable.served_name, "canary": target.served_name,
-            "stable-model": stable.served_name, "canary-model": target.served_name}
+            "stable-model": label_value(stable.served_name), "canary-model": label_value(target.served_name)}
     return {
         "service-stable.yaml": k8s.service(app=app, role="stable", namespace=ns, select_role=False),
         "service-canary.yaml": k8s.service(app=app, role="canary", namespace=ns, select_role=False),
@@ -186,14 +240,35 @@ def _promote_spec(opts: DeployOptions, stable: k8s.Version, canary: k8s.Version,
 
 
 class _PlainDumper(yaml.SafeDumper):
-    """No anchors or aliases: manifests are read by people and by tools that mishandle them."""
+    """No anchors or aliases: manifests are read by people and by tools that mishandle them.
+    Lists are indented under their key, as kubectl's own output and yamllint's default profile expect."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    """Multi-line strings (a ConfigMap's file) as literal blocks, as people write them."""
+    if "\n" in data.rstrip("\n"):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_PlainDumper.add_representer(str, _str)
+
+
+LONG_LINES = "# yamllint disable rule:line-length\n# (PromQL stays on one line: it pastes into Prometheus as it is)\n"
+
 
 def to_yaml(obj: Any) -> str:
-    return yaml.dump(obj, Dumper=_PlainDumper, sort_keys=False)
+    """One YAML document with its ``---`` start that passes yamllint's default profile. Strings are
+    never folded; a document with a line past yamllint's 80 columns (the AnalysisTemplate's PromQL)
+    says so in a yamllint directive at its top."""
+    text = yaml.dump(obj, Dumper=_PlainDumper, sort_keys=False, explicit_start=True, width=1 << 16)
+    return LONG_LINES + text if any(len(line) > 80 for line in text.splitlines()) else text
 
 
 def _kustomization(files: list[str], namespace: str) -> dict[str, Any]:

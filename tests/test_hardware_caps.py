@@ -156,3 +156,20 @@ def test_usable_cpus_honours_a_cgroup_quota(tmp_path: Path) -> None:
     assert cgroup_cpu_quota(tmp_path) is None
     (tmp_path / "cpu.max").write_text("50000 100000\n")
     assert cgroup_cpu_quota(tmp_path) == 0.5
+
+
+def test_the_demo_serves_bf16_where_the_cpu_cannot_serve_int4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """`make demo` on an AVX2-only host: one line saying the rollout serves bf16; nothing to say on AVX-512."""
+    import importlib.util
+
+    installed_vllm()
+    spec = importlib.util.spec_from_file_location("demo", Path(__file__).parents[1] / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "demo", demo)  # its dataclasses look their module up there
+    spec.loader.exec_module(demo)
+    note = demo.int4_serving_note(fake_cpu(tmp_path, *MILAN))
+    assert note is not None and "\n" not in note and "serves bf16 stable and canary" in note
+    assert "AWQ checkpoint is still made and evaluated" in note
+    assert demo.int4_serving_note(fake_cpu(tmp_path, *TURIN)) is None

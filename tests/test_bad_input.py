@@ -492,3 +492,23 @@ def test_odd_base_model_names_only_warn(run_cli, tmp_path: Path, base: Path, nam
     ad = write_adapter(tmp_path / "lora", config={**ADAPTER_CONFIG, "base_model_name_or_path": name})
     r = run_cli("merge", base, ad, "-o", tmp_path / "out", "--no-verify")
     assert r.exit_code == 0 and "not obviously" in r.stderr, r.stderr
+
+
+# --- merge --verify of a base without tokenizer files ------------------------------------------
+
+def test_merge_verifies_a_base_without_a_tokenizer_on_token_ids(run_cli, tmp_path: Path,
+                                                                 tiny_qwen2_tied: Path) -> None:
+    from substrate import build_lora
+
+    base = tmp_path / "base"
+    base.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(tiny_qwen2_tied / name, base / name)
+    lora = build_lora(base, tmp_path / "lora", target_modules=["q_proj", "v_proj"])
+    out = tmp_path / "out"
+    r = run_cli("merge", base, lora, "-o", out, "--json")  # --verify is on by default for a model this small
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["verify"]["passed"] and result["verify"]["inputs"] == "token ids"
+    assert result["verify"]["tokens"] == 3 * 24 and result["verify"]["greedy_agreement"] > 0.9
+    assert any("no tokenizer" in n for n in result["notes"])

@@ -246,6 +246,9 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         _carry_files(tok_dir, gen_config, tmp)
         checked = _verify(mdir, loaded, plan, tmp, tolerance) if verify else None
+        if checked is not None and checked.inputs != "chat prompts":
+            plan.notes.append(f"--verify compared logits on {checked.inputs}: the model has no tokenizer qlift could "
+                              "load")
         inputs: dict[str, Path] = {"base": mdir.path}
         inputs.update({f"adapter{i + 1}" if len(loaded) > 1 else "adapter": a.path for i, a in enumerate(loaded)})
         params: dict[str, Any] = {"dtype": dtype_name, "max_shard_size": max_shard_size, "device": device,

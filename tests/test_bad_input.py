@@ -404,7 +404,8 @@ def test_invalid_endpoint_urls(run_cli, tmp_path: Path, url: str) -> None:
     one_line(run_cli("download", "org/model", "--endpoint", url, "--dry-run"), 2, "--endpoint")
 
 
-@pytest.mark.parametrize("repo", ["a/b/c", "../etc", "org/..", "org/na me", "/abs", "org/"])
+@pytest.mark.parametrize("repo", ["a/b/c", "../etc", "org/..", "org/na me", "/abs", "org/", "Qwen/.", "Qwen/-x",
+                                  "Qwen/x-", "Qwen/a--b", "Qwen/x.git", "Qwen/" + "x" * 97])
 def test_invalid_repo_ids(run_cli, tmp_path: Path, repo: str) -> None:
     one_line(run_cli("download", repo, "-o", tmp_path / "x", "--dry-run"), 2, "repo id")
 

@@ -94,6 +94,22 @@ def resolve(
     return ms, ms.resolve(repo, revision if revision not in (None, "main") else None), [note]
 
 
+def check_repo_id(repo: str) -> None:
+    """OWNER/NAME as the hubs accept it (huggingface_hub's own validator: no name starting or
+    ending with '.' or '-', no '--' or '..', at most 96 characters), refused before any request."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+        ok = bool(_REPO_ID.fullmatch(repo))
+    except HFValidationError:
+        ok = False
+    if not ok:
+        raise BadInputError(f"{repo!r} is not a repo id (letters, digits, '-', '_' and '.'; no name starting or "
+                            "ending with '-' or '.', no '--' or '..', at most 96 characters)",
+                            hint="Use OWNER/NAME, e.g. Qwen/Qwen2.5-0.5B-Instruct.")
+
+
 def download(
     repo: str,
     *,
@@ -109,8 +125,7 @@ def download(
     force: bool = False,
 ) -> DownloadResult:
     started, t0 = utc_now(), time.monotonic()
-    if not _REPO_ID.fullmatch(repo) or ".." in repo:
-        raise BadInputError(f"{repo!r} is not a repo id", hint="Use OWNER/NAME, e.g. Qwen/Qwen2.5-0.5B-Instruct.")
+    check_repo_id(repo)
     if max_workers < 1:
         raise BadInputError("--max-workers must be at least 1", hint="Pass --max-workers 8 (the default).")
     out = Path(output) if output is not None else Path(repo.rsplit("/", 1)[-1])

@@ -209,3 +209,30 @@ def test_the_crd_validation_has_teeth() -> None:
     objective["spec"]["poolRef"] = {"kind": "InferencePool"}  # no name
     with pytest.raises(jsonschema.ValidationError):
         validate(objective)
+
+
+# -- the eval gate, adapter included -------------------------------------------------------------------
+
+
+def test_eval_gate_matches_an_adapter_by_lineage(tiny_qwen2_tied: Path, tiny_qwen2_untied: Path,
+                                                 tiny_lora_tied: Path, tmp_path: Path) -> None:
+    from qlift.errors import GateFailedError
+    from qlift.merge.run import merge_model
+    from qlift.rollout.evalgate import check_eval_report
+
+    merged = merge_model(base=tiny_qwen2_tied, adapters=[tiny_lora_tied], out=tmp_path / "merged",
+                         verify=False).output
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.json").write_text(json.dumps({"passed": True, "gates": [], "candidate": {
+        "path": str(merged), "content_hash": describe_input("c", merged)[0].content_hash}}))
+    # the adapter served unmerged on the base it was merged into: the same weights the report evaluated
+    assert check_eval_report(report, tiny_lora_tied, tiny_qwen2_tied)["report"] == str(report)
+    with pytest.raises(GateFailedError, match="is not the model the eval report"):
+        check_eval_report(report, tiny_lora_tied, tiny_qwen2_untied)  # the same adapter on another base
+    other = copy_adapter(tmp_path, "other")  # another adapter
+    with pytest.raises(GateFailedError, match="is not the model the eval report"):
+        check_eval_report(report, other, tiny_qwen2_tied)
+    (report / "report.json").write_text(json.dumps({"passed": True, "gates": [], "candidate": {
+        "path": "/nowhere", "content_hash": describe_input("a", tiny_lora_tied)[0].content_hash}}))
+    assert check_eval_report(report, tiny_lora_tied)  # the report evaluated the adapter dir itself

@@ -301,3 +301,33 @@ def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None
     if rec.state == "kept":
         out["serve_command"] = shlex.join(rec.serve_command())
     return out
+
+
+def adapter_matches_report(report: dict[str, Any], adapter_dir: Path, base_dir: Path | None) -> str | None:
+    """How an eval report covers base + adapter, by lineage hash; None when it does not.
+
+    The report evaluated the adapter dir itself (its content hash), or a `qlift merge` output whose
+    manifest records this adapter as its only adapter input and, when ``base_dir`` is known, this
+    base as its base input: the merge is the same weights the server applies unmerged."""
+    from qlift.lineage import describe_input, read_manifest
+
+    candidate = report.get("candidate") or {}
+    want = candidate.get("content_hash")
+    adapter_hash = describe_input("adapter", adapter_dir)[0].content_hash
+    if want == adapter_hash:
+        return f"the report evaluated the adapter {adapter_dir} itself"
+    path = candidate.get("path")
+    if not want or not path or not Path(path).is_dir():
+        return None
+    if describe_input("candidate", Path(path))[0].content_hash != want:
+        return None  # the evaluated dir changed since
+    manifest = read_manifest(Path(path)) or {}
+    if manifest.get("operation") != "merge":
+        return None
+    inputs = {i.get("role"): i.get("content_hash") for i in manifest.get("inputs", []) if isinstance(i, dict)}
+    adapters = [h for role, h in inputs.items() if str(role).startswith("adapter")]
+    if adapters != [adapter_hash]:
+        return None
+    if base_dir is not None and inputs.get("base") != describe_input("base", base_dir)[0].content_hash:
+        return None
+    return f"the report evaluated {path}, the merge of this {'base and ' if base_dir else ''}adapter"

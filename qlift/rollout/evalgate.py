@@ -23,12 +23,14 @@ from qlift.fsutil import sha256_file
 from qlift.lineage import describe_input, read_manifest
 
 
-def served_model_dir(backend_url: str) -> Path | None:
-    """The model dir a vLLM server was started with (``root`` in /v1/models), if local."""
+def served_model_dir(backend_url: str, model: str | None = None) -> Path | None:
+    """The model dir a vLLM server was started with (``root`` in /v1/models), if local; with ``model``,
+    that entry's root (for a LoRA adapter, the adapter dir vLLM loaded)."""
     try:
         data = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=5.0).json()
-        root = data["data"][0].get("root")
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        entry = next((m for m in data["data"] if model is not None and m.get("id") == model), data["data"][0])
+        root = entry.get("root")
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     return Path(root) if root and Path(root).is_dir() else None
 
@@ -50,8 +52,10 @@ def read_report(report_dir: Path) -> dict[str, Any]:
     return data
 
 
-def check_eval_report(report_dir: Path, canary_model: Path) -> dict[str, Any]:
-    """Raise unless ``report_dir`` is a passing eval of exactly ``canary_model``; return a summary."""
+def check_eval_report(report_dir: Path, canary_model: Path, base_model: Path | None = None) -> dict[str, Any]:
+    """Raise unless ``report_dir`` is a passing eval of exactly ``canary_model``; return a summary.
+    A LoRA adapter dir (served unmerged on ``base_model``) matches by lineage too, see
+    ``qlift.rollout.adapter.adapter_matches_report``."""
     report = read_report(report_dir)
     candidate = report.get("candidate") or {}
     want = candidate.get("content_hash")
@@ -60,7 +64,12 @@ def check_eval_report(report_dir: Path, canary_model: Path) -> dict[str, Any]:
                             path=Path(report_dir) / "report.json", field="candidate.content_hash",
                             hint="Evaluate the model directory itself so the report can be matched.")
     got = describe_input("canary", Path(canary_model))[0].content_hash
-    if got != want:
+    matched = got == want
+    if not matched and (Path(canary_model) / "adapter_config.json").is_file():
+        from qlift.rollout.adapter import adapter_matches_report
+
+        matched = adapter_matches_report(report, Path(canary_model), base_model) is not None
+    if not matched:
         raise GateFailedError(
             f"the canary's model {canary_model} ({got[:19]}...) is not the model the eval report "
             f"{report_dir} evaluated ({want[:19]}...)",

@@ -236,3 +236,40 @@ def test_eval_gate_matches_an_adapter_by_lineage(tiny_qwen2_tied: Path, tiny_qwe
     (report / "report.json").write_text(json.dumps({"passed": True, "gates": [], "candidate": {
         "path": "/nowhere", "content_hash": describe_input("a", tiny_lora_tied)[0].content_hash}}))
     assert check_eval_report(report, tiny_lora_tied)  # the report evaluated the adapter dir itself
+
+
+# -- qlift deploy k8s --lora [--gateway-api] ---------------------------------------------------------------
+
+
+def test_deploy_k8s_with_adapters_and_the_inference_extension(run_cli, smollm2_dir: Path,  # type: ignore[no-untyped-def]
+                                                              tmp_path: Path) -> None:
+    from test_deploy import validate as validate_k8s
+
+    out = tmp_path / "k8s"
+    r = run_cli("deploy", "k8s", smollm2_dir, "--recipe", "cpu", "--lora", f"tickets={EXAMPLE}", "--gateway-api",
+                "--public-model", "tickets-chat", "-o", out, "--json")
+    assert r.exit_code == 0, r.stderr
+    kinds = {o["file"]: o["kind"] for o in json.loads(r.stdout)["objects"]}
+    assert {"inferencepool.yaml", "inferencemodelrewrite.yaml", "inferenceobjective-tickets.yaml"} <= set(kinds)
+    for f in kinds:
+        obj = yaml.safe_load((out / f).read_text())
+        validate(obj) if obj["kind"] in CRDS else validate_k8s(obj)
+    args = yaml.safe_load((out / "deployment-stable.yaml").read_text())["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert "--enable-lora" in args and args[args.index("--max-lora-rank") + 1] == "8"
+    assert args[args.index("--lora-modules") + 1] == "tickets=/models/adapter"  # beside the models on the PVC
+    rewrite = yaml.safe_load((out / "inferencemodelrewrite.yaml").read_text())["spec"]["rules"][0]
+    assert rewrite["matches"][0]["model"]["value"] == "tickets-chat"
+    assert rewrite["targets"] == [{"modelRewrite": smollm2_dir.resolve().name, "weight": 100}]
+    roles = {i["role"] for i in json.loads((out / "qlift.json").read_text())["inputs"]}
+    assert "adapter:tickets" in roles
+
+
+def test_deploy_k8s_refuses_with_one_line(run_cli, smollm2_dir: Path, tiny_lora_tied: Path,  # type: ignore[no-untyped-def]
+                                          tmp_path: Path) -> None:
+    r = run_cli("deploy", "k8s", smollm2_dir, "--recipe", "cpu", "--lora", f"q={tiny_lora_tied}", "-o", tmp_path / "a")
+    assert r.exit_code == 6 and "trained for another model" in one_line_error(r)
+    r = run_cli("deploy", "k8s", smollm2_dir, "--recipe", "cpu", "--canary", smollm2_dir, "--gateway-api",
+                "-o", tmp_path / "b")
+    assert r.exit_code == 2 and "--gateway-api" in one_line_error(r)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

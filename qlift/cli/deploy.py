@@ -32,6 +32,7 @@ Examples:
   qlift deploy k8s merged --recipe chat-a100-80g --canary merged-awq -o k8s/ --namespace serving
   qlift deploy k8s merged --recipe chat-h100 --canary merged-awq --rollout argo -o k8s-argo/ --json
   qlift deploy k8s smollm2 --recipe cpu --set max_model_len=2048 -o k8s-cpu/ --image registry.local/qlift-cpu:1
+  qlift deploy k8s smollm2 --recipe cpu --lora tickets=adapters/tickets --gateway-api -o k8s-lora/
 """)
 @click.argument("model", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--recipe", required=True, help="Serving recipe name or YAML file (`qlift recipes list`).")
@@ -58,12 +59,18 @@ Examples:
 @click.option("--prometheus-url", default="http://prometheus.monitoring.svc:9090", show_default=True,
               help="Prometheus the analysis queries (promote spec and Argo AnalysisTemplate).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a recipe engine argument.")
+@click.option("--lora", "loras", multiple=True, metavar="NAME=DIR",
+              help="Serve LoRA adapter DIR unmerged on MODEL's Deployment as model NAME (read from the PVC beside "
+                   "the models; checked against MODEL). Repeatable.")
+@click.option("--gateway-api", is_flag=True,
+              help="Route by model name through the Gateway API Inference Extension: InferencePool, "
+                   "InferenceModelRewrite, an InferenceObjective per adapter (docs/lora.md).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @json_option
 def k8s_cmd(model: Path, recipe: str, canary: Path | None, out: Path, rollout: str, app: str, namespace: str,
             public_model: str | None, image: str | None, pvc: str, gateway: str, gateway_namespace: str | None,
             replicas: int, max_replicas: int, queue_target: int, prometheus_url: str, sets: tuple[str, ...],
-            force: bool) -> None:
+            loras: tuple[str, ...], gateway_api: bool, force: bool) -> None:
     """Kubernetes manifests for MODEL (and --canary) served by vLLM with a recipe.
 
     Per version: a Deployment (the recipe's engine arguments, GPUs, /health probes, the
@@ -72,12 +79,14 @@ def k8s_cmd(model: Path, recipe: str, canary: Path | None, out: Path, rollout: s
     promote-rollout.yaml for `qlift promote start -f`. Writes qlift.json (lineage).
     """
     from qlift.deploy import DeployOptions, write_k8s
+    from qlift.serve.lora import parse_lora_flags
 
     opts = DeployOptions(
         model=model, recipe=recipe, canary=canary, rollout=rollout,  # type: ignore[arg-type]
         app=app, namespace=namespace, public_model=public_model, image=image, pvc=pvc, gateway=gateway,
         gateway_namespace=gateway_namespace, replicas=replicas, max_replicas=max_replicas,
-        queue_target=queue_target, prometheus_url=prometheus_url, sets=list(sets))
+        queue_target=queue_target, prometheus_url=prometheus_url, sets=list(sets),
+        loras=parse_lora_flags(loras), gateway_api=gateway_api)
     result = write_k8s(opts, out, force=force)
     files = sorted(p.name for p in out.iterdir())
     payload = {

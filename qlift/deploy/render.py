@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-from qlift.deploy import argo, k8s
+from qlift.deploy import argo, inference_ext, k8s
 from qlift.errors import BadInputError
 from qlift.fsutil import atomic_output_dir
 from qlift.lineage import utc_now, write_manifest
@@ -50,6 +50,8 @@ class DeployOptions:
     queue_target: int = 4
     prometheus_url: str = "http://prometheus.monitoring.svc:9090"
     sets: list[str] = field(default_factory=list)
+    loras: dict[str, Path] = field(default_factory=dict)  # adapters served unmerged on the stable (model) Deployment
+    gateway_api: bool = False  # route through an Inference Extension InferencePool (by the body's model)
 
 
 @dataclass
@@ -144,6 +146,11 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
     _check_recipe(recipe)
     public = opts.public_model or opts.app
     stable, fitted = _version("stable", opts.model, recipe, public)
+    if opts.gateway_api and (opts.canary is not None or opts.rollout == "argo"):
+        raise BadInputError("--gateway-api routes to the model's Deployment by model name; a --canary or an Argo "
+                            "rollout splits by Service", field="--gateway-api",
+                            hint="Serve the candidate as an adapter (--lora NAME=DIR) with --gateway-api.")
+    inference_ext.add_loras(stable, opts.model, opts.loras)
     canary = _version("canary", opts.canary, recipe, public)[0] if opts.canary is not None else None
     if canary is not None and canary.served_name == stable.served_name:
         raise BadInputError(
@@ -168,6 +175,11 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
         promote = _promote_spec(opts, stable, canary, gateway) if canary is not None else None
     objects["httproute.yaml"] = route = render_httproute(gateway, {next(iter(roles)): 100})
     validate_httproute(route)
+    if opts.gateway_api:
+        objects.update(inference_ext.gateway_objects(stable, app=app, namespace=ns, public_model=public,
+                                                     loras=opts.loras, gateway=opts.gateway,
+                                                     gateway_namespace=opts.gateway_namespace))
+        validate_httproute(objects["httproute.yaml"])
     objects["prometheus-adapter-rules.yaml"] = k8s.adapter_configmap(app=app, namespace=ns)
     return DeployResult(objects=objects, versions={v.role: v.served_name for v in versions}, recipe=recipe.name,
                         engine_args=stable.engine_args, image=image, promote_spec=promote, recipe_path=recipe.path)
@@ -281,6 +293,7 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
     started = utc_now()
     result = render_k8s(opts)
     models = {"model": opts.model} | ({"canary": opts.canary} if opts.canary is not None else {})
+    models |= {f"adapter:{name}": path for name, path in opts.loras.items()}
     inputs = models | ({"recipe": result.recipe_path} if result.recipe_path is not None else {})
     with atomic_output_dir(out, force=force, inputs=list(models.values())) as tmp:
         for name, obj in result.objects.items():

@@ -513,3 +513,24 @@ def test_merge_verifies_a_base_without_a_tokenizer_on_token_ids(run_cli, tmp_pat
     assert result["verify"]["passed"] and result["verify"]["inputs"] == "token ids"
     assert result["verify"]["tokens"] == 3 * 24 and result["verify"]["greedy_agreement"] > 0.9
     assert any("no tokenizer" in n for n in result["notes"])
+
+
+# --- stdout closed early (`qlift recipes list | head`) -----------------------------------------
+
+@pytest.mark.parametrize("argv", [["--help"], ["recipes", "list"], ["recipes", "list", "--json"],
+                                  ["recipes", "show", "cpu"], ["bench", "--help"], ["inspect", "{model}"],
+                                  ["inspect", "{model}", "--json"], ["plan", "{model}", "--recipe", "cpu"]],
+                         ids=lambda a: " ".join(a))
+def test_a_closed_stdout_is_a_quiet_exit(argv: list[str], smollm2_dir: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: every write is EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "qlift", *(a.format(model=smollm2_dir) for a in argv)],
+                           stdout=write_end, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(write_end)
+    assert p.stderr == b"" and p.returncode == 141, (p.returncode, p.stderr.decode()[-600:])

@@ -42,7 +42,8 @@ def parse_levels(text: str) -> list[int]:
               help="Tokenizer for the prompts (default: the server's model directory, or that repo in the local hub "
                    "cache; otherwise required).")
 @click.option("--baseline", type=click.Path(path_type=Path), help="An earlier result JSON: print ratios against it.")
-@click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG: throughput against latency per level.")
+@click.option("--plot", type=click.Path(path_type=Path),
+              help="Write a PNG: tok/s and goodput, TTFT, TPOT and end-to-end latency per concurrency level.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), help="Write the result JSON here.")
 @click.option("--seed", type=count(0, 2**31 - 1), default=0, show_default=True, help="Seed of the random prompts.")
 @click.option("--timeout", type=SECONDS, default=1800, show_default=True,

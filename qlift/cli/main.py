@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
 import platform
 import signal
 import sys
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from click.utils import PacifyFlushWrapper
 
 from qlift import __version__
 from qlift.cli.output import STATE, configure_logging
@@ -84,6 +87,12 @@ class QliftGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except BrokenPipeError:  # a usage line into a closed pipe
+            _stdout_gone()
+        except SystemExit as exc:  # Click's own quiet exit 1 for --help into a closed pipe: the same 141
+            if exc.code == 1 and type(sys.stdout) is PacifyFlushWrapper:
+                _stdout_gone()
+            raise
         except click.UsageError as exc:
             click.echo(usage_error_line(exc), err=True)
             sys.exit(exc.exit_code)
@@ -103,6 +112,8 @@ class QliftGroup(click.Group):
             super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except BrokenPipeError:  # `qlift recipes list | head`: the reader has all it wanted
+            _stdout_gone()
         except QliftError as exc:
             _report(exc, f"error: {exc.one_line()}")
             ctx.exit(exit_code_for(exc))
@@ -128,6 +139,18 @@ def usage_error_line(exc: click.UsageError) -> str:
     words = exc.ctx.command_path.split() if exc.ctx is not None else []
     command = " ".join(["qlift", *words[1:]])  # the root's own name differs under CliRunner
     return f"error: {message} See `{command} --help`."
+
+
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # 141: what a shell reports for coreutils killed by SIGPIPE
+
+
+def _stdout_gone() -> None:
+    """stdout's reader went away (a pipe into `head`): exit quietly, as other CLIs do. stdout
+    is pointed at /dev/null first, so that Python's flush at exit has nothing to fail on."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(EXIT_PIPE_CLOSED)
 
 
 def _report(exc: BaseException, line: str) -> None:

@@ -534,3 +534,11 @@ def test_a_closed_stdout_is_a_quiet_exit(argv: list[str], smollm2_dir: Path) -> 
     finally:
         os.close(write_end)
     assert p.stderr == b"" and p.returncode == 141, (p.returncode, p.stderr.decode()[-600:])
+
+
+@pytest.mark.parametrize("content", ["stable: caf\u00e9\ncanary: b\n".encode("latin-1"),
+                                     "stable: a\ncanary: b\n".encode("utf-16")], ids=["latin-1", "utf-16"])
+def test_rollout_spec_that_is_not_utf8(run_cli, tmp_path: Path, content: bytes) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(content)
+    one_line(run_cli("promote", "start", "-f", spec, "--journal", tmp_path / "j.db"), 2, "spec.yaml", "not UTF-8")

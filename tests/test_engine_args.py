@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from qlift.errors import BadInputError
 import qlift.vllm.engine_args as ea
 from qlift.vllm._arg_names import NAMES, VLLM_VERSION
 
@@ -48,12 +49,12 @@ def probed(installed: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     tmp = tmp_path_factory.mktemp("vllm-args")
     python = _wrapper(tmp / "python")
     cache = tmp / "cache"
-    (cache / "vllm-arg-names").mkdir(parents=True)
-    corrupt = cache / "vllm-arg-names" / f"{installed}.json"
-    corrupt.write_bytes(b'{"version": "0.0", "names": [1, 2')
     mp = pytest.MonkeyPatch()
     mp.setenv("QLIFT_VLLM_PYTHON", str(python))
     mp.setenv("QLIFT_CACHE_DIR", str(cache))
+    corrupt = ea.probe_cache(installed)
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_bytes(b'{"version": "0.0", "names": [1, 2')
     try:
         ea.vllm_arg_names.cache_clear()
         first = ea.vllm_arg_names()
@@ -123,3 +124,18 @@ def test_write_snapshot_round_trips(tmp_path) -> None:
     exec(compile(out.read_text(), str(out), "exec"), scope)
     assert scope["NAMES"] == NAMES and scope["VLLM_VERSION"] == VLLM_VERSION
     assert out.read_text() == SNAPSHOT.read_text()
+
+
+def test_the_probe_and_snapshot_hold_the_server_front_end_arguments(probed) -> None:
+    """`vllm serve`'s own arguments (no dataclass holds api_server_count) beside the engine's and FrontendArgs'."""
+    _, names = probed["first"]
+    for name in ("api_server_count", "headless", "stream_interval", "max_num_seqs", "uvicorn_log_level"):
+        assert name in names and name in NAMES, name
+    assert "config" not in names and "model_tag" not in names  # qlift writes --config; the model is qlift's
+
+
+def test_front_end_arguments_pass_and_config_is_qlifts() -> None:
+    assert ea.check_arg_name("api-server-count") == "api_server_count"
+    assert ea.check_arg_name("stream_interval") == "stream_interval"
+    with pytest.raises(BadInputError, match="'config' is set by qlift"):
+        ea.check_arg_name("config")

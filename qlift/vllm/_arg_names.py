@@ -1,4 +1,4 @@
-"""vLLM's argument names (AsyncEngineArgs + the OpenAI server's FrontendArgs) in vLLM 0.32.0.
+"""vLLM's argument names (engine + `vllm serve` server/front-end arguments) in vLLM 0.32.0.
 
 The fallback when vLLM cannot be imported; regenerate with
 ``python -m qlift.vllm.engine_args`` (it refuses to run without vLLM).
@@ -18,6 +18,7 @@ NAMES: frozenset[str] = frozenset({
     "allowed_origins",
     "anthropic_disabled_thinking_effort",
     "api_key",
+    "api_server_count",
     "async_scheduling",
     "attention_backend",
     "attention_config",
@@ -137,9 +138,11 @@ NAMES: frozenset[str] = frozenset({
     "gdn_prefill_backend",
     "generation_config",
     "gpu_memory_utilization",
+    "grpc",
     "grpc_port",
     "h11_max_header_count",
     "h11_max_incomplete_event_size",
+    "headless",
     "hf_config_path",
     "hf_overrides",
     "hf_token",

@@ -1,7 +1,8 @@
 """vLLM's own argument names: read from the installed vLLM, checked before launch.
 
 Names come from vLLM's ``AsyncEngineArgs`` and the OpenAI server's ``FrontendArgs``
-dataclasses. Importing vLLM takes seconds, so the names are read once per vLLM version
+dataclasses and from ``vllm serve``'s own argument parser (``api_server_count``, ``headless``, ...):
+the engine arguments and the server/front-end arguments. Importing vLLM takes seconds, so the names are read once per vLLM version
 in a subprocess and cached (for ``QLIFT_VLLM_PYTHON`` too; a corrupt cache file is probed
 again); without vLLM, a list captured from vLLM 0.32 stands in. ``python -m
 qlift.vllm.engine_args`` regenerates that list from an installed vLLM, and refuses without one.
@@ -50,16 +51,24 @@ MANAGED: dict[str, str] = {
     "port": "use --port",
     "served_model_name": "use --served-model-name",
     "api_key": "use --api-key-env NAME so the key stays out of files and process lists",
+    "config": "qlift writes the config file itself; put its settings in the recipe",
 }
 
 _PROBE = """
-import dataclasses, importlib.metadata as md, json
+import dataclasses, json
 from vllm.engine.arg_utils import AsyncEngineArgs
 try:
-    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs, make_arg_parser
 except ImportError:
-    from vllm.entrypoints.openai.cli_args import FrontendArgs
+    from vllm.entrypoints.openai.cli_args import FrontendArgs, make_arg_parser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
 names = {f.name for f in dataclasses.fields(AsyncEngineArgs)} | {f.name for f in dataclasses.fields(FrontendArgs)}
+# `vllm serve`'s own parser adds server arguments no dataclass holds (api_server_count, headless, ...)
+names |= {a.dest for a in make_arg_parser(FlexibleArgumentParser())._actions}
+names -= {"help", "model_tag", "config"}
 import vllm
 print(json.dumps({"version": vllm.__version__, "names": sorted(n for n in names if not n.startswith("_"))}))
 """
@@ -122,6 +131,11 @@ def _read_cache(path: Path) -> tuple[str, frozenset[str]] | None:
         return None
 
 
+def probe_cache(version: str) -> Path:
+    """Where the probe of ``version`` is cached ("-serve": probes that read `vllm serve`'s parser too)."""
+    return cache_dir() / "vllm-arg-names" / f"{version}-serve.json"
+
+
 @functools.cache
 def vllm_arg_names() -> tuple[str, frozenset[str]]:
     """(vLLM version, argument names) of the vLLM qlift launches; a static list without one.
@@ -133,7 +147,7 @@ def vllm_arg_names() -> tuple[str, frozenset[str]]:
     version = _installed_version(python)
     if version is None:
         return f"{VLLM_VERSION} (static list; vLLM is not installed)", NAMES
-    cache = cache_dir() / "vllm-arg-names" / f"{version}.json"
+    cache = probe_cache(version)
     cached = _read_cache(cache)
     if cached is not None:
         return cached
@@ -190,7 +204,7 @@ def write_snapshot(version: str, names: frozenset[str], path: Path) -> None:
     """The static fallback list, as qlift/vllm/_arg_names.py holds it."""
     body = "\n".join(f'    "{n}",' for n in sorted(names))
     path.write_text(
-        f'"""vLLM\'s argument names (AsyncEngineArgs + the OpenAI server\'s FrontendArgs) in vLLM {version}.\n\n'
+        f'"""vLLM\'s argument names (engine + `vllm serve` server/front-end arguments) in vLLM {version}.\n\n'
         "The fallback when vLLM cannot be imported; regenerate with\n"
         '``python -m qlift.vllm.engine_args`` (it refuses to run without vLLM).\n"""\n\n'
         f'VLLM_VERSION = "{version}"\nNAMES: frozenset[str] = frozenset({{\n{body}\n}})\n'

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import signal
 import socket
 import sys
+from pathlib import Path
 
 # Exception lines in vLLM logs that only wrap the real cause printed above them.
 _WRAPPER_ERRORS = (
@@ -55,3 +58,28 @@ def term_on_parent_death() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def qlift_importable(python: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this qlift importable by ``python`` when that is another interpreter (QLIFT_VLLM_PYTHON)."""
+    if python != sys.executable:
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def raise_open_files_limit() -> str | None:
+    """Raise this process's soft open-files limit to the hard one (children inherit it).
+
+    vLLM's API server holds a socket per client; at a low soft limit it warns it could not raise
+    it. Returns a line for the user when the limit was raised or could not be, None when it was
+    already at the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or (hard == resource.RLIM_INFINITY and soft >= 1 << 20):
+        return None
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        return f"could not raise the open-files limit from {soft} (hard limit {hard}): {exc}"
+    return f"open-files limit raised from {soft} to {target} (the hard limit)"

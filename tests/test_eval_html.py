@@ -43,7 +43,7 @@ class _Parser(HTMLParser):
         if tag == "div" and "chart" in cls:
             self._chart = a["data-metric"]
             self.charts[self._chart] = {"cls": cls, "directions": [], "flags": [], "values": [], "ci_x": [],
-                                        "title": ""}
+                                        "title": "", "bar_ends": []}
         elif tag == "tr" and "summary" in cls and a.get("data-metric"):
             self._row = a["data-metric"]
             self.rows[self._row] = {"cls": cls, "directions": [], "flags": []}
@@ -56,6 +56,8 @@ class _Parser(HTMLParser):
             target["flags"].append(cls[1])
         if tag == "svg":
             target["unit"] = a["data-unit"]
+        if tag == "rect" and "bar" in cls:
+            target["bar_ends"].append(float(a["x"]) + float(a["width"]))
         if tag == "line" and "ci" in cls:
             target["ci_x"] += [float(a["x1"]), float(a["x2"])]
         if tag == "text" and "value" in cls:
@@ -75,13 +77,17 @@ class _Parser(HTMLParser):
             self._row = None
 
 
-def _render(overall: list[M]) -> _Parser:
+def _result(overall: list[M], **kw: Any) -> NS:
     ex = NS(id="a", prompt="p", reference="r", tags=[], outputs={"candidate": "x", "baseline": "y"}, scores={})
-    result = NS(candidate=NS(name="cand"), baseline=NS(name="base"), passed=True, gates=[], overall=overall,
-                slices={}, notes=[], examples=[ex], examples_count=40, prompts="p.jsonl", backend="vllm",
-                sampling=NS(max_tokens=8))
+    fields = dict(candidate=NS(name="cand"), baseline=NS(name="base"), passed=True, gates=[], overall=overall,
+                  slices={}, notes=[], examples=[ex], examples_count=40, prompts="p.jsonl", backend="vllm",
+                  sampling=NS(max_tokens=8), bootstrap={"resamples": 100, "seed": 0})
+    return NS(**(fields | kw))
+
+
+def _render(overall: list[M], **kw: Any) -> _Parser:
     p = _Parser()
-    p.feed(render_html(result))
+    p.feed(render_html(_result(overall, **kw)))
     return p
 
 
@@ -125,3 +131,62 @@ def test_value_labels_never_overlap_the_whiskers(ci) -> None:
         assert v["anchor"] == "end"
         left_edge = v["x"] - CHAR_PX * len(v["text"])
         assert max(chart["ci_x"]) < left_edge, (chart["ci_x"], v)
+
+
+@pytest.mark.parametrize("values", [(60.88, 58.1), (60.88, 60.88), (1234.5, 0.5), (0.0001234, 0.0)])
+def test_value_labels_never_overlap_the_bars(values) -> None:
+    """The "60.88 tokens" case: a long label must end left of nothing, start right of every bar's end."""
+    s = M("length", 40, values[0], values[1], values[0] - values[1], -1.0, 1.0, None, None, None, None)
+    chart = _render([s]).charts["length"]
+    assert len(chart["bar_ends"]) == 2 and len(chart["values"]) == 2
+    for v in chart["values"]:
+        left_edge = v["x"] - CHAR_PX * len(v["text"])
+        assert max(chart["bar_ends"] + chart["ci_x"]) < left_edge, (chart, v)
+
+
+def test_slices_under_ten_examples_are_not_called_significant() -> None:
+    few = M("rougeL", 6, 0.41, 0.62, -0.21, -0.3, -0.1, 0, 1, 5, True)  # CI excludes 0, but 6 examples
+    assert ci_verdict(few) == ""
+    assert ci_verdict(M("rougeL", 10, 0.41, 0.62, -0.21, -0.3, -0.1, 0, 1, 9, True)) == "regression"
+    html = render_html(_result([few]))
+    p = _Parser()
+    p.feed(html)
+    assert p.rows["rougeL"]["flags"] == [] and "regression" not in p.rows["rougeL"]["cls"]
+    assert "n &lt; 10: not called" in html
+
+
+def test_a_slice_holding_every_example_is_not_a_second_overall_table() -> None:
+    from qlift.eval.report import render_markdown
+
+    rows = [M("rougeL", 40, 0.5, 0.4, 0.1, 0.05, 0.15, 20, 10, 10, True)]
+    examples = [NS(id=f"e{i}", prompt="p", reference="r", tags=["json"] + (["refund"] if i < 12 else []),
+                   outputs={"candidate": "x", "baseline": "y"}, scores={}) for i in range(40)]
+    result = _result(rows, slices={"json": rows, "refund": rows}, examples=examples)
+    html = render_html(result)
+    assert html.count('<table class="summary"') == 2  # overall and refund
+    assert 'data-slice="refund"' in html and 'data-slice="json"' not in html
+    assert "<code>json</code>: every example, so the same as Overall." in html
+    md = render_markdown(result)
+    assert "## Slice `refund`" in md and "## Slice `json`" not in md and "`json`: every example" in md
+
+
+def test_latency_from_unequally_loaded_servers_gets_a_warning_not_a_verdict() -> None:
+    from qlift.eval.generation import ModelRef
+    from qlift.eval.run import latency_warning
+
+    cand = ModelRef("candidate", "canary", endpoint="http://127.0.0.1:8001")
+    assert latency_warning(cand, ModelRef("baseline", "stable", endpoint="http://127.0.0.1:8002"), {})
+    assert latency_warning(cand, ModelRef("baseline", "canary", endpoint="http://127.0.0.1:8001"), {}) is None
+    local = ModelRef("candidate", "a"), ModelRef("baseline", "b")
+    assert "load average 3.2 for the candidate, 0.4" in (latency_warning(*local, {"candidate": 3.2, "baseline": 0.4})
+                                                         or "")
+    assert latency_warning(*local, {"candidate": 1.2, "baseline": 0.9}) is None
+
+    warn = latency_warning(cand, ModelRef("baseline", "stable", endpoint="http://127.0.0.1:8002"), {})
+    slow = M("latency", 40, 1.84, 1.21, 0.63, 0.41, 0.88, 5, 0, 35, False)
+    html = render_html(_result([slow], latency_warning=warn, notes=[warn]))
+    p = _Parser()
+    p.feed(html)
+    assert 'class="warning latency-warning"' in html and html.count("whose cores may be unequally loaded") == 1 + 2
+    assert p.charts["latency"]["flags"] == ["unequal"] and "regression" not in p.charts["latency"]["cls"]
+    assert p.rows["latency"]["flags"] == ["unequal"]

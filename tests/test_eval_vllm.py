@@ -82,7 +82,7 @@ def test_smollm2_against_itself_passes_and_reruns_from_cache(run_cli, smollm2_di
     elapsed = time.monotonic() - t0
     assert r.exit_code == 0, r.stderr
     again = json.loads(r.stdout)
-    assert again["cache"] == {"hits": 8, "misses": 0, "backend_runs": 0, "shared_models": ["baseline"]}
+    assert again["cache"] == {"hits": 8, "misses": 0, "backend_runs": 0, "shared_models": ["baseline"], "load": {}}
     assert elapsed < 20, f"a cached rerun took {elapsed:.1f} s"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,6 +87,7 @@ class CacheStats:
     misses: int = 0
     backend_runs: int = 0
     shared_models: list[str] = field(default_factory=list)
+    load: dict[str, float] = field(default_factory=dict)  # role -> mean 1-min load average while it generated
 
 
 def cache_key(model_id: str, backend: str, req: Request, sampling: Sampling) -> str:
@@ -158,7 +160,9 @@ def cached_generate(
                 if model_id:
                     cache.put(keys[missing[j]], g)
 
+            before = os.getloadavg()[0]
             fresh = backend.generate(model, [requests[i] for i in missing], sampling, on_result=keep)
+            stats.load[model.role] = round((before + os.getloadavg()[0]) / 2, 2)
             for i, g in zip(missing, fresh, strict=True):
                 gens[i] = g
                 if cid:

@@ -23,11 +23,16 @@ pre{white-space:pre-wrap;word-break:break-word;margin:0;font:12px/1.35 ui-monosp
 tr.regression td{background:#fdf0ef}tr.regression td:first-child{border-left:3px solid #b3261e}
 tr.improvement td:first-child{border-left:3px solid #137333}.flag{font-size:11px;font-weight:bold}
 .flag.regression{color:#b3261e}.flag.improvement{color:#137333}
+.warning{border:2px solid #b06000;background:#fef7e0;padding:6px 10px;border-radius:6px}
+.flag.unequal{color:#b06000}.few{color:#666;font-size:11px}
 """
 # Chart geometry: role labels | bars and whiskers | value labels in a column of their own,
 # so a value label never sits on a whisker however wide the CI is.
-_W, _LABEL, _VALUES, _BAR_H = 320, 70, 64, 16
+_W, _LABEL, _BAR_H = 320, 70, 16
+_CHAR_W = 6.6  # px per character of an 11px system-ui label, rounded up (digits are ~6.1)
 UNITS = {"latency": "s", "length": "tokens"}  # the rest are scores or ratios without a unit
+# Fewer paired examples than this and a 95% CI is too rough to call a regression or an improvement.
+MIN_SIGNIFICANT_N = 10
 
 
 def metric_title(metric: str) -> str:
@@ -46,6 +51,8 @@ def ci_verdict(s: MetricSummary) -> str:
     """'regression' or 'improvement' when the diff's 95% CI excludes 0 in a direction that matters."""
     if s.higher_is_better is None or s.ci_low is None or s.ci_high is None or s.ci_contains_zero:
         return ""
+    if s.n < MIN_SIGNIFICANT_N:
+        return ""
     better = s.ci_low > 0 if s.higher_is_better else s.ci_high < 0
     return "improvement" if better else "regression"
 
@@ -58,9 +65,30 @@ def _direction_marker(s: MetricSummary) -> str:
     return f' <span class="direction" data-direction="{d}">{arrow} {d} is better</span>'
 
 
-def _flag(s: MetricSummary) -> str:
+def _flag(s: MetricSummary, latency_warning: str | None = None) -> str:
+    if s.metric == "latency" and latency_warning:
+        return f' <span class="flag unequal" title="{escape(latency_warning)}">&#9888; unequal load</span>'
     v = ci_verdict(s)
-    return f' <span class="flag {v}">{v}</span>' if v else ""
+    if v:
+        return f' <span class="flag {v}">{v}</span>'
+    few = (s.higher_is_better is not None and s.ci_low is not None and not s.ci_contains_zero
+           and s.n < MIN_SIGNIFICANT_N)
+    return f' <span class="few">n &lt; {MIN_SIGNIFICANT_N}: not called</span>' if few else ""
+
+
+def verdict_of(s: MetricSummary, latency_warning: str | None) -> str:
+    """ci_verdict, except for a latency timed under unequal load, which gets no verdict."""
+    return "" if s.metric == "latency" and latency_warning else ci_verdict(s)
+
+
+def slices_to_show(result: Any) -> dict[str, list[MetricSummary]]:
+    """The slices worth a table: not one that holds every example (it would repeat Overall)."""
+    return {tag: rows for tag, rows in result.slices.items()
+            if sum(tag in ex.tags for ex in result.examples) < result.examples_count}
+
+
+def whole_set_tags(result: Any) -> list[str]:
+    return [tag for tag in result.slices if tag not in slices_to_show(result)]
 
 
 def _f(x: float | None) -> str:
@@ -77,14 +105,16 @@ def metric_chart(s: MetricSummary, has_base: bool) -> str:
         ci = (s.baseline + s.ci_low, s.baseline + s.ci_high)
         vals += [v for v in ci if math.isfinite(v)]
     top = max(vals + [1e-12])
-    plot_end = _W - _VALUES - 6
-    scale = (plot_end - _LABEL) / top
     unit = UNITS.get(s.metric, "")
+    rows = [("candidate", s.candidate)] + ([("baseline", s.baseline)] if has_base else [])
+    labels = {role: _f(v) + (f" {unit}" if unit and v is not None and math.isfinite(v) else "") for role, v in rows}
+    # The value column is as wide as its longest label, so no label reaches into a bar or whisker.
+    plot_end = _W - 2 - math.ceil(max(len(t) for t in labels.values()) * _CHAR_W) - 8
+    scale = (plot_end - _LABEL) / top
 
     def x(v: float) -> float:
         return _LABEL + min(max(0.0, v), top) * scale
 
-    rows = [("candidate", s.candidate)] + ([("baseline", s.baseline)] if has_base else [])
     h = 10 + len(rows) * (_BAR_H + 8)
     parts = [
         f'<svg class="metric-chart" data-metric="{escape(s.metric)}" data-unit="{unit}" width="{_W}" height="{h}" '
@@ -93,13 +123,14 @@ def metric_chart(s: MetricSummary, has_base: bool) -> str:
     for i, (role, v) in enumerate(rows):
         y = 6 + i * (_BAR_H + 8)
         width = (x(v) - _LABEL) if v is not None and math.isfinite(v) else 0.0
-        shown = _f(v) + (f" {unit}" if unit and v is not None and math.isfinite(v) else "")
+        shown = labels[role]
         parts.append(f'<text x="0" y="{y + 12}">{role}</text>')
         parts.append(
             f'<rect class="bar {role}" data-value="{_f(v)}" x="{_LABEL}" y="{y}" '
             f'width="{width:.1f}" height="{_BAR_H}"><title>{role}: {shown}</title></rect>'
         )
-        parts.append(f'<text class="value" x="{_W - 2}" y="{y + 12}" text-anchor="end">{shown}</text>')
+        parts.append(f'<text class="value" data-plot-end="{plot_end:.1f}" x="{_W - 2}" y="{y + 12}" '
+                     f'text-anchor="end">{shown}</text>')
         if role == "candidate" and ci is not None:
             cy = y + _BAR_H / 2
             x1, x2 = x(ci[0]), x(ci[1])
@@ -114,12 +145,13 @@ def metric_chart(s: MetricSummary, has_base: bool) -> str:
     return "".join(parts)
 
 
-def _summary_table(rows: list[MetricSummary], has_base: bool, slice_name: str) -> str:
+def _summary_table(rows: list[MetricSummary], has_base: bool, slice_name: str, latency_warning: str | None = None
+                   ) -> str:
     head = "<tr><th>metric</th><th>n</th><th>candidate</th>"
     head += "<th>baseline</th><th>diff</th><th>95% CI</th><th>win/tie/loss</th></tr>" if has_base else "</tr>"
     body = []
     for s in rows:
-        cells = (f"<td>{escape(metric_title(s.metric))}{_direction_marker(s)}{_flag(s)}</td>"
+        cells = (f"<td>{escape(metric_title(s.metric))}{_direction_marker(s)}{_flag(s, latency_warning)}</td>"
                  f"<td class=num>{s.n}</td><td class=num>{_f(s.candidate)}</td>")
         if has_base:
             ci = f"[{_f(s.ci_low)}, {_f(s.ci_high)}]" if s.ci_low is not None else "-"
@@ -128,7 +160,7 @@ def _summary_table(rows: list[MetricSummary], has_base: bool, slice_name: str) -
                 f"<td class=num>{_f(s.baseline)}</td><td class=num>{_f(s.diff)}</td>"
                 f"<td class=num>{ci}</td><td class=num>{w}</td>"
             )
-        cls = f"summary {ci_verdict(s)}".rstrip()
+        cls = f"summary {verdict_of(s, latency_warning)}".rstrip()
         body.append(f'<tr class="{cls}" data-metric="{escape(s.metric)}">{cells}</tr>')
     return f'<table class="summary" data-slice="{escape(slice_name)}">{head}{"".join(body)}</table>'
 
@@ -166,16 +198,23 @@ def render_html(result: Any) -> str:
         f"<code>{escape(g.expr)}</code> ({escape(g.detail)})</li>"
         for g in result.gates
     )
+    warn = getattr(result, "latency_warning", None)
     charts = "".join(
-        f'<div class="{f"chart {ci_verdict(s)}".rstrip()}" data-metric="{escape(s.metric)}">'
-        f"<h3>{escape(metric_title(s.metric))}{_direction_marker(s)}{_flag(s)}</h3>{metric_chart(s, has_base)}</div>"
+        f'<div class="{f"chart {verdict_of(s, warn)}".rstrip()}" data-metric="{escape(s.metric)}">'
+        f"<h3>{escape(metric_title(s.metric))}{_direction_marker(s)}{_flag(s, warn)}</h3>"
+        f"{metric_chart(s, has_base)}</div>"
         for s in result.overall if s.candidate is not None
     )
     slices = "".join(
-        f"<h3>slice <code>{escape(tag)}</code></h3>{_summary_table([s for s in rows if s.n], has_base, tag)}"
-        for tag, rows in result.slices.items()
+        f"<h3>slice <code>{escape(tag)}</code></h3>{_summary_table([s for s in rows if s.n], has_base, tag, warn)}"
+        for tag, rows in slices_to_show(result).items()
     )
-    notes = "".join(f"<li>{escape(n)}</li>" for n in result.notes)
+    whole = whole_set_tags(result)
+    if whole:
+        tags = ", ".join(f"<code>{escape(t)}</code>" for t in whole)
+        slices += f'<p class="whole-set">{tags}: every example, so the same as Overall.</p>'
+    warning = f'<p class="warning latency-warning">&#9888; {escape(warn)}</p>' if warn else ""
+    notes = "".join(f"<li>{escape(n)}</li>" for n in result.notes if n != warn)
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>qlift eval: {title}</title><style>{_CSS}</style></head><body>"
@@ -184,10 +223,12 @@ def render_html(result: Any) -> str:
         f"{escape(result.backend)}, greedy, max_tokens {result.sampling.max_tokens}. Bars: aggregate per model; "
         "whisker: baseline + paired-bootstrap 95% CI of (candidate - baseline). Arrows say which direction "
         "is better; a metric whose CI excludes 0 on the worse side is marked <span class=\"flag regression\">"
-        "regression</span>, on the better side <span class=\"flag improvement\">improvement</span>.</p>"
+        "regression</span>, on the better side <span class=\"flag improvement\">improvement</span>; "
+        f"not with fewer than {MIN_SIGNIFICANT_N} examples.</p>"
+        + warning
         + (f"<h2>Gates</h2><ul class=gates>{gates}</ul>" if gates else "")
         + f'<h2>Metrics</h2><div class="charts">{charts}</div>'
-        + f"<h2>Overall</h2>{_summary_table([s for s in result.overall if s.n], has_base, 'overall')}"
+        + f"<h2>Overall</h2>{_summary_table([s for s in result.overall if s.n], has_base, 'overall', warn)}"
         + (f"<h2>Slices</h2>{slices}" if slices else "")
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<h2>Examples</h2>{_examples(result, has_base)}</body></html>\n"

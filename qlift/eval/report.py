@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.eval.compare import MetricSummary
-from qlift.eval.html import render_html
+from qlift.eval.html import render_html, slices_to_show, whole_set_tags
 from qlift.fsutil import atomic_output_dir
 from qlift.lineage import utc_now, write_manifest
 
@@ -83,11 +83,17 @@ def render_markdown(result: Any) -> str:
         out += ["## Gates", ""]
         out += [f"- {'PASS' if g.passed else 'FAIL'} `{g.expr}` ({g.detail})" for g in result.gates]
         out.append("")
+    if getattr(result, "latency_warning", None):
+        out += [f"> **Warning:** {result.latency_warning}", ""]
     out += ["## Overall", "", *_table([s for s in result.overall if s.n], has_base), ""]
-    for tag, rows in result.slices.items():
+    for tag, rows in slices_to_show(result).items():
         out += [f"## Slice `{tag}`", "", *_table([s for s in rows if s.n], has_base), ""]
-    if result.notes:
-        out += ["## Notes", "", *[f"- {n}" for n in result.notes], ""]
+    whole = whole_set_tags(result)
+    if whole:
+        out += [", ".join(f"`{t}`" for t in whole) + ": every example, so the same as Overall.", ""]
+    notes = [n for n in result.notes if n != getattr(result, "latency_warning", None)]
+    if notes:
+        out += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     out.append("diff = candidate - baseline; win = the candidate is better on that example.")
     return "\n".join(out) + "\n"
 

@@ -61,6 +61,7 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)
     report_dir: str | None = None
     seconds: float = 0.0
+    latency_warning: str | None = None  # why the latency comparison says little about the models
 
     def summary(self, metric: str, tag: str | None = None) -> MetricSummary | None:
         rows = self.overall if tag is None else self.slices.get(tag, [])
@@ -258,6 +259,10 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         slices=slices, gates=[], passed=True, examples=rows, cache=stats,
         bootstrap={"resamples": resamples, "seed": seed}, notes=notes,
     )
+    if "latency" in names and len(models) > 1:
+        result.latency_warning = latency_warning(models[0], models[1], stats.load)
+        if result.latency_warning:
+            notes.append(result.latency_warning)
     result.gates = [_judge(g, result) for g in parsed_gates]
     result.passed = all(g.passed for g in result.gates)
     result.seconds = round(time.monotonic() - t0, 3)
@@ -267,6 +272,22 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         write_reports(result, Path(report_dir), force=force, inputs=_inputs(models, prompts))
         result.report_dir = str(report_dir)
     return result
+
+
+UNEQUAL_LOAD = 1.0  # load-average difference (runnable processes) from which timings are not comparable
+
+
+def latency_warning(candidate: ModelRef, baseline: ModelRef, load: dict[str, float]) -> str | None:
+    """Why candidate and baseline latencies are not a like-for-like comparison, if they are not."""
+    if candidate.endpoint and (candidate.endpoint, candidate.name) != (baseline.endpoint, baseline.name):
+        return (f"latency was timed on two servers ({candidate.name} at {candidate.endpoint}, {baseline.name} at "
+                f"{baseline.endpoint}), whose cores may be unequally loaded: the difference need not be the "
+                "models'; compare them on equal, otherwise idle cores (or with `qlift bench` on each)")
+    c, b = load.get("candidate"), load.get("baseline")
+    if c is not None and b is not None and abs(c - b) >= UNEQUAL_LOAD:
+        return (f"latency was timed under unequal load (load average {c:.1f} for the candidate, {b:.1f} for the "
+                "baseline): the difference need not be the models'; rerun with --no-cache on a quieter machine")
+    return None
 
 
 def _value(s: Any) -> float | None:

@@ -265,7 +265,9 @@ def _wait_router_healthy(spec: RolloutSpec) -> None:
 def finish(journal_path: Path, r: Rollout) -> AdapterRecord | None:
     """After the controller returns: link the record to rollout ``r`` and settle it (unload or keep)."""
     with adapter_journal(journal_path) as aj:
-        rec = next((x for x in aj.open_records() if x.rollout_id in (None, r.id)), None)
+        # A record younger than ``r`` was not loaded for it (`start` after a promotion may start nothing).
+        rec = next((x for x in aj.open_records() if x.rollout_id == r.id
+                    or (x.rollout_id is None and x.created_at <= r.created_at)), None)
         if rec is not None and rec.rollout_id is None:
             aj.set(rec, rollout_id=r.id)
     settle(journal_path)
@@ -273,14 +275,22 @@ def finish(journal_path: Path, r: Rollout) -> AdapterRecord | None:
         return aj.for_rollout(r.id)
 
 
-def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str,
-                       path: Path) -> tuple[Rollout, AdapterRecord | None]:
-    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep."""
+def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, path: Path,
+                       **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
+    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep.
+    ``start_options`` go to ``qlift.rollout.api.start``."""
     from qlift.rollout.api import default_journal, start
 
     journal_path = Path(journal_path or default_journal())
+    if spec.eval_report is not None and spec.canary_model is None:
+        # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
+        from qlift.rollout.evalgate import check_eval_report
+
+        target = resolve_target(spec, name)
+        check_eval_report(spec.eval_report, Path(path), target.base_dir)
+        spec = spec.model_copy(update={"canary_model": Path(path).resolve()})
     prepare(spec, journal_path, name, path)
-    final = start(spec, journal_path)
+    final = start(spec, journal_path, **start_options)
     rec = finish(journal_path, final)
     if rec is not None and rec.state == "kept":
         log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,

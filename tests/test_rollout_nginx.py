@@ -162,7 +162,8 @@ def test_split_stickiness_failover_and_graceful_reload(nginx_plane: NginxDataPla
     assert ev["canary"].errors and ev["canary"].errors >= 15 and ev["stable"].errors == 0
     # Every one of the 100 failover requests ended on the stable, on top of its share of the split.
     assert ev["stable"].requests >= models["stable"] + 100, (ev["stable"].requests, models)
-    assert len(ev["stable"].ttft_s) == len(ev["stable"].latency_s)
+    # TTFT from the 100 streamed answers only (the last log line may still be unwritten), not the 400 others
+    assert 95 <= len(ev["stable"].ttft_s) <= 100 < len(ev["stable"].latency_s)
     # A graceful reload to 100/0 under traffic drops nothing.
     c.fail_status = None
     pid = nginx_plane.running_pid()

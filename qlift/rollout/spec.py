@@ -106,6 +106,10 @@ class NginxSpec(_Strict):
     max_answer_s: Duration = Field(
         600.0, description="The longest answer a client waits for: nginx's proxy_read_timeout, and how long a "
         "reload lets old workers finish their in-flight streams (worker_shutdown_timeout).")
+    client_keepalive_s: Duration | None = Field(
+        None, description="Keep client connections alive this long between requests (nginx keepalive_timeout). "
+        "Off by default: a reload closes idle kept-alive connections under clients that reuse them, and "
+        "their next request fails without nginx ever logging it.")
 
 
 class BackendRef(_Strict):

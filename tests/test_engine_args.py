@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from qlift.errors import BadInputError
 import qlift.vllm.engine_args as ea
+from qlift.errors import BadInputError
 from qlift.vllm._arg_names import NAMES, VLLM_VERSION
 
 SNAPSHOT = Path(ea.__file__).with_name("_arg_names.py")

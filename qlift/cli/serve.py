@@ -131,7 +131,8 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
     applies --set overrides, prints the memory plan, writes the effective config as a
     `vllm serve --config` YAML into a run directory under $QLIFT_HOME/runs, starts
     `vllm serve` (so server arguments such as api_server_count work too), raises the
-    open-files limit to the hard limit first, and waits for /health. Logs stream to stderr once it is up (-v: from the start).
+    open-files limit to the hard limit first, and waits for /health. Logs stream to
+    stderr once it is up (-v: from the start).
     Ctrl-C or SIGTERM stops vLLM's whole process group.
 
     \b

@@ -2,10 +2,10 @@
 
 Names come from vLLM's ``AsyncEngineArgs`` and the OpenAI server's ``FrontendArgs``
 dataclasses and from ``vllm serve``'s own argument parser (``api_server_count``, ``headless``, ...):
-the engine arguments and the server/front-end arguments. Importing vLLM takes seconds, so the names are read once per vLLM version
-in a subprocess and cached (for ``QLIFT_VLLM_PYTHON`` too; a corrupt cache file is probed
-again); without vLLM, a list captured from vLLM 0.32 stands in. ``python -m
-qlift.vllm.engine_args`` regenerates that list from an installed vLLM, and refuses without one.
+the engine arguments and the server/front-end arguments. Importing vLLM takes seconds, so the
+names are read once per vLLM version in a subprocess and cached (for ``QLIFT_VLLM_PYTHON`` too; a
+corrupt cache file is probed again); without vLLM, a list captured from vLLM 0.32 stands in.
+``python -m qlift.vllm.engine_args`` regenerates that list from an installed vLLM, and refuses without one.
 tests/test_engine_args.py fails when the list drifts from the installed vLLM.
 """
 

@@ -259,7 +259,7 @@ class AccessLogSource:
             status = _num(statuses, i)
             last = i == len(addrs) - 1
             # the answer the client got was cut (a reload's old worker gave up on it, the upstream closed)
-            cut = last and "completion" in line and line.get("completion") != "OK" and int(line.get("status", 0)) < 400
+            cut = last and "completion" in line and line.get("completion") != "OK" and _final_status(line) < 400
             if status is None or status >= 500 or cut:
                 ev.errors = (ev.errors or 0) + 1
                 continue
@@ -269,6 +269,13 @@ class AccessLogSource:
             # time to the first byte is TTFT only for a stream (a non-streamed answer's first byte is all of it)
             if ttfb is not None and str(line.get("content_type", "")).startswith("text/event-stream"):
                 ev.ttft_s.append(ttfb)
+
+
+def _final_status(line: dict[str, object]) -> int:
+    try:
+        return int(str(line.get("status", 0)))
+    except ValueError:
+        return 0
 
 
 def _num(values: list[str], i: int) -> float | None:

@@ -1,0 +1,318 @@
+"""The shadow judge: the canary answers copies of live prompts that only the stable answers for users.
+
+``ShadowSource`` reads the qlift router's answer pairs (``GET /admin/shadow?since=SEQ``: the
+request, the primary's answer and the shadow copy's answer) over one window; ``judge_shadow``
+compares the two versions on the same prompts:
+
+- the judge's own checks (``checks.CHECKS``: errors and answers that are not answers, latency,
+  TTFT of streamed prompts, cut at max_tokens, going quiet, empty answers) on the two sides;
+- ``json_valid``: where the prompt asked for JSON (``response_format`` json_object/json_schema, or
+  the word JSON in it), the canary's answers that do not parse, against the stable's;
+- ``agreement``: ROUGE-L F1 between the two answers to the same prompt (qlift.eval's scorer). A
+  canary that changes style on purpose (short JSON for prose) agrees little word for word, but its
+  answer still shares the prompt's particulars with the stable's answer to that prompt, more than
+  with the stable's answers to other prompts. So the check passes on a mean agreement at or above
+  ``min_agreement``, or on agreement with the same prompt's answer significantly above that with
+  other prompts' answers (one-sided Mann-Whitney); it fails when neither holds over enough pairs:
+  an answer that fits any prompt as well as its own is no answer to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from qlift.rollout.checks import CheckResult, check_alpha, run_checks
+from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.judge import Decision
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
+
+log = logging.getLogger(__name__)
+
+_JSON_WORD = re.compile(r"\bjson\b", re.IGNORECASE)
+
+
+@dataclass
+class Answer:
+    """One side of a pair, as the router records it."""
+
+    backend: str
+    status: int
+    ok: bool
+    latency_s: float
+    reason: str | None = None
+    ttft_s: float | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Answer:
+        return cls(backend=str(rec.get("backend", "")), status=int(rec.get("status") or 0), ok=bool(rec.get("ok")),
+                   latency_s=float(rec.get("latency_s") or 0.0), reason=rec.get("reason"),
+                   ttft_s=rec.get("ttft_s"), text=rec.get("text"), finish_reason=rec.get("finish_reason"),
+                   completion_tokens=rec.get("completion_tokens"))
+
+
+@dataclass
+class Pair:
+    seq: int
+    request: dict[str, Any]
+    primary: Answer
+    shadow: Answer
+    path: str = "/v1/chat/completions"
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.request.get("stream"))
+
+    @property
+    def wants_json(self) -> bool:
+        return wants_json(self.request)
+
+
+@dataclass
+class ShadowEvidence:
+    """Paired answers of one shadow window: ``primary`` is the stable (what users got), ``shadow`` the canary."""
+
+    stable: str
+    canary: str
+    pairs: list[Pair] = field(default_factory=list)
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    unpaired: int = 0  # copies dropped (over max_inflight) or never answered: not evidence either way
+    notes: list[str] = field(default_factory=list)
+
+    def merged(self, later: ShadowEvidence) -> ShadowEvidence:
+        return ShadowEvidence(self.stable, self.canary, self.pairs + later.pairs, self.started_at, later.ended_at,
+                              self.unpaired + later.unpaired, self.notes + later.notes)
+
+    def side(self, which: str) -> VersionEvidence:
+        """One side folded into the judge's evidence (TTFT from streamed prompts only)."""
+        name = self.stable if which == "primary" else self.canary
+        ev = VersionEvidence(name, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
+                             completion_tokens_sum=0.0, empty=0)
+        for p in self.pairs:
+            a = p.primary if which == "primary" else p.shadow
+            ev.requests += 1
+            if not a.ok:
+                ev.errors = (ev.errors or 0) + 1
+                if a.status == 200:
+                    ev.bad_answers = (ev.bad_answers or 0) + 1
+                continue
+            ev.latency_s.append(a.latency_s)
+            if a.ttft_s is not None and p.stream:
+                ev.ttft_s.append(float(a.ttft_s))
+            if a.finish_reason is not None:
+                ev.finishes = (ev.finishes or 0) + 1
+                ev.length_finishes = (ev.length_finishes or 0) + int(a.finish_reason == "length")
+            tokens = a.completion_tokens
+            if tokens is None and a.text is not None and not a.text.strip():
+                tokens = 0
+            if tokens is not None:
+                ev.completions = (ev.completions or 0) + 1
+                ev.completion_tokens.append(float(tokens))
+                ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + tokens
+                if tokens == 0:
+                    ev.empty = (ev.empty or 0) + 1
+                elif p.stream and tokens > 1 and a.ttft_s is not None:
+                    ev.token_latency_s.append((a.latency_s - float(a.ttft_s)) / (tokens - 1))
+                else:
+                    ev.token_latency_s.append(a.latency_s / tokens)
+        return ev
+
+    def summary(self) -> dict[str, Any]:
+        both = [p for p in self.pairs if p.primary.ok and p.shadow.ok]
+        return {"pairs": len(self.pairs), "answered_pairs": len(both), "unpaired": self.unpaired,
+                "json_prompts": sum(1 for p in self.pairs if p.wants_json),
+                "stable": self.side("primary").summary(), "canary": self.side("shadow").summary()}
+
+
+def wants_json(request: dict[str, Any]) -> bool:
+    """The prompt asked for JSON: response_format json_object / json_schema, or it says JSON."""
+    fmt = request.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        return True
+    texts: list[str] = []
+    if isinstance(request.get("prompt"), str):
+        texts.append(request["prompt"])
+    for m in request.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [c.get("text", "") for c in content if isinstance(c, dict) and isinstance(c.get("text"), str)]
+    return any(_JSON_WORD.search(t) for t in texts)
+
+
+def is_json(text: str | None) -> bool:
+    from qlift.eval.metrics import parse_json_output
+
+    return text is not None and parse_json_output(text.strip())[0]
+
+
+def rouge_l(a: str, b: str) -> float:
+    from qlift.eval.metrics import _rouge
+
+    return float(_rouge().score(a, b)["rougeL"].fmeasure)
+
+
+# -- the shadow-only checks ---------------------------------------------------------------------
+
+
+def check_json_valid(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
+    asked = [p for p in ev.pairs if p.wants_json and p.primary.ok and p.shadow.ok]
+    r = CheckResult("json_valid", "inconclusive", limit=spec.max_json_invalid_share)
+    if not asked:
+        r.status, r.detail = "skipped", "no answered prompt asked for JSON"
+        return r
+    cbad = sum(1 for p in asked if not is_json(p.shadow.text))
+    sbad = sum(1 for p in asked if not is_json(p.primary.text))
+    n = len(asked)
+    cshare, sshare = cbad / n, sbad / n
+    r.canary, r.stable = cshare, sshare
+    if cshare <= spec.max_json_invalid_share or cshare - sshare < a.min_share_increase:
+        r.status = "pass"
+        r.detail = f"not JSON where JSON was asked: canary {cbad}/{n}, stable {sbad}/{n}"
+        return r
+    t = proportion_greater(cbad, n, sbad, n)
+    r.test, r.p_value = t.test, t.p_value
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.detail = (f"not JSON where JSON was asked: canary {cbad}/{n} vs stable {sbad}/{n} > "
+                f"{spec.max_json_invalid_share}; {t.test} p={t.p_value:.3g}"
+                + ("" if r.status == "fail" else " (not significant)"))
+    return r
+
+
+def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
+    both = [p for p in ev.pairs if p.primary.ok and p.shadow.ok and p.primary.text is not None
+            and p.shadow.text is not None]
+    r = CheckResult("agreement", "inconclusive", limit=spec.min_agreement)
+    if not both:
+        r.status = "skipped" if ev.pairs and all(p.primary.text is None for p in ev.pairs) else "inconclusive"
+        r.detail = "no answered pairs with text yet"
+        return r
+    same = [rouge_l(p.primary.text or "", p.shadow.text or "") for p in both]
+    prompts = [_prompt_key(p.request) for p in both]
+    # The canary's answer against the stable's answers to other prompts: what agreement by chance is.
+    other: list[float] = []
+    for i, p in enumerate(both):
+        for k in range(1, min(4, len(both))):
+            j = (i + k) % len(both)
+            if prompts[j] != prompts[i]:
+                other.append(rouge_l(both[j].primary.text or "", p.shadow.text or ""))
+    agreement = mean(same) or 0.0
+    r.canary, r.stable = agreement, mean(other) if other else None
+    disagree = sum(1 for s in same if s < spec.agreement_tolerance)
+    share = disagree / len(same)
+    described = (f"ROUGE-L canary vs stable on the same prompt {agreement:.3g} (mean of {len(same)}), on other "
+                 f"prompts {'-' if r.stable is None else f'{r.stable:.3g}'}; {disagree} pairs below "
+                 f"{spec.agreement_tolerance}")
+    if agreement >= spec.min_agreement and share <= spec.max_disagree_share:
+        r.status, r.detail = "pass", described
+        return r
+    if len(same) < a.min_samples or len(other) < a.min_samples:
+        r.detail = described + f" (fewer than {a.min_samples} pairs for a test yet)"
+        return r
+    t = mann_whitney_greater(same, other)
+    r.test, r.p_value = t.test, t.p_value
+    if t.p_value < check_alpha(a):
+        r.status = "pass"
+        r.detail = described + f"; answers fit their own prompt better than others' (p={t.p_value:.3g}): a style"
+        return r
+    r.status = "fail" if len(both) >= spec.min_pairs else "inconclusive"
+    r.detail = described + f"; no closer to the same prompt's answer than to other prompts' (p={t.p_value:.3g})"
+    return r
+
+
+def _prompt_key(request: dict[str, Any]) -> str:
+    return repr(request.get("messages") or request.get("prompt"))
+
+
+def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec, analysis: AnalysisSpec | None = None) -> Decision:
+    """The canary's shadow answers against the stable's, pair by pair: ``rollback`` on any failing check,
+    ``hold`` (verdict ``insufficient``) below ``min_pairs`` answered pairs, else ``advance`` when all pass."""
+    a = (analysis or AnalysisSpec.model_validate({})).model_copy(update={"min_requests": spec.min_pairs})
+    stable, canary = ev.side("primary"), ev.side("shadow")
+    checks = [c for c in run_checks(canary, stable, a) if c.name != "tpot"]
+    for c in checks:
+        if c.name == "canary_requests":
+            c.detail = c.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")
+    checks += [check_json_valid(ev, spec, a), check_agreement(ev, spec, a)]
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        return Decision("rollback", "shadow: " + "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, "fail")
+    if len(ev.pairs) < spec.min_pairs:
+        return Decision("hold", f"insufficient: {len(ev.pairs)} shadow pairs < min_pairs {spec.min_pairs} "
+                                f"(raise the shadow percent or the interval)", checks, "insufficient")
+    unsure = [c for c in checks if c.status == "inconclusive"]
+    if unsure:
+        return Decision("hold", "shadow inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure),
+                        checks)
+    return Decision("advance", f"shadow: every check passed over {len(ev.pairs)} pairs", checks, "pass")
+
+
+# -- the router's pairs ------------------------------------------------------------------------
+
+
+class ShadowSource:
+    """The qlift router's shadow pairs over one window: ``begin()``, then ``collect()``.
+
+    ``start(version, percent, max_inflight)`` / ``stop()`` turn the router's mirroring on and off
+    (``PUT`` / ``DELETE /admin/shadow``).
+    """
+
+    name = "router-shadow"
+
+    def __init__(self, router_url: str, token: str | None, *, stable: str = "", canary: str = "") -> None:
+        from qlift.router.client import RouterClient
+
+        self.client = RouterClient(router_url, token)
+        self.stable, self.canary = stable, canary
+        self.cursor = 0
+        self.started = 0.0
+        self.pending: list[Pair] = []
+
+    def start(self, version: str, percent: float, max_inflight: int) -> dict[str, Any]:
+        self.canary = version
+        return dict(self.client._call("PUT", "/admin/shadow",
+                                      json={"version": version, "percent": percent, "max_inflight": max_inflight}))
+
+    def stop(self) -> None:
+        self.client._call("DELETE", "/admin/shadow")
+
+    def _fetch(self) -> list[Pair]:
+        body = self.client._call("GET", "/admin/shadow", params={"since": self.cursor})
+        pairs = []
+        for raw in body.get("pairs", []):
+            if raw.get("primary") is None or raw.get("shadow") is None:
+                continue
+            pairs.append(Pair(int(raw["seq"]), dict(raw.get("request") or {}), Answer.from_record(raw["primary"]),
+                              Answer.from_record(raw["shadow"]), str(raw.get("path", ""))))
+        self.cursor = int(body.get("next", self.cursor))
+        return pairs
+
+    def begin(self) -> None:
+        self.started = time.time()
+        self._fetch()  # everything before this window is skipped
+        self.pending = []
+
+    def peek(self) -> ShadowEvidence:
+        self.pending += self._fetch()
+        return self._evidence(list(self.pending))
+
+    def collect(self) -> ShadowEvidence:
+        self.pending += self._fetch()
+        ev = self._evidence(self.pending)
+        self.pending = []
+        self.started = ev.ended_at
+        return ev
+
+    def _evidence(self, pairs: list[Pair]) -> ShadowEvidence:
+        stable = self.stable or (pairs[0].primary.backend if pairs else "")
+        mine = [p for p in pairs if not self.canary or p.shadow.backend in ("", self.canary)]
+        return ShadowEvidence(stable, self.canary, mine, self.started, time.time())

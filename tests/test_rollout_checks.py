@@ -1,0 +1,206 @@
+"""Checks and data planes as data, and the judge's LLM-specific verdicts: too little traffic, garbage
+answers, TTFT of streamed requests only, 'goes quiet' against a stable cut at max_tokens. Evidence is
+folded from the router's own request records (its wire schema), recorded ones where the meaning of a
+check depends on a real model (tests/recorded/)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, get_args
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from qlift.errors import BadInputError
+from qlift.rollout.checks import BY_NAME, CHECKS, argo_metrics, describe
+from qlift.rollout.evidence import Evidence, from_request_records
+from qlift.rollout.judge import TESTED_CHECKS, check_alpha, judge
+from qlift.rollout.planes import PLANES, make_plane
+from qlift.rollout.prometheus import PRESETS
+from qlift.rollout.spec import AnalysisSpec, RolloutSpec, build_spec, spec_options, spec_overrides
+from qlift.router.client import RequestRecord
+
+RECORDED = Path(__file__).parent / "recorded" / "tickets-vs-base.json"
+
+
+def record(backend: str, seq: int, *, ok: bool = True, status: int = 200, stream: bool = True,
+           latency: float | None = None,
+           ttfb: float | None = 0.2, tokens: int | None = 40, finish: str | None = "stop",
+           reason: str | None = None) -> RequestRecord:
+    if latency is None:  # 30 ms a token after a 0.2 s first token
+        latency = 0.2 + 0.03 * (tokens or 0) * (1 + 0.1 * ((seq * 7919) % 10) / 10)
+    return RequestRecord(seq=seq, time=1000.0 + seq, request_id=f"r{seq}", backend=backend, status=status, ok=ok,
+                         replayed=False, stream=stream, latency_s=latency, ttfb_s=ttfb if ok else None,
+                         completion_tokens=tokens if ok else None, finish_reason=finish if ok else None,
+                         reason=reason)
+
+
+def evidence(stable: list[RequestRecord], canary: list[RequestRecord], *, seconds: float = 30.0,
+             weight: int | None = None) -> Evidence:
+    return Evidence(from_request_records("stable", stable), from_request_records("canary", canary), 0.0, seconds,
+                    "router", weight=weight)
+
+
+# -- the registries ---------------------------------------------------------------------------
+
+
+def test_every_check_is_one_entry_the_judge_argo_and_status_read() -> None:
+    a = AnalysisSpec()
+    for c in CHECKS:
+        assert all(f in AnalysisSpec.model_fields for f in c.limits), c.name
+    assert TESTED_CHECKS == sum(c.tested for c in CHECKS) == 6
+    assert check_alpha(a) == pytest.approx(a.alpha / 6)
+    rng = random.Random(0)
+    ev = evidence([record("stable", i, latency=rng.uniform(1, 2)) for i in range(60)],
+                  [record("canary", i, latency=rng.uniform(1, 2)) for i in range(30)])
+    assert judge(ev, a).action == "advance"
+    assert [c.name for c in judge(ev, a).checks] == [c.name for c in CHECKS if c.name != "tpot"]
+    assert [d["name"] for d in describe(a)] == [c.name for c in CHECKS if c.name != "tpot"]
+    assert describe(a)[1]["limits"] == {"max_error_rate": a.max_error_rate}
+    metrics = argo_metrics(PRESETS["router"], a, "30s")
+    assert {m.check for m in metrics} <= set(BY_NAME) and len({m.name for m in metrics}) == len(metrics)
+
+
+def test_data_planes_are_one_table() -> None:
+    choices = get_args(RolloutSpec.model_fields["data_plane"].annotation)
+    assert set(choices) == set(PLANES)
+    for p in PLANES.values():
+        assert p.prometheus_preset in PRESETS
+        assert p.section is None or p.section in RolloutSpec.model_fields
+
+
+def test_the_nginx_plane_gets_the_nginx_preset_and_plane(tmp_path: Path) -> None:
+    spec = build_spec({"stable": "s", "canary": "c", "data_plane": "nginx", "nginx": {"prefix": str(tmp_path)},
+                       "backends": {"s": "http://127.0.0.1:1", "c": "http://127.0.0.1:2"}, "provider": "prometheus",
+                       "prometheus": {"url": "http://127.0.0.1:9"}}, {})
+    assert spec.prometheus is not None and spec.prometheus.preset == "nginx"
+    assert make_plane(spec).kind == "nginx"
+    explicit = build_spec({**spec.model_dump(mode="json"), "prometheus": {"url": "http://x:9", "preset": "vllm"}}, {})
+    assert explicit.prometheus is not None and explicit.prometheus.preset == "vllm"
+
+
+def test_every_limit_is_a_flag_generated_from_the_spec() -> None:
+    got: dict[str, Any] = {}
+
+    @click.command()
+    @spec_options("analysis", "shadow")
+    def cmd(**kw: Any) -> None:
+        got.update(spec_overrides(kw))
+        assert not kw
+
+    runner = CliRunner()
+    help_text = runner.invoke(cmd, ["--help"]).output
+    for field in AnalysisSpec.model_fields:
+        assert "--" + field.replace("_", "-") in help_text
+    assert "[pause|rollback]" in help_text and "--shadow-windows" in help_text
+    r = runner.invoke(cmd, ["--min-requests", "5", "--min-tokens-ratio", "0.2", "--on-insufficient", "rollback",
+                            "--shadow-windows", "3"])
+    assert r.exit_code == 0, r.output
+    spec = build_spec({"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}, got)
+    assert (spec.analysis.min_requests, spec.analysis.min_tokens_ratio, spec.analysis.on_insufficient) == (
+        5, 0.2, "rollback")
+    assert spec.shadow is not None and spec.shadow.windows == 3
+    assert runner.invoke(cmd, ["--on-insufficient", "never"]).exit_code == 2  # choices come from the Literal
+    with pytest.raises(BadInputError) as err:
+        build_spec({"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}, {"analysis.alpha": 2.0})
+    assert err.value.field == "--alpha"
+
+
+# -- the judge on LLM traffic --------------------------------------------------------------------
+
+
+def test_too_little_traffic_is_insufficient_with_sizing_not_a_rollback() -> None:
+    """The README's start at 10% under light load: 4 canary requests in a 30 s window."""
+    ev = evidence([record("stable", i) for i in range(36)], [record("canary", i) for i in range(4)], weight=10)
+    d = judge(ev, AnalysisSpec())
+    assert (d.action, d.verdict) == ("hold", "insufficient") and d.insufficient
+    assert d.sizing is not None
+    assert d.sizing.canary_share == pytest.approx(0.10) and d.sizing.requests_per_s == pytest.approx(40 / 30)
+    assert d.sizing.needed_interval_s == pytest.approx(20 / (0.1 * 40 / 30))  # 150 s
+    assert "--interval >= 150s" in d.reason and "--min-requests" in d.reason
+    passed = judge(evidence([record("stable", i) for i in range(60)], [record("canary", i) for i in range(30)]),
+                   AnalysisSpec())
+    assert passed.verdict == "pass" and passed.sizing is None
+
+
+@pytest.mark.parametrize("reason", ["bad_body", "no_choices", "no_done"])
+def test_garbage_answers_roll_back_in_the_first_window(reason: str) -> None:
+    """HTTP 200s that are no completion, as the router records them: errors, below min_requests too."""
+    stable = [record("stable", i) for i in range(40)]
+    canary = [record("canary", i, ok=False, reason=reason) for i in range(4)]
+    d = judge(evidence(stable, canary), AnalysisSpec())
+    assert d.action == "rollback" and d.verdict == "fail", d.reason
+    err = next(c for c in d.checks if c.name == "error_rate")
+    assert err.status == "fail" and "4 of them unparseable or empty answers" in err.detail
+    assert from_request_records("canary", canary).bad_answers == 4
+
+
+def test_empty_answers_roll_back_before_min_requests() -> None:
+    stable = [record("stable", i) for i in range(40)]
+    canary = [record("canary", i, tokens=0) for i in range(6)]
+    d = judge(evidence(stable, canary), AnalysisSpec())
+    assert d.action == "rollback" and {c.name for c in d.checks if c.status == "fail"} >= {"empty_completions"}
+
+
+def test_ttft_is_judged_on_streamed_requests_only() -> None:
+    """Streamed TTFT equal (4.2 s); the canary drew more non-streamed requests, whose first byte is the
+    whole answer (~12 s). Pooled, the ratio read ~2.9x and the canary was held."""
+    rng = random.Random(3)
+
+    def answers(backend: str, streamed_share: float, n: int) -> list[RequestRecord]:
+        out = []
+        for i in range(n):
+            stream = rng.random() < streamed_share
+            e2e = rng.uniform(10, 14)
+            out.append(record(backend, i, stream=stream, latency=e2e, ttfb=rng.uniform(3.8, 4.6) if stream else e2e,
+                              tokens=60))
+        return out
+
+    ev = evidence(answers("stable", 0.8, 80), answers("canary", 0.2, 40))
+    d = judge(ev, AnalysisSpec())
+    ttft = next(c for c in d.checks if c.name == "ttft")
+    assert ttft.status == "pass" and ttft.ratio is not None and 0.8 < ttft.ratio < 1.25, ttft.detail
+    assert len(ev.canary.ttft_s) < len(ev.canary.latency_s)
+    assert d.action == "advance", d.reason
+
+
+def test_goes_quiet_is_relative_to_a_stable_cut_at_max_tokens() -> None:
+    rng = random.Random(5)
+    rambling = [record("stable", i, tokens=64, finish="length" if rng.random() < 0.89 else "stop") for i in range(60)]
+    short_json = [record("canary", i, tokens=rng.randint(22, 30)) for i in range(40)]
+    d = judge(evidence(rambling, short_json), AnalysisSpec())
+    tokens = next(c for c in d.checks if c.name == "completion_tokens")
+    assert tokens.status == "pass" and "stable cut at max_tokens" in tokens.detail, tokens.detail
+    assert d.action == "advance", d.reason
+    # The same short answers against a stable that answers in full: the canary goes quiet.
+    full = [record("stable", i, tokens=rng.randint(60, 68)) for i in range(60)]
+    quiet = judge(evidence(full, short_json), AnalysisSpec())
+    assert quiet.action == "rollback" and "goes quiet" in quiet.reason
+
+
+def test_rambles_means_cut_at_max_tokens_more_often_than_the_stable() -> None:
+    stable = [record("stable", i, tokens=64, finish="length" if i % 10 == 0 else "stop") for i in range(60)]
+    rambling = [record("canary", i, tokens=64, finish="length") for i in range(30)]
+    d = judge(evidence(stable, rambling), AnalysisSpec())
+    assert d.action == "rollback" and "finish_length" in d.reason
+    both_cut = [record("stable", i, tokens=64, finish="length") for i in range(60)]
+    assert judge(evidence(both_cut, rambling), AnalysisSpec()).action == "advance"
+
+
+@pytest.mark.skipif(not RECORDED.exists(), reason="run tests/recorded/record_tickets.py")
+def test_the_json_fine_tune_against_its_base_recorded() -> None:
+    """examples/adapter (short JSON by design) against SmolLM2, 50/50, real router records."""
+    data = json.loads(RECORDED.read_text())
+    recs = [RequestRecord.model_validate(r) for r in data["requests"]]
+    meta = data["meta"]
+    ev = Evidence(from_request_records(meta["stable"], [r for r in recs if r.backend == meta["stable"]]),
+                  from_request_records(meta["canary"], [r for r in recs if r.backend == meta["canary"]]),
+                  meta["split"]["started_at"], meta["split"]["ended_at"], "router", weight=50)
+    a = AnalysisSpec(min_requests=20)
+    d = judge(ev, a)
+    checks = {c.name: c for c in d.checks}
+    assert checks["error_rate"].status == "pass" and checks["completion_tokens"].status == "pass", d.reason
+    assert d.action == "advance", d.reason

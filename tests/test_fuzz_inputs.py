@@ -418,3 +418,117 @@ def test_output_path_names(pair: Path, name: str) -> None:
     out = d / name
     r = invoke("merge", pair / "base", pair / "lora", "-o", out, "--no-verify")
     check(r, "cli path merge -o", out=out if name not in (".", "..") else None)
+
+
+# --- qlift batch: the input reader and --resume over arbitrary bytes ---------------------------
+
+BATCH_ROW = st.one_of(
+    JSON,
+    st.fixed_dictionaries({"id": SCALARS}, optional={"prompt": SCALARS, "messages": JSON, "max_tokens": SCALARS,
+                                                     "temperature": SCALARS, "top_p": SCALARS, "stop": JSON,
+                                                     "seed": SCALARS}),
+    st.fixed_dictionaries({"custom_id": SCALARS, "body": JSON}, optional={"url": SCALARS, "method": SCALARS}),
+)
+BATCH_LINE = st.one_of(BATCH_ROW.map(_text_of), st.binary(max_size=40),
+                       st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe", b"42", b"null", b"[", b'{"id": "a"',
+                                        b"\r", b"\x00", "\u2028".encode()]))
+
+
+@settings(FAST)
+@given(st.lists(BATCH_LINE, max_size=6), st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe"]))
+def test_batch_input_reader(pair: Path, lines: list[bytes], prefix: bytes) -> None:
+    from qlift.perf.batch_rows import BatchRow, read_input
+
+    d = scratch(pair)
+    src = d / "in.jsonl"
+    src.write_bytes(prefix + b"\n".join(lines))
+    PROBES["batch input reader"] += 1
+    try:
+        parsed = read_input(src)
+    except EXPECTED_LIBRARY_ERRORS as exc:
+        assert "\n" not in exc.one_line()
+        return
+    assert all(isinstance(r, BatchRow) and r.id for r in parsed.rows)
+    assert len({r.id for r in parsed.rows}) == len(parsed.rows) == len(parsed.order)
+    assert all(e.line >= 1 for e in parsed.errors)
+
+
+@settings(FAST)
+@given(st.lists(BATCH_LINE, max_size=5), st.one_of(st.none(), JSON.map(_text_of), st.binary(max_size=30)))
+def test_batch_resume_reads_any_output_without_changing_it(pair: Path, lines: list[bytes],
+                                                           state: bytes | None) -> None:
+    from qlift.perf.batch_rows import read_input
+    from qlift.perf.batch_state import BatchFiles, hashes_for, resume
+
+    d = scratch(pair)
+    rows = read_input(_write(d / "in.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n')).rows
+    out = _write(d / "out.jsonl", b"\n".join(lines))
+    if state is not None:
+        _write(BatchFiles.beside(out).state, state)
+    before = out.read_bytes()
+    library("batch --resume over any OUT", resume, BatchFiles.beside(out), rows, hashes_for(rows, {"max_tokens": 8}))
+    assert out.read_bytes() == before
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+# --- qlift deploy k8s: every option ------------------------------------------------------------
+
+DNS_ISH = st.one_of(st.from_regex(r"\A[a-z][-a-z0-9.]{0,12}\Z"), st.text(max_size=12), NASTY_TEXT,
+                    st.sampled_from(["bad pvc/../x", "Bad Gateway!", "a" * 64, "a" * 254, "-x", "x-", "x..y",
+                                     "x.y", "0abc", "ABC"]))
+IMAGE = st.one_of(st.from_regex(r"\A[a-zA-Z0-9.:/@_-]{1,30}\Z"), st.text(max_size=20), NASTY_TEXT,
+                  st.sampled_from(["vllm/vllm-openai:v0.26.0", "vllm openai", "Host:5000/x", "a:b:c",
+                                   "x@sha256:" + "0" * 64, "x" * 300]))
+COUNT = st.one_of(st.integers(-5, 10), st.integers(2**31 - 2, 2**31 + 2), st.integers(-2**70, 2**70))
+
+
+DEPLOY_FIELDS = {"app": DNS_ISH, "namespace": DNS_ISH, "pvc": DNS_ISH, "gateway": DNS_ISH,
+                 "gateway_namespace": st.one_of(st.none(), DNS_ISH), "image": st.one_of(st.none(), IMAGE),
+                 "public_model": st.one_of(st.none(), st.text(max_size=10), NASTY_TEXT), "replicas": COUNT,
+                 "max_replicas": COUNT, "queue_target": COUNT}
+
+
+@settings(FAST)
+@given(st.data(), st.lists(st.sampled_from(sorted(DEPLOY_FIELDS)), min_size=1, max_size=3, unique=True),
+       st.sampled_from(["promote", "argo"]))
+def test_deploy_options(pair: Path, data: st.DataObject, fields: list[str], rollout: str) -> None:
+    """One to three options fuzzed at a time (the rest at their defaults): a refusal is one line; a
+    render holds only names and values Kubernetes accepts."""
+    import dataclasses
+    import re
+
+    from qlift.deploy import DeployOptions, render_k8s
+    from qlift.deploy.render import to_yaml
+
+    opts = DeployOptions(model=pair / "base", recipe="cpu", rollout=rollout)  # type: ignore[arg-type]
+    opts = dataclasses.replace(opts, **{f: data.draw(DEPLOY_FIELDS[f], label=f) for f in fields})
+    PROBES["deploy k8s options"] += 1
+    try:
+        result = render_k8s(opts)
+    except EXPECTED_LIBRARY_ERRORS as exc:
+        assert "\n" not in exc.one_line()
+        return
+    PROBES["deploy k8s options rendered"] += 1
+    subdomain = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    assert subdomain.match(opts.pvc) and subdomain.match(opts.gateway) and len(opts.pvc) <= 253
+    assert not re.search(r"\s", result.image) and 1 <= opts.replicas <= opts.max_replicas <= 2**31 - 1
+    assert 1 <= opts.queue_target <= 2**31 - 1
+    for obj in result.objects.values():
+        meta = obj["metadata"]
+        assert subdomain.match(meta["name"]) and len(meta["name"]) <= 63, meta["name"]
+        assert subdomain.match(meta["namespace"]) and len(meta["namespace"]) <= 63
+        assert to_yaml(obj).startswith(("---\n", "# yamllint"))
+
+
+@settings(CLI)
+@given(st.sampled_from(["--name", "--namespace", "--pvc", "--gateway", "--gateway-namespace", "--image",
+                        "--public-model", "--replicas", "--max-replicas", "--queue-target", "--prometheus-url"]),
+       st.one_of(DNS_ISH, IMAGE, NUMBER_TEXT))
+def test_deploy_cli_options(pair: Path, flag: str, value: str) -> None:
+    out = scratch(pair) / "out"
+    check(invoke("deploy", "k8s", pair / "base", "--recipe", "cpu", "-o", out, flag, value), f"cli deploy {flag}",
+          out=out)

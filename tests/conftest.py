@@ -138,3 +138,13 @@ def vllm_server(request: pytest.FixtureRequest, smollm2_server) -> Iterator[obje
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         sys.stderr.write(f"\n--- vLLM log tail ({smollm2_server.log_path}) ---\n{smollm2_server.log_tail(60)}\n")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End (after pytest's own totals) with one line naming any real-component suite that was skipped."""
+    from skipped_suites import summary_line
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    line = summary_line(reporter.stats.get("skipped", [])) if reporter is not None else None
+    if line:
+        reporter.write_line(line, yellow=True, bold=True)

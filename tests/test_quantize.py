@@ -161,6 +161,10 @@ def test_compute_plan_sizes_threads_and_waits_passively_when_shared(tmp_path: Pa
     assert busy.shared and busy.env["OMP_WAIT_POLICY"] == "PASSIVE" and busy.env["OMP_NUM_THREADS"] == "1"
     assert "sleep rather than spin" in busy.notes[0]
     assert "OMP_WAIT_POLICY" not in compute_plan(cpu=turin, busy_cores=1.8, environ={"OMP_WAIT_POLICY": "ACTIVE"}).env
+    # one thread per CPU the others leave free: a server pinned to one of two cores leaves one
+    assert compute_plan(cpu=turin, busy_cores=1.0, usable=2, environ={}).threads == 1
+    assert compute_plan(cpu=turin, busy_cores=3.0, usable=2, environ={}).threads == 1
+    assert compute_plan(cpu=turin, busy_cores=0.2, usable=4, environ={}).threads == 4
     emulated = compute_plan(cpu=milan, busy_cores=0.0, environ={})
     assert emulated.dtype == "float32" and "no bf16 units" in emulated.notes[0]
     assert compute_plan(cpu=milan, dtype="bfloat16", busy_cores=0.0, environ={}).dtype == "bfloat16"

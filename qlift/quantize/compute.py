@@ -40,14 +40,16 @@ def others_busy_cores(sample_s: float = 0.3) -> float:
 
 
 def compute_plan(*, threads: int | None = None, dtype: str = "auto", cpu: CpuInfo | None = None,
-                 busy_cores: float | None = None, environ: dict[str, str] | None = None) -> ComputePlan:
-    """The worker's threads, environment and dtype for a CPU calibration."""
+                 busy_cores: float | None = None, usable: int | None = None,
+                 environ: dict[str, str] | None = None) -> ComputePlan:
+    """The worker's threads, environment and dtype for a CPU calibration: by default one thread per
+    usable CPU that others leave free (at least one)."""
     environ = dict(os.environ) if environ is None else environ
     cpu = cpu or detect_cpu()
-    usable = usable_cpus()
-    n = threads or usable
+    usable = usable or usable_cpus()
     busy = others_busy_cores() if busy_cores is None else busy_cores
     shared = busy >= SHARED_BUSY_CORES
+    n = threads or (max(1, usable - round(busy)) if shared else usable)
     notes = []
     env = {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
     if shared and "OMP_WAIT_POLICY" not in environ:

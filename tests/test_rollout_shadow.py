@@ -1,0 +1,130 @@
+"""The shadow judge on real answers: the qlift router mirrors live requests to the canary (users see only
+the stable's answers), ShadowSource reads the pairs, judge_shadow compares them prompt by prompt.
+
+A canary that answers fast but wrong (every prompt answered as if it were another one: FaultProxy
+rewrites the request) or rambles (ignore_eos) fails; a healthy canary passes. The recorded pairs of
+the project's JSON fine-tune against its base show a deliberate change of style passing."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faults import FaultProxy, RouterProcess, TinyBackend, run_load
+
+from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, ShadowSource, judge_shadow, wants_json
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+
+TOKEN = "shadow-test-token"
+RECORDED = Path(__file__).parent / "recorded" / "tickets-vs-base.json"
+SPEC = ShadowSpec(min_pairs=12)
+
+
+def _router(tmp_path: Path, stable_url: str, canary_url: str, model: str, canary_model: str | None = None
+            ) -> RouterProcess:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return RouterProcess("--backend", f"stable={stable_url}#{model}",
+                         "--backend", f"canary={canary_url}#{canary_model or model}",
+                         "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                         log_path=tmp_path / "router.log", token=TOKEN)
+
+
+def _shadow_window(router: RouterProcess, *, requests: int, stream: bool, max_tokens: int) -> tuple[Any, Any]:
+    source = ShadowSource(router.url, TOKEN, stable="stable")
+    state = source.start("canary", 100, 4)
+    assert state.get("version", "canary") == "canary"
+    source.begin()
+    load = run_load(router.url, "chat", requests=requests, concurrency=2, stream=stream, max_tokens=max_tokens,
+                    timeout_s=240)
+    deadline = time.monotonic() + 60  # copies finish after the users' answers
+    while len(source.peek().pairs) < requests and time.monotonic() < deadline:
+        time.sleep(0.5)
+    ev = source.collect()
+    source.stop()
+    return load, ev
+
+
+def test_pairs_from_the_router_and_a_passing_twin(tmp_path: Path) -> None:
+    """Plumbing on two identical tiny backends: every mirrored request is a pair, users see only stable."""
+    with TinyBackend("m", tokens=8) as s, TinyBackend("m", tokens=8) as c, _router(tmp_path, s.url, c.url, "m") as r:
+        load, ev = _shadow_window(r, requests=16, stream=True, max_tokens=8)
+        assert load.errors == 0 and set(load.backends) == {"stable"}
+        assert len(ev.pairs) == 16 and {p.shadow.backend for p in ev.pairs} == {"canary"}
+        assert all(p.stream for p in ev.pairs)
+        d = judge_shadow(ev, SPEC)
+        assert d.action == "advance", d.reason
+        checks = {c.name: c for c in d.checks}
+        assert checks["agreement"].canary == pytest.approx(1.0) and checks["json_valid"].status == "skipped"
+
+
+def test_the_prompt_asked_for_json() -> None:
+    assert wants_json({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})
+    assert wants_json({"messages": [{"role": "system", "content": "Answer with JSON only."}]})
+    assert wants_json({"prompt": "Return json please"})
+    assert not wants_json({"messages": [{"role": "user", "content": "Tell me about Jason."}]})
+
+
+def _pairs(stable: list[str], canary: list[str], *, json_prompt: bool = False) -> ShadowEvidence:
+    ev = ShadowEvidence("s", "c")
+    for i, (a, b) in enumerate(zip(stable, canary, strict=True)):
+        req = {"messages": [{"role": "user", "content": f"prompt {i}" + (" as JSON" if json_prompt else "")}]}
+        ev.pairs.append(Pair(i, req, Answer("s", 200, True, 1.0, text=a, finish_reason="stop", completion_tokens=9),
+                             Answer("c", 200, True, 1.0, text=b, finish_reason="stop", completion_tokens=9)))
+    return ev
+
+
+def test_json_that_breaks_fails_and_too_few_pairs_hold() -> None:
+    good = [json.dumps({"intent": "refund", "order_id": f"A{i:05d}"}) for i in range(20)]
+    broken = [f"Sure! The intent is refund for order A{i:05d}." for i in range(20)]
+    d = judge_shadow(_pairs(good, broken, json_prompt=True), SPEC)
+    assert d.action == "rollback" and "json_valid" in d.reason
+    assert judge_shadow(_pairs(good, good, json_prompt=True), SPEC).action == "advance"
+    few = judge_shadow(_pairs(good[:5], good[:5]), SPEC)
+    assert (few.action, few.verdict) == ("hold", "insufficient")
+
+
+@pytest.mark.vllm
+def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path: Path, smollm2_server: Any,
+                                                                        canary_server: Any) -> None:
+    """One real vLLM as the stable; the canary is (a) the same server answering another prompt than the
+    one asked, (b) the same server ignoring EOS, (c) the project's LoRA merge on its own server."""
+    base = smollm2_server.base_url
+    wrong_prompt = {"messages": [{"role": "user", "content": "Name three fruits and their colours."}]}
+    with FaultProxy(base, body_patch=wrong_prompt) as wrong, _router(tmp_path / "a", base, wrong.url,
+                                                                     "smollm2") as r:
+        load, ev = _shadow_window(r, requests=16, stream=False, max_tokens=32)
+        assert load.errors == 0 and set(load.backends) == {"stable"}  # no user saw a canary answer
+        d = judge_shadow(ev, SPEC)
+        assert d.action == "rollback" and "agreement" in d.reason, d.reason
+    with FaultProxy(base, body_patch={"ignore_eos": True}) as rambling, _router(tmp_path / "b", base, rambling.url,
+                                                                                 "smollm2") as r:
+        load, ev = _shadow_window(r, requests=16, stream=True, max_tokens=32)
+        assert load.errors == 0 and set(load.backends) == {"stable"}
+        d = judge_shadow(ev, SPEC)
+        assert d.action == "rollback" and "finish_length" in d.reason, d.reason
+    with _router(tmp_path / "c", base, canary_server.base_url, "smollm2", "smollm2-ft") as r:
+        load, ev = _shadow_window(r, requests=16, stream=True, max_tokens=32)
+        d = judge_shadow(ev, SPEC, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+        assert d.action == "advance", d.reason
+
+
+@pytest.mark.skipif(not RECORDED.exists(), reason="run tests/recorded/record_tickets.py")
+def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
+    """examples/adapter answers support tickets in JSON; its base answers in prose. Word for word they
+    agree little, but each JSON answer shares its own ticket's particulars with the base's answer."""
+    data = json.loads(RECORDED.read_text())
+    ev = ShadowEvidence("smollm2", "tickets", [
+        Pair(p["seq"], p["request"], Answer.from_record(p["primary"]), Answer.from_record(p["shadow"]))
+        for p in data["shadow_pairs"]])
+    assert len(ev.pairs) >= 30
+    d = judge_shadow(ev, ShadowSpec(min_pairs=20), AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+    checks = {c.name: c for c in d.checks}
+    assert checks["json_valid"].status == "pass" and checks["agreement"].status == "pass", d.reason
+    # the same answers shifted by one ticket: JSON for another customer's ticket is no answer
+    shifted = [Pair(p.seq, p.request, p.primary, ev.pairs[(i + 1) % len(ev.pairs)].shadow)
+               for i, p in enumerate(ev.pairs)]
+    wrong = judge_shadow(ShadowEvidence("smollm2", "tickets", shifted), ShadowSpec(min_pairs=20))
+    assert wrong.action == "rollback" and "agreement" in wrong.reason, wrong.reason

@@ -31,7 +31,7 @@ Examples:
 @click.option("--weight", "weights", multiple=True, metavar="NAME=PCT",
               help="Percent of traffic for a backend; all weights sum to 100. Repeatable.")
 @click.option("--public-model", default=None, metavar="NAME",
-              help="The model name clients send (default: the first backend's served name).")
+              help="The model name clients send (default: the first backend's model, once it lists it).")
 @click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one (default 8000).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -48,7 +48,7 @@ def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model
     answers through, replays a request that failed before its first byte on another backend,
     and adds API keys, rate limits, a content filter, JSON access logs and Prometheus /metrics.
     Runs until Ctrl-C or SIGTERM, then lets in-flight requests finish. With QLIFT_ROUTER_TOKEN
-    set, /admin/state and PUT /admin/weights drive it (what `qlift promote` uses).
+    set, /admin/state, PUT /admin/weights and /admin/shadow drive it (what `qlift promote` uses).
     """
     import asyncio
 

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from qlift.errors import BadInputError, NotFoundError
+
 
 class AccessLog:
     """Writes to a file (appending, line-buffered), to stderr for ``-``, or nowhere for ``''``."""
@@ -18,8 +20,15 @@ class AccessLog:
         if target == "-":
             self._out = sys.stderr
         elif target:
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-            self._out = open(target, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in close()
+            path = Path(target)
+            if not path.parent.is_dir():
+                raise NotFoundError(f"the directory of access_log {path} does not exist",
+                                    hint="Create it, or point access_log at an existing directory ('-' = stderr).")
+            try:
+                self._out = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in close()
+            except OSError as exc:
+                raise BadInputError(f"cannot open access_log {path}: {exc.strerror or exc}",
+                                    hint="Point access_log at a writable file ('-' = stderr, '' = off).") from None
             self._own = True
         else:
             self._out = None

@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import signal
 import time
 import uuid
@@ -21,18 +22,25 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from qlift.errors import BadInputError
 from qlift.router.accesslog import AccessLog
 from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
-from qlift.router.limits import ApiKeys, KeyLimits
+from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, tokens_used
 from qlift.router.metrics import RouterMetrics, status_class
 from qlift.router.proxy import BAD_ANSWER, Attempt, attempt, error_body
 from qlift.router.rewrite import ModelRewriter
+from qlift.router.serverlimits import (
+    GuardedSite,
+    connection_cap,
+    install_log_guard,
+    listen_error,
+    raise_open_files_limit,
+)
 from qlift.router.shadow import Pair, PairRing, Shadow, ShadowSettings, answer_record, cancel_all, send_copy
 from qlift.router.state import SavedState
+from qlift.router.textnorm import estimate_tokens, has_token_ids, json_depth
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,8 @@ COMPLETIONS = ("/v1/chat/completions", "/v1/completions")  # checked answers, us
 PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank",
                "/v2/embed", "/tokenize", "/detokenize", "/pooling", "/classify", "/v1/messages",
                "/v1/messages/count_tokens")
+MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
+BIG_PROMPT_CHARS = 1 << 16  # the filter checks texts longer than this in a worker thread
 STREAM_FIRST_BYTE_S = 60.0  # a stream's first event when timeouts.first_byte_s is unset
 
 
@@ -50,6 +60,21 @@ def _json_error(status: int, message: str, type_: str, code: int | str | None = 
                 headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response(error_body(message, type_, code if code is not None else status), status=status,
                              headers=headers)
+
+
+def _parse_body(raw: bytes) -> tuple[dict[str, Any], str | None]:
+    """The request's JSON object, or why the body is not one the router can take."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        return {}, f"request body nests deeper than {MAX_JSON_DEPTH} levels"
+    except ValueError:
+        return {}, "request body is not a JSON object"
+    if not isinstance(body, dict):
+        return {}, "request body is not a JSON object"
+    if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        return {}, f"request body nests deeper than {MAX_JSON_DEPTH} levels"
+    return body, None
 
 
 class Router:
@@ -74,8 +99,10 @@ class Router:
         self.keys = ApiKeys.load(config.api_keys_file) if config.api_keys_file else ApiKeys()
         lim = config.limits
         self.limits = KeyLimits(lim.requests_per_s, lim.burst, lim.tokens_per_min)
-        self.content_filter = content_filter or (WordListFilter(config.filter_file) if config.filter_file else None)
         self.metrics = RouterMetrics()
+        reload_failed = self.metrics.filter_reload_failures.inc
+        self.content_filter = content_filter or (
+            WordListFilter(config.filter_file, on_reload_failed=reload_failed) if config.filter_file else None)
         self.access_log = AccessLog(config.access_log)
         self.records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
         self.seq = 0
@@ -84,6 +111,7 @@ class Router:
         self.health: HealthChecker | None = None
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self._unguard_logs: Callable[[], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -106,6 +134,9 @@ class Router:
 
     async def start(self) -> str:
         """Open backend pools, run a first health round, listen; returns the router's URL."""
+        srv = self.config.server
+        self._unguard_logs = install_log_guard(srv.log_interval_s)
+        open_files = raise_open_files_limit()
         t = self.config.timeouts
         for b in self.balancer.backends:
             # One pool per backend, keep-alive; per-phase timeouts are applied per request. A pooled
@@ -128,15 +159,17 @@ class Router:
         self.health.start()
         # The drain is ours (stop()); aiohttp's own shutdown wait would come on top of it, twice.
         self.runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=0.1)
+                                    shutdown_timeout=0.1, keepalive_timeout=srv.keepalive_s)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.config.host, self.config.port)
+        site = GuardedSite(self.runner, self.config.host, self.config.port,
+                           max_connections=connection_cap(srv.max_connections, open_files),
+                           header_timeout_s=srv.header_timeout_s, on_refused=self.metrics.connections_refused.inc,
+                           on_header_timeout=self.metrics.client_timeouts.labels("header").inc)
         try:
             await site.start()
         except OSError as exc:
             await self.stop()
-            raise BadInputError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror}",
-                                field="--port", hint="Pick another --port (0 = any free one).") from None
+            raise listen_error(self.config.host, self.config.port, exc) from None
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{self.config.host}:{port}"
         return self.url
@@ -160,6 +193,9 @@ class Router:
             await self.runner.cleanup()
             self.runner = None
         self.access_log.close()
+        if self._unguard_logs is not None:
+            self._unguard_logs()
+            self._unguard_logs = None
 
     async def _close_sessions(self, app: web.Application) -> None:
         for s in self.sessions.values():
@@ -197,23 +233,25 @@ class Router:
         t0 = time.monotonic()
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         path = request.path
-        auth = request.headers.get("Authorization", "")
-        key = self.keys.identify(auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None)
+        key = self.keys.identify(bearer_token(request.headers.get("Authorization")))
         reject = functools.partial(self._reject, request_id=rid, t0=t0, path=path)
         if key is None:
             return reject(401, "auth", "unknown", "missing or unknown API key", "invalid_request_error",
                                 code="invalid_api_key")
         try:
-            raw = await request.read()
+            async with asyncio.timeout(self.config.server.body_timeout_s):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return reject(413, "too_large", key, f"request body over {self.config.max_request_bytes} bytes",
                                 "invalid_request_error")
-        try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            return reject(400, None, key, "request body is not a JSON object", "invalid_request_error")
+        except TimeoutError:
+            self.metrics.client_timeouts.labels("body").inc()
+            return reject(408, "body_timeout", key, f"request body not received within "
+                          f"{self.config.server.body_timeout_s:g} s", "invalid_request_error",
+                          headers={"Connection": "close"})
+        body, problem = _parse_body(raw)
+        if problem is not None:
+            return reject(400, "bad_body", key, problem, "invalid_request_error")
         if self.public_model is None:
             first = self.balancer.backends[0]
             return reject(503, None, key, f"the public model name is not known yet: backend {first.name!r} has not "
@@ -224,7 +262,12 @@ class Router:
             return reject(404, None, key, f"model {model!r} does not exist; this router serves "
                                 f"{self.public_model!r}", "invalid_request_error", code="model_not_found")
         if self.content_filter is not None:
-            hit = self.content_filter.check(prompt_text(body))
+            if has_token_ids(body):
+                return reject(400, "filter", key, "prompts given as token ids are refused while the content filter "
+                              "is on: send the prompt as text", "invalid_request_error", code="content_filter")
+            text = prompt_text(body)
+            check = self.content_filter.check
+            hit = await asyncio.to_thread(check, text) if len(text) > BIG_PROMPT_CHARS else check(text)
             if hit is not None:
                 return reject(400, "filter", key, f"prompt blocked by content filter rule {hit.rule}",
                                     "invalid_request_error", code="content_filter")
@@ -233,6 +276,9 @@ class Router:
             retry = str(max(1, math.ceil(refusal.retry_after_s)))
             return reject(429, refusal.reason, key, refusal.message, "rate_limit_exceeded",
                                 headers={"Retry-After": retry})
+        if self.limits.tokens_per_min:  # the prompt is charged now: a client that leaves early still pays
+            request["prompt_estimate"] = estimate_tokens(body)
+            self.limits.charge_tokens(key, request["prompt_estimate"])
         stream = bool(body.get("stream"))
         client_body, strip_usage = body, False
         if stream and path in COMPLETIONS:  # ask for usage so logs and token limits see the stream's counts
@@ -300,6 +346,7 @@ class Router:
             self._finish(att, backend, rid, replayed=False)
             self._log(att, rid, key, request.path, status=499, t0=t0, retried_from=retried_from)
             self._pair_primary(pair, att)
+            self._charge(request, key, att)
             raise
         self._pair_primary(pair, att)
         if att.failed_early:  # nowhere left to replay: hand the failure over
@@ -307,11 +354,17 @@ class Router:
         else:
             status, response = att.status, None
         self._log(att, rid, key, request.path, status=status, t0=t0, retried_from=retried_from)
-        self.limits.charge_tokens(key, (att.prompt_tokens or 0) + (att.completion_tokens or 0))
+        self._charge(request, key, att)
         if response is not None:
             return response
         assert att.response is not None  # attempt() answered the client
         return att.response
+
+    def _charge(self, request: web.Request, key: str, att: Attempt) -> None:
+        """Settle the tokens/min limit: usage (or what was streamed) less the prompt estimate charged up front."""
+        estimate = request.get("prompt_estimate", 0)
+        used = tokens_used(estimate, att.prompt_tokens, att.completion_tokens, att.events)
+        self.limits.charge_tokens(key, used - estimate)
 
     def _failure_response(self, att: Attempt, rid: str, backend: Backend) -> tuple[int, web.Response]:
         headers = {"X-Request-Id": rid, "X-Qlift-Backend": backend.name}
@@ -378,9 +431,10 @@ class Router:
         m.requests.labels(name, status_class(att.status, broken)).inc()
         if att.reason is not None and not att.client_disconnected:
             m.failures.labels(name, att.reason).inc()
-        m.duration.labels(name).observe(att.latency_s)
+        stream = "true" if att.stream else "false"
+        m.duration.labels(name, stream).observe(att.latency_s)
         if att.ttfb_s is not None:
-            m.ttfb.labels(name).observe(att.ttfb_s)
+            m.ttfb.labels(name, stream).observe(att.ttfb_s)
         if att.completion_tokens:
             m.completion_tokens.labels(name).inc(att.completion_tokens)
         elif ok and att.completed and att.completion_tokens == 0:
@@ -454,7 +508,7 @@ class Router:
         if self.admin_token is None:
             return _json_error(401, "the admin API is off: start the router with QLIFT_ROUTER_TOKEN set",
                                "authentication_error")
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        given = bearer_token(request.headers.get("Authorization")) or ""
         if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
             return _json_error(401, "missing or wrong admin token (Authorization: Bearer $QLIFT_ROUTER_TOKEN)",
                                "authentication_error")
@@ -525,10 +579,11 @@ class Router:
         refusal = self._admin_refusal(request)
         if refusal is not None:
             return refusal
-        try:
-            since = int(request.query.get("since", "0"))
-        except ValueError:
-            return _json_error(400, "since must be an integer", "invalid_request_error")
+        text = request.query.get("since", "0")
+        if not re.fullmatch(r"-?[0-9]{1,18}", text):
+            return _json_error(400, "since must be an integer of at most 18 digits (a request record's seq)",
+                               "invalid_request_error")
+        since = int(text)
         first = self.records[0]["seq"] if self.records else self.seq + 1
         start = max(0, since + 1 - first)
         return web.json_response({"seq": self.seq, "requests": list(itertools.islice(self.records, start, None))})

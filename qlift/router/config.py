@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -47,9 +48,35 @@ class BackendConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"backend url {v!r} must start with http:// or https://")
+        problem = url_problem(v)
+        if problem:
+            raise ValueError(f"backend url {redact_url(v)!r} {problem}")
         return v.rstrip("/").removesuffix("/v1")
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with a backend URL (None = nothing): http(s), a host, a valid port, no spaces."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "has a space or a control character in it"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"is not a valid URL ({redact_url(str(exc))})"
+    if parts.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
+        return "must start with http:// or https://"
+    if not parts.hostname:
+        return "has no host"
+    if port == 0:
+        return "has port 0"
+    if parts.query or parts.fragment:
+        return "must not have a query or fragment (the model goes after '#' only in --backend NAME=URL#MODEL)"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any user:password@ part shown as ``***@``: credentials never reach a log or a screen."""
+    return re.sub(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/@\s]*@", r"\1***@", url)
 
 
 class LimitsConfig(_Strict):
@@ -70,6 +97,21 @@ class TimeoutsConfig(_Strict):
                                "below the backend's own keep-alive (vLLM closes idle connections after 5 s).")
 
 
+class ServerConfig(_Strict):
+    """Limits on the clients' side of the router (what keeps slow or abusive clients from exhausting it)."""
+
+    max_connections: int = Field(default=2048, ge=1, description="Open client connections at most; more get 503 "
+                                 "(lowered to what the open-files limit allows).")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="A request's headers must arrive within this "
+                                    "(from connect, or from the first byte of a later request on a kept-alive "
+                                    "connection); else 408 and closed.")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="A request's body must arrive within this; else "
+                                  "408.")
+    keepalive_s: float = Field(default=75.0, gt=0, description="An idle client connection is closed after this.")
+    log_interval_s: float = Field(default=60.0, gt=0, description="Each distinct connection-level error (malformed "
+                                  "request, too many open files, ...) is logged once per interval, with a count.")
+
+
 class HealthConfig(_Strict):
     interval_s: float = Field(default=2.0, gt=0, description="Seconds between active /health checks of each backend.")
     timeout_s: float = Field(default=2.0, gt=0, description="A check slower than this fails.")
@@ -86,6 +128,7 @@ class RouterConfig(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="Larger request bodies get 413.")
     access_log: str = Field(default="-", description="File for JSON access lines; '-' = stderr, '' = off.")
     drain_s: float = Field(default=30.0, ge=0, description="On SIGTERM, time in-flight requests get to finish.")
@@ -153,6 +196,12 @@ def load_config(path: Path) -> RouterConfig:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise NotFoundError(f"router config {path} does not exist", hint="Check the --config path.") from None
+    except UnicodeDecodeError as exc:
+        raise BadInputError(f"not UTF-8 text (byte {exc.start})", path=path,
+                            hint="Save the router config as UTF-8.") from None
+    except OSError as exc:
+        raise BadInputError(f"cannot read the router config: {exc.strerror or exc}", path=path,
+                            hint="Pass a readable YAML file to --config.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise BadInputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", path=path,
@@ -162,14 +211,25 @@ def load_config(path: Path) -> RouterConfig:
 
 def parse_backend_flag(text: str) -> dict[str, Any]:
     """``NAME=URL[#MODEL]`` (or the older ``NAME=URL@MODEL``) -> backend fields."""
-    name, sep, rest = text.partition("=")
+    name, sep, rest = text.partition("=")  # the first '=': a URL may hold more (query strings, passwords)
     if not sep or not name or not rest:
-        raise BadInputError(f"--backend {text!r} is not NAME=URL[@SERVED_MODEL]", field="--backend",
-                            hint="Example: --backend stable=http://127.0.0.1:8001@smollm2")
+        raise BadInputError(f"--backend {redact_url(text)!r} is not NAME=URL[#MODEL]", field="--backend",
+                            hint="Example: --backend stable=http://127.0.0.1:8001#smollm2")
     url, _, served = rest.partition("#")
-    if not served and "@" in rest.split("://", 1)[-1]:
-        url, _, served = rest.rpartition("@")
+    if not served and "@" in url:
+        # URL@MODEL only where the part before the last '@' is a whole URL with a port
+        # (http://127.0.0.1:8001@smollm2); in http://user:pw@host:8001 the '@' ends the credentials.
+        before, _, after = url.rpartition("@")
+        if after and not any(c in after for c in ":/") and _has_port(before):
+            url, served = before, after
     return {"name": name, "url": url, "served_model": served or None}
+
+
+def _has_port(url: str) -> bool:
+    try:
+        return urlsplit(url).port is not None and "@" not in urlsplit(url).netloc
+    except ValueError:
+        return False
 
 
 def parse_weight_flag(text: str) -> tuple[str, int]:

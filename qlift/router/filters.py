@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from qlift.errors import BadInputError
+from qlift.router.textnorm import is_unspaced, mark_word_edges, normalize, request_texts
 
 log = logging.getLogger(__name__)
 
@@ -28,33 +30,82 @@ class ContentFilter(Protocol):
     def check(self, text: str) -> FilterHit | None: ...
 
 
-def _compile(path: Path, text: str) -> list[tuple[str, re.Pattern[str]]]:
-    rules = []
+@dataclass(frozen=True)
+class Rules:
+    """The compiled rules of one filter file: one Aho-Corasick automaton for every word, a pattern per regex.
+
+    A word rule matches whole words only where its script puts spaces between words: ``bomb``
+    does not match ``bombastic``, ``炸弹`` matches inside ``如何制作炸弹``.
+    """
+
+    count: int
+    words: Any  # ahocorasick.Automaton: normalised rule with its word edges marked -> rule name
+    unspaced: Any  # the same for rules with CJK (or Thai, ...) in them, matched with the spaces taken out
+    regexes: tuple[tuple[str, re.Pattern[str]], ...]
+
+    def first_hit(self, text: str) -> str | None:
+        """The name of a rule matching normalised ``text``, or None."""
+        for automaton, variant in ((self.words, text), (self.unspaced, text.replace(" ", ""))):
+            if automaton is not None:
+                for _end, name in automaton.iter(mark_word_edges(variant)):
+                    return str(name)
+        for name, pattern in self.regexes:
+            if pattern.search(text):
+                return name
+        return None
+
+
+def _compile(path: Path, text: str) -> Rules:
+    words: dict[str, str] = {}  # normalised word -> rule name (the first line that has it)
+    regexes: list[tuple[str, re.Pattern[str]]] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        try:
-            if line.startswith("re:"):
-                pattern = re.compile(line[3:], re.IGNORECASE)
-            else:
-                pattern = re.compile(r"(?<!\w)" + re.escape(line) + r"(?!\w)", re.IGNORECASE)
-        except re.error as exc:
-            raise BadInputError(f"bad regular expression: {exc}", path=path, line=lineno,
-                                hint="Fix the pattern after re:.") from None
-        rules.append((f"{path.name}:{lineno}", pattern))
-    return rules
+        name = f"{path.name}:{lineno}"
+        if line.startswith("re:"):
+            try:
+                regexes.append((name, re.compile(line[3:], re.IGNORECASE)))
+            except re.error as exc:
+                raise BadInputError(f"bad regular expression: {exc}", path=path, line=lineno,
+                                    hint="Fix the pattern after re:.") from None
+            continue
+        word = normalize(line)
+        if word:
+            words.setdefault(word, name)
+    spaced = {w: n for w, n in words.items() if not any(is_unspaced(c) for c in w)}
+    unspaced = {w.replace(" ", ""): n for w, n in words.items() if w not in spaced}
+    return Rules(len(words) + len(regexes), _automaton(spaced), _automaton(unspaced), tuple(regexes))
+
+
+def _automaton(words: dict[str, str]) -> Any:
+    if not words:
+        return None
+    import ahocorasick
+
+    automaton = ahocorasick.Automaton()
+    for word, name in words.items():
+        automaton.add_word(mark_word_edges(word), name)
+    automaton.make_automaton()
+    return automaton
 
 
 class WordListFilter:
-    """Blocks prompts matching any rule of a word/regex list file; hot-reloads the file."""
+    """Blocks prompts matching any rule of a word/regex list file; hot-reloads the file.
 
-    def __init__(self, path: Path, check_every_s: float = 0.5) -> None:
+    A reload that cannot be read, decoded or compiled, or that yields no rules where there were
+    some (an editor mid-save), keeps the previous rules: one warning line, and ``on_reload_failed``
+    is called (the router counts it in ``qlift_router_filter_reload_failures_total``).
+    """
+
+    def __init__(self, path: Path, check_every_s: float = 0.5,
+                 on_reload_failed: Callable[[], None] | None = None) -> None:
         self.path = path
         self.check_every_s = check_every_s
+        self.on_reload_failed = on_reload_failed
         self._stamp: tuple[int, int] | None = None
         self._checked_at = 0.0
-        self.rules: list[tuple[str, re.Pattern[str]]] = []
+        self.rules = Rules(0, None, None, ())
         self.reload(strict=True)
 
     def _file_stamp(self) -> tuple[int, int]:
@@ -63,19 +114,32 @@ class WordListFilter:
 
     def reload(self, *, strict: bool = False) -> None:
         """Re-read the file. At start a bad file is an error; later the old rules stay and a warning is logged."""
+        stamp: tuple[int, int] | None = None
         try:
             stamp = self._file_stamp()
             rules = _compile(self.path, self.path.read_text(encoding="utf-8"))
-        except (OSError, BadInputError) as exc:
+            if rules.count == 0 and self.rules.count > 0:
+                raise BadInputError("it has no rules now (an editor mid-save?)", path=self.path)
+        except (OSError, UnicodeDecodeError, BadInputError) as exc:
+            if isinstance(exc, OSError):
+                problem = f"cannot read it: {exc.strerror or exc}"
+            elif isinstance(exc, UnicodeDecodeError):
+                problem = f"not UTF-8 (byte {exc.start})"
+            else:
+                problem = exc.one_line()
             if strict:
-                if isinstance(exc, OSError):
-                    raise BadInputError(f"cannot read filter file: {exc.strerror}", path=self.path,
-                                        hint="Check filter_file.") from None
-                raise
-            log.warning("filter file %s not reloaded (keeping %d rules): %s", self.path, len(self.rules), exc)
+                if isinstance(exc, BadInputError):
+                    raise
+                raise BadInputError(f"filter file {problem}", path=self.path,
+                                    hint="Check filter_file (UTF-8 text, one rule a line).") from None
+            self._stamp = stamp  # retried when the file changes again, not on every request
+            log.warning("filter file %s not reloaded, keeping its %d previous rules: %s", self.path,
+                        self.rules.count, problem)
+            if self.on_reload_failed is not None:
+                self.on_reload_failed()
             return
         self.rules, self._stamp = rules, stamp
-        log.info("content filter: %d rules from %s", len(rules), self.path)
+        log.info("content filter: %d rules from %s", rules.count, self.path)
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
@@ -85,30 +149,16 @@ class WordListFilter:
         try:
             stamp = self._file_stamp()
         except OSError:
-            return
+            stamp = None
         if stamp != self._stamp:
             self.reload()
 
     def check(self, text: str) -> FilterHit | None:
         self._maybe_reload()
-        for name, pattern in self.rules:
-            if pattern.search(text):
-                return FilterHit(name)
-        return None
+        name = self.rules.first_hit(normalize(text))
+        return None if name is None else FilterHit(name)
 
 
 def prompt_text(body: dict[str, Any]) -> str:
-    """Everything a client asks the model to read: chat message contents or completion prompts."""
-    parts: list[str] = []
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        parts.append(prompt)
-    elif isinstance(prompt, list):
-        parts += [p for p in prompt if isinstance(p, str)]
-    return "\n".join(parts)
+    """Every text of a request the model reads, one field a line (see ``textnorm.request_texts``)."""
+    return "\n".join(request_texts(body))

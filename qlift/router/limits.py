@@ -32,12 +32,18 @@ class ApiKeys:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise NotFoundError(f"API keys file {path} does not exist", hint="Check api_keys_file.") from None
+        except UnicodeDecodeError as exc:
+            raise BadInputError(f"not UTF-8 text (byte {exc.start})", path=path,
+                                hint="Save the API keys file as UTF-8, one key a line.") from None
+        except OSError as exc:
+            raise BadInputError(f"cannot read the API keys file: {exc.strerror or exc}", path=path,
+                                hint="Point api_keys_file at a readable file, one key a line.") from None
         digests: dict[str, str] = {}
         for lineno, raw in enumerate(text.splitlines(), 1):
-            line = raw.split("#", 1)[0].strip()
+            line = raw.split("#", 1)[0].strip()  # a key is stripped of surrounding whitespace, as a presented one is
             if not line:
                 continue
-            secret, _, name = line.partition(" ")
+            secret, _, name = line.replace("\t", " ").partition(" ")
             if secret.startswith("sha256:"):
                 digest = secret.removeprefix("sha256:").lower()
                 if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
@@ -63,6 +69,16 @@ class ApiKeys:
             if hmac.compare_digest(known, digest):
                 return name
         return None
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The credentials of ``Authorization: Bearer <token>``: the scheme case-insensitive (RFC 7235),
+    the token stripped of surrounding whitespace; None for a missing header, another scheme,
+    a bare token without a scheme, or an empty token."""
+    parts = (header or "").split(None, 1)
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return parts[1].strip() or None
 
 
 class TokenBucket:
@@ -94,9 +110,9 @@ class TokenBucket:
         return wait
 
     def charge(self, amount: float) -> None:
-        """Debit after the fact (tokens used), going into debt if needed."""
+        """Debit after the fact (tokens used), going into debt if needed; a negative amount refunds."""
         self._refill()
-        self._tokens -= amount
+        self._tokens = min(self.capacity, self._tokens - amount)
 
 
 @dataclass
@@ -135,7 +151,20 @@ class KeyLimits:
         return None
 
     def charge_tokens(self, key: str, tokens: int) -> None:
+        """Debit ``tokens`` (negative: refund an over-estimate)."""
         if self.tokens_per_min and tokens:
             bucket = self._tokens.setdefault(key, TokenBucket(self.tokens_per_min / 60.0, self.tokens_per_min,
                                                               self._clock))
             bucket.charge(tokens)
+
+
+def tokens_used(estimate: int, prompt_tokens: int | None, completion_tokens: int | None, streamed_events: int) -> int:
+    """What an answer cost, for the tokens/min limit.
+
+    The backend's usage when it sent one; else (the client left before the usage chunk, or the
+    answer broke) the prompt estimate charged up front plus one token per streamed event that
+    reached the router (vLLM sends one event per token unless told otherwise).
+    """
+    if prompt_tokens is not None or completion_tokens is not None:
+        return (prompt_tokens if prompt_tokens is not None else estimate) + (completion_tokens or 0)
+    return estimate + streamed_events

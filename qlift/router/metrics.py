@@ -21,10 +21,11 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter("qlift_router_requests", "Upstream attempts by backend and status class.",
                                 ["backend", "status_class"], registry=r)
+        # stream="true"|"false": a stream's first byte is its first token, a non-streamed one's the whole answer.
         self.duration = Histogram("qlift_router_request_duration_seconds", "End-to-end time of an attempt.",
-                                  ["backend"], buckets=LATENCY_BUCKETS, registry=r)
+                                  ["backend", "stream"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttfb = Histogram("qlift_router_ttfb_seconds", "Time to the backend's first body byte.",
-                              ["backend"], buckets=TTFB_BUCKETS, registry=r)
+                              ["backend", "stream"], buckets=TTFB_BUCKETS, registry=r)
         self.completion_tokens = Counter("qlift_router_completion_tokens", "Completion tokens (from usage).",
                                          ["backend"], registry=r)
         self.finish_reason = Counter("qlift_router_finish_reason", "Choices by finish_reason.",
@@ -44,13 +45,21 @@ class RouterMetrics:
                               ["backend", "outcome"], registry=r)
         self.rejected = Counter("qlift_router_rejected", "Requests refused before any backend.",
                                 ["key", "reason"], registry=r)
+        self.filter_reload_failures = Counter("qlift_router_filter_reload_failures", "Filter file reloads refused "
+                                              "(unreadable, not UTF-8, bad pattern, emptied): old rules kept.",
+                                              registry=r)
+        self.connections_refused = Counter("qlift_router_connections_refused", "Client connections over "
+                                           "server.max_connections, answered 503.", registry=r)
+        self.client_timeouts = Counter("qlift_router_client_timeouts", "Client requests too slow to arrive, by "
+                                       "phase: header, body (408).", ["phase"], registry=r)
 
     def init_backend(self, name: str, weight: int, healthy: bool) -> None:
         """Create a backend's series at zero so dashboards and rate() see them from the start."""
         for cls in ("2xx", "4xx", "5xx", "error"):
             self.requests.labels(name, cls)
-        self.duration.labels(name)
-        self.ttfb.labels(name)
+        for stream in ("true", "false"):
+            self.duration.labels(name, stream)
+            self.ttfb.labels(name, stream)
         self.completion_tokens.labels(name)
         self.empty_completions.labels(name)
         self.retries.labels(name)

@@ -52,6 +52,7 @@ class Attempt:
     latency_s: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    events: int = 0  # SSE data events relayed: a token count for a stream that ends before its usage
     finish_reason: str | None = None
     upstream_body: bytes = b""  # kept for a failure that is handed to the client as it came
     upstream_content_type: str = "application/json"
@@ -159,6 +160,7 @@ class SseRelay:
         if line.startswith(b"data: [DONE]"):
             self.done = True
             return True
+        att.events += 1
         if line.startswith((b'data: {"error"', b'data:{"error"', b'data: {"object":"error"')):
             self.error_event = True
         if att.capture or b'"usage":{' in line or b'"usage": {' in line or (

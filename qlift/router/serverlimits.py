@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from qlift.errors import BadInputError
+from qlift.router.config import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class OncePerInterval(logging.Filter):
         message = record.getMessage()
         if exc is not None:
             detail = str(exc).strip().splitlines()
-            message += f": {kind}" + (f": {detail[0][:200]}" if detail else "")
+            message += f": {kind}" + (f": {redact_url(detail[0][:200])}" if detail else "")
         if repeats:
             message += f" (and {repeats} more like it in the last {self.interval_s:g} s)"
         record.msg, record.args = f"router: {message}", None

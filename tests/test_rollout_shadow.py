@@ -126,5 +126,6 @@ def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
     # the same answers shifted by one ticket: JSON for another customer's ticket is no answer
     shifted = [Pair(p.seq, p.request, p.primary, ev.pairs[(i + 1) % len(ev.pairs)].shadow)
                for i, p in enumerate(ev.pairs)]
-    wrong = judge_shadow(ShadowEvidence("smollm2", "tickets", shifted), ShadowSpec(min_pairs=20))
+    wrong = judge_shadow(ShadowEvidence("smollm2", "tickets", shifted), ShadowSpec(min_pairs=20),
+                         AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
     assert wrong.action == "rollback" and "agreement" in wrong.reason, wrong.reason

@@ -12,9 +12,10 @@ compares the two versions on the same prompts:
   canary that changes style on purpose (short JSON for prose) agrees little word for word, but its
   answer still shares the prompt's particulars with the stable's answer to that prompt, more than
   with the stable's answers to other prompts. So the check passes on a mean agreement at or above
-  ``min_agreement``, or on agreement with the same prompt's answer significantly above that with
-  other prompts' answers (one-sided Mann-Whitney); it fails when neither holds over enough pairs:
-  an answer that fits any prompt as well as its own is no answer to it.
+  ``min_agreement`` (near-identical answers), or on agreement with the same prompt's answer
+  significantly above that with other prompts' answers (one-sided Mann-Whitney); it fails when
+  neither holds over ``min_pairs``: an answer that fits any prompt as well as its own is no answer
+  to it (templated JSON for another ticket agrees ~0.5 with every ticket's answer).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from qlift.rollout.checks import CheckResult, check_alpha, run_checks
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.judge import Decision
-from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
 from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
 
 log = logging.getLogger(__name__)
@@ -207,13 +208,10 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> Ch
                 other.append(rouge_l(both[j].primary.text or "", p.shadow.text or ""))
     agreement = mean(same) or 0.0
     r.canary, r.stable = agreement, mean(other) if other else None
-    disagree = sum(1 for s in same if s < spec.agreement_tolerance)
-    share = disagree / len(same)
     described = (f"ROUGE-L canary vs stable on the same prompt {agreement:.3g} (mean of {len(same)}), on other "
-                 f"prompts {'-' if r.stable is None else f'{r.stable:.3g}'}; {disagree} pairs below "
-                 f"{spec.agreement_tolerance}")
-    if agreement >= spec.min_agreement and share <= spec.max_disagree_share:
-        r.status, r.detail = "pass", described
+                 f"prompts {'-' if r.stable is None else f'{r.stable:.3g}'}")
+    if agreement >= spec.min_agreement:
+        r.status, r.detail = "pass", described + f" >= {spec.min_agreement}"
         return r
     if len(same) < a.min_samples or len(other) < a.min_samples:
         r.detail = described + f" (fewer than {a.min_samples} pairs for a test yet)"
@@ -222,7 +220,7 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> Ch
     r.test, r.p_value = t.test, t.p_value
     if t.p_value < check_alpha(a):
         r.status = "pass"
-        r.detail = described + f"; answers fit their own prompt better than others' (p={t.p_value:.3g}): a style"
+        r.detail = described + f"; each answer fits its own prompt better than others' (p={t.p_value:.3g}): a style"
         return r
     r.status = "fail" if len(both) >= spec.min_pairs else "inconclusive"
     r.detail = described + f"; no closer to the same prompt's answer than to other prompts' (p={t.p_value:.3g})"
@@ -233,9 +231,14 @@ def _prompt_key(request: dict[str, Any]) -> str:
     return repr(request.get("messages") or request.get("prompt"))
 
 
-def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec, analysis: AnalysisSpec | None = None) -> Decision:
+def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: AnalysisSpec | None = None
+                 ) -> Decision:
     """The canary's shadow answers against the stable's, pair by pair: ``rollback`` on any failing check,
-    ``hold`` (verdict ``insufficient``) below ``min_pairs`` answered pairs, else ``advance`` when all pass."""
+    ``hold`` (verdict ``insufficient``) below ``min_pairs`` answered pairs, else ``advance`` when all pass.
+    ``spec`` is the shadow section, or the whole rollout spec (its shadow and analysis sections)."""
+    if isinstance(spec, RolloutSpec):
+        analysis = analysis or spec.analysis
+        spec = spec.shadow or ShadowSpec.model_validate({})
     a = (analysis or AnalysisSpec.model_validate({})).model_copy(update={"min_requests": spec.min_pairs})
     stable, canary = ev.side("primary"), ev.side("shadow")
     checks = [c for c in run_checks(canary, stable, a) if c.name != "tpot"]

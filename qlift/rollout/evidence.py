@@ -125,7 +125,7 @@ class Evidence:
 
 
 # The router's failure reasons for an HTTP 200 whose body is no completion (qlift.router).
-BAD_ANSWER_REASONS = frozenset({"bad_body", "no_choices", "no_done", "bad_json", "not_json", "empty_body"})
+BAD_ANSWER_REASONS = frozenset({"bad_body", "no_choices", "error_object", "no_done", "error_event"})
 
 
 def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidence:

@@ -61,7 +61,6 @@ class Attempt:
     dropped: bool = False  # the backend closed the connection before answering (a stale pooled one, usually)
     response: web.StreamResponse | None = None  # what the client got, once responded
     text_parts: list[str] = field(default_factory=list)
-    events: int = 0  # stream events that reached the router (about one token each): a stream's cost without usage
 
     @property
     def failed_early(self) -> bool:
@@ -165,8 +164,6 @@ class SseRelay:
         att.events += 1
         if line.startswith((b'data: {"error"', b'data:{"error"', b'data: {"object":"error"')):
             self.error_event = True
-        elif not is_usage_only(line):
-            att.events += 1
         if att.capture or b'"usage":{' in line or b'"usage": {' in line or (
             b'"finish_reason":' in line and b'"finish_reason":null' not in line
             and b'"finish_reason": null' not in line

@@ -19,14 +19,16 @@ if TYPE_CHECKING:
 @click.option("--recipe", "-r", "base_recipe", required=True, metavar="NAME|FILE",
               help="Base recipe: its hardware match, environment and engine arguments the grid does not set.")
 @click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2",
-              help="An engine argument (vLLM's name) and the values to try. "
-                   "Repeatable: the grid is every combination.")
+              help="A vLLM argument, engine or server (vLLM's name, e.g. max_num_seqs, api_server_count, "
+                   "stream_interval), and the values to try. Repeatable, each key once: the grid is every "
+                   "combination.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="An engine argument fixed at every point, vLLM's defaults point too (e.g. enforce_eager=true).")
 @click.option("--workload", type=click.Choice(["chat", "long-doc"]), default="chat", show_default=True,
               help="chat: 256 prompt / 256 output tokens; long-doc: 4096 / 256 "
                    "(override with --input/--output-tokens).")
-@click.option("--slo", help="Objectives for goodput, e.g. ttft=500ms,tpot=50ms (without: the highest tok/s wins).")
+@click.option("--slo", help="Objectives, e.g. ttft=500ms,tpot=50ms,gap=100ms (gap: the p99 time between streamed "
+                             "chunks of a level). Without: the highest tok/s wins.")
 @click.option("--concurrency", default="1,8,32", show_default=True, help="Concurrency levels benched at each point.")
 @click.option("--requests", type=count(1, 1_000_000), default=64, show_default=True, help="Requests per level.")
 @click.option("--input-tokens", type=count(1, 1 << 20), help="Prompt tokens per request (default: the workload's).")
@@ -37,37 +39,47 @@ if TYPE_CHECKING:
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of the points (Pareto front).")
 @click.option("--start-timeout", type=SECONDS, default=900, show_default=True,
               help="Seconds a point's server may take to answer /health.")
-@click.option("--bench-timeout", type=SECONDS, default=1800, show_default=True, help="Seconds for one point's bench.")
+@click.option("--point-budget", type=SECONDS, default=300, show_default=True,
+              help="Seconds of load one point's bench is sized to: a short probe measures this machine's speed "
+                   "first, and fewer --requests per level are sent (the same at every point) when needed.")
+@click.option("--bench-timeout", type=SECONDS, default=None,
+              help="Cut a point's bench after this many seconds, keeping the levels it finished "
+                   "(default: twice the time the probe expects).")
 @json_option
 def tune_cmd(model: Path, base_recipe: str, grid: tuple[str, ...], sets: tuple[str, ...], workload: str,
              slo: str | None, concurrency: str, requests: int, input_tokens: int | None, output_tokens: int | None,
-             out: Path, force: bool, plot: Path | None, start_timeout: float, bench_timeout: float) -> None:
+             out: Path, force: bool, plot: Path | None, start_timeout: float, point_budget: float,
+             bench_timeout: float | None) -> None:
     """Measure a grid of vLLM settings for MODEL and write the best as a recipe.
 
     Every combination of the --grid values (on top of --recipe and --set) is one point,
     and vLLM's defaults (only --set applied) are always measured too. Points `qlift plan`
     says do not fit are skipped; a point whose server fails to start is recorded. Each
-    other point is started, benched with `qlift bench` and stopped. The recipe gets the
-    point with the highest goodput that meets --slo, and records every point's figures,
-    the hardware, the vLLM version and the date.
+    other point is started, benched with `qlift bench` and stopped, the server's own
+    generated-tokens counter read beside the client's figures. A short probe on the first
+    server sizes every point's load to --point-budget; a point past its time limit is cut,
+    keeping what it measured. The recipe gets the point with the highest goodput that meets
+    --slo, and records every point's figures, the hardware, the vLLM version and the date.
 
     \b
     Examples:
       qlift tune ./merged --recipe chat-h200 --grid max_num_seqs=256,1024 \\
           --grid max_num_batched_tokens=8192,16384 --slo ttft=500ms,tpot=50ms -o recipes/chat-h200-tuned.yaml
+      qlift tune ./merged --recipe chat-h200 --grid api_server_count=1,4 --grid stream_interval=1,8 \\
+          --slo tpot=60ms,gap=100ms -o recipes/chat-h200-frontend.yaml
       qlift tune ./smollm2 --recipe cpu --set enforce_eager=true --grid max_num_seqs=4,16 \\
           --concurrency 4 --requests 8 --input-tokens 32 --output-tokens 16 -o /tmp/cpu-tuned.yaml --json
     """
     from qlift.cli.bench import parse_levels
     from qlift.fsutil import check_output_path
-    from qlift.perf.slo import parse_slo
-    from qlift.perf.tune import parse_grid, tune
+    from qlift.perf.tune import parse_grid, parse_tune_slo, tune
 
     check_output_path(out, force=force, inputs=[model])
+    objectives, gap_ms = parse_tune_slo(slo)
     result = tune(model, base_recipe=base_recipe, grid=parse_grid(list(grid)), out=out, sets=list(sets),
-                  workload=workload, slo=parse_slo(slo), concurrency=parse_levels(concurrency), requests=requests,
-                  input_tokens=input_tokens, output_tokens=output_tokens, start_timeout=start_timeout,
-                  bench_timeout=bench_timeout, plot=plot)
+                  workload=workload, slo=objectives, gap_ms=gap_ms, concurrency=parse_levels(concurrency),
+                  requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
+                  start_timeout=start_timeout, point_budget=point_budget, bench_timeout=bench_timeout, plot=plot)
     emit(result, lambda: _print(result))
 
 
@@ -79,9 +91,12 @@ def _print(r: TuneResult) -> None:
             click.echo(f"{mark} {p.label:<48} {p.status}: {p.reason}")
         else:
             b = p.best
+            server = p.server.tokens_per_s if p.server else None
             click.echo(f"{mark} {p.label:<48} goodput {b.goodput_requests_per_s:7.2f} req/s  "
                        f"{b.output_tokens_per_s:8.1f} tok/s  p99 e2e {b.latency_ms['e2el']['p99'] / 1000:6.2f} s  "
-                       f"c={b.concurrency}{'' if p.slo_met else '  (SLO not met)'}")
+                       f"p99 gap {b.latency_ms['itl']['p99']:6.1f} ms  c={b.concurrency}"
+                       f"{f'  server {server:.1f} tok/s (all levels)' if server else ''}"
+                       f"{'' if p.slo_met else '  (SLO not met)'}{f'  ({p.reason})' if p.reason else ''}")
     click.echo(f"wrote {r.recipe_path} (chose {r.chosen}{'' if r.slo_met else '; no point met the SLO'}); "
                f"`qlift recipes show {r.recipe_path}` shows it")
     if r.plot:

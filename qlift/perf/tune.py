@@ -5,8 +5,15 @@ defaults (only ``--set`` applied) are always a point of their own. A point the m
 says does not fit is skipped; a point whose server fails to start is recorded. Each other
 point: start vLLM (the same config file ``qlift serve`` writes), ``qlift bench`` it, stop it.
 The pick is the highest goodput among points that meet the SLO (>= 90% of a level's requests
-good); the recipe written records every point, the hardware, the vLLM version and the date.
-Interrupted (Ctrl-C, or SIGINT from a time limit), it picks among the points measured so far.
+good, and the p99 gap between streamed chunks within ``gap=`` when given); the recipe written
+records every point, the hardware, the vLLM version and the date, and beside the client's
+tokens/s the server's own (its ``vllm:generation_tokens_total`` counter).
+
+The load is sized to the machine: a short probe on the first point's server measures its speed,
+and the requests per level shrink (the same at every point) until a point's bench is expected
+to fit ``point_budget_s``; a point that still runs past its time limit is cut, and the levels it
+finished are kept. Interrupted (Ctrl-C, or SIGINT from a time limit), it picks among the points
+measured so far.
 """
 
 from __future__ import annotations
@@ -25,17 +32,42 @@ from qlift.errors import BadInputError, ExternalToolError, QliftError
 from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.perf.bench import BENCH_WORKER, BenchResult, LevelResult, run_bench
+from qlift.perf.counter import CounterRate, CounterSampler
 from qlift.perf.engine import quick_hardware
+from qlift.perf.slo import parse_slo
 from qlift.serve.launch import config_server, config_yaml, new_run_dir
 from qlift.serve.plan import fit_to_model, plan_memory
 from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
 from qlift.vllm.engine_args import check_arg_name
-from qlift.vllm.process import free_port
+from qlift.vllm.process import free_port, raise_open_files_limit
 from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
 WORKLOAD_TOKENS = {"chat": (256, 256), "long-doc": (4096, 256)}  # input, output tokens per request
 SLO_ATTAINMENT = 0.9  # share of a level's requests that must meet every objective
+PROBE_CONCURRENCY = 8  # the probe's concurrency and requests (at most the grid's highest level)
+PROBE_OUTPUT_TOKENS = 32
+MIN_TIMEOUT_S = 60.0  # a point's bench is never cut sooner than this
+_GAP_KEYS = ("gap", "chunk_gap")
+
+
+def parse_tune_slo(text: str | None) -> tuple[dict[str, float], float | None]:
+    """``--slo ttft=500ms,tpot=50ms,gap=100ms``: per-request objectives (as ``qlift bench``), and the
+    p99 gap between streamed chunks in ms (``gap``: a level's p99 over every chunk of every request)."""
+    gap: float | None = None
+    rest = []
+    for part in (text or "").split(","):
+        key, sep, raw = part.partition("=")
+        if key.strip().lower() in _GAP_KEYS and sep:
+            if gap is not None:
+                raise BadInputError(f"--slo sets {key.strip()} twice", field="--slo", hint="Give each objective once.")
+            gap = parse_slo(f"e2e={raw}")["e2el"]
+        elif part.strip():
+            rest.append(part)
+    slo = parse_slo(",".join(rest))
+    if any(v <= 0 for v in slo.values()) or (gap is not None and gap <= 0):
+        raise BadInputError("an SLO limit of 0 can never be met", field="--slo", hint="Example: --slo gap=100ms.")
+    return slo, gap
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -47,8 +79,43 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
             raise BadInputError(f"--grid {item!r} is not KEY=V1,V2,...", field="--grid",
                                 hint="Example: --grid max_num_seqs=16,64,256.")
         name = check_arg_name(key.strip(), path="--grid", field=key.strip())
+        if name in grid:
+            raise BadInputError(f"--grid sets {name} twice", field="--grid",
+                                hint=f"Give all its values once: --grid {name}=V1,V2,...")
         grid[name] = [yaml.safe_load(v) for v in raw.split(",") if v.strip()]
     return grid
+
+
+@dataclass
+class LoadSize:
+    """The bench load every point gets, sized by the probe; ``timeout_s`` cuts a point that runs long."""
+
+    requests: int
+    timeout_s: float
+    note: str | None = None  # what the probe measured and what it changed
+    probe_tokens_per_s: float | None = None
+
+
+def estimate_s(levels: list[int], requests: int, output_tokens: int, probe_tps: float, probe_c: int) -> float:
+    """Seconds for ``requests`` at each level, from the probe's rate: a level below the probe's
+    concurrency gets its share of that rate, one above gets no more than it (a safe side)."""
+    return sum(requests * output_tokens / (probe_tps * min(c, probe_c) / probe_c) for c in levels)
+
+
+def size_load(levels: list[int], requests: int, output_tokens: int, probe_tps: float, probe_c: int,
+              budget_s: float, timeout_s: float | None) -> LoadSize:
+    """Requests per level so the expected bench fits ``budget_s`` (never fewer than the highest level);
+    the time limit: ``timeout_s`` if given, else twice the expected time (at least MIN_TIMEOUT_S)."""
+    floor = min(requests, max(levels))
+    need = estimate_s(levels, requests, output_tokens, probe_tps, probe_c)
+    sized = requests if need <= budget_s else max(floor, int(requests * budget_s / need))
+    expected = estimate_s(levels, sized, output_tokens, probe_tps, probe_c)
+    note = (f"probe: {probe_tps:.1f} output tok/s at concurrency {probe_c}; a point's bench is expected to take "
+            f"~{expected:.0f} s")
+    if sized < requests:
+        note += f" with {sized} requests per level (cut from {requests} to fit --point-budget {budget_s:.0f} s)"
+    limit = timeout_s if timeout_s is not None else max(MIN_TIMEOUT_S, 2 * expected)
+    return LoadSize(sized, limit, note, probe_tps)
 
 
 @dataclass
@@ -60,6 +127,14 @@ class TunePoint:
     best: LevelResult | None = None  # the level with the highest goodput
     slo_met: bool = False
     levels: list[LevelResult] = field(default_factory=list)
+    server: CounterRate | None = None  # the server's own generation counter over the whole bench
+    cut: bool = False  # the bench reached its time limit: only the levels listed finished
+
+    def client_tokens_per_s(self) -> float | None:
+        """Every level's output tokens over every level's duration: the client's figure for what
+        the server counter measured over the same bench."""
+        secs = sum(lv.duration_s for lv in self.levels)
+        return sum(lv.total_output_tokens for lv in self.levels) / secs if secs > 0 else None
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"label": self.label, "engine": self.engine_args, "status": self.status}
@@ -74,10 +149,23 @@ class TunePoint:
                        p99_ttft_ms=round(b.latency_ms["ttft"]["p99"], 1),
                        p99_tpot_ms=round(b.latency_ms["tpot"]["p99"], 2),
                        p99_e2el_ms=round(b.latency_ms["e2el"]["p99"], 1),
+                       p99_chunk_gap_ms=round(b.latency_ms["itl"]["p99"], 2),
                        levels=[{"concurrency": lv.concurrency, "output_tokens_per_s": round(lv.output_tokens_per_s, 2),
                                 "goodput_requests_per_s": round(lv.goodput_requests_per_s, 4),
-                                "good_requests": lv.good_requests, "completed": lv.completed, "failed": lv.failed}
+                                "good_requests": lv.good_requests, "completed": lv.completed, "failed": lv.failed,
+                                "p99_chunk_gap_ms": round(lv.latency_ms["itl"]["p99"], 2)}
                                for lv in self.levels])
+        client = self.client_tokens_per_s()
+        if self.server is not None:
+            server_tps = self.server.tokens_per_s
+            out["throughput_all_levels"] = {
+                "client_output_tokens_per_s": round(client, 2) if client else None,
+                "server_output_tokens_per_s": round(server_tps, 2) if server_tps else None,
+                "server_generated_tokens": int(self.server.tokens),
+                "client_output_tokens": sum(lv.total_output_tokens for lv in self.levels),
+            }
+        if self.cut:
+            out["cut"] = True
         return out
 
 
@@ -93,11 +181,13 @@ class TuneResult:
     plot: Path | None = None
 
 
-def _pick_level(levels: list[LevelResult], slo: dict[str, float]) -> tuple[LevelResult, bool]:
+def _pick_level(levels: list[LevelResult], slo: dict[str, float],
+                gap_ms: float | None = None) -> tuple[LevelResult, bool]:
     def meets(lv: LevelResult) -> bool:
-        return lv.completed > 0 and lv.good_requests >= SLO_ATTAINMENT * lv.requests
+        return lv.completed > 0 and lv.good_requests >= SLO_ATTAINMENT * lv.requests and \
+            (gap_ms is None or lv.latency_ms["itl"]["p99"] <= gap_ms)
 
-    if not slo:
+    if not slo and gap_ms is None:
         return max(levels, key=lambda lv: lv.output_tokens_per_s), True
     ok = [lv for lv in levels if meets(lv)]
     return max(ok or levels, key=lambda lv: lv.goodput_requests_per_s), bool(ok)
@@ -115,16 +205,37 @@ def _points(base: Recipe, sets: list[str], grid: dict[str, list[Any]]) -> list[t
     return points
 
 
+def _probe(base_url: str, tokenizer: str, bench_kw: dict[str, Any], worker: Worker, budget_s: float,
+           timeout_s: float | None) -> LoadSize:
+    """A short load on the first server up (few requests, few output tokens) to size every point's bench."""
+    levels = bench_kw["concurrency"]
+    c = min(PROBE_CONCURRENCY, max(levels))
+    result = run_bench(base_url, "tune", tokenizer=tokenizer, worker=worker, concurrency=[c], requests=c,
+                       input_tokens=bench_kw["input_tokens"], output_tokens=min(PROBE_OUTPUT_TOKENS,
+                                                                                bench_kw["output_tokens"]),
+                       slo={}, timeout_s=budget_s)
+    tps = result.levels[0].output_tokens_per_s if result.levels and result.levels[0].completed else 0.0
+    if tps <= 0:
+        raise ExternalToolError(f"the speed probe ({c} requests) did not finish within {budget_s:.0f} s", tool="vllm",
+                                hint="Raise --point-budget, or lower --input-tokens/--output-tokens.")
+    size = size_load(levels, bench_kw["requests"], bench_kw["output_tokens"], tps, c, budget_s, timeout_s)
+    log.info("tune: %s", size.note)
+    return size
+
+
 def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: dict[str, Any],
-             start_timeout: float) -> tuple[TunePoint, BenchResult | None]:
+             start_timeout: float, size: LoadSize | None, gap_ms: float | None = None,
+             budget_s: float = 300.0, timeout_s: float | None = None,
+             ) -> tuple[TunePoint, BenchResult | None, LoadSize | None]:
+    """Start, bench and stop one point. ``size``: the load sized so far; None: probe this point's server first."""
     recipe, _ = fit_to_model(recipe, md)
     engine = recipe.engine.args()
     try:
         plan = plan_memory(md, recipe, hw)
     except QliftError as exc:
-        return TunePoint(label, engine, "skipped", f"no memory plan: {exc.one_line()}"), None
+        return TunePoint(label, engine, "skipped", f"no memory plan: {exc.one_line()}"), None, size
     if plan.verdict != "fits":
-        return TunePoint(label, engine, "skipped", f"qlift plan: {plan.verdict}"), None
+        return TunePoint(label, engine, "skipped", f"qlift plan: {plan.verdict}"), None, size
     engine.setdefault("dtype", plan.dtype)
     run_dir = new_run_dir(f"tune-{label}")
     run_dir.mkdir(parents=True)
@@ -132,6 +243,7 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
     (run_dir / "config.yaml").write_text(config_yaml(md.path.resolve(), "127.0.0.1", port, "tune", engine))
     env = {k: v for k, v in recipe.env.items()}
     server = config_server(md.path, run_dir, "127.0.0.1", port, "tune", engine, env)
+    tokenizer = str(md.path.resolve())
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
     try:
         # The bench client's vLLM import overlaps the server's start.
@@ -139,16 +251,29 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
             server.start()
             try:
                 server.wait_ready(timeout=start_timeout)
+                worker: Worker | None = bench_worker
+                if size is None:
+                    size, worker = _probe(server.base_url, tokenizer, bench_kw, bench_worker, budget_s,
+                                          timeout_s), None
+                with CounterSampler(server.base_url) as sampler:
+                    result = run_bench(server.base_url, "tune", tokenizer=tokenizer, server_args=engine, worker=worker,
+                                       **{**bench_kw, "requests": size.requests, "timeout_s": size.timeout_s})
+                counted = sampler.stop()
             except ExternalToolError as exc:
-                return TunePoint(label, engine, "failed", exc.one_line()), None
-            result = run_bench(server.base_url, "tune", tokenizer=str(md.path.resolve()), server_args=engine,
-                               worker=bench_worker, **bench_kw)
+                return TunePoint(label, engine, "failed", exc.one_line()), None, size
     finally:
         server.stop()
     if not result.levels:
-        return TunePoint(label, engine, "failed", "no benchmark level finished"), result
-    best, met = _pick_level(result.levels, bench_kw["slo"])
-    return TunePoint(label, engine, "measured", None, best, met, result.levels), result
+        return TunePoint(label, engine, "failed", f"no benchmark level finished within {size.timeout_s:.0f} s",
+                         server=counted, cut=True), result, size
+    best, met = _pick_level(result.levels, bench_kw["slo"], gap_ms)
+    reason = None
+    if not result.complete:
+        done = ", ".join(str(lv.concurrency) for lv in result.levels)
+        reason = f"cut at its {size.timeout_s:.0f} s limit; measured concurrency {done} only"
+        log.warning("tune: %s: %s", label, reason)
+    return TunePoint(label, engine, "measured", reason, best, met, result.levels, counted,
+                     cut=not result.complete), result, size
 
 
 def tune(
@@ -165,9 +290,13 @@ def tune(
     input_tokens: int | None = None,
     output_tokens: int | None = None,
     start_timeout: float = 900.0,
-    bench_timeout: float = 1800.0,
+    bench_timeout: float | None = None,
+    point_budget: float = 300.0,
+    gap_ms: float | None = None,
     plot: Path | None = None,
 ) -> TuneResult:
+    """``point_budget``: seconds of load a point's bench is sized to (by a probe); ``bench_timeout``:
+    a point's bench is cut there (default: twice its expected time); ``gap_ms``: the p99 inter-chunk gap SLO."""
     if not grid:
         raise BadInputError("give at least one --grid KEY=V1,V2", field="--grid",
                             hint="Example: --grid max_num_seqs=16,64.")
@@ -177,17 +306,22 @@ def tune(
     md.require_weights()
     base = load_recipe(base_recipe)
     hw = quick_hardware()
+    limit_note = raise_open_files_limit()
+    if limit_note:
+        log.info("tune: %s", limit_note)
     slo = slo or {}
     default_in, default_out = WORKLOAD_TOKENS.get(workload, WORKLOAD_TOKENS["chat"])
     bench_kw = {"concurrency": concurrency or [1, 8, 32], "requests": requests,
                 "input_tokens": input_tokens or default_in, "output_tokens": output_tokens or default_out,
-                "slo": slo, "timeout_s": bench_timeout}
+                "slo": slo}
     points: list[TunePoint] = []
     vllm_version: str | None = None
+    size: LoadSize | None = None
     todo = _points(base, sets or [], grid)
     for i, (label, recipe) in enumerate(todo):
         try:
-            point, result = _measure(md, label, recipe, hw, bench_kw, start_timeout)
+            point, result, size = _measure(md, label, recipe, hw, bench_kw, start_timeout, size, gap_ms,
+                                           point_budget, bench_timeout)
         except KeyboardInterrupt:  # Ctrl-C, or SIGINT at a time limit: the recipe comes from the points measured
             if not any(p.best is not None for p in points):
                 raise  # nothing to choose from: exit 130 like any interrupted command
@@ -205,11 +339,14 @@ def tune(
         raise ExternalToolError(f"no grid point could be measured ({reasons})", tool="vllm",
                                 hint="Read the point logs under $QLIFT_HOME/runs.")
     met = [p for p in measured if p.slo_met]
-    score = (lambda p: p.best.goodput_requests_per_s) if slo else (lambda p: p.best.output_tokens_per_s)
+    score = (lambda p: p.best.goodput_requests_per_s) if slo or gap_ms else (lambda p: p.best.output_tokens_per_s)
     chosen = max(met or measured, key=score)  # type: ignore[union-attr]
     if not met:
         log.warning("tune: no point met the SLO; writing the one with the highest goodput (%s)", chosen.label)
-    recipe_data = _recipe_data(out.stem, base, chosen, points, workload, hw, vllm_version, slo, bench_kw)
+    load = {**bench_kw, "requests": size.requests if size else requests,
+            "timeout_s": size.timeout_s if size else bench_timeout, "point_budget_s": point_budget,
+            "probe": size.note if size else None}
+    recipe_data = _recipe_data(out.stem, base, chosen, points, workload, hw, vllm_version, slo, load, gap_ms)
     _write_recipe(out, recipe_data)
     if plot is not None:
         from qlift.perf.plot import plot_pareto
@@ -221,11 +358,17 @@ def tune(
 
 
 def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePoint], workload: str, hw: Hardware,
-                 vllm_version: str | None, slo: dict[str, float], bench_kw: dict[str, Any]) -> dict[str, Any]:
+                 vllm_version: str | None, slo: dict[str, float], bench_kw: dict[str, Any],
+                 gap_ms: float | None = None) -> dict[str, Any]:
     date = datetime.now(UTC).isoformat(timespec="seconds")
     best = chosen.best
     assert best is not None
-    slo_text = ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items()) or "none (highest output tok/s)"
+    objectives = [f"{k} <= {v:g} ms" for k, v in slo.items()]
+    if gap_ms is not None:
+        objectives.append(f"p99 inter-chunk gap <= {gap_ms:g} ms")
+    slo_text = ", ".join(objectives) or "none (highest output tok/s)"
+    server_tps = chosen.server.tokens_per_s if chosen.server else None
+    server_text = f"; the server's own counter: {server_tps:.1f} tok/s over the whole bench" if server_tps else ""
     return {
         "name": name,
         "description": f"Tuned by qlift tune from {base.name} for {workload} on {hw.describe()}.",
@@ -237,11 +380,13 @@ def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePo
             f"qlift tune, {date}, vLLM {vllm_version}, {hw.describe()}: {len(points)} points "
             f"({sum(p.status == 'measured' for p in points)} measured); chose {chosen.label}: goodput "
             f"{best.goodput_requests_per_s:.3f} req/s, {best.output_tokens_per_s:.1f} output tok/s at concurrency "
-            f"{best.concurrency} (SLO {slo_text}).",
+            f"{best.concurrency}, p99 inter-chunk gap {best.latency_ms['itl']['p99']:.1f} ms (SLO {slo_text})"
+            f"{server_text}.",
         ],
         "measurements": {
             "date": date, "tool": "qlift tune", "vllm_version": vllm_version, "hardware": hw.describe(),
             "base_recipe": base.name, "workload": workload, "slo_ms": slo, "slo_attainment": SLO_ATTAINMENT,
+            "slo_p99_chunk_gap_ms": gap_ms,
             "bench": {k: v for k, v in bench_kw.items() if k != "slo"}, "chosen": chosen.label,
             "points": [p.summary() for p in points],
         },

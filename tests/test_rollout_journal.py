@@ -181,11 +181,13 @@ def test_failing_canary_is_rolled_back_with_p_values(tmp_path: Path) -> None:
     assert rollback["action"] == "rollback" and rollback["p_values"]["error_rate"] < 0.001
 
 
-def test_inconclusive_windows_hold_then_roll_back(tmp_path: Path) -> None:
-    final, plane, journal = run(tmp_path, spec(), [(healthy("c", 0), healthy("s", 80))])
+def test_too_little_traffic_rolls_back_only_when_asked(tmp_path: Path) -> None:
+    # The default (pause) is in test_rollout_state.py; on_insufficient: rollback keeps the old behaviour.
+    sp = spec(analysis={"min_requests": 5, "max_inconclusive": 2, "on_insufficient": "rollback"})
+    final, plane, journal = run(tmp_path, sp, [(healthy("c", 0), healthy("s", 80))])
     actions = [d["action"] for d in journal.history(final.id)["decisions"]]
     assert actions == ["start", "hold", "hold", "rollback"]
-    assert final.state == "rolled_back" and "inconclusive for 3 windows" in final.reason
+    assert final.state == "rolled_back" and "too little canary traffic" in final.reason
     assert plane.current == {"s": 100, "c": 0}
 
 

@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from qlift.cli.output import emit, json_option
+from qlift.rollout.planes import plane_names
+from qlift.rollout.spec import spec_options, spec_overrides
 
 GROUP_EPILOG = """\b
 Examples:
@@ -31,6 +33,8 @@ def promote_group() -> None:
     `start` runs in the foreground until the canary is promoted (exit 0) or rolled back
     (exit 10); run it again (or `resume`) after a crash to continue at the recorded step.
     The other commands act on the journal from any shell. A bad spec exits 2.
+    States: shadowing, progressing, paused, abort_requested, and the final promoted,
+    rolled_back, aborted (docs/promote.md).
     """
 
 
@@ -57,8 +61,16 @@ def _parse_steps(value: str | None) -> list[Any] | None:
 @promote_group.command("start", epilog="""\b
 Examples:
   qlift promote start --router http://127.0.0.1:8080 --stable smollm2 --canary smollm2-ft
+  qlift promote start --router http://127.0.0.1:8080 --stable smollm2 --canary smollm2-ft \\
+      --shadow 20% --shadow-windows 2         # mirrored traffic first: no user sees the canary yet
   qlift promote start -f rollout.yaml --min-requests 50 --webhook http://127.0.0.1:9000/hook
   qlift promote start -f rollout.yaml --data-plane nginx --json
+  qlift promote start -f rollout.yaml --new   # after a promotion: start the next rollout
+
+\b
+Window sizing: a window must see min_requests canary requests, i.e.
+weight x requests/s x interval >= --min-requests (10% of 2 req/s over 30s = 6).
+Too little traffic pauses the rollout (--on-insufficient rollback to roll back instead).
 """)
 @click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path), help="Rollout spec YAML (flags override).")
 @click.option("--router", help="URL of the qlift router (builtin data plane and evidence).")
@@ -66,41 +78,44 @@ Examples:
 @click.option("--canary", help="Name of the canary version.")
 @click.option("--steps", help="Canary weights, e.g. 10,50,100 (must end at 100).")
 @click.option("--interval", help="Analysis window, e.g. 30s, 2m.")
-@click.option("--min-requests", type=int, help="Canary requests a window needs before it can pass.")
-@click.option("--max-error-rate", type=float, help="Highest canary error rate that passes.")
-@click.option("--max-latency-ratio", type=float, help="Highest canary/stable latency ratio.")
-@click.option("--max-ttft-ratio", type=float, help="Highest canary/stable time-to-first-token ratio.")
-@click.option("--max-inconclusive", type=int, help="Inconclusive windows per step before a rollback.")
+@spec_options("analysis")
+@click.option("--shadow", "shadow_percent", metavar="PERCENT",
+              help="Shadow phase first: mirror this share of live requests (e.g. 20%) to the canary and judge its "
+              "answers against the stable's; users see none of them (qlift router only). (spec: shadow.percent)")
+@spec_options("shadow")
 @click.option("--eval-report", type=click.Path(path_type=Path), help="Refuse to start unless this `qlift eval "
               "--report` dir passed for the model the canary serves.")
 @click.option("--canary-model", type=click.Path(path_type=Path),
               help="The canary's model dir for --eval-report (default: the root its vLLM server reports).")
-@click.option("--data-plane", type=click.Choice(["builtin", "nginx", "gateway-api"]), help="Where weights live.")
+@click.option("--data-plane", type=click.Choice(plane_names()), help="Where weights live.")
 @click.option("--prometheus", "prometheus_url", help="Judge on Prometheus queries from this server instead.")
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL",
               help="A version's server URL (nginx upstreams, vLLM /metrics); repeatable.")
-@click.option("--webhook", help="POST a JSON event here on every decision.")
+@click.option("--webhook", help="POST a JSON event here on every decision (failures are logged, never fatal).")
+@click.option("--new", "new", is_flag=True, help="Start a new rollout even though the journal's last one was "
+              "promoted (without it, `start` after a promotion starts nothing).")
 @journal_option
 @json_option
 def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str | None,
-              backends: tuple[str, ...], **flags: Any) -> None:
+              backends: tuple[str, ...], new: bool, **flags: Any) -> None:
     """Start a rollout of --canary over --stable, or resume the journal's unfinished one.
 
-    Each step sets the weights, waits one --interval, compares the versions over that
-    window and advances, holds (too little data) or rolls back (a failing check).
-    Exit codes: 0 promoted, 10 rolled back, 1 aborted, 2 bad spec.
+    With --shadow, a shadow phase comes first. Then each step sets the weights, waits one
+    --interval, compares the versions over that window and advances, holds (too little
+    data) or rolls back (a failing check); too little canary traffic for --max-inconclusive
+    windows pauses it. Every window the data plane's weights are re-read and re-applied if
+    they drifted. Exit codes: 0 promoted, 10 rolled back, 1 aborted, 2 bad input.
     """
     from qlift.rollout import build_spec, read_spec_file, start
     from qlift.rollout.api import raise_for_outcome, status
 
     overrides: dict[str, Any] = {
-        "router": flags["router"], "stable": flags["stable"], "canary": flags["canary"],
-        "steps": _parse_steps(flags["steps"]), "interval": flags["interval"],
-        "analysis.min_requests": flags["min_requests"], "analysis.max_error_rate": flags["max_error_rate"],
-        "analysis.max_latency_ratio": flags["max_latency_ratio"],
-        "analysis.max_ttft_ratio": flags["max_ttft_ratio"], "analysis.max_inconclusive": flags["max_inconclusive"],
-        "eval_report": flags["eval_report"], "canary_model": flags["canary_model"],
-        "data_plane": flags["data_plane"], "webhook": flags["webhook"], "backends": _parse_backends(backends),
+        "router": flags.pop("router"), "stable": flags.pop("stable"), "canary": flags.pop("canary"),
+        "steps": _parse_steps(flags.pop("steps")), "interval": flags.pop("interval"),
+        "eval_report": flags.pop("eval_report"), "canary_model": flags.pop("canary_model"),
+        "data_plane": flags.pop("data_plane"), "webhook": flags.pop("webhook"),
+        "backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
+        **spec_overrides(flags),
     }
     if prometheus_url:
         overrides.update({"provider": "prometheus", "prometheus.url": prometheus_url})
@@ -108,7 +123,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     if overrides["backends"] and isinstance(file_data.get("backends"), dict):
         overrides["backends"] = {**file_data["backends"], **overrides["backends"]}
     spec = build_spec(file_data, overrides, path=spec_file)
-    final = start(spec, journal)
+    final = start(spec, journal, new=new)
     emit(status(journal), lambda: _show(status(journal)))
     raise_for_outcome(final)
 
@@ -146,9 +161,11 @@ def _control(name: str, doc: str, example: str) -> None:
 
 
 _control("pause", "Pause the rollout: weights stay; no window is judged until `resume`.", "qlift promote pause")
-_control("resume", "Resume a paused (or crashed) rollout; runs the controller here if none is running.",
-         "qlift promote resume")
-_control("abort", "Abort: weights back to 100% stable (journaled first), state aborted.", "qlift promote abort")
+_control("resume", "Resume a paused (or crashed) rollout, or retry an abort the data plane did not confirm; runs "
+         "the controller here if none is running.", "qlift promote resume")
+_control("abort", "Abort: 100% stable journaled (abort_requested), applied, then aborted once the data plane "
+         "confirms; run it again if the data plane was unreachable. On a full disk the weights are restored first "
+         "and the abort journaled by the next `abort`.", "qlift promote abort")
 _control("promote", "Promote now: 100% canary, skipping the remaining analysis (recorded as manual).",
          "qlift promote promote")
 
@@ -158,22 +175,45 @@ def _fmt(x: Any, spec: str = ".3g") -> str:
 
 
 def _version_cell(ev: dict[str, Any]) -> str:
-    return f"{ev['requests']}/{_fmt(ev['errors'], 'd')}/{_fmt(ev['latency_p50'])}s"
+    return f"{ev.get('requests', '-')}/{_fmt(ev.get('errors'), 'd')}/{_fmt(ev.get('latency_p50'))}s"
+
+
+def _limits(c: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in c.get("limits", {}).items())
 
 
 def _show(st: dict[str, Any]) -> None:
     weights = " / ".join(f"{k} {v}%" for k, v in (st["weights"] or {}).items()) or "-"
     pending = "" if st["weights_applied"] else " (journaled, not yet applied)"
     click.echo(f"rollout {st['id']}: {st['canary']} over {st['stable']} -- {st['state']}, weights {weights}{pending}")
-    if st["controller_pid"]:
-        click.echo(f"controller pid {st['controller_pid']}")
-    row = "{:>4}  {:>6}  {:<12} {:<17} {:<22} {:<22} {}"
+    click.echo(f"  {st['state_doc']}")
+    ctl = st["controller"]
+    if ctl["alive"]:
+        beat = "" if ctl["heartbeat_age_s"] is None else f", last heartbeat {ctl['heartbeat_age_s']:.0f}s ago"
+        click.echo(f"controller: pid {ctl['pid']} running{beat}" + (" (stalled?)" if ctl["stalled"] else ""))
+    elif st["state"] not in ("promoted", "rolled_back", "aborted"):
+        click.echo("controller: none running -- nothing advances or watches this rollout; "
+                   "`qlift promote resume` runs one")
+    if st.get("abort_not_journaled"):
+        click.echo("abort: applied to the data plane while the journal was full, not journaled yet -- free disk "
+                   "space and run `qlift promote abort` again")
+    if st["drifts"] or st["webhook_failures"]:
+        click.echo(f"events: {st['drifts']} weight drift(s) re-applied, {st['webhook_failures']} webhook failure(s)")
+    click.echo("judge compares, canary vs stable: " + "; ".join(
+        f"{c['name']} ({_limits(c)})" for c in st["compares"]))
+    row = "{:>6}  {:>6}  {:<12} {:<17} {:<22} {:<22} {}"
     click.echo(row.format("step", "weight", "outcome", "window", "canary req/err/p50", "stable req/err/p50",
                           "decision"))
+    if st.get("shadow"):
+        for w in st["shadow"]["windows"]:
+            span = f"{w['started_at'][11:19]}-{w['ended_at'][11:19]}"
+            click.echo(row.format("shadow", f"{st['shadow']['spec']['percent']}%m", "", span,
+                                  _version_cell(w["canary"]), _version_cell(w["stable"]), w["action"]))
     for s in st["steps"]:
         outcome = s["outcome"] or ("running" if s["started_at"] else "-")
         if not s["windows"]:
-            click.echo(row.format(s["index"] + 1, f"{s['weight']}%", outcome, "-", "", "", ""))
+            click.echo(row.format(s["index"] + 1, f"{s['weight']}%", outcome, "-", "", "", s["judged"]
+                                  if s["weight"] == 100 else ""))
         for w in s["windows"]:
             span = f"{w['started_at'][11:19]}-{w['ended_at'][11:19]}"
             click.echo(row.format(s["index"] + 1, f"{s['weight']}%", outcome, span, _version_cell(w["canary"]),

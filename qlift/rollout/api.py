@@ -1,18 +1,31 @@
 """The library behind `qlift promote`: start (or resume) a rollout, and the control
-operations another shell runs against the same journal."""
+operations another shell runs against the same journal.
+
+Inputs are checked before anything is journaled (the journal's integrity and writability,
+the webhook URL, the version names against the data plane). Every state change goes
+through ``Journal.transition``. An abort is journaled as ``abort_requested`` with its 100%
+stable weights, applied, then confirmed ``aborted``: when the data plane cannot be reached
+it stays requested, and `abort`, `resume`, `start` and a running controller retry it.
+"""
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, GateFailedError, QliftError
-from qlift.rollout.journal import ACTIVE_STATES, FINAL_STATES, Journal, Rollout, now_iso
+from qlift.errors import BadInputError, ExternalToolError, GateFailedError, QliftError
+from qlift.rollout.dataplane import DataPlane, check_versions
+from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
 from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import DESCRIPTIONS, RUNNING, State
+from qlift.rollout.webhook import notify, validate_webhook
 from qlift.settings import qlift_home
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT_STALE_S = 30.0  # a controller silent this long is shown as stalled
 
 
 def default_journal() -> Path:
@@ -21,6 +34,12 @@ def default_journal() -> Path:
 
 def _spec_of(r: Rollout) -> RolloutSpec:
     return RolloutSpec.model_validate(r.spec)
+
+
+def make_plane(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout import dataplane
+
+    return dataplane.make_data_plane(spec)
 
 
 def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str]) -> dict[str, Any] | None:
@@ -39,24 +58,56 @@ def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str]) -> dict[str, Any
     return result
 
 
-def run_controller(journal: Journal, r: Rollout) -> Rollout:
+def validate_spec(spec: RolloutSpec) -> None:
+    """What can be checked without the data plane: the webhook URL, the shadow phase's plane."""
+    validate_webhook(spec.webhook)
+    if spec.shadow is not None and spec.data_plane != "builtin":
+        raise BadInputError(f"a shadow phase needs the qlift router as the data plane, not {spec.data_plane}",
+                            field="--shadow", hint="Drop --shadow, or use --data-plane builtin.")
+
+
+def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = None) -> Rollout:
     from qlift.rollout.controller import Controller
-    from qlift.rollout.dataplane import make_data_plane
     from qlift.rollout.sources import make_collector
 
     spec = _spec_of(r)
-    plane = make_data_plane(spec)
+    plane = plane or make_plane(spec)
     collector = make_collector(spec, plane.backend_urls())
-    return Controller(journal, r.id, spec, plane, collector).run()
+    shadow_source = None
+    if spec.shadow is not None:
+        shadow_source = _shadow_source(spec)
+    return Controller(journal, r.id, spec, plane, collector, shadow_source=shadow_source).run()
 
 
-def start(spec: RolloutSpec, journal_path: Path | None = None) -> Rollout:
+def converge(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
+    """Bring the data plane to what the journal says before anything else: an abort the journal
+    could not record (full disk) or the plane did not confirm, and a final state's weights that
+    never reached the plane. Raises when the plane still cannot be reached."""
+    if journal.abort_marker.exists() and not journal_marked_abort(journal, r, plane):
+        raise QliftError(f"the journal {journal.path} is still full: the abort is applied but not journaled",
+                         hint="Free disk space, then run `qlift promote abort` again.")
+    r = journal.get(r.id)
+    if r.status == State.ABORT_REQUESTED:
+        return confirm_abort(journal, r, plane)
+    if r.status.final:
+        pending = journal.reapply_pending(r.id, plane.set_weights)
+        if pending is not None:
+            log.info("applied rollout %d's journaled weights %s (%s)", r.id, pending.weights, pending.reason)
+    return journal.get(r.id)
+
+
+def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False) -> Rollout:
     """Run the rollout in the foreground until it is final; resume the journal's active one if any."""
     path = Path(journal_path or default_journal())
+    validate_spec(spec)
     with Journal(path) as journal, journal.controller_lock() as mine:
         if not mine:
             raise QliftError(f"a controller (pid {journal.controller_pid()}) is already running {path}",
                              hint="Watch it with `qlift promote status`, or stop it first.")
+        latest = journal.latest()
+        if latest is not None and (journal.abort_marker.exists() or not (latest.status in RUNNING
+                                                                         or latest.status == State.PAUSED)):
+            latest = converge(journal, latest, make_plane(_spec_of(latest)))
         active = journal.active()
         if active is not None:
             if (active.stable, active.canary) != (spec.stable, spec.canary):
@@ -66,99 +117,254 @@ def start(spec: RolloutSpec, journal_path: Path | None = None) -> Rollout:
             log.info("resuming rollout %d at step %d/%d (%s)", active.id, active.step + 1, len(active.steps),
                      active.state)
             return run_controller(journal, active)
-        from qlift.rollout.dataplane import make_data_plane
+        if latest is not None and latest.status == State.PROMOTED and not new:
+            raise BadInputError(
+                f"rollout {latest.id} in {path} already promoted {latest.canary} (it has 100% of the traffic); "
+                f"a new rollout would move weights back to {spec.canary} {spec.steps[0]}%",
+                hint="Pass --new to start another rollout, or `qlift promote status` to see the last one.")
+        plane = make_plane(spec)
+        check_versions(plane, [spec.stable, spec.canary])
+        _eval_gate(spec, plane.backend_urls())
+        first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
+        r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary, state=first)
+        log.info("rollout %d: %s over %s, steps %s, window %gs%s", r.id, spec.canary, spec.stable, spec.steps,
+                 spec.interval, " after a shadow phase" if first == State.SHADOWING else "")
+        return run_controller(journal, r, plane=plane)
 
-        _eval_gate(spec, make_data_plane(spec).backend_urls())
-        r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary)
-        log.info("rollout %d: %s over %s, steps %s, window %gs", r.id, spec.canary, spec.stable, spec.steps,
-                 spec.interval)
-        return run_controller(journal, r)
 
-
-def _active(journal: Journal) -> Rollout:
+def _latest(journal: Journal) -> Rollout:
     r = journal.latest()
     if r is None:
         raise QliftError(f"no rollout in {journal.path}", hint="Start one with `qlift promote start`.")
-    if r.state in FINAL_STATES:
-        raise QliftError(f"rollout {r.id} is already {r.state}")
     return r
 
 
-def _switch(journal: Journal, r: Rollout, *, before: str, after: str, action: str, reason: str) -> None:
-    """``before`` -> ``after``, the operator's decision journaled in the same transaction; any other state stays."""
-    with journal.tx() as db:
-        if journal.get(r.id).state == before:
-            journal.update(db, r.id, state=after)
-            journal.decide(db, r.id, r.step, action, reason, manual=True)
+def _not_final(journal: Journal, r: Rollout) -> None:
+    if r.status.final:
+        raise QliftError(f"rollout {r.id} is already {r.state}")
 
 
 def pause(journal_path: Path | None = None) -> Rollout:
     with Journal(Path(journal_path or default_journal())) as journal:
-        r = _active(journal)
-        _switch(journal, r, before="progressing", after="paused", action="pause", reason="paused by an operator")
+        r = _latest(journal)
+        _not_final(journal, r)
+        with journal.tx() as db:
+            if journal.transition(db, r.id, tuple(RUNNING), State.PAUSED, "paused by an operator", holds=0):
+                journal.decide(db, r.id, r.step, "pause", "paused by an operator", manual=True)
         return journal.get(r.id)
 
 
+def paused_from(journal: Journal, r: Rollout) -> State:
+    """The state a paused rollout left (shadowing or progressing), from its transition events."""
+    for e in reversed(journal.history(r.id)["events"]):
+        if e["kind"] == "state" and e["detail"].get("to") == State.PAUSED:
+            return State(e["detail"]["from"])
+    return State.PROGRESSING
+
+
 def resume(journal_path: Path | None = None) -> Rollout:
-    """Set a paused rollout progressing; with no controller running, run one here (foreground)."""
+    """Set a paused rollout going again (an unconfirmed abort: retry it); with no controller running,
+    run one here (foreground)."""
     with Journal(Path(journal_path or default_journal())) as journal:
-        r = _active(journal)
-        _switch(journal, r, before="paused", after="progressing", action="resume",
-                reason="resumed by an operator")
+        r = _latest(journal)
+        spec = _spec_of(r)
+        if journal.abort_marker.exists() or r.status == State.ABORT_REQUESTED or r.status.final:
+            r = converge(journal, r, make_plane(spec))
+            _not_final(journal, r)
+        if r.status == State.PAUSED:
+            back = paused_from(journal, r)
+            with journal.tx() as db:
+                if journal.transition(db, r.id, State.PAUSED, back, "resumed by an operator", holds=0):
+                    journal.decide(db, r.id, r.step, "resume", "resumed by an operator", manual=True)
         with journal.controller_lock() as mine:
             if not mine:
                 return journal.get(r.id)  # the running controller picks it up
             return run_controller(journal, journal.get(r.id))
 
 
-def _finish_manually(journal_path: Path | None, *, action: str, to_canary: bool) -> Rollout:
-    from qlift.rollout.dataplane import make_data_plane
+# -- abort and manual promotion ---------------------------------------------------------------
 
-    with Journal(Path(journal_path or default_journal())) as journal:
-        r = _active(journal)
-        state = "promoted" if to_canary else "aborted"
-        reason = ("manual promotion: remaining analysis skipped" if to_canary
-                  else "aborted by an operator: all traffic back to the stable")
-        desired = r.canary if to_canary else r.stable
-        last = len(r.steps) - 1
+ABORT_REASON = "aborted by an operator: all traffic back to the stable"
 
-        def also(db: Any) -> None:
-            journal.finish_step(db, r.id, r.step, state)
-            journal.decide(db, r.id, r.step, action, reason, manual=True)
-            journal.update(db, r.id, state=state, desired_version=desired, reason=reason,
-                           **({"step": last} if to_canary else {}))
 
-        spec = _spec_of(r)
-        plane = make_data_plane(spec)
-        if not journal.change_weights(r.id, r.weights_for(100 if to_canary else 0), reason, plane.set_weights,
-                                      allowed_states=ACTIVE_STATES, also=also):
-            raise QliftError(f"rollout {r.id} finished meanwhile ({journal.get(r.id).state})")
-        from qlift.rollout.webhook import notify
+def _shadow_source(spec: RolloutSpec) -> Any:
+    from qlift.rollout.shadow import ShadowSource
+    from qlift.settings import router_token
 
-        notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": action, "state": state, "reason": reason,
-                              "stable": r.stable, "canary": r.canary, "manual": True,
-                              "weights": r.weights_for(100 if to_canary else 0)})
-        return journal.get(r.id)
+    assert spec.router is not None
+    return ShadowSource(spec.router, router_token(), stable=spec.stable, canary=spec.canary)
+
+
+def _shadow_off(spec: RolloutSpec) -> None:
+    """A rollout with a shadow phase that ends (aborted, promoted by hand) turns the router's mirroring off."""
+    if spec.shadow is None:
+        return
+    try:
+        _shadow_source(spec).stop()
+    except QliftError as exc:
+        log.warning("could not turn the router's shadow mirroring off: %s", exc.one_line())
+
+
+def request_abort(journal: Journal, r: Rollout, plane: DataPlane, reason: str = ABORT_REASON) -> Rollout:
+    """Journal ``abort_requested`` with the 100% stable weights in one transaction, then apply and confirm.
+    Raises ExternalToolError, the abort staying requested, when the data plane does not take them."""
+    stable = r.weights_for(0)
+
+    def also(db: Any) -> None:
+        journal.transition(db, r.id, State(r.state), State.ABORT_REQUESTED, reason, desired_version=r.stable)
+        journal.finish_step(db, r.id, r.step, "aborted")
+        journal.decide(db, r.id, r.step, "abort", reason, manual=True)
+
+    try:
+        done = journal.change_weights(r.id, stable, reason, plane.set_weights, allowed_states=(r.state,), also=also)
+    except QliftError as exc:
+        raise _unconfirmed(r, exc) from None
+    if not done:  # the controller moved meanwhile: start over from what the journal says now
+        now = journal.get(r.id)
+        if now.status.final or now.status == State.ABORT_REQUESTED:
+            return confirm_abort(journal, now, plane) if now.status == State.ABORT_REQUESTED else now
+        return request_abort(journal, now, plane, reason)
+    return confirm_abort(journal, journal.get(r.id), plane)
+
+
+def _unconfirmed(r: Rollout, exc: QliftError) -> ExternalToolError:
+    return ExternalToolError(
+        f"rollout {r.id}'s abort is journaled (abort_requested) but the data plane did not confirm 100% "
+        f"{r.stable}: {exc.message}",
+        hint="Run `qlift promote abort` again once it answers (a running controller retries too).", tool="data plane")
+
+
+def confirm_abort(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
+    """Apply 100% stable (again) and, once the plane took it, move abort_requested -> aborted."""
+    stable = r.weights_for(0)
+    try:
+        with journal.weights_lock():
+            plane.set_weights(stable)
+    except QliftError as exc:
+        raise _unconfirmed(r, exc) from None
+    last = journal.last_change(r.id)
+    if last is not None and last.weights == stable and last.applied_at is None:
+        journal.mark_applied(last.id)
+    reason = "aborted by an operator: the data plane confirmed 100% stable"
+    with journal.tx() as db:
+        journal.transition(db, r.id, State.ABORT_REQUESTED, State.ABORTED, reason)
+    _shadow_off(_spec_of(r))
+    return journal.get(r.id)
+
+
+def journal_marked_abort(journal: Journal, r: Rollout, plane: DataPlane) -> bool:
+    """An abort applied while the journal was full: journal it now. False while the journal is still full."""
+    marker = journal.abort_marker
+    if not marker.exists():
+        return True
+    try:
+        r = journal.get(r.id)
+        if r.status in RUNNING or r.status == State.PAUSED:
+            request_abort(journal, r, plane, reason="aborted by an operator while the journal was full: 100% stable "
+                          "applied first, journaled when space returned")
+        elif r.status == State.ABORT_REQUESTED:
+            confirm_abort(journal, r, plane)
+    except sqlite3.OperationalError as exc:
+        if is_disk_full(exc):
+            return False
+        raise
+    marker.unlink(missing_ok=True)
+    return True
+
+
+def _abort_with_full_journal(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
+    """No room to journal the abort: weights first (restoring them needs no journal write), then a
+    marker file (no data blocks) that the controller obeys and the next abort journals."""
+    with journal.weights_lock():
+        plane.set_weights(r.weights_for(0))
+    _shadow_off(_spec_of(r))
+    try:
+        journal.abort_marker.touch()
+    except OSError as exc:
+        log.warning("could not write %s either (%s): a running controller may set the canary's weights again",
+                    journal.abort_marker, exc.strerror)
+    log.warning("the journal %s is full: the data plane has 100%% %s now, but the abort is not journaled yet. "
+                "Free disk space, then run `qlift promote abort` again to journal it", journal.path, r.stable)
+    return r
 
 
 def abort(journal_path: Path | None = None) -> Rollout:
-    """Weights back to 100% stable (journaled first), state aborted, the stable recorded as desired."""
-    return _finish_manually(journal_path, action="abort", to_canary=False)
+    """Weights back to 100% stable (journaled first), state aborted once the data plane confirms."""
+    with Journal(Path(journal_path or default_journal())) as journal:
+        r = _latest(journal)
+        plane = make_plane(_spec_of(r))
+        try:
+            if journal.abort_marker.exists() or r.status.final or r.status == State.ABORT_REQUESTED:
+                done = converge(journal, r, plane)
+                if r.status.final:  # it was final before: nothing to abort (its weights now confirmed)
+                    _not_final(journal, done)
+                final = done
+            else:
+                final = request_abort(journal, r, plane)
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+            return _abort_with_full_journal(journal, journal.get(r.id), plane)
+        notify(_spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "abort", "state": final.state,
+                                     "reason": final.reason, "stable": r.stable, "canary": r.canary, "manual": True,
+                                     "weights": r.weights_for(0)})
+        return final
 
 
 def promote_now(journal_path: Path | None = None) -> Rollout:
     """Skip the remaining analysis: 100% canary, state promoted, recorded as manual."""
-    return _finish_manually(journal_path, action="promote", to_canary=True)
+    with Journal(Path(journal_path or default_journal())) as journal:
+        r = _latest(journal)
+        _not_final(journal, r)
+        if r.status == State.ABORT_REQUESTED:
+            raise QliftError(f"rollout {r.id} has an abort requested", hint="Run `qlift promote abort` to finish it.")
+        spec = _spec_of(r)
+        plane = make_plane(spec)
+        reason = "manual promotion: remaining analysis skipped"
+        last = len(r.steps) - 1
+
+        def also(db: Any) -> None:
+            journal.finish_step(db, r.id, r.step, "promoted")
+            journal.decide(db, r.id, r.step, "promote", reason, manual=True)
+            journal.transition(db, r.id, State(r.state), State.PROMOTED, reason, desired_version=r.canary, step=last)
+
+        if not journal.change_weights(r.id, r.weights_for(100), reason, plane.set_weights,
+                                      allowed_states=(r.state,), also=also):
+            raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
+                             hint="See `qlift promote status`, then try again.")
+        _shadow_off(spec)
+        notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": "promote", "state": State.PROMOTED.value,
+                              "reason": reason, "stable": r.stable, "canary": r.canary, "manual": True,
+                              "weights": r.weights_for(100)})
+        return journal.get(r.id)
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+def _compares(spec: RolloutSpec) -> list[dict[str, Any]]:
+    from qlift.rollout.checks import describe
+
+    return list(describe(spec.analysis))
+
+
+def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
+    if weight == 100:
+        return "no window: the canary is promoted when this step's weights are applied (the last judged step " \
+               "decided it)" if count > 1 else "no window: the canary is promoted at once"
+    return (f"each {spec.interval:g}s window: canary vs stable at {weight}% on every check below, "
+            f">= {spec.analysis.min_requests} canary requests, {spec.analysis.intervals_per_step} passing window(s)")
 
 
 def status(journal_path: Path | None = None) -> dict[str, Any]:
     path = Path(journal_path or default_journal())
     if not path.exists():
         raise QliftError(f"no rollout journal at {path}", hint="Start one with `qlift promote start`.")
-    with Journal(path) as journal:
+    with Journal(path, readonly=True) as journal:
         r = journal.latest()
         if r is None:
             raise QliftError(f"no rollout in {path}", hint="Start one with `qlift promote start`.")
+        spec = _spec_of(r)
         h = journal.history(r.id)
         last = journal.last_change(r.id)
         started = {s["idx"]: s for s in h["steps"]}
@@ -167,15 +373,34 @@ def status(journal_path: Path | None = None) -> dict[str, Any]:
             s = started.get(i, {})
             steps.append({"index": i, "weight": w, "started_at": s.get("started_at"),
                           "finished_at": s.get("finished_at"), "outcome": s.get("outcome"),
+                          "judged": _judged(spec, w, len(r.steps)),
                           "windows": [win for win in h["windows"] if win["step"] == i]})
-        return {
-            "journal": str(path), "id": r.id, "state": r.state, "stable": r.stable, "canary": r.canary,
+        pid = journal.controller_pid()
+        age = journal.heartbeat_age()
+        marker = journal.abort_marker.exists()
+        shadow_spec = spec.shadow
+        out = {
+            "journal": str(path), "id": r.id, "state": State.ABORT_REQUESTED.value if marker and not r.status.final
+            else r.state, "state_doc": DESCRIPTIONS[State.ABORT_REQUESTED if marker and not r.status.final
+                                                   else r.status],
+            "stable": r.stable, "canary": r.canary,
             "desired_version": r.desired_version, "weights": last.weights if last else None,
             "weights_applied": bool(last and last.applied_at), "step": r.step, "holds": r.holds,
             "reason": r.reason, "created_at": r.created_at, "updated_at": r.updated_at,
-            "controller_pid": journal.controller_pid(), "steps": steps, "decisions": h["decisions"],
-            "weight_changes": h["weight_changes"],
+            "controller_pid": pid,
+            "controller": {"pid": pid, "alive": pid is not None,
+                           "heartbeat_age_s": None if age is None else round(age, 1),
+                           "stalled": age is not None and age > max(HEARTBEAT_STALE_S, 3 * spec.interval)},
+            "abort_not_journaled": marker and not r.status.final,
+            "compares": _compares(spec), "steps": steps,
+            "shadow": None if shadow_spec is None else {
+                "spec": shadow_spec.model_dump(mode="json"),
+                "windows": [win for win in h["windows"] if win["step"] < 0]},
+            "decisions": h["decisions"], "weight_changes": h["weight_changes"], "events": h["events"],
+            "drifts": sum(1 for e in h["events"] if e["kind"] == "drift"),
+            "webhook_failures": sum(1 for e in h["events"] if e["kind"] == "webhook_failed"),
         }
+        return out
 
 
 def raise_for_outcome(r: Rollout) -> None:
@@ -183,5 +408,5 @@ def raise_for_outcome(r: Rollout) -> None:
     if r.state == "rolled_back":
         raise GateFailedError(f"rollout {r.id} rolled back: {r.reason}",
                               hint="See `qlift promote status` for the evidence.")
-    if r.state == "aborted":
+    if r.state in ("aborted", "abort_requested"):
         raise QliftError(f"rollout {r.id} was aborted by an operator")

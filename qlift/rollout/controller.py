@@ -1,14 +1,19 @@
-"""The controller loop: set the step's weights, watch one window, judge, act; repeat.
+"""The controller: a reconcile loop. Each window it re-reads the data plane, converges it to
+the journal's weights, watches one window, lets the analysis decide, and acts on the phase.
 
-Everything it decides goes through the journal first (see journal.py), so a controller
-killed at any point is resumed by the next `start`/`resume` at the recorded step. It reads
-the journal every tick, so `pause`, `abort` and `promote` from another shell take effect
-within a tick; an interrupted window is discarded, never judged.
+Everything it decides goes through the journal first (see journal.py), and every state
+change through ``Journal.transition``, so a controller killed at any point is resumed by the
+next `start`/`resume` at the recorded step. It reads the journal every tick, so `pause`,
+`abort` and `promote` from another shell take effect within a tick; an interrupted window is
+discarded, never judged. A window during which the weights drifted (a restarted router, a
+hand-edited nginx.conf, a reverted HTTPRoute) is discarded too, and the weights re-applied.
+Time comes from ``clock`` and ``sleep`` (injectable: tests drive whole rollouts in a blink).
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -16,17 +21,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from qlift.errors import QliftError
-from qlift.rollout.dataplane import DataPlane
+from qlift.rollout.analysis import Analysis, Assessment, Phase, on_insufficient, shadow_summary
+from qlift.rollout.dataplane import DataPlane, plane_generation
 from qlift.rollout.evidence import Evidence, VersionEvidence
-from qlift.rollout.journal import FINAL_STATES, Journal, Rollout, now_iso
-from qlift.rollout.judge import Decision, check_error_rate, judge
+from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
+from qlift.rollout.judge import Decision
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import RUNNING, State
 from qlift.rollout.webhook import notify
 
 log = logging.getLogger(__name__)
 
-EARLY_CHECK_S = 1.0  # how often a window in progress is checked for significant canary errors
+EARLY_CHECK_S = 1.0  # how often a window in progress peeks at the evidence and re-reads the weights
+RETRY_MAX_S = 5.0  # longest wait between attempts to reach an unreachable data plane
+SHADOW_STEP = -1  # the step index shadow windows are journaled under
 
 
 def _iso(ts: float) -> str:
@@ -42,195 +51,407 @@ def window_record(ev: Evidence, decision: Decision, action: str, reason: str) ->
     }
 
 
+class Drift(QliftError):
+    """The data plane cannot be read or set: the run loop retries with back-off."""
+
+
 class Controller:
     def __init__(self, journal: Journal, rollout_id: int, spec: RolloutSpec, plane: DataPlane,
-                 collector: Collector, *, tick: float = 0.25, sleep: Callable[[float], None] = time.sleep) -> None:
+                 collector: Collector, *, tick: float = 0.25, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.time, shadow_source: Any = None) -> None:
         self.journal, self.rid, self.spec, self.plane, self.collector = journal, rollout_id, spec, plane, collector
         self.tick = tick
         self.sleep = sleep
-        # Evidence of this step's held (inconclusive) windows: the next window adds to it, so a
-        # 10% step under light traffic grows its sample instead of judging each thin slice alone.
-        self.carry: tuple[int, Evidence] | None = None
+        self.clock = clock
+        self.analysis = Analysis(spec)
+        self.shadow_source = shadow_source
+        self._shadow_carry: Any = None
+        self.webhook_failures = 0
+        self.drifts = 0
+        self._generation: str | None = None
+        self._retry_s = tick
 
     # -- the loop --------------------------------------------------------------------
 
     def run(self) -> Rollout:
         self.recover()
         while True:
-            r = self.journal.get(self.rid)
-            if r.state in FINAL_STATES:
-                return r
-            if r.state == "paused":
-                self.sleep(self.tick)
-                continue
+            self.journal.heartbeat()
+            try:
+                r = self.journal.get(self.rid)
+                if self.journal.abort_marker.exists() and not r.status.final:
+                    self._abort_marked(r)
+                    continue
+                if r.status.final:
+                    self._converge_final(r)
+                    return self.journal.get(self.rid)
+                self._step(r)
+                self._retry_s = self.tick
+            except sqlite3.OperationalError as exc:
+                if not is_disk_full(exc):
+                    raise
+                log.warning("the journal %s is full: the controller changes nothing until there is space "
+                            "(`qlift promote abort` still works)", self.journal.path)
+                self._back_off()
+            except QliftError as exc:  # the data plane (or an evidence source) is unreachable: retry
+                log.warning("%s; retrying in %.1fs", exc.one_line(), self._retry_s)
+                self._back_off()
+
+    def _back_off(self) -> None:
+        self.sleep(self._retry_s)
+        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+
+    def _step(self, r: Rollout) -> None:
+        if r.status == State.ABORT_REQUESTED:
+            self._confirm_abort(r)
+        elif r.status == State.PAUSED:
+            self.sleep(self.tick)
+        elif r.status == State.SHADOWING:
+            self._shadow_window(r)
+        else:
             weight = r.steps[r.step]
-            if not self._ensure_step_weights(r, weight):
-                continue
+            if not self._ensure_weights(r, r.weights_for(weight), f"step {r.step + 1}/{len(r.steps)}: canary "
+                                        f"{weight}%", start_step=weight):
+                return
             if weight == 100:
                 self._promoted(r)
-                continue
-            ev = self._watch_window(r)
-            if ev is None:
-                continue
-            if self.carry is not None and self.carry[0] == r.step:
-                ev = self.carry[1].merged(ev)
-            d = judge(ev, self.spec.analysis)
-            self.carry = (r.step, ev) if d.action == "hold" else None
-            self._act(r, ev, d)
+            else:
+                self._window(r, weight)
 
     def recover(self) -> None:
-        """Re-apply weights journaled but never applied; restore the journal's weights if the data plane drifted."""
-        pending = self.journal.reapply_pending(self.rid, self.plane.set_weights)
-        if pending is not None:
-            log.info("re-applied journaled weights %s (%s)", pending.weights, pending.reason)
-        last = self.journal.last_change(self.rid)
-        if last is None:
-            return
+        """Re-apply weights journaled but never applied; restore the journal's weights if the plane drifted."""
         try:
-            actual = self.plane.weights()
-        except Exception as exc:  # an unreadable data plane is set again below
-            log.warning("could not read the data plane's weights: %s", exc)
-            actual = None
-        if actual is None or any(actual.get(k, 0) != v for k, v in last.weights.items()):
-            log.warning("data plane weights %s differ from the journal's %s: setting the journal's",
-                        actual, last.weights)
-            with self.journal.weights_lock():
-                self.plane.set_weights(last.weights)
+            pending = self.journal.reapply_pending(self.rid, self.plane.set_weights)
+            if pending is not None:
+                log.info("re-applied journaled weights %s (%s)", pending.weights, pending.reason)
+            self._reconcile()
+        except QliftError as exc:
+            log.warning("could not converge the data plane yet: %s", exc.one_line())
 
-    def _ensure_step_weights(self, r: Rollout, weight: int) -> bool:
-        want = r.weights_for(weight)
+    # -- reconcile -------------------------------------------------------------------
+
+    def _desired(self) -> dict[str, int] | None:
+        last = self.journal.last_change(self.rid)
+        return None if last is None else last.weights
+
+    def _reconcile(self) -> bool:
+        """Converge the plane to the journal's last weights; True when it had drifted (re-applied and journaled).
+        Raises Drift when the plane cannot be read or set."""
+        want = self._desired()
+        if want is None:
+            return False
+        try:
+            gen = plane_generation(self.plane)
+            actual = self.plane.weights()
+        except QliftError as exc:
+            raise Drift(f"could not read the data plane's weights: {exc.one_line()}") from None
+        restarted = gen is not None and self._generation is not None and gen != self._generation
+        self._generation = gen if gen is not None else self._generation
+        if actual is not None and all(actual.get(k, 0) == v for k, v in want.items()) and not restarted:
+            return False
+        log.warning("data plane weights %s differ from the journal's %s%s: setting the journal's", actual, want,
+                    " (it restarted)" if restarted else "")
+        try:
+            with self.journal.weights_lock():
+                self.plane.set_weights(want)
+            self._generation = plane_generation(self.plane) or self._generation
+        except QliftError as exc:
+            raise Drift(f"could not re-apply the journal's weights {want}: {exc.one_line()}") from None
+        self.drifts += 1
+        self.journal.log_event(self.rid, "drift", {"found": actual, "journaled": want, "restarted": restarted,
+                                                    "action": "re-applied the journal's weights"})
+        return True
+
+    def _ensure_weights(self, r: Rollout, want: dict[str, int], reason: str, *, start_step: int | None) -> bool:
         last = self.journal.last_change(self.rid)
         if last is not None and last.weights == want:
+            if last.applied_at is None:  # journaled, but the plane was down: apply it now
+                self.journal.reapply_pending(self.rid, self.plane.set_weights)
             return True
-        reason = f"step {r.step + 1}/{len(r.steps)}: canary {weight}%"
         log.info("%s -> weights %s", reason, want)
-        return self.journal.change_weights(
-            self.rid, want, reason, self.plane.set_weights, allowed_states=("progressing",),
-            also=lambda db: self.journal.start_step(db, self.rid, r.step, weight))
+        also = None
+        if start_step is not None:
+            def also(db: Any) -> None:
+                self.journal.start_step(db, self.rid, r.step, start_step)
+        return self.journal.change_weights(self.rid, want, reason, self.plane.set_weights,
+                                           allowed_states=tuple(s.value for s in RUNNING), also=also)
 
-    def _watch_window(self, r: Rollout) -> Evidence | None:
-        failure: str | None = None
+    # -- one window ------------------------------------------------------------------
+
+    def _watch(self, r: Rollout, begin: Callable[[], None], peek: Callable[[], bool] | None) -> tuple[str | None, str]:
+        """Wait one interval. Returns (why the window is void or None, a note). A void window is not judged."""
+        self._reconcile()  # an unreachable plane raises Drift: the run loop backs off and comes back here
+        failure = ""
         try:
-            self.collector.begin()
+            begin()
         except QliftError as exc:
             failure = exc.one_line()
-        started = time.time()
-        early: str | None = None
-        deadline = time.monotonic() + self.spec.interval
-        next_peek = time.monotonic() + EARLY_CHECK_S
-        while (left := deadline - time.monotonic()) > 0:
+        started = self.clock()
+        deadline = started + self.spec.interval
+        next_check = started + EARLY_CHECK_S
+        while (left := deadline - self.clock()) > 0:
             self.sleep(min(self.tick, left))
+            self.journal.heartbeat()
             now = self.journal.get(self.rid)
-            if now.state != "progressing" or now.step != r.step:
-                log.info("window interrupted: rollout is %s", now.state)
-                return None
-            if failure is None and time.monotonic() >= next_peek:
-                next_peek = time.monotonic() + EARLY_CHECK_S
-                if self._errors_already_fail(r):
-                    early = f"ended early after {time.time() - started:.1f}s: canary errors already significant"
-                    break
-        if failure is None:
-            try:
-                ev = self.collector.collect()
-                ev.notes += [early] if early else []
-                return ev
-            except QliftError as exc:
-                failure = exc.one_line()
-        # No evidence is no pass: the window holds (and counts toward max_inconclusive).
-        log.warning("no evidence this window: %s", failure)
-        return Evidence(VersionEvidence(r.stable), VersionEvidence(r.canary), started, time.time(),
-                        "none", notes=[f"evidence source failed: {failure}"])
+            if now.state != r.state or now.step != r.step or self.journal.abort_marker.exists():
+                return f"window interrupted: rollout is {now.state}", ""
+            if self.clock() >= next_check:
+                next_check = self.clock() + EARLY_CHECK_S
+                try:
+                    if self._reconcile():
+                        return "the data plane's weights drifted during the window (re-applied)", ""
+                except Drift as exc:
+                    return str(exc), ""
+                if not failure and peek is not None and peek():
+                    return None, f"ended early after {self.clock() - started:.1f}s: canary errors already significant"
+        try:
+            if self._reconcile():
+                return "the data plane's weights drifted during the window (re-applied)", ""
+        except Drift as exc:
+            return str(exc), ""
+        return None, failure and f"evidence source failed: {failure}"
 
-    def _errors_already_fail(self, r: Rollout) -> bool:
-        """A failing canary need not wait for the window's end: once its errors are significant
-        (the same test as the window's), the window ends now and is judged in full."""
+    def _peek(self, r: Rollout) -> bool:
         try:
             ev = self.collector.peek()
         except QliftError:
             return False
-        if ev is None:
-            return False
-        if self.carry is not None and self.carry[0] == r.step:
-            ev = self.carry[1].merged(ev)
-        if check_error_rate(ev.canary, ev.stable, self.spec.analysis).status != "fail":
-            return False
-        log.info("canary errors are already significant: ending the window early")
-        return True
+        if self.analysis.early_stop(r.step, ev):
+            log.info("canary errors are already significant: ending the window early")
+            return True
+        return False
+
+    def _window(self, r: Rollout, weight: int) -> None:
+        void, note = self._watch(r, self.collector.begin, lambda: self._peek(r))
+        if void is not None:
+            self._discard(r, void)
+            return
+        ev: Evidence
+        if note.startswith("evidence source failed"):
+            ev = self._no_evidence(r, note)
+        else:
+            try:
+                ev = self.collector.collect()
+                ev.notes += [note] if note else []
+            except QliftError as exc:
+                ev = self._no_evidence(r, f"evidence source failed: {exc.one_line()}")
+        verdict = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes)
+        log.info("window at %d%%: canary %d requests, stable %d: %s (%s)", weight, ev.canary.requests,
+                 ev.stable.requests, verdict.phase, verdict.reason)
+        self._act(r, verdict)
+
+    def _no_evidence(self, r: Rollout, note: str) -> Evidence:
+        # No evidence is no pass: the window holds (and counts toward max_inconclusive).
+        log.warning("no evidence this window: %s", note)
+        now = self.clock()
+        return Evidence(VersionEvidence(r.stable), VersionEvidence(r.canary), now - self.spec.interval, now,
+                        "none", notes=[note])
+
+    def _discard(self, r: Rollout, why: str) -> None:
+        log.warning("window discarded: %s", why)
+        if not why.startswith("window interrupted"):
+            self.journal.log_event(self.rid, "window_discarded", {"step": r.step, "state": r.state, "reason": why})
 
     # -- decisions -------------------------------------------------------------------
 
-    def _act(self, r: Rollout, ev: Evidence, d: Decision) -> None:
-        a = self.spec.analysis
-        log.info("window at %d%%: canary %d requests, stable %d: %s (%s)", r.steps[r.step], ev.canary.requests,
-                 ev.stable.requests, d.action, d.reason)
-        if d.action == "hold" and r.holds + 1 > a.max_inconclusive:
-            d = Decision("rollback", f"inconclusive for {r.holds + 1} windows (max_inconclusive "
-                                     f"{a.max_inconclusive}): {d.reason}", d.checks)
-        if d.action == "rollback":
-            self._rollback(r, ev, d)
-        elif d.action == "hold":
-            self._record(r, ev, d, "hold", holds=r.holds + 1)
-        elif r.passes + 1 < a.intervals_per_step:
-            self._record(r, ev, d, "pass", passes=r.passes + 1)
+    def _act(self, r: Rollout, v: Assessment) -> None:
+        if v.phase == Phase.ROLLBACK:
+            self._rollback(r, v.evidence, v.decision, v.reason)
+        elif v.phase == Phase.ADVANCE:
+            self._advance(r, v)
+        elif v.phase == Phase.PAUSE:
+            self._pause(r, v)
         else:
-            self._advance(r, ev, d)
+            self._record(r, v.evidence, v.decision, str(v.phase), v.reason, holds=v.holds, passes=v.passes)
 
-    def _record(self, r: Rollout, ev: Evidence, d: Decision, action: str, **fields: Any) -> None:
+    def _record(self, r: Rollout, ev: Evidence, d: Decision, action: str, reason: str, *, step: int | None = None,
+                record: dict[str, Any] | None = None, **fields: Any) -> None:
+        idx = r.step if step is None else step
         with self.journal.tx() as db:
-            if self.journal.get(self.rid).state != "progressing":
+            if self.journal.get(self.rid).state != r.state:
                 return
-            wid = self.journal.add_window(db, self.rid, r.step, window_record(ev, d, action, d.reason))
-            self.journal.decide(db, self.rid, r.step, action, d.reason, window_id=wid, p_values=d.p_values)
+            wid = self.journal.add_window(db, self.rid, idx, record or window_record(ev, d, action, reason))
+            self.journal.decide(db, self.rid, idx, action, reason, window_id=wid, p_values=d.p_values)
             self.journal.update(db, self.rid, **fields)
-        self._notify(r, action, d.reason, d.p_values)
+        self._notify(r, action, reason, d.p_values)
 
-    def _advance(self, r: Rollout, ev: Evidence, d: Decision) -> None:
+    def _pause(self, r: Rollout, v: Assessment) -> None:
+        with self.journal.tx() as db:
+            if not self.journal.transition(db, self.rid, State(r.state), State.PAUSED, v.reason, holds=0):
+                return
+            wid = self.journal.add_window(db, self.rid, r.step, window_record(v.evidence, v.decision, "pause",
+                                                                                v.reason))
+            self.journal.decide(db, self.rid, r.step, "pause", v.reason, window_id=wid, p_values=v.decision.p_values)
+        log.warning("paused: %s", v.reason)
+        self._notify(r, "pause", v.reason, v.decision.p_values, state=State.PAUSED)
+
+    def _advance(self, r: Rollout, v: Assessment) -> None:
         nxt = r.step + 1
         weight = r.steps[nxt]
 
         def also(db: Any) -> None:
-            wid = self.journal.add_window(db, self.rid, r.step, window_record(ev, d, "advance", d.reason))
-            self.journal.decide(db, self.rid, r.step, "advance", d.reason, window_id=wid, p_values=d.p_values)
+            wid = self.journal.add_window(db, self.rid, r.step, window_record(v.evidence, v.decision, "advance",
+                                                                                v.reason))
+            self.journal.decide(db, self.rid, r.step, "advance", v.reason, window_id=wid,
+                                p_values=v.decision.p_values)
             self.journal.finish_step(db, self.rid, r.step, "passed")
             self.journal.start_step(db, self.rid, nxt, weight)
             self.journal.update(db, self.rid, step=nxt, holds=0, passes=0)
 
         reason = f"step {nxt + 1}/{len(r.steps)}: canary {weight}%"
         if self.journal.change_weights(self.rid, r.weights_for(weight), reason, self.plane.set_weights,
-                                       allowed_states=("progressing",), also=also):
+                                       allowed_states=(State.PROGRESSING.value,), also=also):
             log.info("advanced: %s", reason)
-            self._notify(r, "advance", d.reason, d.p_values, step=nxt)
+            self._notify(r, "advance", v.reason, v.decision.p_values, step=nxt)
 
-    def _rollback(self, r: Rollout, ev: Evidence, d: Decision) -> None:
+    def _rollback(self, r: Rollout, ev: Any, d: Decision, reason: str, *, record: dict[str, Any] | None = None,
+                  step: int | None = None) -> None:
+        idx = r.step if step is None else step
+
         def also(db: Any) -> None:
-            wid = self.journal.add_window(db, self.rid, r.step, window_record(ev, d, "rollback", d.reason))
-            self.journal.decide(db, self.rid, r.step, "rollback", d.reason, window_id=wid, p_values=d.p_values)
+            wid = self.journal.add_window(db, self.rid, idx, record or window_record(ev, d, "rollback", reason))
+            self.journal.decide(db, self.rid, idx, "rollback", reason, window_id=wid, p_values=d.p_values)
             self.journal.finish_step(db, self.rid, r.step, "rolled_back")
-            self.journal.update(db, self.rid, state="rolled_back", desired_version=r.stable, reason=d.reason)
+            self.journal.transition(db, self.rid, State(r.state), State.ROLLED_BACK, reason,
+                                    desired_version=r.stable)
 
+        # The state is final from here; if the plane refuses the weights, _converge_final retries until applied.
         if self.journal.change_weights(self.rid, r.weights_for(0), "rollback", self.plane.set_weights,
-                                       allowed_states=("progressing",), also=also):
-            log.warning("rolled back: %s", d.reason)
-            self._notify(r, "rollback", d.reason, d.p_values, state="rolled_back")
+                                       allowed_states=(r.state,), also=also):
+            log.warning("rolled back: %s", reason)
+            self._notify(r, "rollback", reason, d.p_values, state=State.ROLLED_BACK)
 
     def _promoted(self, r: Rollout) -> None:
         reason = f"canary {r.canary} at 100%: promoted"
         with self.journal.tx() as db:
-            if self.journal.get(self.rid).state != "progressing":
+            if not self.journal.transition(db, self.rid, State.PROGRESSING, State.PROMOTED, reason,
+                                           desired_version=r.canary):
                 return
             self.journal.finish_step(db, self.rid, r.step, "promoted")
             self.journal.decide(db, self.rid, r.step, "promoted", reason)
-            self.journal.update(db, self.rid, state="promoted", desired_version=r.canary, reason=reason)
         log.info(reason)
-        self._notify(r, "promoted", reason, {}, state="promoted")
+        self._notify(r, "promoted", reason, {}, state=State.PROMOTED)
+
+    # -- aborts and final states -----------------------------------------------------
+
+    def _confirm_abort(self, r: Rollout) -> None:
+        """An abort journaled but not confirmed by the plane: apply 100% stable until it is."""
+        from qlift.rollout.api import confirm_abort
+
+        confirm_abort(self.journal, r, self.plane)
+
+    def _abort_marked(self, r: Rollout) -> None:
+        """An abort reached the plane while the journal was full: hold 100% stable, journal it when there is room."""
+        stable = r.weights_for(0)
+        try:
+            actual = self.plane.weights()
+        except QliftError:
+            actual = None
+        if actual != stable:
+            with self.journal.weights_lock():
+                self.plane.set_weights(stable)
+        from qlift.rollout.api import journal_marked_abort
+
+        if not journal_marked_abort(self.journal, r, self.plane):
+            self.sleep(max(self.tick, 1.0))
+
+    def _converge_final(self, r: Rollout) -> None:
+        """A final state's weights that never reached the plane (it was down) are applied before returning."""
+        while True:
+            try:
+                pending = self.journal.reapply_pending(self.rid, self.plane.set_weights)
+                if pending is not None:
+                    log.info("applied the journaled weights %s (%s)", pending.weights, pending.reason)
+                return
+            except QliftError as exc:
+                log.warning("the data plane does not take the final weights yet: %s", exc.one_line())
+                self._back_off()
+
+    # -- the shadow phase ------------------------------------------------------------
+
+    def _shadow_window(self, r: Rollout) -> None:
+        from qlift.rollout.shadow import judge_shadow
+
+        shadow: Any = getattr(self.spec, "shadow", None)
+        assert shadow is not None
+        if not self._ensure_weights(r, r.weights_for(0), "shadow phase: the stable serves every user",
+                                    start_step=None):
+            return
+        source = self.shadow_source
+        source.start(r.canary, shadow.percent, shadow.max_inflight)  # every window: a restarted router forgets it
+        void, _ = self._watch(r, source.begin, None)
+        if void is not None:
+            self._discard(r, void)
+            return
+        ev = source.collect()
+        if self._shadow_carry is not None:  # held windows' pairs add up, as a step's held evidence does
+            ev = self._shadow_carry.merged(ev)
+        d = judge_shadow(ev, self.spec)
+        self._shadow_carry = ev if d.action == "hold" else None
+        summary = shadow_summary(ev)
+        record = {"started_at": _iso(getattr(ev, "started_at", self.clock() - self.spec.interval)),
+                  "ended_at": _iso(getattr(ev, "ended_at", self.clock())), "source": "shadow",
+                  "stable": summary.get("stable", {}), "canary": summary.get("canary", {}),
+                  "action": d.action, "reason": d.reason, "checks": [asdict(c) for c in d.checks],
+                  "notes": [f"{summary.get('pairs', '?')} shadow pairs"]}
+        windows = int(shadow.windows)
+        if d.action == "rollback":
+            record["action"] = "rollback"
+            self._rollback(r, ev, d, f"shadow phase: {d.reason}", record=record, step=SHADOW_STEP)
+            self._shadow_off()
+        elif d.action == "advance" and r.passes + 1 >= windows:
+            record["action"] = "advance"
+            reason = f"shadow phase passed ({windows} windows): {d.reason}"
+            with self.journal.tx() as db:
+                if not self.journal.transition(db, self.rid, State.SHADOWING, State.PROGRESSING, reason,
+                                               holds=0, passes=0):
+                    return
+                wid = self.journal.add_window(db, self.rid, SHADOW_STEP, record)
+                self.journal.decide(db, self.rid, SHADOW_STEP, "advance", reason, window_id=wid,
+                                    p_values=d.p_values)
+            self._shadow_off()
+            self._notify(r, "advance", reason, d.p_values)
+        elif d.action == "advance":
+            record["action"] = "pass"
+            self._record(r, ev, d, "pass", d.reason, step=SHADOW_STEP, record=record, passes=r.passes + 1)
+        elif r.holds + 1 <= self.spec.analysis.max_inconclusive:
+            record["action"] = "hold"
+            self._record(r, ev, d, "hold", d.reason, step=SHADOW_STEP, record=record, holds=r.holds + 1)
+        else:
+            reason = (f"shadow phase inconclusive for {r.holds + 1} windows: {d.reason}; mirror a larger share "
+                      f"(--shadow), or a longer --interval, or raise --max-inconclusive")
+            if on_insufficient(self.spec) == "rollback":
+                record["action"] = "rollback"
+                self._rollback(r, ev, d, reason, record=record, step=SHADOW_STEP)
+                self._shadow_off()
+                return
+            record["action"] = "pause"
+            with self.journal.tx() as db:
+                if not self.journal.transition(db, self.rid, State.SHADOWING, State.PAUSED, reason, holds=0):
+                    return
+                wid = self.journal.add_window(db, self.rid, SHADOW_STEP, record)
+                self.journal.decide(db, self.rid, SHADOW_STEP, "pause", reason, window_id=wid)
+            self._notify(r, "pause", reason, d.p_values, state=State.PAUSED)
+
+    def _shadow_off(self) -> None:
+        try:
+            self.shadow_source.stop()
+        except QliftError as exc:
+            log.warning("could not turn the router's shadow mirroring off: %s", exc.one_line())
+
+    # -- notifications ---------------------------------------------------------------
 
     def _notify(self, r: Rollout, action: str, reason: str, p_values: dict[str, float], *,
                 step: int | None = None, state: str | None = None) -> None:
         if not self.spec.webhook:
             return
         last = self.journal.last_change(self.rid)
-        notify(self.spec.webhook, {
+        failure = notify(self.spec.webhook, {
             "rollout": self.rid, "at": now_iso(), "stable": r.stable, "canary": r.canary, "action": action,
-            "state": state or "progressing", "step": r.step if step is None else step, "reason": reason,
+            "state": str(state or r.state), "step": r.step if step is None else step, "reason": reason,
             "p_values": p_values, "weights": last.weights if last else None,
         })
+        if failure is not None:
+            self.webhook_failures += 1
+            self.journal.log_event(self.rid, "webhook_failed", {"action": action, "error": failure,
+                                                                "failures": self.webhook_failures})

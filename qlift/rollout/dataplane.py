@@ -24,6 +24,19 @@ class DataPlane(Protocol):
         """Version name -> base URL of its server, where known (for vLLM /metrics)."""
 
 
+def plane_generation(plane: DataPlane) -> str | None:
+    """Changes when the data plane restarted (its weights and request log may have reset); None: cannot tell."""
+    fn = getattr(plane, "generation", None)
+    return fn() if callable(fn) else None
+
+
+def check_versions(plane: DataPlane, versions: list[str]) -> None:
+    """Refuse version names the data plane does not have, before anything is journaled."""
+    fn = getattr(plane, "check_versions", None)
+    if callable(fn):
+        fn(versions)
+
+
 class RouterDataPlane:
     """The qlift router: ``PUT /admin/weights`` applies atomically to new requests."""
 
@@ -46,6 +59,19 @@ class RouterDataPlane:
 
     def backend_urls(self) -> dict[str, str]:
         return {b.name: b.url for b in self.client.state().backends}
+
+    def generation(self) -> str | None:
+        return self.client.state().started_at
+
+    def check_versions(self, versions: list[str]) -> None:
+        from qlift.errors import BadInputError
+
+        names = [b.name for b in self.client.state().backends]
+        missing = [v for v in versions if v not in names]
+        if missing:
+            raise BadInputError(f"router at {self.client.url} has no backend named {', '.join(missing)} "
+                                f"(it has {', '.join(names) or 'none'})", field="--stable/--canary",
+                                hint="Pass the router's backend names (`qlift router --backend NAME=URL`).")
 
 
 def make_data_plane(spec: RolloutSpec) -> DataPlane:

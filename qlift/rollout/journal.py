@@ -7,6 +7,11 @@ weight change. A weight change is committed as an *intent* before the data plane
 touched and marked applied after; a controller killed in between finds the intent on
 restart and applies it again, so the data plane never holds weights the journal does not
 know. A file lock serialises weight changes between processes (controller, abort, promote).
+
+States move only through ``transition`` (checked against states.TRANSITIONS in the same
+transaction). The file is checked before anything is written: a foreign SQLite file, a
+corrupted page (``PRAGMA quick_check``) or a journal that cannot be written is refused with
+one line (exit 2); ``readonly=True`` reads a journal nobody may write (``status``).
 """
 
 from __future__ import annotations
@@ -16,16 +21,20 @@ import fcntl
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from qlift.errors import BadInputError, QliftError
+from qlift.rollout.states import FINAL, State, can_move
 
-ACTIVE_STATES = ("progressing", "paused")
-FINAL_STATES = ("promoted", "rolled_back", "aborted")
+ACTIVE_STATES = tuple(s.value for s in State if not s.final)
+FINAL_STATES = tuple(s.value for s in FINAL)
+TABLES = ("rollouts", "steps", "windows", "decisions", "weight_changes", "events")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -47,7 +56,22 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE TABLE IF NOT EXISTS weight_changes (
   id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, weights TEXT NOT NULL, reason TEXT NOT NULL,
   journaled_at TEXT NOT NULL, applied_at TEXT);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, at TEXT NOT NULL, kind TEXT NOT NULL,
+  detail TEXT NOT NULL DEFAULT '{}');
 """
+_ROLLOUT_COLUMNS = {"id", "created_at", "updated_at", "state", "stable", "canary", "spec", "step", "holds", "passes",
+                    "desired_version", "reason"}
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """SQLITE_FULL: the disk (or the file's page limit) has no room for the write."""
+    return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+class JournalFullError(QliftError):
+    """The journal could not grow (SQLITE_FULL)."""
+
 
 
 def now_iso() -> str:
@@ -70,6 +94,10 @@ class Rollout:
     reason: str
 
     @property
+    def status(self) -> State:
+        return State(self.state)
+
+    @property
     def steps(self) -> list[int]:
         return [int(w) for w in self.spec["steps"]]
 
@@ -88,18 +116,93 @@ class WeightChange:
 
 
 class Journal:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly
+        if readonly:
+            self.db = self._open_readonly()
+        else:
+            self.db = self._open_for_writing()
+
+    def _fail(self, what: str, hint: str = "Pass another --journal FILE.") -> BadInputError:
+        return BadInputError(f"{self.path} {what}", hint=hint)
+
+    def _configure(self, db: sqlite3.Connection) -> None:
+        """Connection settings (a test caps max_page_count here to fill the journal)."""
+        db.row_factory = sqlite3.Row
+
+    def _open_for_writing(self) -> sqlite3.Connection:
+        if self.path.is_dir():
+            raise self._fail("is a directory, not a rollout journal")
         try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
-            self.db.row_factory = sqlite3.Row
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
-            self.db.executescript(_SCHEMA)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._fail(f"cannot be created: {exc.strerror}") from None
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        if not fresh and not os.access(self.path, os.W_OK):
+            raise self._fail("is read-only", hint="`qlift promote status` can read it; the other commands "
+                             "need it writable (or pass another --journal FILE).")
+        if not os.access(self.path.parent, os.W_OK):
+            raise self._fail(f"cannot be written: its directory {self.path.parent} is read-only")
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
+        try:
+            self._configure(db)
+            self._check(db, fresh=fresh)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+            db.execute("BEGIN IMMEDIATE")  # writable, and not locked by another writer forever
+            db.execute("ROLLBACK")
+        except BadInputError:
+            db.close()
+            raise
         except sqlite3.DatabaseError as exc:
-            raise BadInputError(f"cannot use {self.path} as a rollout journal: {exc}",
-                                hint="Pass another --journal FILE.") from None
+            db.close()
+            if is_disk_full(exc):
+                raise self._fail("cannot be written: the disk is full", hint="Free disk space.") from None
+            raise self._fail(f"cannot be used as a rollout journal: {exc}") from None
+        return db
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise QliftError(f"no rollout journal at {self.path}", hint="Start one with `qlift promote start`.")
+        last: sqlite3.Error | None = None
+        # mode=ro needs the -shm file or a writable directory; immutable=1 reads a file nobody may write.
+        for query in ("mode=ro", "immutable=1"):
+            db = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?{query}", uri=True, isolation_level=None,
+                                 check_same_thread=False)
+            try:
+                self._configure(db)
+                db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            except sqlite3.Error as exc:
+                db.close()
+                last = exc
+                continue
+            try:
+                self._check(db, fresh=False)
+                return db
+            except BadInputError:
+                db.close()
+                raise
+        raise self._fail(f"cannot be read as a rollout journal: {last}")
+
+    def _check(self, db: sqlite3.Connection, *, fresh: bool) -> None:
+        """Refuse a file that is not SQLite, is corrupted, or is someone else's database."""
+        try:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not fresh or tables:
+                problems = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
+                if problems != ["ok"]:
+                    raise self._fail(f"is corrupted (PRAGMA quick_check: {problems[0]})",
+                                     hint="Restore it from a copy, or pass another --journal FILE.")
+        except sqlite3.DatabaseError as exc:
+            raise self._fail(f"is not a usable SQLite file ({exc})") from None
+        if not tables:
+            return
+        columns = {r[1] for r in db.execute("PRAGMA table_info(rollouts)")}
+        if "rollouts" not in tables or not columns >= _ROLLOUT_COLUMNS:
+            shown = ", ".join(sorted(tables)[:4])
+            raise self._fail(f"is an SQLite file of something else (tables: {shown}), not a rollout journal")
 
     def close(self) -> None:
         self.db.close()
@@ -116,10 +219,11 @@ class Journal:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
+            self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite may have rolled back itself (SQLITE_FULL)
+                self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
 
     @contextlib.contextmanager
     def _flock(self, suffix: str, *, wait: bool = True) -> Iterator[bool]:
@@ -130,8 +234,9 @@ class Journal:
             except BlockingIOError:
                 yield False
                 return
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
+            with contextlib.suppress(OSError):  # a full disk must not stop an abort
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
             yield True
         finally:
             os.close(fd)  # closing releases the lock; so does dying, even by SIGKILL
@@ -145,13 +250,43 @@ class Journal:
 
     def controller_pid(self) -> int | None:
         """pid of the controller holding the lock, or None when no controller runs."""
-        with self._flock(".controller.lock", wait=False) as free:
-            if free:
-                return None
+        lock = Path(f"{self.path}.controller.lock")
+        if not lock.exists():
+            return None
         try:
-            return int(Path(f"{self.path}.controller.lock").read_text() or 0) or None
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it exclusively: no controller
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        try:
+            return int(lock.read_text() or 0) or None
         except (OSError, ValueError):
             return None
+
+    def heartbeat(self) -> None:
+        """The running controller marks itself alive (the lock file's mtime; no journal write)."""
+        with contextlib.suppress(OSError):
+            os.utime(f"{self.path}.controller.lock")
+
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the controller's last heartbeat, None when no controller runs."""
+        if self.controller_pid() is None:
+            return None
+        try:
+            return max(0.0, time.time() - os.stat(f"{self.path}.controller.lock").st_mtime)
+        except OSError:
+            return None
+
+    @property
+    def abort_marker(self) -> Path:
+        """Written when an abort reached the data plane but the journal was full: the controller obeys it."""
+        return Path(f"{self.path}.abort-requested")
 
     # -- reading ---------------------------------------------------------------------
 
@@ -202,19 +337,27 @@ class Journal:
         changes = rows("SELECT * FROM weight_changes WHERE rollout_id = ? ORDER BY id")
         for c in changes:
             c["weights"] = json.loads(c["weights"])
+        events = rows("SELECT * FROM events WHERE rollout_id = ? ORDER BY id") if self._has_events() else []
+        for e in events:
+            e["detail"] = json.loads(e["detail"])
         return {"steps": rows("SELECT * FROM steps WHERE rollout_id = ? ORDER BY idx"),
-                "windows": windows, "decisions": decisions, "weight_changes": changes}
+                "windows": windows, "decisions": decisions, "weight_changes": changes, "events": events}
+
+    def _has_events(self) -> bool:
+        """A journal written by an older qlift, read read-only, has no events table."""
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone() is not None
 
     # -- writing ---------------------------------------------------------------------
 
-    def create(self, spec: dict[str, Any], stable: str, canary: str) -> Rollout:
+    def create(self, spec: dict[str, Any], stable: str, canary: str, *,
+               state: State = State.PROGRESSING) -> Rollout:
         t = now_iso()
         with self.tx() as db:
             if self.active() is not None:
                 raise QliftError("a rollout is already in progress in this journal")
             cur = db.execute(
                 "INSERT INTO rollouts (created_at, updated_at, state, stable, canary, spec, desired_version)"
-                " VALUES (?, ?, 'progressing', ?, ?, ?, ?)", (t, t, stable, canary, json.dumps(spec), stable))
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", (t, t, state.value, stable, canary, json.dumps(spec), stable))
             rid = int(cur.lastrowid or 0)
             db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason) VALUES (?, ?, 0, 'start', ?)",
                        (rid, t, f"rollout of {canary} over {stable} started"))
@@ -226,7 +369,38 @@ class Journal:
                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                    (rollout_id, now_iso(), step, action, reason, int(manual), window_id, json.dumps(p_values or {})))
 
+    def transition(self, db: sqlite3.Connection, rollout_id: int, src: State | tuple[State, ...], dst: State,
+                   reason: str, **fields: Any) -> bool:
+        """Move the rollout from ``src`` (one state or any of several) to ``dst`` inside ``db``'s
+        transaction, with ``fields``; False, changing nothing, when it is in none of ``src`` now.
+        A move the transition table lacks is a bug, and raises."""
+        sources = src if isinstance(src, tuple) else (src,)
+        now = State(self.get(rollout_id).state)
+        if now not in sources:
+            return False
+        if not can_move(now, dst):
+            raise QliftError(f"rollout {rollout_id}: {now.value} -> {dst.value} is not a valid transition")
+        self.update(db, rollout_id, state=dst.value, reason=reason, **fields)
+        self.event(db, rollout_id, "state", {"from": now.value, "to": dst.value, "reason": reason})
+        return True
+
+    def event(self, db: sqlite3.Connection, rollout_id: int, kind: str, detail: dict[str, Any]) -> None:
+        db.execute("INSERT INTO events (rollout_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                   (rollout_id, now_iso(), kind, json.dumps(detail)))
+
+    def log_event(self, rollout_id: int, kind: str, detail: dict[str, Any]) -> bool:
+        """One event in its own transaction; False (not raised) when the journal is full."""
+        try:
+            with self.tx() as db:
+                self.event(db, rollout_id, kind, detail)
+        except sqlite3.OperationalError as exc:
+            if is_disk_full(exc):
+                return False
+            raise
+        return True
+
     def update(self, db: sqlite3.Connection, rollout_id: int, **fields: Any) -> None:
+        """Counters and fields of the rollout row; the state only through ``transition``."""
         fields["updated_at"] = now_iso()
         cols = ", ".join(f"{k} = ?" for k in fields)
         db.execute(f"UPDATE rollouts SET {cols} WHERE id = ?", (*fields.values(), rollout_id))
@@ -273,9 +447,12 @@ class Journal:
                 if also is not None:
                     also(db)
             apply(weights)
-            with self.tx() as db:
-                db.execute("UPDATE weight_changes SET applied_at = ? WHERE id = ?", (now_iso(), change_id))
+            self.mark_applied(change_id)
         return True
+
+    def mark_applied(self, change_id: int) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE weight_changes SET applied_at = ? WHERE id = ?", (now_iso(), change_id))
 
     def reapply_pending(self, rollout_id: int, apply: Callable[[dict[str, int]], object]) -> WeightChange | None:
         """After a crash: apply the last journaled weights if they were never marked applied."""
@@ -284,6 +461,5 @@ class Journal:
             if last is None or last.applied_at is not None:
                 return None
             apply(last.weights)
-            with self.tx() as db:
-                db.execute("UPDATE weight_changes SET applied_at = ? WHERE id = ?", (now_iso(), last.id))
+            self.mark_applied(last.id)
         return last

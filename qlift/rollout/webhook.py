@@ -1,4 +1,8 @@
-"""Optional webhook: a JSON POST on each decision (chat notifications). Failures are logged, never fatal."""
+"""Optional webhook: a JSON POST on each decision (chat notifications).
+
+The URL is checked before a rollout starts (``validate_webhook``); at run time a failure of
+any kind is logged and counted, never fatal: the controller keeps watching the canary.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,32 @@ from typing import Any
 
 import httpx
 
+from qlift.errors import BadInputError
+
 log = logging.getLogger(__name__)
 
 
-def notify(url: str | None, payload: dict[str, Any], timeout: float = 5.0) -> None:
+def validate_webhook(url: str | None) -> None:
     if not url:
         return
     try:
+        parsed = httpx.URL(url)
+        ok = parsed.scheme in ("http", "https") and bool(parsed.host)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise BadInputError(f"webhook URL '{url}' is not a valid URL ({exc})", field="--webhook",
+                            hint="Pass an http(s)://HOST[:PORT]/PATH URL.") from None
+    if not ok:
+        raise BadInputError(f"webhook URL '{url}' needs http:// or https:// and a host", field="--webhook",
+                            hint="Pass an http(s)://HOST[:PORT]/PATH URL.")
+
+
+def notify(url: str | None, payload: dict[str, Any], timeout: float = 5.0) -> str | None:
+    """POST ``payload``; returns None when delivered (or no URL), else what went wrong."""
+    if not url:
+        return None
+    try:
         httpx.post(url, json=payload, timeout=timeout).raise_for_status()
-    except httpx.HTTPError as exc:
-        log.warning("webhook %s failed: %s", url, exc)
+    except Exception as exc:  # a webhook never ends the controller, whatever it raises
+        log.warning("webhook %s failed: %s: %s", url, type(exc).__name__, exc)
+        return f"{type(exc).__name__}: {exc}"
+    return None

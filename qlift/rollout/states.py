@@ -1,0 +1,62 @@
+"""The rollout's states and the one table of moves between them.
+
+Every state change goes through ``Journal.transition`` (journal.py), which checks this
+table inside the write transaction: a move the table does not list is refused, and a
+final state is never left.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    SHADOWING = "shadowing"  # the canary gets a mirrored copy of live requests; users see only the stable
+    PROGRESSING = "progressing"  # the canary serves its step's share of users; windows are judged
+    PAUSED = "paused"  # weights held; no window judged until `resume` (an operator, or too little traffic)
+    ABORT_REQUESTED = "abort_requested"  # abort journaled; the data plane has not confirmed 100/0 yet
+    PROMOTED = "promoted"  # final: the canary has 100%
+    ROLLED_BACK = "rolled_back"  # final: the judge failed the canary; the stable has 100%
+    ABORTED = "aborted"  # final: an operator aborted and the data plane confirmed 100/0
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL
+
+    @property
+    def active(self) -> bool:
+        """A controller has work to do (an unconfirmed abort included)."""
+        return not self.final
+
+
+FINAL = frozenset({State.PROMOTED, State.ROLLED_BACK, State.ABORTED})
+RUNNING = frozenset({State.SHADOWING, State.PROGRESSING})
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.SHADOWING: frozenset({State.PROGRESSING, State.PAUSED, State.ROLLED_BACK, State.ABORT_REQUESTED,
+                                State.PROMOTED}),
+    State.PROGRESSING: frozenset({State.PAUSED, State.ROLLED_BACK, State.ABORT_REQUESTED, State.PROMOTED}),
+    State.PAUSED: frozenset({State.PROGRESSING, State.SHADOWING, State.ABORT_REQUESTED, State.PROMOTED,
+                             State.ROLLED_BACK}),
+    State.ABORT_REQUESTED: frozenset({State.ABORTED}),
+    State.PROMOTED: frozenset(),
+    State.ROLLED_BACK: frozenset(),
+    State.ABORTED: frozenset(),
+}
+
+DESCRIPTIONS: dict[State, str] = {
+    State.SHADOWING: "shadow phase: a share of live requests is mirrored to the canary; its answers are judged "
+                     "against the stable's on the same prompts and never reach users",
+    State.PROGRESSING: "the canary serves its step's share of users; each window is judged",
+    State.PAUSED: "weights held, no window judged until `qlift promote resume` (paused by an operator, or "
+                  "by too little canary traffic)",
+    State.ABORT_REQUESTED: "abort journaled, the data plane has not confirmed 100% stable yet: `abort`, `resume` "
+                           "or `start` retry until it does",
+    State.PROMOTED: "final: the canary has 100% of the traffic",
+    State.ROLLED_BACK: "final: a check failed (or analysis stayed inconclusive); the stable has 100%",
+    State.ABORTED: "final: an operator aborted; the data plane confirmed 100% stable",
+}
+
+
+def can_move(src: State | str, dst: State | str) -> bool:
+    return State(dst) in TRANSITIONS[State(src)]

@@ -34,7 +34,7 @@ from qlift.rollout.webhook import notify
 log = logging.getLogger(__name__)
 
 EARLY_CHECK_S = 1.0  # how often a window in progress peeks at the evidence and re-reads the weights
-RETRY_MAX_S = 5.0  # longest wait between attempts to reach an unreachable data plane
+RETRY_MAX_S = 2.0  # longest wait between attempts to reach an unreachable data plane
 SHADOW_STEP = -1  # the step index shadow windows are journaled under
 
 

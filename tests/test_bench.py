@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from qlift.errors import BadInputError
-from qlift.perf.bench import compare, load_result, to_level
+from qlift.perf.bench import BenchResult, LevelResult, compare, load_result, to_level
 from qlift.perf.slo import RequestRecord, goodput, parse_slo, vllm_goodput_args
 
 
@@ -219,3 +219,50 @@ def test_timeout_before_any_level_keeps_a_result_marked_incomplete(run_cli, tmp_
     assert r.exit_code == 8 and "no concurrency level finished within --timeout 20 s" in r.stderr, r.stderr
     result = json.loads(out.read_text())
     assert result["complete"] is False and result["levels"] == []
+
+
+def _level(concurrency: int, requests: int) -> LevelResult:
+    lat = {m: {"mean": 10.0 * concurrency, "p50": 10.0 * concurrency, "p95": 15.0 * concurrency,
+               "p99": 20.0 * concurrency} for m in ("ttft", "tpot", "itl", "e2el")}
+    return LevelResult(concurrency, requests, requests, 0, 10.0, requests / 10, 40.0 * concurrency, requests * 8,
+                       requests * 8, lat, requests / 20, 25.0 * concurrency, requests // 2, None)
+
+
+@pytest.mark.parametrize("requests", [16, 64])
+def test_plot_panels_from_zero_with_slo_goodput_and_no_thin_p99(tmp_path: Path, requests: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from qlift.perf.plot import draw_bench, plot_bench
+
+    result = BenchResult(
+        kind="qlift-bench/1", endpoint="http://127.0.0.1:8000", model="smollm2", tokenizer="t", date="d",
+        qlift_version="0", vllm_version="0.32", hardware={"description": "AMD EPYC, 2 cores"}, server={},
+        workload={"requests": requests, "input_tokens": 256, "output_tokens": 64, "dataset": None, "seed": 0},
+        slo_ms={"ttft": 500.0, "tpot": 50.0}, levels=[_level(1, requests), _level(8, requests)], complete=True)
+    old_latency = {m: {"p50": 9.0} for m in ("ttft", "tpot", "e2el")}
+    baseline = {"model": "before", "date": "2026-11-30",
+                "levels": [{"concurrency": 1, "output_tokens_per_s": 30.0, "latency_ms": old_latency}]}
+    fig = Figure(figsize=(11, 7.5))
+    draw_bench(fig, result, baseline)
+    throughput, ttft, tpot, e2e = fig.axes
+    assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)
+    assert [ln.get_label() for ln in throughput.get_lines()] == \
+        ["output tok/s", "goodput tok/s (SLO ttft <= 500 ms, tpot <= 50 ms)", "baseline output tok/s"]
+    labels = {ax.get_title(): [ln.get_label() for ln in ax.get_lines()] for ax in (ttft, tpot, e2e)}
+    p99 = ["p99"] if requests >= 50 else []
+    assert labels == {"time to first token": ["p50", *p99, "baseline p50", "SLO 500 ms"],
+                      "time per output token": ["p50", *p99, "baseline p50", "SLO 50 ms"],
+                      "end-to-end latency": ["p50", *p99, "baseline p50"]}
+    title = fig.texts[0].get_text()
+    assert f"{requests} requests x (256 in / 64 out), seed 0" in title and "baseline before" in title
+    assert ("no p99" in title) == (requests < 50)
+    fig.canvas.draw()  # no tick or title label outside the figure
+    box = fig.bbox
+    for text in [*fig.texts, *(t for ax in fig.axes for t in (ax.title, ax.xaxis.label, ax.yaxis.label))]:
+        extent = text.get_window_extent()
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, text
+    plot_bench(result, tmp_path / "p.png", baseline=baseline)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

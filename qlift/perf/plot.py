@@ -31,7 +31,8 @@ def _panel(path: Path, *, title: str, xlabel: str) -> Iterator[Any]:
         yield ax
         ax.set_xlabel(xlabel)
         ax.set_ylabel("output tokens/s")
-        ax.set_ylim(bottom=0)
+        ax.margins(x=0.15)  # room for the point labels: none is cut at the edge
+        ax.set_ylim(0, max(ax.dataLim.y1, 0.0) * 1.12 or 1.0)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -55,46 +56,51 @@ def plot_bench(result: Any, path: Path, *, baseline: dict[str, Any] | None = Non
     TTFT, TPOT and end-to-end latency (p50, and p99 where a level had enough requests) with the SLO
     as a line. Every y axis starts at 0; ``baseline`` (an earlier result) is drawn in grey."""
     plt = _pyplot()
-    levels = sorted(result.levels, key=lambda lv: lv.concurrency)
-    base_levels = sorted((baseline or {}).get("levels", []), key=lambda lv: lv["concurrency"])
-    xs = [lv.concurrency for lv in levels]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig = plt.figure(figsize=(11, 7.5))
     try:
-        ax = axes[0][0]
-        ax.plot(xs, [lv.output_tokens_per_s for lv in levels], "o-", label="output tok/s")
-        slo = ", ".join(f"{k} <= {v:g} ms" for k, v in result.slo_ms.items())
-        ax.plot(xs, [lv.goodput_output_tokens_per_s for lv in levels], "s--",
-                label=f"goodput tok/s (SLO {slo})" if slo else "goodput tok/s (no SLO: every success)")
-        if base_levels:
-            ax.plot([b["concurrency"] for b in base_levels], [b["output_tokens_per_s"] for b in base_levels], "o:",
-                    color="grey", label="baseline output tok/s")
-        _axes(ax, "throughput", "tokens/s", xs)
-        thin = [lv.concurrency for lv in levels if lv.requests < MIN_P99_REQUESTS]
-        for ax, (metric, name) in zip((axes[0][1], axes[1][0], axes[1][1]), _PANELS, strict=True):
-            unit = 1000.0 if metric == "e2el" else 1.0  # end-to-end in seconds, the rest in ms
-            ax.plot(xs, [lv.latency_ms[metric]["p50"] / unit for lv in levels], "o-", label="p50")
-            p99 = [(lv.concurrency, lv.latency_ms[metric]["p99"] / unit) for lv in levels
-                   if lv.requests >= MIN_P99_REQUESTS]
-            if p99:
-                ax.plot([c for c, _ in p99], [v for _, v in p99], "s--", label="p99")
-            if base_levels:
-                ax.plot([b["concurrency"] for b in base_levels],
-                        [b["latency_ms"][metric]["p50"] / unit for b in base_levels], "o:", color="grey",
-                        label="baseline p50")
-            if metric in result.slo_ms:
-                limit = result.slo_ms[metric]
-                ax.axhline(limit / unit, color="tab:red", linewidth=1, label=f"SLO {limit:g} ms")
-            _axes(ax, name, "s" if unit > 1 else "ms", xs)
-        title = f"{result.model} at {result.endpoint}: {_workload(result.workload)}\n{result.hardware['description']}"
-        if baseline is not None:
-            title += f"; grey: baseline {baseline.get('model')} ({baseline.get('date')})"
-        if thin:
-            title += f"; no p99 where a level had < {MIN_P99_REQUESTS} requests"
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
+        draw_bench(fig, result, baseline)
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
+
+
+def draw_bench(fig: Any, result: Any, baseline: dict[str, Any] | None = None) -> None:
+    levels = sorted(result.levels, key=lambda lv: lv.concurrency)
+    base_levels = sorted((baseline or {}).get("levels", []), key=lambda lv: lv["concurrency"])
+    xs = [lv.concurrency for lv in levels]
+    axes = fig.subplots(2, 2)
+    ax = axes[0][0]
+    ax.plot(xs, [lv.output_tokens_per_s for lv in levels], "o-", label="output tok/s")
+    slo = ", ".join(f"{k} <= {v:g} ms" for k, v in result.slo_ms.items())
+    ax.plot(xs, [lv.goodput_output_tokens_per_s for lv in levels], "s--",
+            label=f"goodput tok/s (SLO {slo})" if slo else "goodput tok/s (no SLO: every success)")
+    if base_levels:
+        ax.plot([b["concurrency"] for b in base_levels], [b["output_tokens_per_s"] for b in base_levels], "o:",
+                color="grey", label="baseline output tok/s")
+    _axes(ax, "throughput", "tokens/s", xs)
+    thin = [lv.concurrency for lv in levels if lv.requests < MIN_P99_REQUESTS]
+    for ax, (metric, name) in zip((axes[0][1], axes[1][0], axes[1][1]), _PANELS, strict=True):
+        unit = 1000.0 if metric == "e2el" else 1.0  # end-to-end in seconds, the rest in ms
+        ax.plot(xs, [lv.latency_ms[metric]["p50"] / unit for lv in levels], "o-", label="p50")
+        p99 = [(lv.concurrency, lv.latency_ms[metric]["p99"] / unit) for lv in levels
+               if lv.requests >= MIN_P99_REQUESTS]
+        if p99:
+            ax.plot([c for c, _ in p99], [v for _, v in p99], "s--", label="p99")
+        if base_levels:
+            ax.plot([b["concurrency"] for b in base_levels],
+                    [b["latency_ms"][metric]["p50"] / unit for b in base_levels], "o:", color="grey",
+                    label="baseline p50")
+        if metric in result.slo_ms:
+            limit = result.slo_ms[metric]
+            ax.axhline(limit / unit, color="tab:red", linewidth=1, label=f"SLO {limit:g} ms")
+        _axes(ax, name, "s" if unit > 1 else "ms", xs)
+    title = f"{result.model} at {result.endpoint}: {_workload(result.workload)}\n{result.hardware['description']}"
+    if baseline is not None:
+        title += f"; grey: baseline {baseline.get('model')} ({baseline.get('date')})"
+    if thin:
+        title += f"; no p99 where a level had < {MIN_P99_REQUESTS} requests"
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
 
 
 def _axes(ax: Any, title: str, ylabel: str, levels: list[int]) -> None:

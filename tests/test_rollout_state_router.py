@@ -165,3 +165,52 @@ def test_status_says_whether_a_controller_is_alive(run_cli, tmp_path: Path, back
         if proc.poll() is None:
             proc.kill()
         router.stop()
+
+
+def test_shadow_phase_passes_a_healthy_canary_then_users_see_it(run_cli, tmp_path: Path, backends) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    a, b = backends
+    router = router_on(tmp_path, free_port(), a.url, b.url)
+    journal = tmp_path / "j.sqlite"
+    client = RouterClient(router.url, TOKEN)
+    try:
+        with BackgroundLoad(router.url, "pub", concurrency=4, max_tokens=4, timeout_s=90) as load:
+            r = run_cli(*promote_args(router.url, journal, "--shadow", "50%", "--shadow-windows", "2",
+                                      "--shadow-min-pairs", "5", "--steps", "50,100", interval="2s"))
+        assert r.exit_code == 0, r.stderr
+        st = json.loads(r.stdout)
+        assert st["state"] == "promoted" and client.state().weights == {"stable": 0, "canary": 100}
+        shadow = st["shadow"]["windows"]
+        assert [w["action"] for w in shadow if w["action"] != "hold"] == ["pass", "advance"], shadow
+        assert all(w["source"] == "shadow" and w["canary"]["requests"] > 0 for w in shadow)
+        states = [e["detail"]["to"] for e in st["events"] if e["kind"] == "state"]
+        assert states == ["progressing", "promoted"]  # shadowing -> progressing -> promoted
+        assert client._call("GET", "/admin/state")["shadow"] is None  # mirroring off once the phase passed
+        assert load.result.errors == 0
+    finally:
+        router.stop()
+
+
+def test_shadow_phase_fails_a_bad_canary_before_any_user_sees_it(run_cli, tmp_path: Path, backends) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    from faults import FaultProxy
+
+    a, b = backends
+    with FaultProxy(b.url, fail_status=500) as proxy:
+        router = router_on(tmp_path, free_port(), a.url, proxy.url)
+        journal = tmp_path / "j.sqlite"
+        try:
+            with BackgroundLoad(router.url, "pub", concurrency=4, max_tokens=4, timeout_s=90) as load:
+                r = run_cli(*promote_args(router.url, journal, "--shadow", "50%", "--shadow-min-pairs", "5",
+                                          interval="3s"))
+            assert r.exit_code == 10, r.stderr
+            st = json.loads(r.stdout)
+            assert st["state"] == "rolled_back" and st["reason"].startswith("shadow phase")
+            assert [s["started_at"] for s in st["steps"]] == [None, None, None]  # no step ever began
+            assert st["weight_changes"][0]["weights"] == {"stable": 100, "canary": 0}
+            assert {tuple(sorted(c["weights"].items())) for c in st["weight_changes"]} == {
+                (("canary", 0), ("stable", 100))}
+            assert proxy.requests_seen > 0  # the canary did get the mirrored copies ...
+            assert load.result.backends.get("canary", 0) == 0 and load.result.ok > 0  # ... and no user its answer
+            assert load.result.errors == 0
+            assert json.loads(run_cli("promote", "status", "--journal", journal, "--json").stdout)["shadow"]
+        finally:
+            router.stop()

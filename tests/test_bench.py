@@ -266,3 +266,21 @@ def test_plot_panels_from_zero_with_slo_goodput_and_no_thin_p99(tmp_path: Path, 
         assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, text
     plot_bench(result, tmp_path / "p.png", baseline=baseline)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_outputs_are_never_inputs_and_need_force(run_cli, tmp_path: Path) -> None:
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text('{"prompt": "hi"}\n')
+    old = tmp_path / "old.json"
+    old.write_text("{}")
+    (tmp_path / "dir").mkdir()
+    base = ["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--requests", "1"]
+    cases = [(["--dataset", dataset, "-o", dataset], 2, "input"),
+             (["--dataset", dataset, "--plot", dataset], 2, "input"),
+             (["--baseline", old, "-o", old, "--force"], 2, "input"), (["-o", old], 3, "--force"),
+             (["-o", tmp_path / "r.json", "--plot", tmp_path / "r.json"], 2, "both"),
+             (["-o", tmp_path / "dir", "--force"], 2, "directory")]
+    for args, code, needle in cases:
+        r = run_cli(*base, *args)
+        assert r.exit_code == code and needle in r.stderr and "cannot reach" not in r.stderr, (args, r.stderr)
+    assert dataset.read_text() == '{"prompt": "hi"}\n' and old.read_text() == "{}"

@@ -48,10 +48,11 @@ def parse_levels(text: str) -> list[int]:
 @click.option("--seed", type=count(0, 2**31 - 1), default=0, show_default=True, help="Seed of the random prompts.")
 @click.option("--timeout", type=SECONDS, default=1800, show_default=True,
               help="Seconds for all levels; levels finished by then are kept.")
+@click.option("--force", is_flag=True, help="Replace an existing -o or --plot file.")
 @json_option
 def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_tokens: int, output_tokens: int,
               dataset: Path | None, slo: str | None, tokenizer: str | None, baseline: Path | None, plot: Path | None,
-              out: Path | None, seed: int, timeout: float) -> None:
+              out: Path | None, seed: int, timeout: float, force: bool) -> None:
     """Benchmark a running vLLM server with vLLM's own client, per concurrency level.
 
     Reports TTFT, TPOT, ITL and end-to-end latency (mean, p50/p95/p99), requests/s,
@@ -75,6 +76,7 @@ def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_
 
     levels = parse_levels(concurrency)
     objectives = parse_slo(slo)
+    check_outputs(out, plot, inputs=[p for p in (dataset, baseline) if p is not None], force=force)
     base = load_result(baseline) if baseline else None
     result = run_bench(endpoint, model, concurrency=levels, requests=requests, input_tokens=input_tokens,
                        output_tokens=output_tokens, dataset=dataset, slo=objectives, tokenizer=tokenizer,
@@ -89,6 +91,21 @@ def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_
         plot_bench(result, plot, baseline=base)
     emit(result, lambda: print_result(result))
     check_outcome(result, timeout)
+
+
+def check_outputs(out: Path | None, plot: Path | None, *, inputs: list[Path], force: bool) -> None:
+    """Before any load: -o and --plot are neither an input (--dataset, --baseline) nor each other,
+    and replace an existing file only with --force."""
+    from qlift.errors import BadInputError
+    from qlift.fsutil import check_output_path
+
+    written = [p for p in (out, plot) if p is not None]
+    for path in written:
+        check_output_path(path, force=force, inputs=inputs)
+        if path.is_dir():
+            raise BadInputError(f"{path} is a directory; qlift bench writes a file there", hint="Pass a file path.")
+    if out is not None and plot is not None and out.resolve() == plot.resolve():
+        raise BadInputError(f"-o and --plot are both {out}", hint="Give the result JSON and the PNG different paths.")
 
 
 def print_result(r: BenchResult) -> None:

@@ -438,3 +438,31 @@ def test_promoted_journal_starts_nothing_without_new(tmp_path: Path, use_plane) 
     assert plane.applied == [{"s": 0, "c": 100}]
     with Journal(path) as j:
         assert j.latest().id == r.id  # type: ignore[union-attr]
+
+
+# -- the docs -----------------------------------------------------------------------------------
+
+
+def test_every_promote_command_in_the_docs_parses() -> None:
+    """docs/promote.md's `qlift promote ...` lines (worked example included) name real flags and values."""
+    import re
+    import shlex
+
+    import click
+
+    from qlift.cli.main import cli
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "promote.md").read_text(encoding="utf-8")
+    seen = 0
+    for block in re.findall(r"^```\w*\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", raw.strip().removeprefix("$ "))
+            if not line.startswith("qlift promote ") or "|" in line or "..." in line:
+                continue
+            argv = shlex.split(line)[1:]
+            group = cli.get_command(click.Context(cli), "promote")
+            assert isinstance(group, click.Group)
+            cmd = group.commands[argv[1]]
+            cmd.make_context(f"qlift promote {argv[1]}", argv[2:])  # raises on an unknown flag or bad choice
+            seen += 1
+    assert seen >= 5, seen

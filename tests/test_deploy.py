@@ -340,3 +340,15 @@ def test_a_model_dir_named_with_a_quote_keeps_the_promql_valid(tmp_path: Path) -
     out = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_recipe_file_inside_the_output_is_never_replaced(run_cli, models, tmp_path: Path) -> None:
+    out = tmp_path / "k8s"
+    out.mkdir()
+    recipe = out / "mine.yaml"
+    data = yaml.safe_load((Path(__file__).parent.parent / "recipes" / "cpu.yaml").read_text())
+    data["name"] = "mine"
+    recipe.write_text(yaml.safe_dump(data))
+    r = run_cli("deploy", "k8s", models[0], "--recipe", recipe, "-o", out, "--force")
+    assert r.exit_code == 2 and "input" in r.stderr, r.output
+    assert recipe.exists()

@@ -295,7 +295,7 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
     models = {"model": opts.model} | ({"canary": opts.canary} if opts.canary is not None else {})
     models |= {f"adapter:{name}": path for name, path in opts.loras.items()}
     inputs = models | ({"recipe": result.recipe_path} if result.recipe_path is not None else {})
-    with atomic_output_dir(out, force=force, inputs=list(models.values())) as tmp:
+    with atomic_output_dir(out, force=force, inputs=list(inputs.values())) as tmp:  # the recipe file too
         for name, obj in result.objects.items():
             (tmp / name).write_text(to_yaml(obj), encoding="utf-8")
         kustomization = _kustomization(list(result.objects), opts.namespace)

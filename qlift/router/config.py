@@ -199,6 +199,8 @@ def load_config(path: Path) -> RouterConfig:
     except UnicodeDecodeError as exc:
         raise BadInputError(f"not UTF-8 text (byte {exc.start})", path=path,
                             hint="Save the router config as UTF-8.") from None
+    except RecursionError:
+        raise BadInputError("nested too deeply to read", path=path, hint="Fix the YAML structure.") from None
     except OSError as exc:
         raise BadInputError(f"cannot read the router config: {exc.strerror or exc}", path=path,
                             hint="Pass a readable YAML file to --config.") from None

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from qlift.errors import BadInputError
-from qlift.router.textnorm import is_unspaced, mark_word_edges, normalize, request_texts
+from qlift.router.textnorm import (
+    is_unspaced,
+    join_unspaced,
+    mark_rule_edges,
+    mark_word_edges,
+    normalize,
+    request_texts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,7 @@ class Rules:
 
     def first_hit(self, text: str) -> str | None:
         """The name of a rule matching normalised ``text``, or None."""
-        for automaton, variant in ((self.words, text), (self.unspaced, text.replace(" ", ""))):
+        for automaton, variant in ((self.words, text), (self.unspaced, join_unspaced(text) if self.unspaced else "")):
             if automaton is not None:
                 for _end, name in automaton.iter(mark_word_edges(variant)):
                     return str(name)
@@ -74,7 +81,7 @@ def _compile(path: Path, text: str) -> Rules:
         if word:
             words.setdefault(word, name)
     spaced = {w: n for w, n in words.items() if not any(is_unspaced(c) for c in w)}
-    unspaced = {w.replace(" ", ""): n for w, n in words.items() if w not in spaced}
+    unspaced = {join_unspaced(w): n for w, n in words.items() if w not in spaced}
     return Rules(len(words) + len(regexes), _automaton(spaced), _automaton(unspaced), tuple(regexes))
 
 
@@ -85,7 +92,7 @@ def _automaton(words: dict[str, str]) -> Any:
 
     automaton = ahocorasick.Automaton()
     for word, name in words.items():
-        automaton.add_word(mark_word_edges(word), name)
+        automaton.add_word(mark_rule_edges(word), name)
     automaton.make_automaton()
     return automaton
 

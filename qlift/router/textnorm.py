@@ -65,6 +65,21 @@ def mark_word_edges(text: str) -> str:
     return EDGE + text.translate(_EDGES) + EDGE
 
 
+def mark_rule_edges(rule: str) -> str:
+    """A rule marked to match :func:`mark_word_edges` text: EDGE at an end only where a word goes on there."""
+    head = EDGE if _SPACED_WORD.match(rule[:1]) else ""
+    tail = EDGE if _SPACED_WORD.match(rule[-1:]) else ""
+    return head + rule.translate(_EDGES) + tail
+
+
+_SPACE_IN_UNSPACED = re.compile(f"(?<=[{_UNSPACED_RANGES}]) (?=[{_UNSPACED_RANGES}])")
+
+
+def join_unspaced(text: str) -> str:
+    """Normalised ``text`` without the spaces between two CJK (Thai, ...) characters: ``炸 弹`` is ``炸弹``."""
+    return _SPACE_IN_UNSPACED.sub("", text) if " " in text else text
+
+
 def is_unspaced(char: str) -> bool:
     """A character of a script without spaces between words (CJK, Thai, ...)."""
     return bool(_UNSPACED.match(char))

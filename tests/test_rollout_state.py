@@ -136,6 +136,11 @@ def test_too_little_traffic_pauses_and_says_how_to_size_the_window(tmp_path: Pat
     for name in ("--interval", "--min-requests", "--max-inconclusive", "weight x requests/s x interval"):
         assert name in r.reason, r.reason
     assert "needs --interval >= " in r.reason
+    plane.current = {"s": 100, "c": 0}  # someone resets the plane while the rollout is paused
+    deadline = time.monotonic() + 10
+    while plane.current != {"s": 90, "c": 10} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert plane.current == {"s": 90, "c": 10}  # paused holds the journal's weights, it does not drop them
     use_plane(plane)
     api.abort(tmp_path / "j.sqlite")
     t.join(10)

@@ -70,6 +70,7 @@ class Controller:
         self.drifts = 0
         self._generation: str | None = None
         self._retry_s = tick
+        self._next_paused_check = 0.0
 
     # -- the loop --------------------------------------------------------------------
 
@@ -98,13 +99,17 @@ class Controller:
                 self._back_off()
 
     def _back_off(self) -> None:
+        self.journal.heartbeat()
         self.sleep(self._retry_s)
         self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
 
     def _step(self, r: Rollout) -> None:
         if r.status == State.ABORT_REQUESTED:
             self._confirm_abort(r)
-        elif r.status == State.PAUSED:
+        elif r.status == State.PAUSED:  # weights held, and still held where the journal says
+            if self.clock() >= self._next_paused_check:
+                self._next_paused_check = self.clock() + EARLY_CHECK_S
+                self._reconcile()
             self.sleep(self.tick)
         elif r.status == State.SHADOWING:
             self._shadow_window(r)

@@ -95,7 +95,7 @@ def _start_router(backend_url: str, served: str, workdir: Path, pin_core: int | 
                                                                                                 str]:
     cfg = workdir / "router.yaml"
     cfg.write_text(f"access_log: {workdir / 'access.jsonl'}\n")
-    argv = [sys.executable, "-m", "qlift", "router", "--backend", f"direct={backend_url}@{served}",
+    argv = [sys.executable, "-m", "qlift", "router", "--backend", f"direct={backend_url}#{served}",
             "--public-model", served, "--port", "0", "--config", str(cfg), "--json"]
 
     def pin() -> None:

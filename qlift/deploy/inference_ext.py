@@ -121,7 +121,7 @@ def objects(*, app: str, namespace: str, role: str, base_model: str, public_mode
     return out
 
 
-def add_loras(version: k8s.Version, base_dir: Path, loras: dict[str, Path]) -> list[str]:
+def add_loras(version: k8s.Version, base_dir: Path, loras: dict[str, Path], *, cpu: bool = False) -> list[str]:
     """Check ``loras`` against the base (as `qlift serve --lora` does) and put them into ``version``'s
     engine arguments with the pod's paths; returns notes."""
     from qlift.models.modeldir import ModelDir
@@ -129,7 +129,8 @@ def add_loras(version: k8s.Version, base_dir: Path, loras: dict[str, Path]) -> l
 
     if not loras:
         return []
-    planned = plan_lora_serving(ModelDir.open(base_dir), loras, version.engine_args, served_name=version.served_name)
+    planned = plan_lora_serving(ModelDir.open(base_dir), loras, version.engine_args, served_name=version.served_name,
+                                cpu=cpu)
     version.engine_args = lora_engine_args({**version.engine_args, **planned.engine}, loras)
     return planned.notes
 

@@ -150,7 +150,7 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
         raise BadInputError("--gateway-api routes to the model's Deployment by model name; a --canary or an Argo "
                             "rollout splits by Service", field="--gateway-api",
                             hint="Serve the candidate as an adapter (--lora NAME=DIR) with --gateway-api.")
-    inference_ext.add_loras(stable, opts.model, opts.loras)
+    inference_ext.add_loras(stable, opts.model, opts.loras, cpu=recipe.hardware.device == "cpu")
     canary = _version("canary", opts.canary, recipe, public)[0] if opts.canary is not None else None
     if canary is not None and canary.served_name == stable.served_name:
         raise BadInputError(

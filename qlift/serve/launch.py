@@ -157,7 +157,7 @@ def prepare(
         from qlift.serve.lora import plan_lora_serving
 
         lora = plan_lora_serving(md, loras or {}, engine, runtime=lora_runtime, served_name=served, host=host,
-                                 api_key_env=api_key_env)
+                                 api_key_env=api_key_env, cpu=chosen.hardware.device == "cpu")
         engine.update(lora.engine)
         env.update(lora.env)
         notes += lora.notes

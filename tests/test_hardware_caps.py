@@ -140,6 +140,7 @@ def test_serve_eval_batch_refuse_awq_on_an_avx2_cpu(command: list[str], awq_shap
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "cpu_gemm_wna16" in lines[0] and "AVX2 without AVX-512" in lines[0]
     assert "/models/tiny-bf16" in lines[0] and "GPU" in lines[0]
+    assert ("--backend transformers" in lines[0]) == (command[0] == "eval")
     assert not (tmp_path / "out.jsonl").exists()
 
 

@@ -29,7 +29,8 @@ class VllmBackend(Backend):
         assert model.path is not None
         from qlift.cpu_support import require_cpu_support
 
-        require_cpu_support(model.path, what=f"evaluate the {model.role}")
+        require_cpu_support(model.path, what=f"evaluate the {model.role}",
+                            alternative="--backend transformers (slower; it dequantizes the checkpoint)")
         job = VllmEvalJob(model=str(model.path), requests=requests, sampling=sampling,
                           max_model_len=self._max_len(model.path))
         log.info("vLLM: generating %d answers with %s (%s)", len(requests), model.name, model.role)

@@ -146,14 +146,19 @@ def busy_benchmark(model: Path, work: Path, spin: bool) -> None:
 
 
 def dtype_benchmark(model: Path, work: Path, dtypes: list[str], repeat: int) -> None:
-    print(f"CPU: {cpu_line()}; AWQ 16 x 128, calibration seconds, alternating")
-    times: dict[str, list[float]] = {d: [] for d in dtypes}
+    print(f"CPU: {cpu_line()}; AWQ 16 x 128 on one thread, alternating dtypes")
+    wall: dict[str, list[float]] = {d: [] for d in dtypes}
+    cpu: dict[str, list[float]] = {d: [] for d in dtypes}
     for _ in range(repeat):
         for d in dtypes:
-            _, res = awq_run(model, work / d, ["--compute-dtype", d])
-            times[d].append(res["extra"]["calibration_seconds"])
-    for d, t in times.items():
-        print(f"  {d}: median {statistics.median(t):.1f} s of {t} (load average now {os.getloadavg()[0]:.1f})")
+            _, res = awq_run(model, work / d, ["--compute-dtype", d, "--threads", "1"])
+            wall[d].append(res["extra"]["calibration_seconds"])
+            cpu[d].append(res["extra"]["calibration_cpu_seconds"])
+    # CPU seconds are the steadier figure on a shared machine: others' load stretches wall time.
+    for d in dtypes:
+        print(f"  {d}: calibration median {statistics.median(wall[d]):.1f} s wall, "
+              f"{statistics.median(cpu[d]):.1f} s CPU (runs: {wall[d]} / {cpu[d]}); "
+              f"load average now {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:

@@ -157,6 +157,7 @@ def quantize(
         env_path=str(ensured.path), env_created=ensured.created, log=str(log_path),
         extra={"worker_seconds": result.get("worker_seconds"),
                "calibration_seconds": result.get("calibration_seconds"),
+               "calibration_cpu_seconds": result.get("calibration_cpu_seconds"),
                "compute_dtype": result.get("compute_dtype"), "threads": result.get("threads")},
     )
 

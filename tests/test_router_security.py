@@ -345,6 +345,9 @@ def test_nested_json_bad_since_and_malformed_http_are_400s_in_one_line(tmp_path:
             r = httpx.get(router.url + "/admin/requests", params={"since": since}, headers=admin)
             assert r.status_code == 400, (since, r.text)
         assert httpx.get(router.url + "/admin/requests", params={"since": "3"}, headers=admin).status_code == 200
+        for route in ("/admin/weights", "/admin/shadow"):
+            r = httpx.put(router.url + route, content=b"[" * 100_000, headers=admin)
+            assert r.status_code == 400 and "nests deeper" in r.text, r.text
         port = int(router.url.rsplit(":", 1)[1])
         for raw in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n",
                     b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",

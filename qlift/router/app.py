@@ -77,6 +77,14 @@ def _parse_body(raw: bytes) -> tuple[dict[str, Any], str | None]:
     return body, None
 
 
+async def _admin_json(request: web.Request) -> Any:
+    """An admin call's JSON body; ValueError (a 400) for one that is not JSON or nests too deeply."""
+    try:
+        return json.loads(await request.read())
+    except RecursionError:
+        raise ValueError(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+
+
 class Router:
     """Holds the backends, their pooled client sessions, limits, filter, metrics and records."""
 
@@ -536,7 +544,7 @@ class Router:
         if refusal is not None:
             return refusal
         try:
-            weights = check_weights(await request.json(), [b.name for b in self.balancer.backends])
+            weights = check_weights(await _admin_json(request), [b.name for b in self.balancer.backends])
         except ValueError as exc:  # json errors are ValueErrors too
             return _json_error(400, str(exc), "invalid_request_error")
         self.balancer.set_weights(weights)
@@ -551,7 +559,7 @@ class Router:
         if refusal is not None:
             return refusal
         try:
-            settings = ShadowSettings.parse(await request.json(), [b.name for b in self.balancer.backends])
+            settings = ShadowSettings.parse(await _admin_json(request), [b.name for b in self.balancer.backends])
         except ValueError as exc:
             return _json_error(400, str(exc), "invalid_request_error")
         if self.shadow is not None and self.shadow.settings.version == settings.version:

@@ -87,27 +87,30 @@ def test_json_that_breaks_fails_and_too_few_pairs_hold() -> None:
 
 
 @pytest.mark.vllm
-def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path: Path, smollm2_server: Any,
-                                                                        canary_server: Any) -> None:
-    """One real vLLM as the stable; the canary is (a) the same server answering another prompt than the
-    one asked, (b) the same server ignoring EOS, (c) the project's LoRA merge on its own server."""
+def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path: Path, smollm2_server: Any) -> None:
+    """One real vLLM as the stable; the canary is the same server (a) answering another prompt than the
+    one asked, (b) ignoring EOS, (c) as it is (a re-deploy of the same weights: healthy). (The session's
+    random-LoRA canary is no healthy canary here: cut at max_tokens in 13 of 15 answers against 6 of 15.)"""
     base = smollm2_server.base_url
+    spec = ShadowSpec(min_pairs=10)
     wrong_prompt = {"messages": [{"role": "user", "content": "Name three fruits and their colours."}]}
     with FaultProxy(base, body_patch=wrong_prompt) as wrong, _router(tmp_path / "a", base, wrong.url,
                                                                      "smollm2") as r:
-        load, ev = _shadow_window(r, requests=16, stream=False, max_tokens=32)
+        load, ev = _shadow_window(r, requests=12, stream=False, max_tokens=24)
         assert load.errors == 0 and set(load.backends) == {"stable"}  # no user saw a canary answer
-        d = judge_shadow(ev, SPEC)
+        d = judge_shadow(ev, spec)
         assert d.action == "rollback" and "agreement" in d.reason, d.reason
     with FaultProxy(base, body_patch={"ignore_eos": True}) as rambling, _router(tmp_path / "b", base, rambling.url,
                                                                                  "smollm2") as r:
-        load, ev = _shadow_window(r, requests=16, stream=True, max_tokens=32)
+        # room enough that the stable mostly stops on its own: the rambler is cut every time
+        load, ev = _shadow_window(r, requests=12, stream=True, max_tokens=64)
         assert load.errors == 0 and set(load.backends) == {"stable"}
-        d = judge_shadow(ev, SPEC)
+        d = judge_shadow(ev, spec)
         assert d.action == "rollback" and "finish_length" in d.reason, d.reason
-    with _router(tmp_path / "c", base, canary_server.base_url, "smollm2", "smollm2-ft") as r:
-        load, ev = _shadow_window(r, requests=16, stream=True, max_tokens=32)
-        d = judge_shadow(ev, SPEC, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+    with FaultProxy(base) as twin, _router(tmp_path / "c", base, twin.url, "smollm2") as r:
+        load, ev = _shadow_window(r, requests=12, stream=True, max_tokens=24)
+        assert load.errors == 0 and set(load.backends) == {"stable"}
+        d = judge_shadow(ev, spec, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
         assert d.action == "advance", d.reason
 
 

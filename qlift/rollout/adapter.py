@@ -165,10 +165,15 @@ def resolve_target(spec: RolloutSpec, name: str) -> AdapterTarget:
 
 
 def _unload(aj: AdapterJournal, rec: AdapterRecord, why: str) -> AdapterRecord:
+    from qlift.errors import QliftError
     from qlift.serve.lora_runtime import unload
 
     rec = aj.set(rec, state="unloading")
-    was = unload(rec.server, rec.name, missing_ok=True)
+    try:
+        was = unload(rec.server, rec.name, missing_ok=True)
+    except QliftError as exc:  # the next start, resume or abort tries again; the record stays open
+        log.warning("could not unload adapter %s from %s (%s): %s", rec.name, rec.server, why, exc.one_line())
+        return rec
     log.info("unloaded adapter %s from %s (%s)%s", rec.name, rec.server, why, "" if was else ": it was not loaded")
     return aj.set(rec, state="unloaded")
 
@@ -300,12 +305,22 @@ def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, 
 
 def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None:
     """The adapter of rollout ``rollout_id`` as `qlift promote status` shows it (None without one)."""
-    if not Path(journal_path).exists():
+    from urllib.parse import quote
+
+    if not Path(journal_path).is_file():
         return None
-    with adapter_journal(journal_path) as aj:
-        rec = aj.for_rollout(rollout_id)
-    if rec is None:
+    db = sqlite3.connect(f"file:{quote(str(Path(journal_path).resolve()))}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    try:  # read-only, as `status` reads the journal: a journal without the table has no adapter
+        row = db.execute("SELECT * FROM canary_adapters WHERE rollout_id = ? ORDER BY id DESC LIMIT 1",
+                         (rollout_id,)).fetchone()
+    except sqlite3.Error:
+        row = None
+    finally:
+        db.close()
+    if row is None:
         return None
+    rec = AdapterRecord(**dict(row))
     out = {"name": rec.name, "path": rec.path, "server": rec.server, "content_hash": rec.content_hash,
            "state": rec.state}
     if rec.state == "kept":

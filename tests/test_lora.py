@@ -277,3 +277,24 @@ def test_deploy_k8s_refuses_with_one_line(run_cli, smollm2_dir: Path, tiny_lora_
                 "-o", tmp_path / "b")
     assert r.exit_code == 2 and "--gateway-api" in one_line_error(r)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# -- --canary-adapter needs the builtin router -----------------------------------------------------------------
+
+
+def test_canary_adapter_refuses_data_planes_that_split_by_server(tmp_path: Path) -> None:
+    from qlift.rollout.adapter import resolve_target
+    from qlift.rollout.spec import RolloutSpec
+
+    url = "http://127.0.0.1:8000"
+    nginx = RolloutSpec.model_validate({
+        "stable": "stable", "canary": "canary", "data_plane": "nginx", "nginx": {"prefix": str(tmp_path)},
+        "backends": {"stable": url, "canary": url}})
+    with pytest.raises(IncompatibleError, match="needs the builtin router: nginx splits traffic by upstream"):
+        resolve_target(nginx, "tickets")
+    gateway = RolloutSpec.model_validate({
+        "stable": "stable", "canary": "canary", "data_plane": "gateway-api", "provider": "prometheus",
+        "prometheus": {"url": "http://127.0.0.1:9090"},
+        "gateway": {"parent_refs": [{"name": "gw"}], "backends": {"stable": {"name": "a"}, "canary": {"name": "b"}}}})
+    with pytest.raises(IncompatibleError, match="the gateway-api data plane splits by Service"):
+        resolve_target(gateway, "tickets")

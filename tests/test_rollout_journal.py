@@ -218,7 +218,7 @@ def test_an_evidence_outage_holds_and_never_passes(tmp_path: Path) -> None:
 
 
 def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
-    sp = spec(interval=0.3)
+    sp = spec(interval=3.0)  # pause lands inside the first window, however slow this machine is
     plane = MemoryPlane()
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
@@ -230,7 +230,9 @@ def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
     import qlift.rollout.api as api
     from qlift.rollout import dataplane
 
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while plane.current is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     api.pause(tmp_path / "j.sqlite")
     time.sleep(0.5)
     assert plane.applied == [{"s": 90, "c": 10}]  # paused: no window judged, no step taken

@@ -157,6 +157,7 @@ def test_too_little_traffic_pauses_and_says_how_to_size_the_window(tmp_path: Pat
     api.abort(tmp_path / "j.sqlite")
     t.join(10)
     assert not t.is_alive() and journal.get(rid).state == "aborted"
+    assert plane.current == {"s": 100, "c": 0}  # the controller's reconcile never undid the abort
 
 
 # -- reconcile ----------------------------------------------------------------------------------

@@ -158,6 +158,7 @@ class Controller:
                     " (it restarted)" if restarted else "")
         try:
             with self.journal.weights_lock():
+                want = self._desired() or want  # an abort may have journaled new weights meanwhile
                 self.plane.set_weights(want)
             self._generation = plane_generation(self.plane) or self._generation
         except QliftError as exc:
@@ -197,9 +198,9 @@ class Controller:
         while (left := deadline - self.clock()) > 0:
             self.sleep(min(self.tick, left))
             self.journal.heartbeat()
-            now = self.journal.get(self.rid)
-            if now.state != r.state or now.step != r.step or self.journal.abort_marker.exists():
-                return f"window interrupted: rollout is {now.state}", ""
+            state, step = self.journal.position(self.rid)
+            if state != r.state or step != r.step or self.journal.abort_marker.exists():
+                return f"window interrupted: rollout is {state}", ""
             if self.clock() >= next_check:
                 next_check = self.clock() + EARLY_CHECK_S
                 try:

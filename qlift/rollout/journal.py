@@ -302,6 +302,13 @@ class Journal:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
         return self._rollout(row)
 
+    def position(self, rollout_id: int) -> tuple[str, int]:
+        """(state, step) alone: what a controller re-reads every tick."""
+        row = self.db.execute("SELECT state, step FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+        if row is None:
+            raise QliftError(f"rollout {rollout_id} is not in {self.path}")
+        return str(row[0]), int(row[1])
+
     def latest(self) -> Rollout | None:
         row = self.db.execute("SELECT * FROM rollouts ORDER BY id DESC LIMIT 1").fetchone()
         return None if row is None else self._rollout(row)

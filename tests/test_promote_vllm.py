@@ -247,3 +247,58 @@ def test_canary_model_dir_comes_from_its_server(canary_server: Any, canary_dir: 
 
     served = served_model_dir(canary_server.base_url)
     assert served is not None and served.resolve() == Path(canary_dir).resolve()
+
+
+@pytest.fixture(scope="module")
+def tickets_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[Any]:
+    """The project's own fine-tune (examples/adapter, short JSON answers) merged into SmolLM2 and served
+    on core 1, as the demo's canary. Module-scoped: one more server only for the README's command."""
+    from conftest import _cached
+    from substrate import cpu_engine_args
+
+    from qlift.merge.run import merge_model
+    from qlift.vllm.server import VllmServer
+
+    adapter = Path(__file__).resolve().parent.parent / "examples" / "adapter"
+    built = _cached("tickets-smollm2-v1", lambda p: merge_model(base=smollm2_dir, adapters=[adapter],
+                                                                 out=p / "model", verify=False))
+    with VllmServer(model=built / "model", served_model_name="smollm2-tickets",
+                    log_path=tmp_path_factory.mktemp("tickets") / "server.log", extra_args=cpu_engine_args(),
+                    env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_CANARY_BIND", "1")}) as server:
+        yield server
+
+
+def test_readme_promote_command_promotes_the_fine_tune_under_the_demos_load(  # type: ignore[no-untyped-def]
+        run_cli, smollm2_server: Any, tickets_server: Any, tmp_path: Path) -> None:
+    """README's `qlift promote start` line as written (less --eval-report, whose eval is the demo's own
+    stage), against the demo's two servers (base stable, the adapter merged as canary) under the
+    demo's traffic (examples/demo.py's Traffic: three streaming clients on held-out tickets)."""
+    import importlib.util
+
+    demo_path = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+    spec = importlib.util.spec_from_file_location("qlift_demo", demo_path)
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules["qlift_demo"] = demo
+    spec.loader.exec_module(demo)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = readme[readme.index("qlift promote start --router"):]
+    line = line[:line.index("#")].replace("\\\n", " ")
+    argv = line.split()[1:]  # "promote", "start", ...
+    eval_at = argv.index("--eval-report")
+    argv = argv[:eval_at] + argv[eval_at + 2:]
+    router = RouterProcess("--backend", f"stable={smollm2_server.base_url}", "--backend",
+                           f"canary={tickets_server.base_url}", "--weight", "stable=100", "--weight", "canary=0",
+                           "--public-model", "tickets", log_path=tmp_path / "router.log", token=TOKEN).start()
+    try:
+        argv[argv.index("--router") + 1] = router.url
+        with demo.Traffic(router.url, "tickets", max_requests=600) as traffic:
+            r = run_cli(*argv, "--journal", tmp_path / "j.sqlite", "--json")
+        assert r.exit_code == 0, r.stderr[-3000:]
+        st = json.loads(r.stdout)
+        assert st["state"] == "promoted", st["reason"]
+        assert RouterClient(router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
+        sent = sum(traffic.status.values())
+        assert sent > 0 and traffic.status[200] == sent, dict(traffic.status)
+    finally:
+        router.stop()

@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("qlift.cli.bench", "bench_cmd", "Benchmark a vLLM server per concurrency: latencies, tok/s, goodput."),
     "tune": ("qlift.cli.tune", "tune_cmd", "Measure a grid of vLLM settings and write the best as a recipe."),
     "lora": ("qlift.cli.lora", "lora_group", "LoRA adapters on a running vLLM server: list, load, unload (checked)."),
+    "release": ("qlift.cli.release", "release_group",
+                "A whole release from one file: cached by content, resumable, ends in a judged canary."),
     "deploy": ("qlift.cli.deploy", "deploy_group", "Kubernetes manifests: vLLM, queue-depth HPA, HTTPRoute or Argo."),
 }
 

@@ -1,0 +1,410 @@
+"""Plan and run a release: each stage keyed by content, skipped when its output verifies,
+journaled so that a killed run resumes at the stage that did not finish.
+
+A stage's key is the sha256 of (its kind, its stage version, its options, the content hashes of
+its inputs). Model stages write ``OUT/NAME-KEY12`` (atomically, through the stage's own
+function); the journal records the output's lineage content hash when it is complete, and a
+later run skips the stage only if the directory still hashes to it. The live stages (serve,
+router, promote) have no files to cache: they are skipped together once promote succeeded
+with the same key, and run together otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.release import live
+from qlift.release.journal import NAME as JOURNAL_NAME
+from qlift.release.journal import ReleaseJournal
+from qlift.release.ref import ModelRef, dir_hash
+from qlift.release.spec import Release, Stage
+from qlift.release.stages import (
+    STAGE_VERSIONS,
+    base_identity,
+    base_kind,
+    cpu_cannot_serve,
+    run_base,
+    run_eval,
+    run_merge,
+    run_quantize,
+)
+from qlift.serialize import to_jsonable
+
+LIVE = ("serve", "router", "promote")
+
+
+@dataclass
+class StageReport:
+    """One stage's line of the plan, and its result once run."""
+
+    name: str
+    kind: str
+    action: str  # plan: run | skip | blocked; after a run: ran | skipped | failed
+    reason: str = ""
+    key: str = ""
+    output: str = ""
+    content_hash: str = ""
+    seconds: float = 0.0
+    result: Any = None
+
+    def line(self, index: int, total: int) -> str:
+        key = f" [{short(self.key)}]" if self.key else ""
+        took = f" in {self.seconds:.1f} s" if self.action == "ran" else ""
+        where = f" -> {self.output}" if self.output and self.action in ("ran", "skipped") else ""
+        return f"[{index}/{total}] {self.name} ({self.kind}): {self.action}{took}{key}" + \
+            (f": {self.reason}" if self.reason else "") + where
+
+
+def short(key: str) -> str:
+    return key.removeprefix("sha256:")[:12]
+
+
+def stage_key(kind: str, options: Any, inputs: dict[str, Any]) -> str:
+    data = {"stage": kind, "version": STAGE_VERSIONS[kind], "options": to_jsonable(options), "inputs": inputs}
+    return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class _Eval:
+    candidate: str  # content hash of the evaluated model
+    report: Path
+    key: str
+
+
+@dataclass
+class Pipeline:
+    release: Release
+    journal: ReleaseJournal
+    from_stage: str | None = None
+    echo: Callable[[str], None] = print
+    dry_run: bool = False
+    models: dict[str, ModelRef] = field(default_factory=dict)
+    evals: dict[str, _Eval] = field(default_factory=dict)
+    reports: list[StageReport] = field(default_factory=list)
+    forced: bool = False
+    run_id: int = 0
+    blocked_by: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return ["base", *(s.name for s in self.release.stages)]
+
+    def execute(self) -> list[StageReport]:
+        """Plan (dry run) or run every stage in order; raise the first stage's failure."""
+        if self.from_stage is not None and self.from_stage not in self.names:
+            raise BadInputError(f"--from {self.from_stage}: no such stage", field="--from",
+                                hint=f"Use one of: {', '.join(self.names)}.")
+        self._base()
+        model_stages = [s for s in self.release.stages if s.kind not in LIVE]
+        for stage in model_stages:
+            self._model_stage(stage)
+        live_stages = [s for s in self.release.stages if s.kind in LIVE]
+        if live_stages:
+            self._live(live_stages)
+        return self.reports
+
+    # -- reporting ---------------------------------------------------------------------------
+    def _report(self, r: StageReport) -> StageReport:
+        self.reports.append(r)
+        self.echo(r.line(len(self.reports), len(self.names)))
+        return r
+
+    def _force_from(self, name: str) -> None:
+        if name == self.from_stage:
+            self.forced = True
+
+    # -- the base ------------------------------------------------------------------------------
+    def _base(self) -> None:
+        base = self.release.base
+        kind = base_kind(base)
+        self._force_from("base")
+        if kind == "path":
+            assert base.path is not None
+            if not base.path.is_dir():
+                raise BadInputError(f"the base {base.path} is not a directory", path=self.release.file,
+                                    field="base.path", hint="Point base.path at a model directory.")
+            self.models["base"] = ModelRef.of(base.path)
+            self._report(StageReport("base", "path", "skip" if self.dry_run else "skipped",
+                                     "a directory: nothing to import", output=str(base.path),
+                                     content_hash=self.models["base"].content_hash))
+            return
+        key = stage_key(kind, {}, base_identity(base))
+        self._file_stage("base", kind, key, lambda out: run_base(base, out),
+                         on_done=lambda out: self.models.__setitem__("base", ModelRef.of(out)))
+
+    # -- merge, quantize, eval -----------------------------------------------------------------
+    def _model_stage(self, stage: Stage) -> None:
+        self._force_from(stage.name)
+        if self.blocked_by is not None:
+            self._report(StageReport(stage.name, stage.kind, "blocked",
+                                     f"needs {self.blocked_by} (its output is made when it runs)"))
+            return
+        src = self.models[stage.input]
+        if stage.kind == "merge":
+            ref = ModelRef.of(src.base, self.release.adapters)
+            key = stage_key("merge", stage.options, {"model": ref.content_hash})
+            self._file_stage(stage.name, "merge", key, lambda out: run_merge(ref, stage.options, out),
+                             on_done=lambda out: self.models.__setitem__(stage.name, ModelRef.of(out)))
+        elif stage.kind == "quantize":
+            key = stage_key("quantize", stage.options, {"model": src.content_hash} | self._file_inputs(stage))
+            self._file_stage(stage.name, "quantize", key, lambda out: run_quantize(src, stage.options, out),
+                             on_done=lambda out: self.models.__setitem__(stage.name, ModelRef.of(out)))
+        else:
+            self._eval(stage, src)
+
+    def _file_inputs(self, stage: Stage) -> dict[str, str]:
+        """Content hashes of the files an options model names (prompts, calibration set)."""
+        out = {}
+        for name in ("prompts", "calib"):
+            value = getattr(stage.options, name, None)
+            if value is not None and Path(value).exists():
+                out[name] = dir_hash(Path(value))
+        return out
+
+    def _eval(self, stage: Stage, candidate: ModelRef) -> None:
+        baseline_name = stage.options.baseline
+        baseline: ModelRef | None = None
+        inputs = {"candidate": candidate.content_hash} | self._file_inputs(stage)
+        if baseline_name in self.models:
+            baseline = self.models[baseline_name]
+            inputs["baseline"] = baseline.content_hash
+        elif baseline_name is not None and Path(baseline_name).exists():
+            inputs["baseline"] = dir_hash(Path(baseline_name))
+        key = stage_key("eval", stage.options, inputs)
+
+        def run(out: Path) -> Any:
+            return run_eval(candidate, baseline.base if baseline else None, stage.options, out, stage.name)
+
+        def done(out: Path) -> None:
+            self.evals[stage.name] = _Eval(candidate.content_hash, out, key)
+
+        self._file_stage(stage.name, "eval", key, run, on_done=done)
+
+    def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], Any], *,
+                    on_done: Callable[[Path], None]) -> None:
+        out = self.release.out / f"{name}-{short(key)}"
+        row = self.journal.stage(name, key)
+        if not self.forced and row is not None and row["status"] == "done" and _verifies(out, row["content_hash"]):
+            on_done(out)
+            self._report(StageReport(name, kind, "skip" if self.dry_run else "skipped", f"cached {short(key)}",
+                                     key, str(out), row["content_hash"], result=row["result"]))
+            return
+        why = "--from" if self.forced else self._why_run(name, key, row)
+        if self.dry_run:
+            self.blocked_by = self.blocked_by or name
+            self._report(StageReport(name, kind, "run", why, key, str(out)))
+            return
+        self.echo(f"{name} ({kind}): running ({why})")
+        _remove_partials(out)
+        self.journal.begin(name, key, str(out))
+        t0 = time.monotonic()
+        try:
+            result = run(out)
+        except BaseException as exc:
+            self.journal.end(name, key, "failed", result={"error": str(exc)})
+            if isinstance(exc, QliftError | KeyboardInterrupt):
+                self._report(StageReport(name, kind, "failed", _first_line(exc), key, str(out),
+                                         seconds=round(time.monotonic() - t0, 2)))
+            raise
+        content = dir_hash(out)
+        self.journal.end(name, key, "done", content_hash=content, result=to_jsonable(result))
+        on_done(out)
+        self._report(StageReport(name, kind, "ran", why, key, str(out), content, round(time.monotonic() - t0, 2),
+                                 to_jsonable(result)))
+
+    def _why_run(self, name: str, key: str, row: dict[str, Any] | None) -> str:
+        if row is not None:
+            if row["status"] == "running":
+                return "the last run did not finish it (resuming here)"
+            if row["status"] == "failed":
+                return "it failed last time"
+            return "its output is missing or no longer matches its hash"
+        latest = self.journal.latest(name)
+        if latest is None:
+            return "never run"
+        return f"inputs or options changed (last run: {short(latest['key'])})"
+
+    # -- serve, router, promote ----------------------------------------------------------------
+    def _live(self, stages: list[Stage]) -> None:
+        for s in stages:
+            self._force_from(s.name)
+        if self.blocked_by is not None:
+            for s in stages:
+                self._report(StageReport(s.name, s.kind, "blocked",
+                                         f"needs {self.blocked_by} (its output is made when it runs)"))
+            return
+        plan = LivePlan.of(self, stages)
+        promote = next((s for s in stages if s.kind == "promote"), None)
+        row = self.journal.stage(promote.name, plan.keys[promote.name]) if promote else None
+        if promote and not self.forced and row is not None and row["status"] == "done":
+            for s in stages:
+                self._report(StageReport(s.name, s.kind, "skip" if self.dry_run else "skipped",
+                                         f"promoted already with key {short(plan.keys[promote.name])}",
+                                         plan.keys[s.name], result=row["result"] if s is promote else None))
+            return
+        if self.dry_run:
+            for s in stages:
+                self._report(StageReport(s.name, s.kind, "run", plan.notes.get(s.name, "live stage"),
+                                         plan.keys[s.name]))
+            return
+        plan.run(self)
+
+
+@dataclass
+class LivePlan:
+    stages: list[Stage]
+    models: dict[str, ModelRef]  # serve stage -> the model it serves
+    keys: dict[str, str]
+    notes: dict[str, str]
+    eval_report: Path | None
+
+    @classmethod
+    def of(cls, p: Pipeline, stages: list[Stage]) -> LivePlan:
+        models: dict[str, ModelRef] = {}
+        keys: dict[str, str] = {}
+        notes: dict[str, str] = {}
+        for s in stages:
+            if s.kind != "serve":
+                continue
+            ref = p.models[s.input]
+            reason = cpu_cannot_serve(ref.base) if s.options.url is None else None
+            if reason and s.options.fallback:
+                notes[s.name] = f"{reason}: serves {s.options.fallback} instead of {s.input}"
+                ref = p.models[s.options.fallback]
+            models[s.name] = ref
+            keys[s.name] = stage_key("serve", s.options, {"model": ref.content_hash})
+        candidate = next(m for s, m in models.items() if p.release.stage(s).options.role == "candidate")
+        evals = [e for e in p.evals.values() if e.candidate == candidate.content_hash]
+        if p.evals and not evals:
+            raise BadInputError(f"no eval stage evaluated the model the candidate serves ({candidate.base})",
+                                path=p.release.file, field="stages",
+                                hint="Add an eval stage whose input is that model, so promote can check its gates.")
+        eval_report = evals[-1].report if evals else None
+        serve_keys = sorted(keys.values())
+        for s in stages:
+            if s.kind == "router":
+                keys[s.name] = stage_key("router", s.options, {"servers": serve_keys})
+            elif s.kind == "promote":
+                inputs = {"servers": serve_keys, "eval": evals[-1].key if evals else None,
+                          "load": to_jsonable(s.load)}
+                keys[s.name] = stage_key("promote", s.options, inputs)
+        return cls(stages, models, keys, notes, eval_report)
+
+    def run(self, p: Pipeline) -> None:
+        out = p.release.out
+        procs = live.Processes(p.journal, p.run_id, out / "logs")
+        urls: dict[str, str] = {}
+        router_url = ""
+        token = live.new_router_token()
+        try:
+            for s in self.stages:
+                t0 = time.monotonic()
+                key = self.keys[s.name]
+                result: dict[str, Any]
+                if s.kind == "serve":
+                    o = s.options
+                    model = self.models[s.name]
+                    if o.url:
+                        urls[o.role] = o.url
+                        result = {"url": o.url, "started": False}
+                    else:
+                        argv, env = live.serve_argv(model.base, o)
+                        ready = procs.start(s.name, argv, env, keep=o.keep_running)
+                        urls[o.role] = str(ready["base_url"])
+                        result = {"url": urls[o.role], "started": True, "pid": ready.get("pid")}
+                    result |= {"model": str(model.base), "content_hash": model.content_hash, "role": o.role}
+                elif s.kind == "router":
+                    o = s.options
+                    if o.url:
+                        router_url, result = o.url, {"url": o.url, "started": False}
+                    else:
+                        backends = {"stable": urls["stable"], "canary": urls["candidate"]}
+                        ready = procs.start(s.name, live.router_argv(o, backends), {"QLIFT_ROUTER_TOKEN": token},
+                                            keep=o.keep_running)
+                        router_url = str(ready["url"]).rstrip("/")
+                        result = {"url": router_url, "started": True, "public_model": o.public_model}
+                else:
+                    result = self._promote(p, s, router_url, token if any(
+                        x.kind == "router" and not x.options.url for x in self.stages) else None)
+                p.journal.begin(s.name, key, "")
+                p.journal.end(s.name, key, "done", result=result)
+                p._report(StageReport(s.name, s.kind, "ran", self.notes.get(s.name, ""), key,
+                                      seconds=round(time.monotonic() - t0, 2), result=result))
+        finally:
+            procs.stop()
+
+    def _promote(self, p: Pipeline, s: Stage, router_url: str, token: str | None) -> dict[str, Any]:
+        from qlift.rollout.api import raise_for_outcome, status
+
+        candidate = next(m for n, m in self.models.items() if p.release.stage(n).options.role == "candidate")
+        spec = {**s.options, "stable": "stable", "canary": "canary", "router": router_url,
+                "canary_model": str(candidate.base)}
+        if self.eval_report is not None:
+            spec["eval_report"] = str(self.eval_report)
+        journal = p.release.out / "rollout.sqlite"
+        if s.load is not None:
+            public = next((x.options.public_model for x in self.stages if x.kind == "router"), "release")
+            with live.Traffic(router_url, public, s.load) as traffic:
+                final = live.promote(spec, journal, token)
+            sent = sum(traffic.status.values())
+            p.echo(f"{s.name}: {sent} requests through the router, {sent - traffic.status[200]} failed")
+        else:
+            final = live.promote(spec, journal, token)
+        result = {"state": final.state, "reason": final.reason, "journal": str(journal),
+                  "rollout": status(journal)}
+        try:
+            raise_for_outcome(final)
+        except GateFailedError:
+            p.journal.begin(s.name, self.keys[s.name], "")
+            p.journal.end(s.name, self.keys[s.name], "failed", result=result)
+            raise
+        return result
+
+
+def _verifies(out: Path, content_hash: str) -> bool:
+    """``out`` is complete (it has its lineage manifest) and still hashes to what the journal recorded."""
+    if not (out / "qlift.json").is_file() or not content_hash:
+        return False
+    try:
+        return dir_hash(out) == content_hash
+    except (OSError, QliftError):
+        return False
+
+
+def _remove_partials(out: Path) -> None:
+    """Temp dirs a killed stage left beside its output (never used: outputs are only renamed into place)."""
+    for p in out.parent.glob(f".{out.name}.*.partial"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = exc.one_line() if isinstance(exc, QliftError) else type(exc).__name__
+    return text.splitlines()[0] if text else ""
+
+
+def run_release(release: Release, *, from_stage: str | None = None, dry_run: bool = False,
+                echo: Callable[[str], None] = print) -> list[StageReport]:
+    """Plan or run ``release``; the journal lives in its output dir."""
+    path = release.out / JOURNAL_NAME
+    with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
+        if dry_run:
+            return Pipeline(release, journal, from_stage, echo, dry_run=True).execute()
+        stopped = live.stop_leftovers(journal)
+        if stopped:
+            echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")
+        run_id = journal.start_run(release.file)
+        try:
+            reports = Pipeline(release, journal, from_stage, echo, run_id=run_id).execute()
+        except BaseException as exc:
+            journal.finish_run(run_id, "failed", _first_line(exc))
+            raise
+        journal.finish_run(run_id, "done")
+        return reports

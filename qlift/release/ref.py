@@ -1,0 +1,57 @@
+"""``ModelRef``: what a model version is. A base model directory, the LoRA adapters applied on
+top of it (in order), and one content hash over all of them.
+
+The hash of a plain directory is its lineage content hash (``qlift.lineage.describe_input``:
+path, size and sha256 of every file, reusing the digests a ``qlift.json`` records for unchanged
+files), the same digest `qlift eval` writes as ``candidate.content_hash`` and `qlift promote
+--eval-report` matches. So a ModelRef without adapters names exactly what the eval gate checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from qlift.lineage import describe_input
+
+
+class AdapterRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(description="Name of the adapter (what a server would call it).")
+    path: Path = Field(description="The adapter directory (adapter_config.json + weights).")
+
+
+class ModelRef(BaseModel):
+    """A model version: ``base`` plus ``adapters`` in order, identified by ``content_hash``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    base: Path = Field(description="The model directory.")
+    adapters: tuple[AdapterRef, ...] = Field((), description="LoRA adapters applied on top, in order.")
+    content_hash: str = Field(description="sha256 over the base's and the adapters' lineage content hashes.")
+
+    @classmethod
+    def of(cls, base: Path, adapters: tuple[AdapterRef, ...] | list[AdapterRef] = ()) -> ModelRef:
+        """Hash ``base`` (and ``adapters``) now; cheap for a dir whose qlift.json still matches its files."""
+        return cls(base=Path(base), adapters=tuple(adapters), content_hash=ref_hash(Path(base), tuple(adapters)))
+
+    @property
+    def short(self) -> str:
+        return self.content_hash.removeprefix("sha256:")[:12]
+
+
+def dir_hash(path: Path) -> str:
+    """The lineage content hash of a file or directory (the eval gate's and every manifest's digest)."""
+    return describe_input("model", Path(path))[0].content_hash
+
+
+def ref_hash(base: Path, adapters: tuple[AdapterRef, ...] = ()) -> str:
+    """A plain directory's lineage hash; with adapters, one digest over base and (name, hash) of each."""
+    base_hash = dir_hash(base)
+    if not adapters:
+        return base_hash
+    h = hashlib.sha256(base_hash.encode())
+    for a in adapters:
+        h.update(f"\n{a.name}\0{dir_hash(a.path)}".encode())
+    return "sha256:" + h.hexdigest()

@@ -1,0 +1,278 @@
+"""The release file (``release.yaml``): a base, adapters, and a list of stages with their options.
+
+Each stage's ``options`` are that stage's own typed options model: ``MergeOptions``,
+``QuantizeOptions``, ``EvalOptions`` (dataclasses the commands take), ``RolloutSpec`` for
+promote; serve and router, which have no model of their own yet, get a small one here that maps
+1:1 onto the flags the release passes. Fields the release itself decides (outputs, ``force``,
+the names and URLs of the versions) are refused with a line saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from qlift.errors import BadInputError
+from qlift.loaders import read_yaml, validated, validation_error
+from qlift.release.ref import AdapterRef
+
+Kind = Literal["merge", "quantize", "eval", "serve", "router", "promote"]
+MODEL_KINDS = ("merge", "quantize")  # stages whose output is a new model version
+HINT = "Fix the release file; `qlift release schema` prints every field."
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BaseSource(_Strict):
+    """Where the base model comes from: exactly one of builtin, path, hub."""
+
+    builtin: Literal["smollm2"] | None = Field(None, description="A model qlift ships (converted from its GGUF).")
+    path: Path | None = Field(None, description="A model directory on this machine (relative to the file).")
+    hub: str | None = Field(None, description="A hub repo id, e.g. Qwen/Qwen2.5-0.5B-Instruct (needs revision).")
+    revision: str | None = Field(None, description="The hub revision: a commit sha pins it.")
+    source: Literal["hf", "modelscope"] = Field("hf", description="Which hub.")
+
+    @model_validator(mode="after")
+    def _one(self) -> BaseSource:
+        given = [k for k in ("builtin", "path", "hub") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of builtin, path, hub (got {', '.join(given) or 'none'})")
+        if self.hub and not self.revision:
+            raise ValueError("a hub base needs a revision (a commit sha pins it)")
+        return self
+
+
+class ServeStageOptions(_Strict):
+    """`qlift serve` as a release stage: start a vLLM server for one version, or name a running one."""
+
+    role: Literal["candidate", "stable"] = Field("candidate", description="Which version this server is.")
+    url: str | None = Field(None, description="An existing server's base URL (without /v1): start nothing.")
+    fallback: str | None = Field(None, description="Where vLLM cannot run the input's quantization on this CPU "
+                                                   "(W4A16 without AVX-512), serve this earlier model instead.")
+    served_model_name: str | None = Field(None, description="--served-model-name (default: qlift-ROLE).")
+    recipe: str = Field("auto", description="--recipe: a serving recipe name, or auto.")
+    sets: list[str] = Field([], description="--set KEY=VALUE overrides of the recipe.")
+    core: int | None = Field(None, ge=0, description="vllm-cpu: bind the server's threads to this core.")
+    kv_cache_gib: int | None = Field(None, ge=1, description="vllm-cpu: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
+    timeout_s: float = Field(900, gt=0, description="--timeout: seconds to wait for /health.")
+    keep_running: bool = Field(False, description="Leave the server running when the release ends.")
+
+
+class RouterStageOptions(_Strict):
+    """`qlift router` in front of the stable and candidate servers (backends 'stable' and 'canary')."""
+
+    url: str | None = Field(None, description="An existing qlift router's URL: start nothing (its backends must "
+                                              "be named stable and canary).")
+    public_model: str = Field("release", description="--public-model: the model name clients send.")
+    port: int = Field(0, ge=0, le=65535, description="--port (0: a free one).")
+    keep_running: bool = Field(False, description="Leave the router running when the release ends.")
+
+
+class LoadOptions(_Strict):
+    """Generated chat traffic through the router while promote runs (a demo or a staging check)."""
+
+    prompts: Path = Field(description="JSONL of {'messages': [...]} rows (relative to the file).")
+    concurrency: int = Field(3, ge=1, le=64, description="Conversations at a time.")
+    max_requests: int = Field(2000, ge=1, description="Stop after this many requests.")
+    max_tokens: int = Field(48, ge=1, description="max_tokens of each request.")
+
+
+class StageEntry(_Strict):
+    stage: Kind = Field(description="Which stage: merge, quantize, eval, serve, router, promote.")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                             description="Unique name (default: the stage); outputs are named after it.")
+    input: str | None = Field(None, description="The model this stage works on: 'base' or an earlier stage's "
+                                                "name (default: the latest model made, else the base).")
+    options: dict[str, Any] = Field({}, description="The stage's own options model (see the schema).")
+    load: LoadOptions | None = Field(None, description="promote only: generate traffic while it runs.")
+
+
+class ReleaseFile(_Strict):
+    name: str = Field("release", description="Name of the release (shown in status).")
+    out: Path = Field(Path("release-out"), description="Where outputs and the journal go (relative to the file).")
+    base: BaseSource
+    adapters: list[AdapterRef] = Field([], description="LoRA adapters on the base, in order (paths relative to "
+                                                       "the file).")
+    stages: list[StageEntry] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a loaded release: its kind, name, input and typed options."""
+
+    kind: Kind
+    name: str
+    input: str
+    options: Any
+    load: LoadOptions | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    file: Path
+    name: str
+    out: Path
+    base: BaseSource
+    adapters: tuple[AdapterRef, ...]
+    stages: tuple[Stage, ...]
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+
+# Fields of each stage's options model that the release decides; a file giving one is refused.
+MANAGED: dict[str, dict[str, str]] = {
+    "merge": {"force": "outputs are the release's own"},
+    "quantize": {"force": "outputs are the release's own"},
+    "eval": {"report_dir": "the release writes the report beside its outputs",
+             "force": "outputs are the release's own"},
+    "promote": {k: "the release fills it from its serve and router stages"
+                for k in ("stable", "canary", "router", "backends", "canary_model")}
+               | {"eval_report": "the release passes its eval stage's report"},
+}
+
+
+def options_model(kind: str) -> Any:
+    """The options model of a stage kind."""
+    if kind == "merge":
+        from qlift.merge.options import MergeOptions
+
+        return MergeOptions
+    if kind == "quantize":
+        from qlift.quantize.options import QuantizeOptions
+
+        return QuantizeOptions
+    if kind == "eval":
+        from qlift.eval.options import EvalOptions
+
+        return EvalOptions
+    if kind == "promote":
+        from qlift.rollout.spec import RolloutSpec
+
+        return RolloutSpec
+    return {"serve": ServeStageOptions, "router": RouterStageOptions}[kind]
+
+
+def load_release(path: Path) -> Release:
+    """Read and validate ``path``: one BadInputError naming the file, the stage and the field."""
+    path = Path(path)
+    raw = validated(ReleaseFile, read_yaml(path, hint=HINT), path=path, hint=HINT)
+    here = path.resolve().parent
+    adapters = tuple(AdapterRef(name=a.name, path=here / a.path) for a in raw.adapters)
+    base = raw.base.model_copy(update={"path": here / raw.base.path}) if raw.base.path else raw.base
+    stages: list[Stage] = []
+    models = ["base"]
+    for i, entry in enumerate(raw.stages):
+        name = entry.name or entry.stage
+        where = f"{path}: stage '{name}' ({entry.stage})"
+        if name == "base" or any(s.name == name for s in stages):
+            raise BadInputError(f"the name '{name}' is taken", path=f"{path}: stage {i + 1}", field="name",
+                                hint="Give each stage a unique name (not 'base').")
+        if entry.input is not None and entry.input not in models:
+            raise BadInputError(f"'{entry.input}' is not the base or an earlier model stage ({', '.join(models)})",
+                                path=where, field="input", hint=HINT)
+        if entry.load is not None and entry.stage != "promote":
+            raise BadInputError("only a promote stage takes load", path=where, field="load", hint=HINT)
+        default_input = "base" if entry.stage == "serve" and entry.options.get("role") == "stable" else models[-1]
+        options = stage_options(entry.stage, entry.options, where=where, here=here, models=models)
+        if entry.stage == "serve" and options.fallback is not None and options.fallback not in models:
+            raise BadInputError(f"'{options.fallback}' is not the base or an earlier model stage", path=where,
+                                field="options.fallback", hint=HINT)
+        if entry.stage == "merge" and not adapters:
+            raise BadInputError("a merge stage needs adapters", path=path, field="adapters",
+                                hint="List the LoRA adapters under `adapters:` (name and path).")
+        load = entry.load.model_copy(update={"prompts": here / entry.load.prompts}) if entry.load else None
+        stages.append(Stage(entry.stage, name, entry.input or default_input, options, load))
+        if entry.stage in MODEL_KINDS:
+            models.append(name)
+    _check_flow(stages, path)
+    return Release(path, raw.name, here / raw.out, base, adapters, tuple(stages))
+
+
+def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, models: list[str]) -> Any:
+    """``data`` validated as ``kind``'s options model (paths made relative to the file's directory)."""
+    model = options_model(kind)
+    for key in data:
+        if key in MANAGED.get(kind, {}):
+            raise BadInputError(f"set by the release ({MANAGED[kind][key]})", path=where, field=f"options.{key}",
+                                hint="Remove it from the file.")
+    if dataclasses.is_dataclass(model):
+        return _dataclass_options(kind, model, data, where=where, here=here, models=models)
+    if kind == "promote":
+        filled = {"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"}
+        validated(model, {**data, **filled}, path=where, prefix="options", hint=HINT)
+        return dict(data)
+    return validated(model, data, path=where, prefix="options", hint=HINT)
+
+
+def _dataclass_options(kind: str, model: Any, data: dict[str, Any], *, where: str, here: Path,
+                       models: list[str]) -> Any:
+    names = {f.name for f in dataclasses.fields(model)}
+    for key in data:
+        if key not in names:
+            raise BadInputError(f"unknown field (one of: {', '.join(sorted(names - set(MANAGED[kind])))})",
+                                path=where, field=f"options.{key}", hint=HINT)
+    data = dict(data)
+    for key in ("prompts", "calib"):
+        if isinstance(data.get(key), str):
+            data[key] = str(here / data[key])
+    if kind == "eval" and isinstance(data.get("baseline"), str) and data["baseline"] not in models:
+        data["baseline"] = str(here / data["baseline"])
+    try:
+        return TypeAdapter(model).validate_python(data)
+    except ValidationError as exc:
+        raise validation_error(exc, path=where, prefix="options", hint=HINT) from None
+    except BadInputError as exc:  # the model's own range and choice checks name the CLI flag
+        field = "options." + (exc.field or "").removeprefix("--").replace("-", "_")
+        message = exc.message.split(": ")[-1]
+        raise BadInputError(message, path=where, field=field, hint=exc.hint) from None
+
+
+def _check_flow(stages: list[Stage], path: Path) -> None:
+    kinds = [s.kind for s in stages]
+    roles = {s.options.role for s in stages if s.kind == "serve"}
+    if "router" in kinds and roles != {"candidate", "stable"}:
+        raise BadInputError("a router stage needs a serve stage of each role (candidate and stable)", path=path,
+                            field="stages", hint="Add `serve` stages with role: stable and role: candidate "
+                            "(either may name a running server with url).")
+    if "promote" in kinds and "router" not in kinds[:kinds.index("promote")]:
+        raise BadInputError("a promote stage needs a router stage before it", path=path, field="stages",
+                            hint="Add a `router` stage (url: names a running one).")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a release file, with each stage kind's options model spelled out."""
+    from qlift.options import field_docs
+
+    schema = ReleaseFile.model_json_schema()
+    variants = []
+    for kind in ("merge", "quantize", "eval", "serve", "router", "promote"):
+        model = options_model(kind)
+        opts = model.model_json_schema() if isinstance(model, type) and issubclass(model, BaseModel) \
+            else TypeAdapter(model).json_schema()
+        docs = field_docs(model) if isinstance(model, type) and dataclasses.is_dataclass(model) else {}
+        schema["$defs"].update(opts.pop("$defs", {}))
+        props = opts.get("properties", {})
+        for key in list(props):
+            if key in MANAGED.get(kind, {}):
+                del props[key]
+            elif key in docs:
+                props[key]["description"] = docs[key]
+        opts["required"] = [k for k in opts.get("required", []) if k in props]
+        opts["additionalProperties"] = False
+        entry: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["stage"],
+                 "properties": {**schema["$defs"]["StageEntry"]["properties"],
+                                "stage": {"const": kind}, "options": opts}}
+        if kind != "promote":
+            del entry["properties"]["load"]
+        variants.append(entry)
+    schema["properties"]["stages"]["items"] = {"oneOf": variants}
+    schema["$defs"].pop("StageEntry", None)
+    schema["title"] = "qlift release file"
+    return schema

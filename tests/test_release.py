@@ -1,0 +1,213 @@
+"""qlift release on tiny models: the file's validation, the plan, caching by content, gates, resume
+after SIGKILL (real merges and transformers evals; no vLLM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "examples" / "prompts" / "smoke.jsonl"
+EVAL = {"prompts": str(SMOKE), "baseline": "base", "backend": "transformers", "max_tokens": 4, "resamples": 100,
+        "metrics": "rougeL,length", "gates": ["rougeL >= 0"]}
+
+
+def _write(path: Path, base: Path, adapter: Path, stages: list[dict], out: str = "out") -> Path:
+    doc = {"name": "tiny", "out": out, "base": {"path": str(base)},
+           "adapters": [{"name": "lora", "path": str(adapter)}], "stages": stages}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _stages(gates: list[str] | None = None) -> list[dict]:
+    return [{"stage": "merge", "options": {"verify": False}},
+            {"stage": "eval", "options": {**EVAL, "gates": gates or EVAL["gates"]}}]
+
+
+def _actions(stdout: str) -> dict[str, str]:
+    return {s["name"]: s["action"] for s in json.loads(stdout)["stages"]}
+
+
+@pytest.fixture(autouse=True)
+def _eval_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QLIFT_EVAL_CACHE", str(tmp_path / "eval-cache"))
+
+
+def _qlift(*args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "qlift", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ.copy())
+
+
+BAD = [
+    ({"stage": "merge", "options": {"dtype": "int3"}}, "merge", "options.dtype", "not one of"),
+    ({"stage": "merge", "options": {"tolerence": 0.1}}, "merge", "options.tolerence", "unknown field"),
+    ({"stage": "quantize", "options": {"method": "awq", "num_samples": 0}}, "quantize", "options.num_samples",
+     "out of range"),
+    ({"stage": "quantize", "options": {"method": "gptq"}}, "quantize", "options.method", "gptq"),
+    ({"stage": "eval", "options": {"prompts": "p.jsonl", "max_tokens": "many"}}, "eval", "options.max_tokens",
+     "integer"),
+    ({"stage": "eval", "options": {"prompts": "p.jsonl", "report_dir": "x"}}, "eval", "options.report_dir",
+     "set by the release"),
+    ({"stage": "serve", "name": "cand", "options": {"core": -1}}, "cand", "options.core", "greater than"),
+    ({"stage": "promote", "options": {"analysis": {"min_requests": 0}}}, "promote", "options.analysis.min_requests",
+     "greater than"),
+    ({"stage": "promote", "options": {"steps": [10, 50], "colour": 1}}, "promote", "options.colour", "xtra"),
+]
+
+
+@pytest.mark.parametrize(("stage", "name", "field", "says"), BAD)
+def test_bad_stage_field_is_one_line_naming_file_stage_field(run_cli, tmp_path: Path, stage: dict, name: str,
+                                                           field: str, says: str) -> None:
+    f = _write(tmp_path / "release.yaml", tmp_path, tmp_path, [stage])
+    r = run_cli("release", "run", f, "--dry-run")
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {f}: stage '{name}' ({stage['stage']}): field '{field}': "), lines[0]
+    assert says in lines[0]
+
+
+def test_bad_top_level_field_and_flow(run_cli, tmp_path: Path) -> None:
+    f = tmp_path / "release.yaml"
+    f.write_text("base: {builtin: smollm2, path: x}\nstages: [{stage: merge}]\n")
+    r = run_cli("release", "run", f)
+    assert r.exit_code == 2 and "field 'base'" in r.stderr and "exactly one of" in r.stderr
+    _write(f, tmp_path, tmp_path, [{"stage": "promote"}])
+    r = run_cli("release", "run", f)
+    assert r.exit_code == 2 and "needs a router stage" in r.stderr
+
+
+def test_schema_spells_out_every_stage(run_cli) -> None:
+    r = run_cli("release", "schema")
+    assert r.exit_code == 0
+    schema = json.loads(r.stdout)
+    variants = {v["properties"]["stage"]["const"]: v["properties"]["options"]
+                for v in schema["properties"]["stages"]["items"]["oneOf"]}
+    assert set(variants) == {"merge", "quantize", "eval", "serve", "router", "promote"}
+    assert variants["merge"]["properties"]["dtype"]["description"].startswith("Dtype of the merged weights")
+    assert "force" not in variants["merge"]["properties"] and "report_dir" not in variants["eval"]["properties"]
+    assert variants["quantize"]["required"] == ["method"]
+    assert "stable" not in variants["promote"]["properties"] and "steps" in variants["promote"]["properties"]
+    assert "AnalysisSpec" in schema["$defs"]  # promote's nested refs resolve
+
+
+def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_qwen2_tied: Path,
+                                                 tiny_lora_tied: Path) -> None:
+    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, _stages())
+    r = run_cli("release", "run", f, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)["stages"]
+    assert [(s["name"], s["action"]) for s in plan] == [("base", "skip"), ("merge", "run"), ("eval", "blocked")]
+    assert plan[1]["reason"] == "never run" and plan[2]["reason"].startswith("needs merge")
+    assert not (tmp_path / "out").exists()  # a plan writes nothing
+
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    first = json.loads(r.stdout)["stages"]
+    assert [s["action"] for s in first] == ["skipped", "ran", "ran"]
+    assert len(r.stderr.strip().splitlines()) >= 3 and "[2/3] merge (merge): ran" in r.stderr
+    merged = Path(first[1]["output"])
+    report = json.loads((Path(first[2]["output"]) / "report.json").read_text())
+    assert report["candidate"]["content_hash"] == first[1]["content_hash"]  # the eval gate's hash is the ModelRef's
+
+    # A second run, in a fresh process: every stage skipped, each with its reason, well under 15 s.
+    t0 = time.monotonic()
+    p = _qlift("release", "run", f, "--json")
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr
+    assert _actions(p.stdout) == {"base": "skipped", "merge": "skipped", "eval": "skipped"}
+    assert "merge (merge): skipped" in p.stderr and "cached" in p.stderr
+    assert took < 15, took
+
+    plan = json.loads(run_cli("release", "run", f, "--dry-run", "--json").stdout)["stages"]
+    assert [s["action"] for s in plan] == ["skip", "skip", "skip"]
+    assert plan[1]["reason"] == f"cached {plan[1]['key'][7:19]}"
+
+    # Only a gate changes: eval runs again, merge is reused (same output dir, untouched).
+    mtime = (merged / "qlift.json").stat().st_mtime_ns
+    _write(f, tiny_qwen2_tied, tiny_lora_tied, _stages(["rougeL >= 0", "length >= 0"]))
+    plan = json.loads(run_cli("release", "run", f, "--dry-run", "--json").stdout)["stages"]
+    assert [s["action"] for s in plan] == ["skip", "skip", "run"]
+    assert plan[2]["reason"].startswith("inputs or options changed")
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert _actions(r.stdout) == {"base": "skipped", "merge": "skipped", "eval": "ran"}
+    assert (merged / "qlift.json").stat().st_mtime_ns == mtime
+
+    # A gate that fails: exit 10, the failing gate and the report named; the journal says failed.
+    _write(f, tiny_qwen2_tied, tiny_lora_tied, _stages(["rougeL >= baseline + 5"]))
+    r = run_cli("release", "run", f)
+    assert r.exit_code == 10
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: stage 'eval': 1 of 1 gate(s) failed: rougeL >= baseline + 5") and "report.md" in last
+    st = json.loads(run_cli("release", "status", f, "--json").stdout)
+    assert {s["name"]: s["status"] for s in st["stages"]} == {"base": "never run", "merge": "done", "eval": "failed"}
+    assert st["last_run"]["outcome"] == "failed"
+
+    # An output edited behind the release's back no longer verifies: the stage runs again. Its new
+    # output has the content eval already judged (the merge is deterministic), so eval is reused.
+    _write(f, tiny_qwen2_tied, tiny_lora_tied, _stages())
+    (merged / "config.json").write_text((merged / "config.json").read_text() + " ")
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert _actions(r.stdout) == {"base": "skipped", "merge": "ran", "eval": "skipped"}
+    assert "no longer matches its hash" in r.stderr
+
+    # --from re-runs that stage and the ones after it.
+    r = run_cli("release", "run", f, "--from", "eval", "--json")
+    assert _actions(r.stdout) == {"base": "skipped", "merge": "skipped", "eval": "ran"}
+    r = run_cli("release", "run", f, "--from", "nope")
+    assert r.exit_code == 2 and "--from" in r.stderr
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != "qlift.json"}
+
+
+def test_sigkill_during_merge_resumes_there_byte_identical(tmp_path: Path, tiny_qwen2_tied: Path,
+                                                          tiny_lora_tied: Path) -> None:
+    stages = [{"stage": "merge", "options": {"verify": False, "max_shard_size": "2MB"}}]
+    ref = _write(tmp_path / "ref.yaml", tiny_qwen2_tied, tiny_lora_tied, stages, out="ref-out")
+    p = _qlift("release", "run", ref, "--json")
+    assert p.returncode == 0, p.stderr
+    want = Path(json.loads(p.stdout)["stages"][1]["output"])
+
+    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, stages)
+    journal = tmp_path / "out" / "release.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "qlift", "release", "run", str(f)], stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    killed_mid_write = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        partial = list((tmp_path / "out").glob(".merge-*.partial/*.safetensors"))
+        if partial:  # shards being written into the temp dir: the merge is under way
+            proc.send_signal(signal.SIGKILL)
+            killed_mid_write = True
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert killed_mid_write, "the merge finished before it could be killed"
+    with sqlite3.connect(journal) as db:
+        assert db.execute("SELECT status FROM stages WHERE name='merge'").fetchone() == ("running",)
+    assert not any(p.name.startswith("merge-") for p in (tmp_path / "out").iterdir())  # nothing half-written placed
+
+    p = _qlift("release", "run", f, "--json")
+    assert p.returncode == 0, p.stderr
+    assert "merge (merge): running (the last run did not finish it (resuming here))" in p.stderr
+    got = Path(json.loads(p.stdout)["stages"][1]["output"])
+    assert got.name == want.name  # same key
+    assert not list((tmp_path / "out").glob(".merge-*.partial"))
+    assert _files(got) == _files(want)
+    outputs = json.loads((got / "qlift.json").read_text())["outputs"]
+    assert {k: v["sha256"] for k, v in outputs.items()} == \
+        {k: v["sha256"] for k, v in json.loads((want / "qlift.json").read_text())["outputs"].items()}

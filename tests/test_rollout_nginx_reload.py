@@ -61,6 +61,9 @@ def test_reloads_mid_stream_lose_no_answer(tmp_path: Path, slow_backends: tuple[
                 plane.set_weights({"stable": 50 if k % 2 == 0 else 90, "canary": 50 if k % 2 == 0 else 10})
             time.sleep(0.5)
             result = load.stop()
+        deadline = time.monotonic() + 10  # nginx writes a line once the answer is done: wait for the last ones
+        while time.monotonic() < deadline and sum(v.requests for v in source.peek().values()) < result.ok:
+            time.sleep(0.2)
     finally:
         plane.stop()
     assert result.errors == 0, (result.statuses, result.error_messages[:3])
@@ -104,3 +107,29 @@ def test_an_answer_a_reload_cuts_is_an_error_of_its_version(tmp_path: Path,
     ev = source.collect()
     assert (ev["canary"].requests, ev["canary"].errors) == (1, 1)
     assert ev["stable"].requests == 0
+
+
+def test_a_client_that_goes_away_mid_stream_is_nobodys_error(tmp_path: Path,
+                                                            slow_backends: tuple[TinyBackend, TinyBackend]) -> None:
+    """nginx logs an abandoned stream like a cut one (200, request_completion empty); without a reload
+    behind it, it counts for no version (as a 499 does)."""
+    s, c = slow_backends
+    plane = _plane(tmp_path, s, c)
+    plane.set_weights({"stable": 0, "canary": 100})
+    source = AccessLogSource(plane.prefix, {"stable": s.url, "canary": c.url})
+    source.begin()
+    url = f"http://127.0.0.1:{plane.spec.listen.rsplit(':', 1)[1]}"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    try:
+        with httpx.Client(timeout=30) as client:
+            with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                next(r.iter_bytes())  # leave after the first chunk
+            assert client.post(url + "/v1/chat/completions", json={**body, "stream": False}).status_code == 200
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and source.peek()["canary"].requests < 1:
+            time.sleep(0.2)
+        time.sleep(0.5)
+    finally:
+        plane.stop()
+    ev = source.collect()
+    assert (ev["canary"].requests, ev["canary"].errors) == (1, 0)

@@ -6,6 +6,7 @@ Layout under ``prefix`` (nginx runs as a plain process: ``nginx -p PREFIX -c PRE
     nginx.pid           the master's pid
     logs/error.log      nginx's own log
     logs/access.jsonl   one JSON line per request: the rollout's evidence (see AccessLogSource)
+    logs/reloads.jsonl  one JSON line per reload: when, and how long old workers keep answers
     tmp/                client body / proxy temp dirs
 
 The split: ``split_clients`` over the session key (``X-Session-Id`` by default) so one
@@ -23,8 +24,10 @@ kept-alive connections at a reload, and a client that sends its next request on 
 then gets no answer at all (measured: 40 of 88 streamed requests lost over six reloads under
 eight aiohttp clients), a failure nginx never logs. A new connection per request costs a
 loopback handshake beside seconds of generation. An answer an old worker still cuts (one
-longer than ``max_answer_s``) is logged with ``request_completion`` empty and counts as an
-error of its version in the evidence.
+longer than ``max_answer_s``) counts as an error of its version in the evidence: each reload is
+noted in ``logs/reloads.jsonl``, and a line logged with ``request_completion`` empty, in flight at
+a reload and ended when that reload's old worker gave up, is such an answer. Other incomplete
+answers are clients that went away mid-stream (nginx logs them the same way): nobody's error.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import math
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,6 +46,8 @@ from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.spec import NginxSpec
 
 _WEIGHTS_MARK = "# qlift-weights: "
+RELOADS = "reloads.jsonl"
+CUT_SLACK_S = 5.0  # between an old worker giving up and its log line
 
 _LOG_FORMAT = (
     "'{\"time\":$msec,\"status\":$status,\"pool\":\"$qlift_pool\",\"request_time\":$request_time,"
@@ -179,9 +185,14 @@ class NginxDataPlane:
             tmp.unlink(missing_ok=True)
             raise
         os.replace(tmp, self.conf)
-        result = self._nginx("-s", "reload") if self.running_pid() else self._nginx()
+        reload = self.running_pid() is not None
+        at = time.time()
+        result = self._nginx("-s", "reload") if reload else self._nginx()
         if result.returncode != 0:
             raise ExternalToolError(f"nginx did not take the new config: {result.stderr.strip()[:400]}", tool="nginx")
+        if reload:
+            with open(self.prefix / "logs" / RELOADS, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"time": at, "max_answer_s": self.spec.max_answer_s, "weights": weights}) + "\n")
 
     def stop(self) -> None:
         if self.running_pid():
@@ -204,6 +215,8 @@ class AccessLogSource:
 
     def __init__(self, prefix: Path, backends: dict[str, str]) -> None:
         self.path = Path(prefix).resolve() / "logs" / "access.jsonl"
+        self.reloads_path = self.path.with_name(RELOADS)
+        self.reloads: list[tuple[float, float]] = []  # (when, how long old workers keep answers)
         self.by_addr = {host_port(url): v for v, url in backends.items()}
         self.versions = list(backends)
         self.offset = 0
@@ -214,6 +227,7 @@ class AccessLogSource:
         self.lines = []
 
     def _poll(self) -> None:
+        self.reloads = _read_reloads(self.reloads_path)
         if not self.path.exists():
             return
         with open(self.path, "rb") as fh:
@@ -258,9 +272,11 @@ class AccessLogSource:
             ev.requests += 1
             status = _num(statuses, i)
             last = i == len(addrs) - 1
-            # the answer the client got was cut (a reload's old worker gave up on it, the upstream closed)
-            cut = last and "completion" in line and line.get("completion") != "OK" and _final_status(line) < 400
-            if status is None or status >= 500 or cut:
+            incomplete = last and "completion" in line and line.get("completion") != "OK" and _final_status(line) < 400
+            if incomplete and not self._cut_by_reload(line):
+                ev.requests -= 1  # the client went away mid-stream: nobody's error, no latency
+                continue
+            if status is None or status >= 500 or incomplete:
                 ev.errors = (ev.errors or 0) + 1
                 continue
             latency, ttfb = _num(totals, i), _num(headers, i)
@@ -269,6 +285,35 @@ class AccessLogSource:
             # time to the first byte is TTFT only for a stream (a non-streamed answer's first byte is all of it)
             if ttfb is not None and str(line.get("content_type", "")).startswith("text/event-stream"):
                 ev.ttft_s.append(ttfb)
+
+
+    def _cut_by_reload(self, line: dict[str, object]) -> bool:
+        """In flight at a reload and ended when that reload's old worker gave up on it."""
+        end = _float(line.get("time"))
+        start = end - _float(line.get("request_time"))
+        return any(start <= at and at + keep - 1.0 <= end <= at + keep + CUT_SLACK_S for at, keep in self.reloads)
+
+
+def _read_reloads(path: Path) -> list[tuple[float, float]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for raw in lines:
+        try:
+            r = json.loads(raw)
+            out.append((float(r["time"]), float(r["max_answer_s"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _float(value: object) -> float:
+    try:
+        return float(str(value))
+    except ValueError:
+        return 0.0
 
 
 def _final_status(line: dict[str, object]) -> int:

@@ -104,6 +104,11 @@ def test_every_limit_is_a_flag_generated_from_the_spec() -> None:
     assert (spec.analysis.min_requests, spec.analysis.min_tokens_ratio, spec.analysis.on_insufficient) == (
         5, 0.2, "rollback")
     assert spec.shadow is not None and spec.shadow.windows == 3
+    shadowed = build_spec({"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}, {"shadow.percent": "20%"})
+    assert shadowed.shadow is not None and shadowed.shadow.percent == 20
+    with pytest.raises(BadInputError) as err:
+        build_spec({"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}, {"shadow.percent": "150%"})
+    assert err.value.field == "--shadow"
     assert runner.invoke(cmd, ["--on-insufficient", "never"]).exit_code == 2  # choices come from the Literal
     with pytest.raises(BadInputError) as err:
         build_spec({"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}, {"analysis.alpha": 2.0})

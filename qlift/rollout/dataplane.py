@@ -75,17 +75,8 @@ class RouterDataPlane:
 
 
 def make_data_plane(spec: RolloutSpec) -> DataPlane:
-    from qlift.settings import router_token
+    """The spec's data plane, built by its entry in the planes registry (qlift.rollout.planes)."""
+    from qlift.rollout.planes import make_plane
 
-    if spec.data_plane == "nginx":
-        from qlift.rollout.nginx import NginxDataPlane
-
-        assert spec.nginx is not None
-        return NginxDataPlane(spec.nginx, {v: spec.backends[v] for v in (spec.stable, spec.canary)})
-    if spec.data_plane == "gateway-api":
-        from qlift.rollout.gateway import GatewayDataPlane
-
-        assert spec.gateway is not None
-        return GatewayDataPlane(spec.gateway)
-    assert spec.router is not None
-    return RouterDataPlane(spec.router, router_token())
+    plane: DataPlane = make_plane(spec)
+    return plane

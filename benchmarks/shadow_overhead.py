@@ -3,12 +3,17 @@
 without, interleaved in one run.
 
 Peers, on the same machine, servers and router:
-  off - the router with no shadow.
-  on  - the same router with `PUT /admin/shadow {"version": "canary", "percent": P}`.
+  off     - the router with no shadow.
+  on      - the same router with `PUT /admin/shadow {"version": "canary", "percent": P}`.
+  matched - no shadow, but the client itself sends the same share of copies straight to the
+            canary (the same cap): the canary as busy as in `on`, without the router's part.
 
-Rounds alternate off/on in ABBA order so drift hits both alike; between rounds the shadow's
-copies in flight are waited out. Reports stable's end-to-end latency and TTFT p50/p95 per arm
-and the p95 latency ratio on/off. Target: <= 1.1x.
+On two cores the canary's extra work takes CPU from everything else (stable's API server
+threads are not pinned), so on/off is what shadowing costs on this machine, and on/matched
+is what the router's shadowing itself costs. Rounds rotate the arms (off, on, matched, then
+matched, on, off, ...) so drift hits all alike; the copies in flight are waited out between
+rounds. Reports stable's end-to-end latency and TTFT p50/p95 per arm and the p95 latency
+ratios. Target: on/off <= 1.1x.
 
     .venv/bin/python benchmarks/shadow_overhead.py [--requests 48] [--concurrency 8] [--max-tokens 48]
         [--rounds 4] [--percent 20] [--max-inflight 4] [--json]
@@ -59,20 +64,43 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens
     return ttft, time.perf_counter() - t0
 
 
-async def _round(url: str, requests: int, concurrency: int, max_tokens: int) -> tuple[list[float], list[float]]:
+async def _copy(session: aiohttp.ClientSession, canary: str, prompt: str, max_tokens: int) -> None:
+    body = {"model": "smollm2-ft", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    async with session.post(canary + "/v1/chat/completions", json=body) as r:
+        async for _ in r.content:
+            pass
+
+
+async def _round(url: str, requests: int, concurrency: int, max_tokens: int, *, canary: str | None = None,
+                 percent: float = 0.0, cap: int = 0) -> tuple[list[float], list[float]]:
+    """One round of streamed chats; with ``canary``, the client sends the copies itself, like the router would."""
     queue = iter(range(requests))
     ttfts: list[float] = []
     latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    copies: set[asyncio.Task[None]] = set()
+    share = 0.0
+    connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
 
         async def worker() -> None:
+            nonlocal share
             for i in queue:
-                ttft, latency = await _one(session, url, PROMPTS[i % len(PROMPTS)], max_tokens)
+                prompt = PROMPTS[i % len(PROMPTS)]
+                if canary is not None:
+                    share += percent
+                    if share >= 100:
+                        share -= 100
+                        if len(copies) < cap:
+                            task = asyncio.get_running_loop().create_task(_copy(session, canary, prompt, max_tokens))
+                            copies.add(task)
+                            task.add_done_callback(copies.discard)
+                ttft, latency = await _one(session, url, prompt, max_tokens)
                 ttfts.append(ttft)
                 latencies.append(latency)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*list(copies))
     return ttfts, latencies
 
 
@@ -144,17 +172,20 @@ def main() -> None:
 
         stack.callback(stop_router)
         asyncio.run(_round(url, args.concurrency, args.concurrency, args.max_tokens))  # warm-up, not measured
-        results: dict[str, dict[str, list[float]]] = {n: {"ttfts": [], "latencies": []} for n in ("off", "on")}
+        arms = ("off", "on", "matched")
+        results: dict[str, dict[str, list[float]]] = {n: {"ttfts": [], "latencies": []} for n in arms}
         copies = {"sent": 0, "dropped": 0}
         load_before = os.getloadavg()[0]
         order: list[str] = []
         for i in range(args.rounds):
-            order += ["off", "on"] if i % 2 == 0 else ["on", "off"]
+            order += list(arms) if i % 2 == 0 else list(reversed(arms))
         for arm in order:
             if arm == "on":
                 _admin("PUT", url, "/admin/shadow", json={"version": "canary", "percent": args.percent,
                                                           "max_inflight": args.max_inflight})
-            ttfts, latencies = asyncio.run(_round(url, args.requests, args.concurrency, args.max_tokens))
+            side = servers["canary"] if arm == "matched" else None
+            ttfts, latencies = asyncio.run(_round(url, args.requests, args.concurrency, args.max_tokens,
+                                                  canary=side, percent=args.percent, cap=args.max_inflight))
             if arm == "on":  # the last copies (max_inflight at most) finish before the next round
                 deadline = time.monotonic() + 120
                 while (_admin("GET", url, "/admin/state")["shadow"] or {}).get("inflight") and \
@@ -166,7 +197,7 @@ def main() -> None:
                 _admin("DELETE", url, "/admin/shadow")
             results[arm]["ttfts"] += ttfts
             results[arm]["latencies"] += latencies
-            print(f"{arm:3s} round: {len(latencies)} requests, latency p95 {_pct(latencies, 0.95) * 1000:.0f} ms, "
+            print(f"{arm:7s} round: {len(latencies)} requests, latency p95 {_pct(latencies, 0.95) * 1000:.0f} ms, "
                   f"TTFT p50 {_pct(ttfts, 0.5) * 1000:.0f} ms", file=sys.stderr)
         state = _admin("GET", url, "/admin/state")
         pairs = _admin("GET", url, "/admin/shadow")["pairs"]
@@ -185,19 +216,23 @@ def main() -> None:
                         "ttft_p50_ms": round(_pct(r["ttfts"], 0.5) * 1000, 1),
                         "ttft_p95_ms": round(_pct(r["ttfts"], 0.95) * 1000, 1)}
     summary["p95_latency_ratio"] = round(summary["on"]["latency_p95_ms"] / summary["off"]["latency_p95_ms"], 3)
+    summary["p95_latency_ratio_matched"] = round(summary["on"]["latency_p95_ms"] / summary["matched"]["latency_p95_ms"],
+                                                 3)
     summary["target_met"] = summary["p95_latency_ratio"] <= 1.1
     if args.json:
         print(json.dumps(summary, indent=2))
         return
-    for arm in ("off", "on"):
+    for arm in arms:
         s = summary[arm]
-        print(f"shadow {arm:3s}  latency p50 {s['latency_p50_ms']:7.0f} ms  p95 {s['latency_p95_ms']:7.0f} ms  "
+        print(f"shadow {arm:7s}  latency p50 {s['latency_p50_ms']:7.0f} ms  p95 {s['latency_p95_ms']:7.0f} ms  "
               f"TTFT p50 {s['ttft_p50_ms']:6.0f} ms  p95 {s['ttft_p95_ms']:6.0f} ms  ({s['requests']} requests)")
     print(f"stable p95 latency, shadow on / off: {summary['p95_latency_ratio']:.3f}x "
           f"({summary['shadow_sent']} copies sent, {summary['shadow_dropped']} dropped, {summary['shadow_ok']} "
           f"answered ok; load average {summary['load_average_1m'][0]} -> {summary['load_average_1m'][1]}; "
           "target <= 1.1x: "
           f"{'met' if summary['target_met'] else 'NOT met'})")
+    print(f"stable p95 latency, shadow on / matched (the canary as busy, copies sent by the client): "
+          f"{summary['p95_latency_ratio_matched']:.3f}x: the router's own part")
 
 
 if __name__ == "__main__":

@@ -68,8 +68,10 @@ def test_every_check_is_one_entry_the_judge_argo_and_status_read() -> None:
 def test_data_planes_are_one_table() -> None:
     choices = get_args(RolloutSpec.model_fields["data_plane"].annotation)
     assert set(choices) == set(PLANES)
+    from qlift.rollout.sources import SOURCES
+
     for p in PLANES.values():
-        assert p.prometheus_preset in PRESETS
+        assert p.prometheus_preset in PRESETS and p.evidence in SOURCES
         assert p.section is None or p.section in RolloutSpec.model_fields
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from qlift.rollout.evidence import Evidence, VersionEvidence, from_request_records
@@ -109,8 +110,33 @@ class Collector:
         return ev
 
 
-def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector:
+def _router_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
     from qlift.settings import router_token
+
+    if not spec.router:
+        return _NoPrimary(versions)
+    return RouterSource(spec.router, router_token(), versions)
+
+
+def _access_log_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
+    from qlift.rollout.nginx import AccessLogSource
+
+    assert spec.nginx is not None
+    return AccessLogSource(spec.nginx.prefix, {v: spec.backends[v] for v in versions})
+
+
+def _none_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
+    return _router_source(spec, versions) if spec.router else _NoPrimary(versions)
+
+
+# A data plane's default evidence source (qlift.rollout.planes.PLANES[...].evidence) -> how to build it.
+SOURCES: dict[str, Callable[[RolloutSpec, list[str]], EvidenceSource]] = {
+    "router": _router_source, "nginx-access-log": _access_log_source, "none": _none_source,
+}
+
+
+def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector:
+    from qlift.rollout.planes import PLANES
 
     versions = [spec.stable, spec.canary]
     primary: EvidenceSource
@@ -122,48 +148,11 @@ def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector
         urls = {**backend_urls, **spec.backends}
         instances = {v: host_port(urls[v]) for v in versions if v in urls}
         primary = PrometheusSource(spec.prometheus, versions, spec.models, spec.interval, instances)
-    elif spec.data_plane == "nginx":
-        from qlift.rollout.nginx import AccessLogSource
-
-        assert spec.nginx is not None
-        primary = AccessLogSource(spec.nginx.prefix, {v: spec.backends[v] for v in versions})
-    elif spec.router:
-        primary = RouterSource(spec.router, router_token(), versions)
     else:
-        primary = _NoPrimary(versions)
+        primary = SOURCES[PLANES[spec.data_plane].evidence](spec, versions)
     urls = {v: u for v, u in {**backend_urls, **spec.backends}.items() if v in versions}
-    if len(urls) == 2 and len({u.rstrip("/") for u in urls.values()}) == 1:
-        # Both versions are model names on one vLLM server (an adapter and its base): its /metrics are one
-        # engine's (labelled with the base's name even for adapter requests), so they are left out rather
-        # than compared with themselves; the router's per-backend records are per version.
-        urls = {}
-        primary = _Noted(primary, SHARED_SERVER_NOTE)
     vllm = VllmMetricsReader(urls) if spec.vllm_metrics and urls else None
     return Collector(primary, spec.stable, spec.canary, vllm)
-
-
-SHARED_SERVER_NOTE = ("stable and canary are served by one vLLM server: its engine metrics (/metrics) are left out, "
-                      "the evidence is the router's per-version records")
-
-
-class _Noted:
-    """A primary source whose windows carry one more note."""
-
-    def __init__(self, inner: EvidenceSource, note: str) -> None:
-        self.inner, self.note, self.name = inner, note, inner.name
-
-    @property
-    def notes(self) -> list[str]:
-        return [*getattr(self.inner, "notes", []), self.note]
-
-    def begin(self) -> None:
-        self.inner.begin()
-
-    def collect(self) -> dict[str, VersionEvidence]:
-        return self.inner.collect()
-
-    def peek(self) -> dict[str, VersionEvidence] | None:
-        return self.inner.peek()
 
 
 class _NoPrimary:

@@ -31,6 +31,8 @@ from qlift.release.stages import (
     base_identity,
     base_kind,
     cpu_cannot_serve,
+    dir_quantization,
+    planned_quantization,
     run_base,
     run_eval,
     run_merge,
@@ -92,6 +94,8 @@ class Pipeline:
     forced: bool = False
     run_id: int = 0
     blocked_by: str | None = None
+    choices: dict[str, tuple[str, str]] = field(default_factory=dict)
+    unneeded: dict[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -103,6 +107,8 @@ class Pipeline:
             raise BadInputError(f"--from {self.from_stage}: no such stage", field="--from",
                                 hint=f"Use one of: {', '.join(self.names)}.")
         self._base()
+        self.choices = self._serve_choices()
+        self.unneeded = self._unneeded()
         model_stages = [s for s in self.release.stages if s.kind not in LIVE]
         for stage in model_stages:
             self._model_stage(stage)
@@ -140,9 +146,46 @@ class Pipeline:
         self._file_stage("base", kind, key, lambda out: run_base(base, out),
                          on_done=lambda out: self.models.__setitem__("base", ModelRef.of(out)))
 
+    # -- which models this machine serves --------------------------------------------------------
+    def _planned_quantization(self, name: str) -> dict[str, Any] | None:
+        if name == "base":
+            base = self.models.get("base")
+            return dir_quantization(base.base) if base is not None else None
+        stage = self.release.stage(name)
+        return planned_quantization(stage.options) if stage.kind == "quantize" else None
+
+    def _serve_choices(self) -> dict[str, tuple[str, str]]:
+        """Each serve stage that starts a server: the model stage it serves here, and why when it falls back."""
+        out: dict[str, tuple[str, str]] = {}
+        for s in self.release.stages:
+            if s.kind != "serve" or s.options.url:
+                continue
+            reason = cpu_cannot_serve(self._planned_quantization(s.input))
+            if reason and s.options.fallback:
+                out[s.name] = (s.options.fallback, f"{reason}: serves {s.options.fallback} instead of {s.input}")
+            else:
+                out[s.name] = (s.input, "")
+        return out
+
+    def _unneeded(self) -> dict[str, str]:
+        """only_if_served stages that nothing served on this machine needs, with the reason."""
+        served = {model for model, _ in self.choices.values()}
+        used = {s.input for s in self.release.stages if s.kind not in LIVE} | \
+            {s.options.baseline for s in self.release.stages if s.kind == "eval"}
+        out = {}
+        for s in self.release.stages:
+            target = s.input if s.kind == "eval" else s.name
+            if s.only_if_served and self.choices and target not in served and s.name not in used:
+                out[s.name] = f"not needed here: no server serves {target} on this machine"
+        return out
+
     # -- merge, quantize, eval -----------------------------------------------------------------
     def _model_stage(self, stage: Stage) -> None:
         self._force_from(stage.name)
+        if stage.name in self.unneeded:
+            self._report(StageReport(stage.name, stage.kind, "skip" if self.dry_run else "skipped",
+                                     self.unneeded[stage.name]))
+            return
         if self.blocked_by is not None:
             self._report(StageReport(stage.name, stage.kind, "blocked",
                                      f"needs {self.blocked_by} (its output is made when it runs)"))
@@ -274,11 +317,15 @@ class LivePlan:
         for s in stages:
             if s.kind != "serve":
                 continue
-            ref = p.models[s.input]
-            reason = cpu_cannot_serve(ref.base) if s.options.url is None else None
-            if reason and s.options.fallback:
-                notes[s.name] = f"{reason}: serves {s.options.fallback} instead of {s.input}"
-                ref = p.models[s.options.fallback]
+            if s.options.url:
+                from qlift.rollout.evalgate import served_model_dir
+
+                served = served_model_dir(s.options.url)
+                ref = ModelRef.of(served) if served is not None else p.models[s.input]
+                notes[s.name] = f"a running server: {s.options.url}"
+            else:
+                name, notes[s.name] = p.choices[s.name]
+                ref = p.models[name]
             models[s.name] = ref
             keys[s.name] = stage_key("serve", s.options, {"model": ref.content_hash})
         candidate = next(m for s, m in models.items() if p.release.stage(s).options.role == "candidate")

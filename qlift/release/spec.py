@@ -91,6 +91,8 @@ class StageEntry(_Strict):
                                                 "name (default: the latest model made, else the base).")
     options: dict[str, Any] = Field({}, description="The stage's own options model (see the schema).")
     load: LoadOptions | None = Field(None, description="promote only: generate traffic while it runs.")
+    only_if_served: bool = Field(False, description="Run only where a serve stage serves this model (for an eval: "
+                                                    "the model it evaluates), e.g. after a serve fallback.")
 
 
 class ReleaseFile(_Strict):
@@ -111,6 +113,7 @@ class Stage:
     input: str
     options: Any
     load: LoadOptions | None = None
+    only_if_served: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,10 @@ def load_release(path: Path) -> Release:
             raise BadInputError("a merge stage needs adapters", path=path, field="adapters",
                                 hint="List the LoRA adapters under `adapters:` (name and path).")
         load = entry.load.model_copy(update={"prompts": here / entry.load.prompts}) if entry.load else None
-        stages.append(Stage(entry.stage, name, entry.input or default_input, options, load))
+        if entry.only_if_served and entry.stage not in (*MODEL_KINDS, "eval"):
+            raise BadInputError("only a merge, quantize or eval stage takes only_if_served", path=where,
+                                field="only_if_served", hint=HINT)
+        stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served))
         if entry.stage in MODEL_KINDS:
             models.append(name)
     _check_flow(stages, path)

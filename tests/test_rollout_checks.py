@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from qlift.errors import BadInputError
 from qlift.rollout.checks import BY_NAME, CHECKS, argo_metrics, describe
 from qlift.rollout.evidence import Evidence, from_request_records
-from qlift.rollout.judge import TESTED_CHECKS, check_alpha, judge
+from qlift.rollout.judge import TESTED_CHECKS, check_alpha, early_failures, judge
 from qlift.rollout.planes import PLANES, make_plane
 from qlift.rollout.prometheus import PRESETS
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, build_spec, spec_options, spec_overrides
@@ -158,6 +158,9 @@ def test_empty_answers_roll_back_before_min_requests() -> None:
     canary = [record("canary", i, tokens=0) for i in range(6)]
     d = judge(evidence(stable, canary), AnalysisSpec())
     assert d.action == "rollback" and {c.name for c in d.checks if c.status == "fail"} >= {"empty_completions"}
+    # a window in progress ends as soon as this is significant: the controller peeks with early_failures
+    assert [c.name for c in early_failures(evidence(stable, canary), AnalysisSpec())] == ["empty_completions"]
+    assert early_failures(evidence(stable, stable[:6]), AnalysisSpec()) == []
 
 
 def test_ttft_is_judged_on_streamed_requests_only() -> None:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from qlift.rollout.checks import CheckResult, check_alpha, run_checks
+from qlift.rollout.checks import CheckResult, check_alpha, run_checks, tested_checks
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.judge import Decision
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
@@ -252,7 +252,10 @@ def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: A
     if isinstance(spec, RolloutSpec):
         analysis = analysis or spec.analysis
         spec = spec.shadow or ShadowSpec.model_validate({})
-    a = (analysis or AnalysisSpec.model_validate({})).model_copy(update={"min_requests": spec.min_pairs})
+    base = analysis or AnalysisSpec.model_validate({})
+    # two more tested checks (json_valid, agreement) share the window's family-wise alpha (Bonferroni)
+    tested = tested_checks()
+    a = base.model_copy(update={"min_requests": spec.min_pairs, "alpha": base.alpha * tested / (tested + 2)})
     stable, canary = ev.side("primary"), ev.side("shadow")
     checks = [c for c in run_checks(canary, stable, a) if c.name != "tpot"]
     for c in checks:

@@ -171,7 +171,7 @@ def qwen2_tensors(cfg: dict, quant_group: int | None = None) -> dict[str, tuple[
     return out
 
 
-_DTYPE_BYTES = {"BF16": 2, "I32": 4, "F32": 4}
+_DTYPE_BYTES = {"BF16": 2, "I32": 4, "F32": 4, "F8_E4M3": 1}
 
 
 def write_header_only_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:

@@ -145,14 +145,39 @@ def test_h200_recipe_carries_its_measurements() -> None:
     m = r.measurements
     assert m is not None and m["vllm_version"] == "0.26.0" and m["workload"] == "chat"
     points = {p["label"]: p for p in m["points"]}
-    chosen = points[m["chosen"]]
-    assert chosen["status"] == "measured" and points["vllm-defaults"]["status"] == "measured"
+    chosen, defaults = points[m["chosen"]], points["vllm-defaults"]
+    assert chosen["status"] == "measured" and defaults["status"] == "measured"
     # the recipe serves the chosen point's settings, never its random weights
     engine = r.engine.args()
     assert "load_format" not in engine
-    implicit = ("load_format", "max_cudagraph_capture_size")  # dummy weights; 512 is vLLM's own capture limit
-    assert all(engine[k] == v for k, v in chosen["engine"].items() if k not in implicit)
-    assert chosen["output_tokens_per_s"] >= points["vllm-defaults"]["output_tokens_per_s"]
+    assert all(engine[k] == v for k, v in chosen["engine"].items() if k != "load_format")
+    # chat: more API servers, per-token streaming (stream_interval batches tokens ~200 ms apart)
+    assert engine["api_server_count"] > 1 and engine.get("stream_interval", 1) == 1
+    # >= 1.15x `vllm serve` defaults through the server, by the client and by the server's own counter
+    for figure in ("output_tokens_per_s", "server_output_tokens_per_s"):
+        assert chosen[figure] >= 1.15 * defaults[figure], figure
+
+
+def test_front_end_keys_in_a_recipe_reach_vllm_serve(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+    """api_server_count / stream_interval are checked against vLLM's arguments and land in the config;
+    a recipe's api_server_count is lowered to this host's cores, a --set one is kept."""
+    recipe = yaml.safe_load(Path(load_recipe("cpu").path).read_text())  # type: ignore[arg-type]
+    recipe["name"] = "cpu-fe"
+    recipe["engine"].update(api_server_count=64, stream_interval=4)
+    path = tmp_path / "cpu-fe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = json.loads(run_cli("serve", smollm2_dir, "--recipe", path, "--dry-run", "--json").stdout)
+    config = yaml.safe_load(out["config"])
+    assert config["stream-interval"] == 4 and config["api-server-count"] < 64
+    assert any("api_server_count lowered from 64" in n for n in out["notes"])
+    assert out["argv"][1:4] == ["-m", "qlift.vllm.cli_main", "serve"]
+    kept = json.loads(run_cli("serve", smollm2_dir, "--recipe", path, "--set", "api_server_count=3", "--dry-run",
+                              "--json").stdout)
+    assert yaml.safe_load(kept["config"])["api-server-count"] == 3
+    recipe["engine"]["api_servers"] = 2
+    path.write_text(yaml.safe_dump(recipe))
+    bad = run_cli("serve", smollm2_dir, "--recipe", path, "--dry-run")
+    assert bad.exit_code == 2 and "api_servers" in bad.stderr and "api_server_count" in bad.stderr
 
 
 def test_false_engine_args_reach_vllm_on_the_command_line(tmp_path: Path) -> None:

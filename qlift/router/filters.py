@@ -19,7 +19,6 @@ from qlift.errors import BadInputError
 from qlift.router.textnorm import (
     is_unspaced,
     join_unspaced,
-    mark_rule_edges,
     mark_word_edges,
     normalize,
     request_texts,
@@ -92,7 +91,7 @@ def _automaton(words: dict[str, str]) -> Any:
 
     automaton = ahocorasick.Automaton()
     for word, name in words.items():
-        automaton.add_word(mark_rule_edges(word), name)
+        automaton.add_word(mark_word_edges(word), name)
     automaton.make_automaton()
     return automaton
 

@@ -145,8 +145,11 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
 
     # A gate that fails: exit 10, the failing gate and the report named; the journal says failed.
     _write(f, tiny_qwen2_tied, tiny_lora_tied, _stages(["rougeL >= baseline + 5"]))
-    r = run_cli("release", "run", f)
+    r = run_cli("release", "run", f, "--json")
     assert r.exit_code == 10
+    failed = json.loads(r.stdout)
+    assert [s["action"] for s in failed["stages"]] == ["skipped", "skipped", "failed"]
+    assert failed["error"].startswith("stage 'eval': 1 of 1 gate(s) failed")
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: stage 'eval': 1 of 1 gate(s) failed: rougeL >= baseline + 5") and "report.md" in last
     st = json.loads(run_cli("release", "status", f, "--json").stdout)
@@ -211,3 +214,16 @@ def test_sigkill_during_merge_resumes_there_byte_identical(tmp_path: Path, tiny_
     outputs = json.loads((got / "qlift.json").read_text())["outputs"]
     assert {k: v["sha256"] for k, v in outputs.items()} == \
         {k: v["sha256"] for k, v in json.loads((want / "qlift.json").read_text())["outputs"].items()}
+
+
+def test_shipped_example_plans(run_cli) -> None:
+    """examples/release.yaml validates and plans (a plan runs nothing and writes nothing)."""
+    r = run_cli("release", "run", REPO / "examples" / "release.yaml", "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert [s["name"] for s in plan["stages"]] == ["base", "merge", "awq", "eval", "base-awq", "eval-bf16", "stable",
+                                                   "canary", "router", "promote"]
+    assert {s["action"] for s in plan["stages"]} <= {"run", "skip", "blocked"}
+    assert plan["stages"][0]["kind"] == "import"
+    st = run_cli("release", "status", REPO / "examples" / "release.yaml")
+    assert st.exit_code == 0 and "promote" in st.stdout

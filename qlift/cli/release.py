@@ -50,10 +50,18 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None) -> None:
       qlift release run release.yaml --dry-run
       qlift release run release.yaml --from quantize --json
     """
+    from qlift.errors import QliftError
     from qlift.release import load_release, run_release
 
     release = load_release(file)
-    reports = run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress)
+    reports: list[Any] = []
+    try:
+        run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress, reports=reports)
+    except QliftError as exc:
+        if STATE.json:  # the stages so far, the failed one last, before the error line
+            emit({"release": release.name, "file": str(file), "out": str(release.out), "dry_run": dry_run,
+                  "stages": reports, "error": exc.one_line()})
+        raise
     def human() -> None:
         counts = {a: sum(1 for r in reports if r.action == a) for a in ("ran", "skipped", "run", "skip", "blocked")}
         said = ", ".join(f"{n} {a}" for a, n in counts.items() if n)

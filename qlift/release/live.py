@@ -61,7 +61,7 @@ class Processes:
     def stop(self) -> None:
         for proc, keep in reversed(self.procs):
             if not keep and proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
         for proc, keep in reversed(self.procs):
             if keep:
                 continue
@@ -86,7 +86,7 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
             continue
         if b"qlift" in cmdline and (b"serve" in cmdline or b"router" in cmdline):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
+                os.kill(pid, signal.SIGTERM)
             stopped.append(pid)
         journal.server_stopped(pid)
     return stopped

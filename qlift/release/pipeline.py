@@ -58,7 +58,7 @@ class StageReport:
     result: Any = None
 
     def line(self, index: int, total: int) -> str:
-        key = f" [{short(self.key)}]" if self.key else ""
+        key = f" [{short(self.key)}]" if self.key and short(self.key) not in self.reason else ""
         took = f" in {self.seconds:.1f} s" if self.action == "ran" else ""
         where = f" -> {self.output}" if self.output and self.action in ("ran", "skipped") else ""
         return f"[{index}/{total}] {self.name} ({self.kind}): {self.action}{took}{key}" + \
@@ -93,7 +93,7 @@ class Pipeline:
     reports: list[StageReport] = field(default_factory=list)
     forced: bool = False
     run_id: int = 0
-    blocked_by: str | None = None
+    pending: list[str] = field(default_factory=list)  # dry run: stages that will run, in order
     choices: dict[str, tuple[str, str]] = field(default_factory=dict)
     unneeded: dict[str, str] = field(default_factory=dict)
 
@@ -126,6 +126,11 @@ class Pipeline:
     def _force_from(self, name: str) -> None:
         if name == self.from_stage:
             self.forced = True
+
+    def _blocked(self, stage: Stage, needs: list[str]) -> None:
+        self.pending.append(stage.name)
+        self._report(StageReport(stage.name, stage.kind, "blocked",
+                                 f"needs {', '.join(needs)} (made when {'they run' if len(needs) > 1 else 'it runs'})"))
 
     # -- the base ------------------------------------------------------------------------------
     def _base(self) -> None:
@@ -186,9 +191,10 @@ class Pipeline:
             self._report(StageReport(stage.name, stage.kind, "skip" if self.dry_run else "skipped",
                                      self.unneeded[stage.name]))
             return
-        if self.blocked_by is not None:
-            self._report(StageReport(stage.name, stage.kind, "blocked",
-                                     f"needs {self.blocked_by} (its output is made when it runs)"))
+        needs = [n for n in (stage.input, getattr(stage.options, "baseline", None) if stage.kind == "eval" else None)
+                 if n in self.pending]
+        if needs:
+            self._blocked(stage, needs)
             return
         src = self.models[stage.input]
         if stage.kind == "merge":
@@ -242,7 +248,7 @@ class Pipeline:
             return
         why = "--from" if self.forced else self._why_run(name, key, row)
         if self.dry_run:
-            self.blocked_by = self.blocked_by or name
+            self.pending.append(name)
             self._report(StageReport(name, kind, "run", why, key, str(out)))
             return
         self.echo(f"{name} ({kind}): running ({why})")
@@ -279,10 +285,12 @@ class Pipeline:
     def _live(self, stages: list[Stage]) -> None:
         for s in stages:
             self._force_from(s.name)
-        if self.blocked_by is not None:
+        served = {name for name, _ in self.choices.values()} | {s.input for s in stages if s.kind == "serve"}
+        evals = [s.name for s in self.release.stages if s.kind == "eval"]
+        needs = [n for n in self.pending if n in served or n in evals]
+        if needs:
             for s in stages:
-                self._report(StageReport(s.name, s.kind, "blocked",
-                                         f"needs {self.blocked_by} (its output is made when it runs)"))
+                self._blocked(s, needs)
             return
         plan = LivePlan.of(self, stages)
         promote = next((s for s in stages if s.kind == "promote"), None)
@@ -440,18 +448,20 @@ def _first_line(exc: BaseException) -> str:
 
 
 def run_release(release: Release, *, from_stage: str | None = None, dry_run: bool = False,
-                echo: Callable[[str], None] = print) -> list[StageReport]:
-    """Plan or run ``release``; the journal lives in its output dir."""
+                echo: Callable[[str], None] = print, reports: list[StageReport] | None = None) -> list[StageReport]:
+    """Plan or run ``release``; the journal lives in its output dir. ``reports`` (if given) is filled
+    as stages finish, so a caller has the stages before a failure too."""
     path = release.out / JOURNAL_NAME
+    reports = [] if reports is None else reports
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
-            return Pipeline(release, journal, from_stage, echo, dry_run=True).execute()
+            return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports).execute()
         stopped = live.stop_leftovers(journal)
         if stopped:
             echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")
         run_id = journal.start_run(release.file)
         try:
-            reports = Pipeline(release, journal, from_stage, echo, run_id=run_id).execute()
+            Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
         except BaseException as exc:
             journal.finish_run(run_id, "failed", _first_line(exc))
             raise

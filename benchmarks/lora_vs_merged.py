@@ -42,6 +42,7 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             flags = Path("/proc/cpuinfo").read_text()
             extra = ", AVX-512" if " avx512f " in flags else ", AVX2" if " avx2 " in flags else ""
+            extra += " with bf16" if " avx512_bf16 " in flags else ""
             return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores{extra}"
     return platform.processor() or platform.machine()
 
@@ -78,11 +79,16 @@ def build_gpu_inputs(root: Path) -> tuple[Path, Path]:
     return base, build_lora(base, root / "adapter", r=16, lora_alpha=32)
 
 
-def bench(url: str, model: str, tokenizer: Path, args: argparse.Namespace, requests: int) -> dict[str, float]:
+def bench(url: str, model: str, tokenizer: Path, args: argparse.Namespace, requests: int) -> dict[str, float] | None:
+    """One `qlift bench` round; None (said on stdout) when it failed, so a round lost to a busy machine
+    does not lose the others."""
     out = subprocess.run([sys.executable, "-m", "qlift", "bench", "--endpoint", url, "--model", model,
                           "--tokenizer", str(tokenizer), "--concurrency", str(args.concurrency), "--requests",
                           str(requests), "--input-tokens", str(args.input_tokens), "--output-tokens",
-                          str(args.output_tokens), "--json"], check=True, capture_output=True, cwd=REPO)
+                          str(args.output_tokens), "--json"], capture_output=True, cwd=REPO, text=True)
+    if out.returncode != 0:
+        print(f"  round failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}", flush=True)
+        return None
     lv = json.loads(out.stdout)["levels"][0]
     lat = lv["latency_ms"]
     return {"output_tok_s": lv["output_tokens_per_s"], "ttft_p50_ms": lat["ttft"]["p50"],
@@ -147,13 +153,19 @@ def main() -> None:
                 order = PEERS if i % 2 == 0 else tuple(reversed(PEERS))
                 for peer in order:
                     print(f"round {i + 1} {peer}: load average {load()}", flush=True)
-                    runs[peer].append(bench(*targets[peer], base, args, args.requests))
+                    r = bench(*targets[peer], base, args, args.requests)
+                    if r is not None:
+                        runs[peer].append(r)
+                        print("  " + ", ".join(f"{f} {r[f]:.1f}" for f in FIGURES), flush=True)
         finally:
             for s in servers.values():
                 s.stop()
     print(f"{args.requests} requests x {args.input_tokens} in / {args.output_tokens} out at concurrency "
           f"{args.concurrency}, random prompts seed 0, EOS ignored; {args.rounds} alternating rounds; {hw}")
     print(f"{'figure':<14} " + " ".join(f"{p:>24}" for p in PEERS) + f" {'unmerged/merged':>16}")
+    if not all(runs.values()):
+        print("FAIL: a peer has no completed round")
+        return
     for f in FIGURES:
         means = {p: statistics.mean(r[f] for r in runs[p]) for p in PEERS}
         cells = " ".join(f"{' / '.join(f'{r[f]:.1f}' for r in runs[p]):>24}" for p in PEERS)

@@ -107,6 +107,7 @@ def test_every_text_field_of_a_request_is_checked(tmp_path: Path) -> None:
         assert f.check(prompt_text(body)) is not None, body
     assert has_token_ids({"prompt": [1, 2, 3]}) and has_token_ids({"prompt": [[1, 2], [3]]})
     assert has_token_ids({"input": [7, 8]}) and not has_token_ids({"prompt": ["a"]})
+    assert has_token_ids({"prompt": "", "prompt_embeds": "AAAA"})  # vLLM's prompt embeddings: no text to read
 
 
 def test_filter_reload_fails_closed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -220,6 +221,18 @@ def test_a_client_leaving_streams_early_is_still_charged(tmp_path: Path) -> None
         assert statuses.count(200) <= 6, statuses
         assert statuses[-1] == 429
         assert router.metric("qlift_router_rejected_total", key="anonymous", reason="rate_tokens") >= 8
+
+
+def test_the_prompt_charge_is_refunded_when_no_backend_was_asked(tmp_path: Path) -> None:
+    with TinyBackend("m") as backend:
+        backend.healthy = False
+        with _router(tmp_path, backend, "limits: {tokens_per_min: 300}\nhealth: {interval_s: 0.2, failures: 1}\n") \
+                as router:
+            for _ in range(10):  # ~100 tokens of prompt each, 1,000 in all: far over the budget if kept
+                assert chat(router.url, "tell me a long story " * 20).status_code == 503
+            backend.healthy = True
+            _wait(lambda: httpx.get(router.url + "/health").status_code == 200)
+            assert chat(router.url, "hello").status_code == 200
 
 
 def test_filter_through_the_router(tmp_path: Path) -> None:

@@ -275,8 +275,9 @@ class Router:
                                 f"{self.public_model!r}", "invalid_request_error", code="model_not_found")
         if self.content_filter is not None:
             if has_token_ids(body):
-                return reject(400, "filter", key, "prompts given as token ids are refused while the content filter "
-                              "is on: send the prompt as text", "invalid_request_error", code="content_filter")
+                return reject(400, "filter", key, "prompts given as token ids or embeddings are refused while the "
+                              "content filter is on: send the prompt as text", "invalid_request_error",
+                              code="content_filter")
             text = prompt_text(body)
             check = self.content_filter.check
             hit = await asyncio.to_thread(check, text) if len(text) > BIG_PROMPT_CHARS else check(text)
@@ -309,6 +310,8 @@ class Router:
             self.active -= 1
             if self.active == 0:
                 self.idle.set()
+            if "prompt_estimate" in request and not request.get("tokens_settled"):
+                self.limits.charge_tokens(key, -request["prompt_estimate"])  # no backend was asked: refunded
 
     async def _route(self, request: web.Request, body: dict[str, Any], *, rid: str, key: str, stream: bool,
                      session_key: str | None, t0: float, client_body: dict[str, Any],
@@ -377,6 +380,7 @@ class Router:
         estimate = request.get("prompt_estimate", 0)
         used = tokens_used(estimate, att.prompt_tokens, att.completion_tokens, att.events)
         self.limits.charge_tokens(key, used - estimate)
+        request["tokens_settled"] = True
 
     def _failure_response(self, att: Attempt, rid: str, backend: Backend) -> tuple[int, web.Response]:
         headers = {"X-Request-Id": rid, "X-Qlift-Backend": backend.name}

@@ -150,8 +150,10 @@ def _is_token_ids(value: Any) -> bool:
 
 
 def has_token_ids(body: dict[str, Any]) -> bool:
-    """A ``prompt`` or ``input`` given as token ids (a list of ints, or of lists of ints)."""
-    return _is_token_ids(body.get("prompt")) or _is_token_ids(body.get("input"))
+    """A prompt no text filter can read: ``prompt`` or ``input`` as token ids (a list of ints, or of
+    lists of ints), or vLLM's ``prompt_embeds``."""
+    return _is_token_ids(body.get("prompt")) or _is_token_ids(body.get("input")) or \
+        body.get("prompt_embeds") is not None
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:

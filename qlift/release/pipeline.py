@@ -393,6 +393,10 @@ class LivePlan:
                 p.journal.end(s.name, key, "done", result=result)
                 p._report(StageReport(s.name, s.kind, "ran", self.notes.get(s.name, ""), key,
                                       seconds=round(time.monotonic() - t0, 2), result=result))
+        except QliftError as exc:
+            p._report(StageReport(s.name, s.kind, "failed", _first_line(exc), key,
+                                  seconds=round(time.monotonic() - t0, 2)))
+            raise
         finally:
             procs.stop()
 

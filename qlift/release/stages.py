@@ -54,9 +54,15 @@ def run_merge(ref: ModelRef, options: Any, out: Path) -> Any:
 
 
 def run_quantize(ref: ModelRef, options: Any, out: Path) -> Any:
+    from qlift.progress import StepBar
     from qlift.quantize.api import quantize
 
-    return quantize(ref.base, out, replace(options, force=True), on_status=lambda msg: log.info("%s", msg))
+    bar = StepBar("calibrating layers", unit="layer")  # AWQ's per-layer progress, as `qlift quantize` shows it
+    try:
+        return quantize(ref.base, out, replace(options, force=True), on_status=lambda msg: log.info("%s", msg),
+                        on_step=bar.update)
+    finally:
+        bar.close()
 
 
 def cpu_cannot_serve(quantization_config: dict[str, Any] | None) -> str | None:

@@ -16,10 +16,14 @@ controller as a separate `qlift promote start` process.
 3. time to roll back: a new rollout; once the canary holds 10% and a window is under way the
    proxy starts answering 500s; the clock runs until the router's weights are 100/0 (target
    <= 2 intervals). Client-visible errors are counted (the router replays each failure).
+4. a router SIGKILLed mid-rollout and started again on its port with its configured 100/0 (no
+   state file): the clock runs from the new router's first answer until it holds the journal's
+   weights again (target <= 1 interval: the controller's reconcile loop), and the rollout's end.
+   `--only-restart` runs this phase alone.
 
     .venv/bin/python benchmarks/promote_overhead.py [--interval 4] [--concurrency 8] [--max-rollout-s 300]
         [--max-tokens 64] [--rollback-max-tokens 16] [--stable-url URL --canary-url URL]
-        [--canary-model DIR] [--json]
+        [--canary-model DIR] [--only-restart] [--json]
 
 Without --stable-url/--canary-url it starts both servers (about a minute); the canary model
 defaults to the promote tests' cached merge (.cache/tests/canary-smollm2-lora-v1/model).
@@ -136,6 +140,7 @@ def main() -> None:
     ap.add_argument("--stable-url")
     ap.add_argument("--canary-url")
     ap.add_argument("--canary-model", type=Path, default=REPO / ".cache/tests/canary-smollm2-lora-v1/model")
+    ap.add_argument("--only-restart", action="store_true", help="phase 4 alone")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out: dict[str, Any] = {"interval_s": args.interval, "concurrency": args.concurrency,
@@ -148,12 +153,17 @@ def main() -> None:
             if not args.canary_model.is_dir():
                 sys.exit(f"no canary model at {args.canary_model}: run the promote tests once or pass --canary-model")
             stable_url, canary_url = start_servers(stack, args.canary_model, work)
-        def start_router(canary: str, name: str) -> RouterProcess:
+        def start_router(canary: str, name: str, *port: str) -> RouterProcess:
             r = RouterProcess("--backend", f"stable={stable_url}@smollm2", "--backend", f"canary={canary}@smollm2-ft",
-                              "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                              "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat", *port,
                               log_path=work / f"{name}.log", token=TOKEN).start()
             stack.callback(r.stop)
             return r
+
+        if args.only_restart:
+            out["restart"] = restart_phase(start_router, canary_url, work, args)
+            report(out, args)
+            return
 
         # Phases 1-2b go straight to the canary: the FaultProxy relays streams from this process's
         # threads, beside the load generator, and would be the slowest hop of the canary path.
@@ -239,8 +249,54 @@ def main() -> None:
                            "requests": bg.result.total, "rps": round(bg.result.total / bg.result.wall_s, 2),
                            "failing_since_utc": fail_wall,
                            "rollout": outcome(work / "failing.sqlite")}
+        out["restart"] = restart_phase(start_router, canary_url, work, args)
+    report(out, args)
+
+
+def restart_phase(start_router: Any, canary_url: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """4. The router SIGKILLed at the 10% step and started again on its port (config weights 100/0):
+    seconds until the controller has put the journal's weights back."""
+    import signal
+
+    from qlift.vllm.process import free_port
+
+    port = str(free_port())
+    router = start_router(canary_url, "router-restart", "--port", port)
+    admin = RouterClient(router.url, TOKEN)
+    journal = work / "restart.sqlite"
+    with BackgroundLoad(router.url, "chat", concurrency=args.concurrency, max_tokens=args.max_tokens,
+                        timeout_s=args.max_rollout_s) as bg:
+        ctl = controller(router, journal, args.interval, "--max-inconclusive", "30")
+        deadline = time.monotonic() + 120
+        while admin.state().weights.get("canary") != 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(args.interval / 2)  # mid-window
+        router.stop(signal.SIGKILL)
+        router = start_router(canary_url, "router-restart-2", "--port", port)
+        t_up = time.monotonic()
+        came_back = dict(admin.state().weights)
+        while admin.state().weights.get("canary") == 0 and time.monotonic() < t_up + 60:
+            time.sleep(0.05)
+        t_back = time.monotonic() - t_up
+        rc = ctl.wait(args.max_rollout_s)
+        bg.stop()
+    return {"came_back_with": came_back, "seconds_to_journal_weights": round(t_back, 2),
+            "intervals": round(t_back / args.interval, 2), "controller_exit": rc,
+            "client_requests": bg.result.total, "client_errors": bg.result.errors, "rollout": outcome(journal)}
+
+
+def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(out, indent=2))
+        return
+    rs = out["restart"]
+    restart_line = (f"router SIGKILLed and back with {rs['came_back_with']} -> journal's weights again: "
+                    f"{rs['seconds_to_journal_weights']} s = {rs['intervals']} intervals of {args.interval} s; rollout "
+                    f"{rs['rollout']['state']} (exit {rs['controller_exit']}), client errors "
+                    f"{rs['client_errors']}/{rs['client_requests']} (closed-loop clients retry at once while the "
+                    f"router is down: nearly all are connection refusals during the restart)")
+    if args.only_restart:
+        print(restart_line)
         return
     a, d, b, rb = out["stable_alone"], out["during_rollout"], out["same_split_no_controller"], out["rollback"]
     for label, x in (("stable alone", a), ("same split, by hand", b), ("during rollout", d)):
@@ -254,6 +310,7 @@ def main() -> None:
           f"extra errors {out['extra_errors']}")
     print(f"canary failing -> weights 100/0: {rb['seconds']} s = {rb['intervals']} intervals of {args.interval} s "
           f"(exit {rb['controller_exit']}, client errors {rb['client_errors']}/{rb['requests']})")
+    print(restart_line)
 
 
 if __name__ == "__main__":

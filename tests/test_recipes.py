@@ -203,3 +203,19 @@ def test_false_engine_args_reach_vllm_on_the_command_line(tmp_path: Path) -> Non
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, True, 8]
+
+
+def test_the_offline_engine_leaves_a_recipes_server_arguments_out() -> None:
+    """chat-h200 carries api_server_count, a `vllm serve` argument: `qlift batch` with it must not hand
+    that to LLM(...) (a TypeError), and keeps every engine argument."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    engine = load_recipe("chat-h200").engine.args()
+    code = ("import json, sys\nfrom qlift.perf.batch_worker import offline_args\n"
+            "print(json.dumps(offline_args(json.loads(sys.argv[1]))))\n")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(engine)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kept = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kept == {k: v for k, v in engine.items() if k != "api_server_count"}
+    assert "server arguments not used by the offline engine: api_server_count" in done.stdout

@@ -31,7 +31,21 @@ def make_llm(job: dict[str, Any]) -> Any:
         import torch
 
         torch.set_num_threads(int(job["threads"]))
-    return LLM(model=job["model"], **job["engine_args"])
+    return LLM(model=job["model"], **offline_args(job["engine_args"]))
+
+
+def offline_args(args: dict[str, Any]) -> dict[str, Any]:
+    """A recipe's arguments the offline engine takes: server/front-end ones (api_server_count,
+    uvicorn_log_level, ...) belong to `vllm serve` and are left out, with a line in the log."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    server_only = sorted(k for k in args if k not in fields)
+    if server_only:
+        print(f"qlift batch: server arguments not used by the offline engine: {', '.join(server_only)}", flush=True)
+    return {k: v for k, v in args.items() if k in fields}
 
 
 def generate(llm: Any, rows: Iterable[BatchRow], job: dict[str, Any], on_row: OnRow,

@@ -140,6 +140,19 @@ def test_render_checks_with_nginx_t(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
 
 
+def test_weights_are_read_from_the_split_block_so_a_hand_edit_is_drift(tmp_path: Path) -> None:
+    backends = {"stable": "http://127.0.0.1:8001", "canary": "http://127.0.0.1:8002"}
+    plane = NginxDataPlane(NginxSpec(prefix=tmp_path, listen="127.0.0.1:18080", binary=NGINX), backends)
+    assert plane.weights() is None  # no config yet
+    conf = render_nginx_conf(plane.spec, backends, {"stable": 90, "canary": 10})
+    plane.conf.write_text(conf)
+    assert plane.weights() == {"stable": 90, "canary": 10}
+    plane.conf.write_text(conf.replace("10% qlift_canary;", "0% qlift_canary;"))  # an operator's edit
+    assert plane.weights() == {"stable": 100, "canary": 0}
+    plane.conf.write_text(conf.replace("10% qlift_canary;", "35% qlift_canary;"))
+    assert plane.weights() == {"stable": 65, "canary": 35}
+
+
 @needs_nginx
 def test_split_stickiness_failover_and_graceful_reload(nginx_plane: NginxDataPlane,
                                                        two_backends: tuple[TinyOpenAI, TinyOpenAI]) -> None:

@@ -133,6 +133,30 @@ http {{
 """
 
 
+def split_weights(conf_text: str, versions: list[str]) -> dict[str, int] | None:
+    """Weights per version read from the ``split_clients ... $qlift_pool`` block; None if it is not there."""
+    block = re.search(r"split_clients\s+\S+\s+\$qlift_pool\s*\{([^}]*)\}", conf_text)
+    if block is None:
+        return None
+    by_upstream = {upstream_name(v): v for v in versions}
+    weights = dict.fromkeys(versions, 0)
+    rest: str | None = None
+    for entry in block.group(1).split(";"):
+        parts = entry.split()
+        if len(parts) != 2 or parts[1] not in by_upstream:
+            continue
+        if parts[0] == "*":
+            rest = by_upstream[parts[1]]
+        elif parts[0].endswith("%"):
+            try:
+                weights[by_upstream[parts[1]]] += round(float(parts[0][:-1]))
+            except ValueError:
+                return None
+    if rest is not None:
+        weights[rest] += max(0, 100 - sum(weights.values()))
+    return weights
+
+
 class NginxDataPlane:
     kind = "nginx"
 
@@ -152,13 +176,13 @@ class NginxDataPlane:
                                     tool="nginx") from None
 
     def weights(self) -> dict[str, int] | None:
+        """The split nginx.conf's ``split_clients`` block sets, so a hand edit of it reads as drift."""
         try:
-            first = self.conf.read_text(encoding="utf-8").splitlines()[0]
-        except (OSError, IndexError):
+            text = self.conf.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
             return None
-        if not first.startswith(_WEIGHTS_MARK):
-            return None
-        return {str(k): int(v) for k, v in json.loads(first[len(_WEIGHTS_MARK):]).items()}
+        return split_weights(text, list(self.backends))
+
 
     def running_pid(self) -> int | None:
         try:

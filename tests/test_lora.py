@@ -298,3 +298,14 @@ def test_canary_adapter_refuses_data_planes_that_split_by_server(tmp_path: Path)
         "gateway": {"parent_refs": [{"name": "gw"}], "backends": {"stable": {"name": "a"}, "canary": {"name": "b"}}}})
     with pytest.raises(IncompatibleError, match="the gateway-api data plane splits by Service"):
         resolve_target(gateway, "tickets")
+
+
+def test_one_server_for_both_versions_leaves_its_engine_metrics_out() -> None:
+    from qlift.rollout.sources import SHARED_SERVER_NOTE, make_collector
+    from qlift.rollout.spec import RolloutSpec
+
+    spec = RolloutSpec.model_validate({"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:9"})
+    shared = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8000/"})
+    assert shared.vllm is None and SHARED_SERVER_NOTE in getattr(shared.primary, "notes", [])
+    apart = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8001"})
+    assert apart.vllm is not None and SHARED_SERVER_NOTE not in getattr(apart.primary, "notes", [])

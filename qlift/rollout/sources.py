@@ -151,8 +151,39 @@ def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector
     else:
         primary = SOURCES[PLANES[spec.data_plane].evidence](spec, versions)
     urls = {v: u for v, u in {**backend_urls, **spec.backends}.items() if v in versions}
+    if len(urls) == 2 and len({u.rstrip("/") for u in urls.values()}) == 1:
+        # Both versions are model names on one vLLM server (an adapter and its base): its /metrics are one
+        # engine's (labelled with the base's name even for adapter requests), so they are left out rather
+        # than compared with themselves; the router's per-backend records are per version.
+        urls = {}
+        primary = _Noted(primary, SHARED_SERVER_NOTE)
     vllm = VllmMetricsReader(urls) if spec.vllm_metrics and urls else None
     return Collector(primary, spec.stable, spec.canary, vllm)
+
+
+SHARED_SERVER_NOTE = ("stable and canary are served by one vLLM server: its engine metrics (/metrics) are left out, "
+                      "the evidence is the router's per-version records")
+
+
+class _Noted:
+    """A primary source whose windows carry one more note (kept apart from the sources registry: it wraps
+    whichever source the data plane chose)."""
+
+    def __init__(self, inner: EvidenceSource, note: str) -> None:
+        self.inner, self.note, self.name = inner, note, inner.name
+
+    @property
+    def notes(self) -> list[str]:
+        return [*getattr(self.inner, "notes", []), self.note]
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def collect(self) -> dict[str, VersionEvidence]:
+        return self.inner.collect()
+
+    def peek(self) -> dict[str, VersionEvidence] | None:
+        return self.inner.peek()
 
 
 class _NoPrimary:

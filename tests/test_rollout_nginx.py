@@ -23,6 +23,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from qlift.errors import BadInputError
 from qlift.rollout.journal import Journal
 from qlift.rollout.nginx import AccessLogSource, NginxDataPlane, render_nginx_conf
 from qlift.rollout.spec import NginxSpec
@@ -138,6 +139,13 @@ def test_render_checks_with_nginx_t(tmp_path: Path) -> None:
         out = subprocess.run([NGINX, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+
+
+def test_a_version_named_by_model_on_a_shared_server_is_refused(tmp_path: Path) -> None:
+    spec = NginxSpec(prefix=tmp_path, listen="127.0.0.1:18080", binary=NGINX)
+    with pytest.raises(BadInputError, match="splits traffic by server only"):
+        render_nginx_conf(spec, {"stable": "http://127.0.0.1:8001#base", "canary": "http://127.0.0.1:8001#tickets"},
+                          {"stable": 90, "canary": 10})
 
 
 def test_weights_are_read_from_the_split_block_so_a_hand_edit_is_drift(tmp_path: Path) -> None:

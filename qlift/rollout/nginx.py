@@ -63,6 +63,11 @@ def upstream_name(version: str) -> str:
 
 def host_port(url: str) -> str:
     parts = urlsplit(url if "//" in url else f"http://{url}")
+    if parts.fragment:
+        # nginx picks an upstream per server; it cannot route on the model name inside the request body.
+        raise BadInputError(f"backend '{url}' names a model on a shared server (#{parts.fragment}); the nginx data "
+                            "plane splits traffic by server only", field="backends",
+                            hint="Use the qlift router (--data-plane builtin) for versions that share one server.")
     if not parts.hostname or not parts.port:
         raise BadInputError(f"backend URL '{url}' needs a host and a port", field="backends")
     return f"{parts.hostname}:{parts.port}"
@@ -161,6 +166,8 @@ class NginxDataPlane:
     kind = "nginx"
 
     def __init__(self, spec: NginxSpec, backends: dict[str, str]) -> None:
+        for url in backends.values():
+            host_port(url)  # refused here, before a rollout is journaled
         self.spec = spec
         self.backends = backends
         self.prefix = Path(spec.prefix).resolve()

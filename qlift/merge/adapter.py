@@ -161,9 +161,8 @@ def _check_values(source: Path, tensors: dict[str, torch.Tensor]) -> None:
                                 hint="The training run diverged; use an earlier checkpoint.")
 
 
-def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
-    """Read and check an adapter directory; raise a QliftError naming what is unsupported."""
-    path = Path(path)
+def read_adapter_config(path: Path) -> tuple[dict[str, Any], str]:
+    """A peft adapter directory's ``adapter_config.json`` and its upper-cased ``peft_type``."""
     if not path.is_dir():
         raise NotFoundError(f"adapter directory {path} does not exist", hint="Check the path.")
     cfg_path = path / "adapter_config.json"
@@ -171,7 +170,13 @@ def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
         raise BadInputError(f"{path} has no adapter_config.json, so it is not a peft adapter",
                             hint="Pass the directory peft's save_pretrained wrote.")
     config = read_json_object(cfg_path)
-    peft_type = str(config.get("peft_type") or "").upper()
+    return config, str(config.get("peft_type") or "").upper()
+
+
+def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
+    """Read and check an adapter directory; raise a QliftError naming what is unsupported."""
+    path = Path(path)
+    config, peft_type = read_adapter_config(path)
     if peft_type != "LORA":
         raise IncompatibleError(
             f"adapter {path} is a {peft_type or 'unknown'} adapter; qlift merges only LoRA adapters "
@@ -182,7 +187,8 @@ def load_adapter(path: Path, *, allow_pickle: bool = False) -> Adapter:
         if config.get(key):
             raise IncompatibleError(f"adapter {path} uses {what} ({key}), which qlift cannot merge",
                                     hint="Merge it with peft's merge_and_unload.")
-    validated(AdapterConfig, config, path=cfg_path, hint="Fix adapter_config.json or re-save the adapter with peft.")
+    validated(AdapterConfig, config, path=path / "adapter_config.json",
+              hint="Fix adapter_config.json or re-save the adapter with peft.")
     tensors = _load_tensors(path, allow_pickle)
     if not tensors:
         raise BadInputError("holds no tensors", path=path / SAFE_NAME, hint="Re-save the adapter with peft.")

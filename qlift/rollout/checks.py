@@ -208,9 +208,9 @@ def _check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysi
     """``latency`` compares e2e seconds per completion token when both versions have enough such
     samples (verbosity is the completion_tokens check's business), else e2e seconds; ``ttft`` compares
     streamed requests only (a non-streamed request's first byte is its whole answer)."""
-    limit, tolerance, kind = a.max_ttft_ratio, a.min_latency_increase_s, name
+    limit, tolerance, kind = a.max_ttft_ratio, a.min_ttft_increase_s, name
     if name == "latency":
-        limit = a.max_latency_ratio
+        limit, tolerance = a.max_latency_ratio, a.min_latency_increase_s
         if c.token_latency_s and s.token_latency_s:
             kind, tolerance = "token_latency", a.min_token_latency_increase_s
     q = a.latency_quantile
@@ -326,7 +326,7 @@ def _argo_errors(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
                          *_limit(a.max_error_rate))]
 
 
-def _argo_latency(kind: str, metric: str, limit_field: str) -> ArgoForm:
+def _argo_latency(kind: str, metric: str, limit_field: str, tolerance_field: str) -> ArgoForm:
     def form(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
         field = f"{kind}_p{round(a.latency_quantile * 100)}"
         if not p.has(field):
@@ -336,7 +336,7 @@ def _argo_latency(kind: str, metric: str, limit_field: str) -> ArgoForm:
                                 hint="Use latency_quantile 0.5 or 0.95.")
         c, s = p.q(field, "canary"), p.q(field, "stable")
         # canary/stable, zeroed while the canary is within the tolerance of the stable (a pass)
-        query = f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) > bool {a.min_latency_increase_s})"
+        query = f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) > bool {getattr(a, tolerance_field)})"
         return [PromqlMetric(metric, kind, query, *_limit(getattr(a, limit_field)))]
     return form
 
@@ -382,12 +382,12 @@ CHECKS: tuple[Check, ...] = (
               "a stream without [DONE])."),
     Check("latency", ("token_latency_s", "latency_s"), "quantile ratio, then one-sided Mann-Whitney U",
           ("max_latency_ratio", "latency_quantile", "min_latency_increase_s", "min_token_latency_increase_s"),
-          tested=True, early=False, run=check_latency, argo=_argo_latency("latency", "latency-ratio",
-                                                                          "max_latency_ratio"),
+          tested=True, early=False, run=check_latency,
+          argo=_argo_latency("latency", "latency-ratio", "max_latency_ratio", "min_latency_increase_s"),
           doc="Seconds per completion token (e2e when tokens are unknown); streamed and non-streamed."),
     Check("ttft", ("ttft_s",), "quantile ratio, then one-sided Mann-Whitney U",
-          ("max_ttft_ratio", "latency_quantile", "min_latency_increase_s"), tested=True, early=False,
-          run=check_ttft, argo=_argo_latency("ttft", "ttft-ratio", "max_ttft_ratio"),
+          ("max_ttft_ratio", "latency_quantile", "min_ttft_increase_s"), tested=True, early=False,
+          run=check_ttft, argo=_argo_latency("ttft", "ttft-ratio", "max_ttft_ratio", "min_ttft_increase_s"),
           doc="Time to first token of streamed requests only."),
     Check("finish_length", ("finishes", "length_finishes"), "share ratio, then one-sided proportion test",
           ("max_length_share_ratio", "min_share_increase"), tested=True, early=False, run=check_finish_length,

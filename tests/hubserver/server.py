@@ -44,6 +44,7 @@ class Commit:
 class Fault:
     corrupt: int | None = 0  # bodies still to corrupt; None = every time
     stall_after: int | None = None  # send this many bytes, then hold the connection
+    delay_s: float = 0.0  # wait this long before sending the body
     release: threading.Event = field(default_factory=threading.Event)
 
 
@@ -338,6 +339,8 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if not body:
                 return
             fault = hub.faults.get(path)
+            if fault is not None and fault.delay_s:
+                time.sleep(fault.delay_s)
             if fault is not None and fault.stall_after is not None:
                 head = chunk[: fault.stall_after]
                 self._write(path, head)

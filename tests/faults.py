@@ -269,9 +269,9 @@ async def _one_request(session: aiohttp.ClientSession, url: str, model: str, i: 
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
+                    if data == "[DONE]":  # read on to the end, as the openai client does: closing
+                        done = True       # here races the proxy's last chunk and it logs a 499
+                        continue
                     event = json.loads(data)
                     if "error" in event:
                         raise RuntimeError(f"error event in stream: {event['error']}")

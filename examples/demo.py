@@ -237,12 +237,6 @@ def lifecycle(demo: Demo, interval: str) -> None:
     journal.unlink(missing_ok=True)
     promote = ["promote", "start", "--router", url, "--stable", "stable", "--canary", "canary",
                "--steps", "10,50,100", "--interval", interval, "--min-requests", "5", "--journal", str(journal)]
-    # Two servers, the router, the load and the controller share 2 cores: the 10% canary's core also runs
-    # the stable's API server and the router, so its first token and per-token time read 1.7x a busier
-    # stable's (measured on the demo's pair). The latency limits leave room for that; errors, rambling and
-    # empty answers keep their defaults, which is what rolls a broken canary back.
-    if os.cpu_count() in (1, 2):
-        promote += ["--max-latency-ratio", "2.5", "--max-ttft-ratio", "2.5"]
     if not demo.broken:
         promote += ["--eval-report", str(report)]
     with traffic(url, "tickets") as load:

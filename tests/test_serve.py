@@ -323,3 +323,30 @@ def test_open_files_soft_limit_is_raised_to_the_hard_limit() -> None:
     out = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.splitlines()
     assert out[0].startswith("open-files limit raised from 256 to ") and out[1] == "True" and out[2] == "None"
+
+
+def test_bound_cores_reads_vllms_bind_syntax() -> None:
+    from qlift.vllm.process import bound_cores
+
+    assert bound_cores("1") == {1} and bound_cores("0-3") == {0, 1, 2, 3} and bound_cores("0,1|2,3") == {0, 1, 2, 3}
+    assert bound_cores("auto") is None and bound_cores("nobind") is None and bound_cores(None) is None
+    assert bound_cores("x") is None  # vLLM says what is wrong with it
+
+
+def test_a_bound_server_is_bound_whole(smollm2_server) -> None:  # type: ignore[no-untyped-def]
+    """VLLM_CPU_OMP_THREADS_BIND pins only vLLM's model worker; the API server and the engine-core loop
+    floated onto the other server's core. Every thread of every process of the server is on its core."""
+    want = os.environ.get("QLIFT_TEST_BIND", "0")
+    pids = subprocess.run(["pgrep", "-g", str(smollm2_server.proc.pid)], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert len(pids) >= 3  # the API server, the engine core, the worker (and helpers)
+    seen = {}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            except FileNotFoundError:
+                continue  # a thread that just ended
+            cpus = next(ln for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
+            seen[f"{pid}/{tid}"] = cpus.split()[1]
+    assert set(seen.values()) == {want}, seen

@@ -8,6 +8,7 @@ import resource
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # Exception lines in vLLM logs that only wrap the real cause printed above them.
@@ -49,6 +50,40 @@ def first_error_line(log_text: str) -> str | None:
                 cause = cause[:_MAX_CAUSE].rstrip() + " ..."
             return f"{m.group(1)}: {cause}"
     return None
+
+
+def bound_cores(omp_threads_bind: str | None) -> set[int] | None:
+    """The cores a ``VLLM_CPU_OMP_THREADS_BIND`` value names ("1", "0-3", "0,1|2,3"); None for auto/nobind."""
+    value = (omp_threads_bind or "").strip()
+    if value in ("", "auto", "nobind", "all"):
+        return None
+    cores: set[int] = set()
+    try:
+        for part in re.split(r"[|,]", value):
+            lo, _, hi = part.strip().partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        return None  # vLLM reports a malformed value itself
+    return cores or None
+
+
+def child_setup(*, cores: set[int] | None, die_with_parent: bool) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that binds the whole child (and what it spawns) to ``cores``.
+
+    vLLM's CPU bind pins only the model worker's threads: its API server and engine-core
+    process (a busy scheduler loop) float onto the other servers' cores, so on a small host a
+    server's front end slows its neighbour, and a canary on its own core reads slower than it is.
+    """
+    if cores is None and not die_with_parent:
+        return None
+
+    def setup() -> None:
+        if cores is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+        if die_with_parent:
+            term_on_parent_death()
+
+    return setup
 
 
 def term_on_parent_death() -> None:

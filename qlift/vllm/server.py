@@ -24,7 +24,7 @@ from types import TracebackType
 import httpx
 
 from qlift.errors import ExternalToolError
-from qlift.vllm.process import first_error_line, free_port, qlift_importable, term_on_parent_death
+from qlift.vllm.process import bound_cores, child_setup, first_error_line, free_port, qlift_importable
 
 log = logging.getLogger(__name__)
 LAUNCHER = "qlift.vllm.cli_main"
@@ -76,7 +76,8 @@ class VllmServer:
             self.proc = subprocess.Popen(
                 self.argv(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,
-                preexec_fn=term_on_parent_death if self.die_with_parent else None,
+                preexec_fn=child_setup(cores=bound_cores(env.get("VLLM_CPU_OMP_THREADS_BIND")),
+                                       die_with_parent=self.die_with_parent),
             )
         return self
 

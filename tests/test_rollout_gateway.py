@@ -85,3 +85,20 @@ def test_kubeconfig_without_the_client_says_what_to_install(tmp_path: Path) -> N
         plane.set_weights({"smollm2": 90, "smollm2-ft": 10})
     assert "qlift[gateway]" in e.value.one_line()
     assert (tmp_path / "kubeconfig").exists() is False  # nothing was half-applied
+
+
+def test_kubeconfig_data_plane_applies_through_the_client(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="the kubernetes client is the optional 'gateway' extra")
+    from kube_fake import FakeKube
+
+    from qlift.rollout.gateway import GROUP, PLURAL, VERSION
+
+    with FakeKube({(GROUP, VERSION, PLURAL): httproute_schema()}) as kube:
+        plane = GatewayDataPlane(gateway(kubeconfig=kube.kubeconfig(tmp_path)))
+        assert plane.weights() is None
+        plane.set_weights({"smollm2": 90, "smollm2-ft": 10})
+        plane.set_weights({"smollm2": 0, "smollm2-ft": 100})
+        assert [r[0] for r in kube.requests] == ["GET", "PATCH", "POST", "PATCH"]
+        assert plane.weights() == {"smollm2": 0, "smollm2-ft": 100}
+        route = kube.get(GROUP, PLURAL, "serving", "llm")
+        assert route is not None and route["metadata"]["generation"] == 2

@@ -53,24 +53,95 @@ def render_httproute(spec: GatewaySpec, weights: dict[str, int]) -> dict[str, An
     return route
 
 
+def crd_schema(path: Path, version: str) -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of ``version`` in the CRD file at ``path``."""
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            return v["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+    raise KeyError(version)
+
+
 @functools.cache
 def httproute_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(SCHEMA_FILE.read_text(encoding="utf-8"))
-    for v in crd["spec"]["versions"]:
-        if v["name"] == VERSION:
-            return v["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
-    raise KeyError(VERSION)
+    return crd_schema(SCHEMA_FILE, VERSION)
+
+
+def validate_object(obj: dict[str, Any], schema: dict[str, Any], *, field: str) -> None:
+    """Raise BadInputError naming the first field of ``obj`` the CRD schema rejects."""
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(schema)
+    error = next(iter(sorted(validator.iter_errors(obj), key=lambda e: list(e.path))), None)
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(root)"
+        raise BadInputError(f"rendered {obj.get('kind', 'object')} is invalid at {where}: {error.message}",
+                            field=field)
 
 
 def validate_httproute(route: dict[str, Any]) -> None:
-    """Raise BadInputError naming the first field the CRD schema rejects."""
-    import jsonschema
+    validate_object(route, httproute_schema(), field="gateway")
 
-    validator = jsonschema.Draft7Validator(httproute_schema())
-    error = next(iter(sorted(validator.iter_errors(route), key=lambda e: list(e.path))), None)
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "(root)"
-        raise BadInputError(f"rendered HTTPRoute is invalid at {where}: {error.message}", field="gateway")
+
+def write_yaml(path: Path, obj: dict[str, Any]) -> None:
+    """Write ``obj`` as YAML atomically (GitOps picks up whole files only)."""
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, out)
+
+
+class CustomObject:
+    """One namespaced custom object through the official ``kubernetes`` client: read, and apply (merge-patch,
+    created on 404)."""
+
+    def __init__(self, kubeconfig: Path, context: str | None, group: str, version: str, plural: str,
+                 namespace: str, name: str) -> None:
+        self.kubeconfig, self.context = kubeconfig, context
+        self.group, self.version, self.plural, self.namespace, self.name = group, version, plural, namespace, name
+
+    def _api(self) -> Any:
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise ExternalToolError("the kubernetes client is not installed",
+                                    hint="pip install 'qlift[gateway]'", tool="kubernetes") from None
+        try:
+            api_client = config.new_client_from_config(config_file=str(self.kubeconfig.expanduser()),
+                                                       context=self.context)
+        except (config.ConfigException, OSError) as exc:
+            raise BadInputError(f"cannot use kubeconfig {self.kubeconfig}: {exc}", field="kubeconfig") from None
+        return client.CustomObjectsApi(api_client)
+
+    def get(self) -> dict[str, Any] | None:
+        """The object, or None when it does not exist yet or cannot be read (the journal knows the weights)."""
+        try:
+            obj: dict[str, Any] = self._api().get_namespaced_custom_object(
+                self.group, self.version, self.namespace, self.plural, self.name)
+        except ExternalToolError:
+            raise
+        except Exception:
+            return None
+        return obj
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        api = self._api()
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        args = (self.group, self.version, self.namespace, self.plural)
+        what = f"{obj.get('kind', self.plural)} {self.namespace}/{self.name}"
+        try:
+            try:
+                api.patch_namespaced_custom_object(*args, self.name, obj)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                api.create_namespaced_custom_object(*args, obj)
+        except ApiException as exc:
+            raise ExternalToolError(f"applying {what} failed: {exc.status} {exc.reason}", tool="kubernetes") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ExternalToolError(f"applying {what} failed: {exc}", tool="kubernetes") from None
 
 
 class GatewayDataPlane:
@@ -81,26 +152,13 @@ class GatewayDataPlane:
         if spec.kubeconfig is None and spec.output is None:
             raise BadInputError("the gateway-api data plane needs gateway.kubeconfig or gateway.output",
                                 field="gateway")
-
-    def _api(self) -> Any:
-        try:
-            from kubernetes import client, config
-        except ImportError:
-            raise ExternalToolError("the kubernetes client is not installed",
-                                    hint="pip install 'qlift[gateway]'", tool="kubernetes") from None
-        assert self.spec.kubeconfig is not None
-        api_client = config.new_client_from_config(config_file=str(self.spec.kubeconfig.expanduser()),
-                                                   context=self.spec.context)
-        return client.CustomObjectsApi(api_client)
+        self.object = None if spec.kubeconfig is None else CustomObject(
+            spec.kubeconfig, spec.context, GROUP, VERSION, PLURAL, spec.namespace, spec.route_name)
 
     def weights(self) -> dict[str, int] | None:
         route: dict[str, Any] | None = None
-        if self.spec.kubeconfig is not None:
-            try:
-                route = self._api().get_namespaced_custom_object(
-                    GROUP, VERSION, self.spec.namespace, PLURAL, self.spec.route_name)
-            except Exception:  # not created yet, or unreachable: the journal knows
-                return None
+        if self.object is not None:
+            route = self.object.get()
         elif self.spec.output is not None and Path(self.spec.output).exists():
             route = yaml.safe_load(Path(self.spec.output).read_text(encoding="utf-8"))
         if not route:
@@ -113,25 +171,9 @@ class GatewayDataPlane:
         route = render_httproute(self.spec, weights)
         validate_httproute(route)
         if self.spec.output is not None:
-            out = Path(self.spec.output)
-            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-            tmp.write_text(yaml.safe_dump(route, sort_keys=False), encoding="utf-8")
-            os.replace(tmp, out)
-        if self.spec.kubeconfig is not None:
-            self._apply(route)
-
-    def _apply(self, route: dict[str, Any]) -> None:
-        api = self._api()
-        from kubernetes.client.exceptions import ApiException
-
-        ns, name = self.spec.namespace, self.spec.route_name
-        try:
-            api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, route)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise ExternalToolError(f"applying HTTPRoute {ns}/{name} failed: {exc.reason}",
-                                        tool="kubernetes") from None
-            api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, route)
+            write_yaml(self.spec.output, route)
+        if self.object is not None:
+            self.object.apply(route)
 
     def backend_urls(self) -> dict[str, str]:
         return {}

@@ -48,6 +48,13 @@ def _gateway(spec: RolloutSpec) -> Any:
     return GatewayDataPlane(spec.gateway)
 
 
+def _inference_ext(spec: RolloutSpec) -> Any:
+    from qlift.rollout.inference_ext import InferenceExtDataPlane
+
+    assert spec.inference_ext is not None
+    return InferenceExtDataPlane(spec.inference_ext, {v: spec.served_model(v) for v in (spec.stable, spec.canary)})
+
+
 PLANES: dict[str, PlaneKind] = {p.name: p for p in (
     PlaneKind("builtin", None, _builtin, "router", "router",
               "The qlift router: weights through its admin API; evidence from its request log."),
@@ -55,6 +62,9 @@ PLANES: dict[str, PlaneKind] = {p.name: p for p in (
               "nginx rendered into its own prefix dir and reloaded; evidence from its JSON access log."),
     PlaneKind("gateway-api", "gateway", _gateway, "none", "vllm",
               "A Gateway API HTTPRoute's backendRefs weights; evidence from Prometheus or vLLM /metrics."),
+    PlaneKind("inference-ext", "inference_ext", _inference_ext, "none", "vllm",
+              "The Gateway API Inference Extension's InferenceModelRewrite: weights per served model (a base and "
+              "its LoRA adapter on one Deployment); evidence from Prometheus."),
 )}
 
 

@@ -141,6 +141,23 @@ class GatewaySpec(_Strict):
     output: Path | None = Field(None, description="Also write the rendered HTTPRoute YAML here (GitOps).")
 
 
+class InferenceExtSpec(_Strict):
+    """The Gateway API Inference Extension as the data plane: the InferenceModelRewrite that `qlift deploy k8s
+    --lora NAME=DIR --gateway-api` renders, whose targets' weights split one public model name between the
+    models one Deployment serves (a base and its LoRA adapters)."""
+
+    app: str = Field("llm", description="`qlift deploy k8s --name`: the rewrite is APP-rewrite, on pool APP-pool.")
+    namespace: str = Field("default", description="Namespace of the InferenceModelRewrite.")
+    public_model: str | None = Field(
+        None, description="The model name clients send, which the rewrite splits (default: app, as deploy does).")
+    models: dict[str, str] = Field(
+        default_factory=dict, description="Version name -> served model name it rewrites to (default: the "
+        "rollout's models:, else the #MODEL of its backends: NAME=URL#MODEL, else the version name).")
+    kubeconfig: Path | None = Field(None, description="Apply to this cluster with the kubernetes client.")
+    context: str | None = Field(None, description="kubeconfig context.")
+    output: Path | None = Field(None, description="Also write the rendered InferenceModelRewrite YAML here (GitOps).")
+
+
 def parse_percent(value: Any) -> Any:
     """'20%' or 20 -> 20."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -185,9 +202,10 @@ class RolloutSpec(_Strict):
         default_factory=dict, description="Version name -> base URL (nginx upstreams; vLLM /metrics).")
     models: dict[str, str] = Field(
         default_factory=dict, description="Version name -> served model name ($model in Prometheus queries).")
-    data_plane: Literal["builtin", "nginx", "gateway-api"] = "builtin"
+    data_plane: Literal["builtin", "nginx", "gateway-api", "inference-ext"] = "builtin"
     nginx: NginxSpec | None = None
     gateway: GatewaySpec | None = None
+    inference_ext: InferenceExtSpec | None = None
     eval_report: Path | None = Field(None, description="A passing `qlift eval --report` dir for the canary.")
     canary_model: Path | None = Field(None, description="The canary's model dir (default: asked from its server).")
     webhook: str | None = Field(None, description="URL that gets a JSON POST on every decision.")
@@ -216,6 +234,14 @@ class RolloutSpec(_Strict):
             missing = [v for v in (self.stable, self.canary) if v not in self.gateway.backends]
             if missing:
                 raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
+        if self.data_plane == "inference-ext":
+            if self.inference_ext is None:
+                raise ValueError("data_plane inference-ext needs an inference_ext: section")
+            if self.inference_ext.kubeconfig is None and self.inference_ext.output is None:
+                raise ValueError("data_plane inference-ext needs inference_ext.kubeconfig or inference_ext.output")
+            stable, canary = (self.served_model(v) for v in (self.stable, self.canary))
+            if stable == canary:
+                raise ValueError(f"stable and canary both rewrite to model {stable!r}: set inference_ext.models")
         if self.provider == "prometheus" and self.prometheus is None:
             raise ValueError("provider prometheus needs a prometheus: section (url)")
         if self.shadow is not None and self.data_plane != "builtin":
@@ -227,6 +253,12 @@ class RolloutSpec(_Strict):
         if self.provider == "builtin" and not self.router and not self.backends:
             raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")
         return self
+
+    def served_model(self, version: str) -> str:
+        """The model name ``version`` is served as on the Inference Extension's pool."""
+        own = self.inference_ext.models if self.inference_ext is not None else {}
+        fragment = self.backends.get(version, "").partition("#")[2]
+        return own.get(version) or self.models.get(version) or fragment or version
 
 
 # -- flags generated from the models --------------------------------------------------------

@@ -138,7 +138,8 @@ def resolve_target(spec: RolloutSpec, name: str) -> AdapterTarget:
                                 "--backend canary=URL#ADAPTER` (docs/lora.md).")
     if spec.data_plane != "builtin" or not spec.router:
         raise IncompatibleError(
-            f"--canary-adapter drives the builtin router; the {spec.data_plane} data plane splits by Service",
+            f"--canary-adapter loads the adapter at runtime through the builtin router; the {spec.data_plane} "
+            "data plane has no runtime loading (on Kubernetes the Deployment serves adapters with --lora)",
             hint="For Kubernetes render the Inference Extension objects: `qlift deploy k8s BASE --lora NAME=DIR "
                  "--gateway-api` (docs/lora.md).")
     from qlift.router.client import RouterClient

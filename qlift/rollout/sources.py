@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from qlift.errors import BadInputError
 from qlift.rollout.evidence import Evidence, VersionEvidence, from_request_records
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.vllm_metrics import VllmMetricsReader, fill_from_vllm
@@ -146,7 +147,13 @@ def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector
 
         assert spec.prometheus is not None
         urls = {**backend_urls, **spec.backends}
-        instances = {v: host_port(urls[v]) for v in versions if v in urls}
+        instances = {v: host_port(urls[v].partition("#")[0]) for v in versions if v in urls}
+        if len(instances) == 2 and len(set(instances.values())) == 1 and not spec.prometheus.queries:
+            raise BadInputError(
+                f"stable and canary are one server ({instances[spec.stable]}): vLLM's series label an adapter's "
+                "requests with the base's model name, so no preset can tell the two versions apart",
+                field="prometheus", hint="Judge on the router's own records (leave out --prometheus), or give "
+                "prometheus.queries over your gateway's per-model series (docs/lora.md).")
         primary = PrometheusSource(spec.prometheus, versions, spec.models, spec.interval, instances)
     else:
         primary = SOURCES[PLANES[spec.data_plane].evidence](spec, versions)

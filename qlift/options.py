@@ -2,8 +2,12 @@
 in the docstring under each field, their help. The CLI's options are generated from it
 (``qlift/cli/options.py``), so code, ``--help`` and docs/cli.md share one definition.
 
-Field metadata (all optional): ``short`` ("-o"), ``min`` (a number's lowest value), ``choices``
-(for a str), ``flag_pair`` (a ``--x/--no-x`` switch; with a None default, "not given").
+Field metadata (all optional): ``short`` ("-o"), ``min``/``max`` (a number's lowest/highest value),
+``above`` (a number's exclusive lower bound), ``choices`` (a None among them: not given; ``none``: its
+CLI spelling, e.g. "auto"), ``flag_pair`` (a ``--x/--no-x`` switch; with a None default, "not given"),
+``flag`` (the CLI spelling when it is not the field's name; ``--no-x`` for a True default: the switch
+that turns it off), ``metavar``, ``envvar``, ``url`` (an http(s) URL), ``parse`` (a function from the
+CLI's text to the field's value, raising BadInputError).
 """
 
 from __future__ import annotations
@@ -34,24 +38,44 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def flag(name: str) -> str:
-    """The CLI spelling of a field: max_shard_size -> --max-shard-size."""
+    """The CLI spelling of a field name: max_shard_size -> --max-shard-size."""
     return "--" + name.replace("_", "-")
+
+
+def field_flag(f: dataclasses.Field[Any]) -> str:
+    """The CLI spelling of a field: its ``flag`` metadata, else from its name."""
+    return str(f.metadata.get("flag") or flag(f.name))
 
 
 def check_fields(options: Any) -> None:
     """The numeric limits and choices the fields' metadata declares (BadInputError naming the flag)."""
     for f in dataclasses.fields(options):
         value = getattr(options, f.name)
-        low = f.metadata.get("min")
-        if low is not None and value is not None and not _at_least(value, low):
-            raise BadInputError(f"{value!r} is out of range (>= {low:g})", field=flag(f.name),
-                                hint=f"Pass a number >= {low:g}.")
+        low, high, above = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("above")
+        if value is not None and not _within(value, low, high, above):
+            span = _range_text(low, high, above)
+            raise BadInputError(f"{value!r} is out of range ({span})", field=field_flag(f),
+                                hint=f"Pass a number {span}.")
         choices = f.metadata.get("choices")
         if choices and value not in choices:
-            raise BadInputError(f"{value!r} is not one of {', '.join(map(str, choices))}", field=flag(f.name),
-                                hint=f"Use one of: {', '.join(map(str, choices))}.")
+            shown = ", ".join(choice_texts(f))
+            raise BadInputError(f"{value!r} is not one of {shown}", field=field_flag(f), hint=f"Use one of: {shown}.")
 
 
-def _at_least(value: Any, low: float) -> bool:
+def choice_texts(f: dataclasses.Field[Any]) -> list[str]:
+    """A field's choices as the CLI spells them (None: its ``none`` word, or left out)."""
+    none = f.metadata.get("none")
+    return [str(none if c is None else c) for c in f.metadata["choices"] if c is not None or none]
+
+
+def _within(value: Any, low: float | None, high: float | None, above: float | None) -> bool:
+    if low is None and high is None and above is None:
+        return True
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value >= low
+    return (number and math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
+            and (above is None or value > above))
+
+
+def _range_text(low: float | None, high: float | None, above: float | None) -> str:
+    parts = [f"{op} {v:g}" for op, v in ((">=", low), ("<=", high), (">", above)) if v is not None]
+    return " and ".join(parts)

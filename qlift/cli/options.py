@@ -3,42 +3,89 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
-from qlift.cli.params import Number
-from qlift.options import field_docs, flag
+from qlift.cli.params import URL, Number
+from qlift.options import choice_texts, field_docs, field_flag
 
 
 def click_options(cls: type, *, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
     """A decorator adding one option per field of ``cls``, in field order, help from the field docs."""
-    docs = field_docs(cls)
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
 
     def decorate(f: Any) -> Any:
         for field in reversed(dataclasses.fields(cls)):
             if field.name not in exclude:
-                f = _option(field, docs.get(field.name, ""))(f)
+                f = _option(field, hints[field.name], docs.get(field.name, ""))(f)
         return f
 
     return decorate
 
 
-def _option(field: dataclasses.Field[Any], help_text: str) -> Callable[[Any], Any]:
-    meta, default = field.metadata, field.default
-    names = [*([meta["short"]] if "short" in meta else []), flag(field.name)]
+class Parsed(click.ParamType):
+    """The CLI's text through a field's ``parse`` function (its BadInputError names the flag)."""
+
+    name = "text"
+
+    def __init__(self, parse: Callable[[str], Any]) -> None:
+        self.parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return self.parse(value) if isinstance(value, str) else value
+
+
+def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callable[[Any], Any]:
+    meta, name, opt = field.metadata, field.name, field_flag(field)
+    default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+    common: dict[str, Any] = {"help": help_text, "metavar": meta.get("metavar"), "envvar": meta.get("envvar")}
+    names = [*([meta["short"]] if "short" in meta else []), opt]
     if meta.get("flag_pair"):
-        return click.option(f"{flag(field.name)}/--no-{field.name.replace('_', '-')}", field.name,
-                            default=default, help=help_text, show_default=default is not None)
-    if default is False:
-        return click.option(*names, field.name, is_flag=True, default=False, help=help_text)
-    kind: Any = None
-    if "choices" in meta:
-        kind = click.Choice(list(meta["choices"]))
-    elif "min" in meta:
-        kind = Number(float if isinstance(default, float) else int, low=meta["min"])
-    return click.option(*names, field.name, type=kind, default=default, show_default=True, help=help_text)
+        return click.option(f"{opt}/--no-{opt.removeprefix('--')}", name, default=default,
+                            show_default=default is not None, **common)
+    if isinstance(default, bool):  # False: --x turns it on; True: the --no-x its flag names turns it off
+        return click.option(*names, name, is_flag=True, flag_value=not default, default=default, **common)
+    kind, multiple = _base_type(hint)
+    show: bool | str = default not in (None, (), {}) and default is not dataclasses.MISSING
+    if "parse" in meta:
+        kind, multiple = Parsed(meta["parse"]), False
+        if isinstance(default, tuple):
+            show = ",".join(map(str, default))
+    elif "choices" in meta:
+        texts = {text: value for text, value in zip(choice_texts(field), _choice_values(field), strict=True)}
+        kind = click.Choice(list(texts))
+        common["callback"] = lambda ctx, param, value: texts.get(value, value)
+        if default is None and meta.get("none"):
+            default, show = meta["none"], True
+    elif meta.keys() & {"min", "max", "above"}:
+        low = meta.get("above", meta.get("min"))
+        kind = Number(kind, low=low, high=meta.get("max"), low_open="above" in meta)
+    elif meta.get("url"):
+        kind = URL
+    required = default is dataclasses.MISSING
+    return click.option(*names, name, type=kind, multiple=multiple, required=required,
+                        default=None if required else default, show_default=show, **common)
+
+
+def _choice_values(field: dataclasses.Field[Any]) -> list[Any]:
+    return [c for c in field.metadata["choices"] if c is not None or field.metadata.get("none")]
+
+
+def _base_type(hint: Any) -> tuple[Any, bool]:
+    """(the Click type of one value, whether the option repeats) for a field's type."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return _base_type(args[0])
+    if typing.get_origin(hint) is tuple:
+        return _base_type(args[0])[0], True
+    if hint is Path:
+        return click.Path(path_type=Path), False
+    return (hint if hint in (int, float, str) else None), False
 
 
 def options_from(cls: type, kwargs: dict[str, Any]) -> Any:

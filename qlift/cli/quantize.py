@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import STATE, emit, human_bytes, json_option
-from qlift.cli.params import count
+from qlift.quantize.options import QuantizeOptions
 
 
 @click.command("quantize")
@@ -15,34 +17,9 @@ from qlift.cli.params import count
 @click.option("--awq", is_flag=True, help="AWQ W4A16: int4 asymmetric, group-wise (calibrated).")
 @click.option("--fp8", is_flag=True, help="FP8 dynamic: per-channel weights, per-token activations.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output model directory.")
-@click.option("--calib", type=click.Path(path_type=Path),
-              help="Calibration JSONL, one {'messages': [...]} or {'text': ...} per line (default: built-in set).")
-@click.option("--num-samples", type=count(1, 1_000_000),
-              help="Calibration samples (default: 32 on CPU, the whole set on CUDA).")
-@click.option("--seq-len", type=count(1, 1 << 20),
-              help="Tokens per calibration sample (default: 256 on CPU, 512 on CUDA).")
-@click.option("--group-size", type=click.Choice(["auto", "32", "64", "128"]), default="auto", show_default=True,
-              help="AWQ group size; auto picks the largest that divides every quantized layer's input dim.")
-@click.option("--ignore", "ignore", multiple=True, metavar="PATTERN", callback=lambda c, p, v: _regexes(v),
-              help="Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where llm-compressor runs.")
-@click.option("--threads", type=count(1, 4096),
-              help="CPU threads for calibration (default: the CPUs this process may use, by affinity and cgroup "
-                   "quota).")
-@click.option("--compute-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
-              show_default=True,
-              help="Calibration dtype on CPU; auto: float32 where the CPU has no bf16 units (AVX512-BF16 or AMX), "
-                   "else the model's own. The checkpoint is written in the model's dtype either way.")
-@click.option("--target-recipe", metavar="NAME",
-              help="Warn about the hardware the model will be served on: a serving recipe, a GPU name, or cpu.")
-@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click_options(QuantizeOptions, exclude=("method",))
 @json_option
-def quantize_cmd(
-    model: Path, awq: bool, fp8: bool, output: Path, calib: Path | None, num_samples: int | None,
-    seq_len: int | None, group_size: str, ignore: tuple[str, ...], device: str, threads: int | None,
-    compute_dtype: str, target_recipe: str | None, force: bool,
-) -> None:
+def quantize_cmd(model: Path, awq: bool, fp8: bool, output: Path, **options: Any) -> None:
     """Quantize MODEL with llm-compressor into a compressed-tensors checkpoint vLLM loads.
 
     llm-compressor runs in its own environment, which qlift builds on first use (about a
@@ -57,23 +34,20 @@ def quantize_cmd(
       qlift quantize smollm2 --awq -o smollm2-awq --threads 1   # beside a server pinned to the other core
     """
     from qlift.errors import BadInputError
+    from qlift.progress import StepBar
     from qlift.quantize.api import quantize
-    from qlift.quantize.options import Method, QuantizeOptions
+    from qlift.quantize.options import Method
 
     if awq == fp8:
         if awq:
             raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
         raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
     method: Method = "awq" if awq else "fp8"
-    explicit_group = method == "awq" and group_size != "auto"
-    from qlift.progress import StepBar
-
+    if method == "fp8":  # --group-size is AWQ's; FP8 ignores it
+        options["group_size"] = None
+    opts = QuantizeOptions(method=method, **options)
     bar = StepBar("calibrating layers", unit="layer")
     try:
-        opts = QuantizeOptions(method=method, calib=calib, num_samples=num_samples, seq_len=seq_len,
-                               group_size=int(group_size) if explicit_group else None, ignore=tuple(ignore),
-                               device=device, threads=threads, compute_dtype=compute_dtype,
-                               target_recipe=target_recipe, force=force)
         result = quantize(
             model, output, opts,
             on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),
@@ -93,22 +67,6 @@ def quantize_cmd(
         )
 
     emit(result, human)
-
-
-def _regexes(patterns: tuple[str, ...]) -> tuple[str, ...]:
-    """--ignore values: a ``re:`` pattern must compile (checked before any work)."""
-    import re
-
-    from qlift.errors import BadInputError
-
-    for pat in patterns:
-        if pat.startswith("re:"):
-            try:
-                re.compile(pat[3:])
-            except re.error as exc:
-                raise BadInputError(f"{pat!r} is not a regular expression ({exc})", field="--ignore",
-                                    hint="Write re:REGEX (Python syntax) or a plain module name.") from None
-    return patterns
 
 
 @click.group("env")

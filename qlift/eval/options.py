@@ -1,5 +1,5 @@
 """What an evaluation can be asked to do besides CANDIDATE: the one definition ``evaluate``
-takes; ``qlift eval``'s options are checked against it (tests/test_options.py)."""
+takes and ``qlift eval``'s options are generated from."""
 
 from __future__ import annotations
 
@@ -17,34 +17,34 @@ class EvalOptions:
     """Model to compare with (a directory; a served name with --backend endpoint)."""
     backend: str | None = field(default=None, metadata={"choices": (None, "vllm", "endpoint", "transformers")})
     """How to generate. Default: endpoint if --endpoint is given, else vllm (transformers without vLLM)."""
-    endpoint: str | None = None
+    endpoint: str | None = field(default=None, metadata={"url": True})
     """Base URL of an OpenAI-compatible server serving the candidate."""
-    model_name: str | None = None
+    model_name: str | None = field(default=None, metadata={"flag": "--model"})
     """Served name of the candidate at --endpoint (default: CANDIDATE)."""
-    baseline_endpoint: str | None = None
+    baseline_endpoint: str | None = field(default=None, metadata={"url": True})
     """Server of the baseline, if not --endpoint."""
     metrics: str | None = None
     """Comma-separated subset: ppl,exact_match,rougeL,chrF,json_valid,schema_pass,check_pass,length,latency
     (default: all that apply)."""
-    gates: tuple[str, ...] = ()
+    gates: tuple[str, ...] = field(default=(), metadata={"flag": "--gate", "metavar": "EXPR"})
     """Release gate, repeatable, e.g. 'rougeL >= baseline - 0.02'. Any failure exits 10."""
-    report_dir: Path | None = None
+    report_dir: Path | None = field(default=None, metadata={"flag": "--report"})
     """Write report.json, report.md and report.html into this new directory."""
     force: bool = False
     """Replace an existing --report directory."""
-    max_tokens: int = field(default=64, metadata={"min": 1})
+    max_tokens: int = field(default=64, metadata={"min": 1, "max": 1 << 20})
     """Greedy output tokens per prompt."""
-    resamples: int = field(default=1000, metadata={"min": 100})
+    resamples: int = field(default=1000, metadata={"flag": "--bootstrap", "min": 100, "max": 100_000})
     """Paired bootstrap resamples."""
-    seed: int = field(default=0, metadata={"min": 0})
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**63 - 1})
     """Seed of the bootstrap (and of sampling)."""
-    use_cache: bool = True
-    """Read cached generations instead of generating again (--no-cache: generate again)."""
-    concurrency: int = field(default=1, metadata={"min": 1})
+    use_cache: bool = field(default=True, metadata={"flag": "--no-cache"})
+    """Reuse cached generations; --no-cache generates again instead."""
+    concurrency: int = field(default=1, metadata={"min": 1, "max": 1024})
     """Parallel requests (endpoint backend)."""
-    max_model_len: int = field(default=4096, metadata={"min": 16})
+    max_model_len: int = field(default=4096, metadata={"min": 16, "max": 1 << 24})
     """vLLM context length (vllm backend)."""
-    api_key: str | None = None
+    api_key: str | None = field(default=None, metadata={"envvar": "QLIFT_EVAL_API_KEY"})
     """Bearer token for the endpoint (env QLIFT_EVAL_API_KEY)."""
 
     def __post_init__(self) -> None:

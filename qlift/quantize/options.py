@@ -1,12 +1,14 @@
 """What a quantization can be asked to do besides MODEL and the output: the one definition
-``quantize`` takes; ``qlift quantize``'s options are checked against it (tests/test_options.py)."""
+``quantize`` takes and ``qlift quantize``'s options are generated from (all but ``method``: --awq, --fp8)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from qlift.errors import BadInputError
 from qlift.options import check_fields
 
 Method = Literal["awq", "fp8"]
@@ -19,25 +21,37 @@ class QuantizeOptions:
     per-token activations."""
     calib: Path | None = None
     """Calibration JSONL, one {'messages': [...]} or {'text': ...} per line (default: built-in set)."""
-    num_samples: int | None = field(default=None, metadata={"min": 1})
+    num_samples: int | None = field(default=None, metadata={"min": 1, "max": 1_000_000})
     """Calibration samples (default: 32 on CPU, the whole set on CUDA)."""
-    seq_len: int | None = field(default=None, metadata={"min": 1})
+    seq_len: int | None = field(default=None, metadata={"min": 1, "max": 1 << 20})
     """Tokens per calibration sample (default: 256 on CPU, 512 on CUDA)."""
-    group_size: int | None = field(default=None, metadata={"choices": (None, 32, 64, 128)})
+    group_size: int | None = field(default=None, metadata={"choices": (None, 32, 64, 128), "none": "auto"})
     """AWQ group size; auto picks the largest that divides every quantized layer's input dim."""
-    ignore: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = field(default=(), metadata={"metavar": "PATTERN"})
     """Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are."""
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     """Where llm-compressor runs."""
-    threads: int | None = field(default=None, metadata={"min": 1})
+    threads: int | None = field(default=None, metadata={"min": 1, "max": 4096})
     """CPU threads for calibration (default: the CPUs this process may use, by affinity and cgroup quota)."""
     compute_dtype: str = field(default="auto", metadata={"choices": ("auto", "bfloat16", "float32")})
     """Calibration dtype on CPU; auto: float32 where the CPU has no bf16 units (AVX512-BF16 or AMX), else the
     model's own. The checkpoint is written in the model's dtype either way."""
-    target_recipe: str | None = None
+    target_recipe: str | None = field(default=None, metadata={"metavar": "NAME"})
     """Warn about the hardware the model will be served on: a serving recipe, a GPU name, or cpu."""
     force: bool = False
     """Replace an existing output directory."""
 
     def __post_init__(self) -> None:
         check_fields(self)
+        _check_regexes(self.ignore)
+
+
+def _check_regexes(patterns: tuple[str, ...]) -> None:
+    """--ignore values: a ``re:`` pattern must compile (checked before any work)."""
+    for pat in patterns:
+        if pat.startswith("re:"):
+            try:
+                re.compile(pat[3:])
+            except re.error as exc:
+                raise BadInputError(f"{pat!r} is not a regular expression ({exc})", field="--ignore",
+                                    hint="Write re:REGEX (Python syntax) or a plain module name.") from None

@@ -1,0 +1,76 @@
+"""The CLI generated from each stage's typed options (qlift/cli/options.py): every generated flag is a
+field and every field a flag (but those a command spells its own way), with the field's doc as its help
+and the field's default; a bad value is exit 2 and one line naming the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+import pytest
+from test_bad_input import one_line
+
+from qlift.cli.eval import eval_cmd
+from qlift.cli.merge import merge_cmd
+from qlift.cli.quantize import quantize_cmd
+from qlift.eval.options import EvalOptions
+from qlift.merge.options import MergeOptions
+from qlift.options import field_docs, field_flag
+from qlift.quantize.options import QuantizeOptions
+
+# command: (its options class, fields it spells its own way, its own parameters, the least it runs with)
+COMMANDS: dict[str, tuple[click.Command, type, set[str], set[str], list[str]]] = {
+    "merge": (merge_cmd, MergeOptions, set(), {"base", "adapters", "output"}, ["b", "a", "-o", "o"]),
+    "quantize": (quantize_cmd, QuantizeOptions, {"method"}, {"model", "awq", "fp8", "output"},
+                 ["m", "--awq", "-o", "o"]),
+    "eval": (eval_cmd, EvalOptions, set(), {"candidate"}, ["c", "--prompts", "p.jsonl"]),
+}
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_field_is_a_flag_with_its_doc_as_help(name: str) -> None:
+    cmd, cls, excluded, own, _ = COMMANDS[name]
+    docs = field_docs(cls)
+    params = {p.name: p for p in cmd.params if p.expose_value}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in excluded}
+    assert set(params) - own == set(fields), "a generated flag without a field, or a field without a flag"
+    assert own <= set(params)
+    for field_name, f in fields.items():
+        p = params[field_name]
+        assert docs.get(field_name), f"{cls.__name__}.{field_name} has no docstring"
+        assert field_flag(f) in p.opts + getattr(p, "secondary_opts", []), (field_name, p.opts)
+        assert p.help == docs[field_name], field_name
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_no_flag_given_is_the_fields_default(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QLIFT_EVAL_API_KEY", raising=False)
+    cmd, cls, excluded, _, least = COMMANDS[name]
+    given = cmd.make_context(name, list(least)).params
+    for f in dataclasses.fields(cls):
+        if f.name not in excluded and _default(f) is not dataclasses.MISSING:
+            assert given[f.name] == _default(f), f.name
+
+
+BAD_VALUES = [
+    (["merge", "b", "a", "-o", "{out}", "--dtype", "int8"], "--dtype"),
+    (["quantize", "m", "--awq", "-o", "{out}", "--group-size", "48"], "--group-size"),
+    (["quantize", "m", "--awq", "-o", "{out}", "--threads", "0"], "--threads"),
+    (["quantize", "m", "--awq", "-o", "{out}", "--num-samples", "2000000"], "--num-samples"),
+    (["quantize", "m", "--awq", "-o", "{out}", "--device", "tpu"], "--device"),
+    (["eval", "c", "--prompts", "p.jsonl", "--bootstrap", "10"], "--bootstrap"),
+    (["eval", "c", "--prompts", "p.jsonl", "--backend", "ollama"], "--backend"),
+    (["eval", "c", "--prompts", "p.jsonl", "--endpoint", "ftp://x"], "--endpoint"),
+    (["eval", "c", "--prompts", "p.jsonl", "--max-model-len", "8"], "--max-model-len"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag"), BAD_VALUES, ids=[" ".join(a[:1] + a[-2:]) for a, _ in BAD_VALUES])
+def test_a_bad_value_is_exit_2_naming_the_flag(run_cli, tmp_path, argv: list[str], flag: str) -> None:
+    one_line(run_cli(*[a.format(out=tmp_path / "out") for a in argv]), 2, flag)
+    assert not (tmp_path / "out").exists()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from qlift.release.ref import dir_hash
+from qlift.models.ref import dir_hash
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parent.parent

@@ -1,7 +1,6 @@
 """`qlift release`: the whole release as one declarative, hash-cached, resumable pipeline file."""
 
 from qlift.release.pipeline import StageReport, run_release
-from qlift.release.ref import AdapterRef, ModelRef
 from qlift.release.spec import Release, json_schema, load_release
 
-__all__ = ["AdapterRef", "ModelRef", "Release", "StageReport", "json_schema", "load_release", "run_release"]
+__all__ = ["Release", "StageReport", "json_schema", "load_release", "run_release"]

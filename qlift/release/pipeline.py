@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal
-from qlift.release.ref import ModelRef, dir_hash
 from qlift.release.spec import Release, Stage
 from qlift.release.stages import (
     STAGE_VERSIONS,

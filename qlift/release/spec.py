@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
-from qlift.release.ref import AdapterRef
+from qlift.models.ref import AdapterRef
 
 Kind = Literal["merge", "quantize", "eval", "serve", "router", "promote"]
 MODEL_KINDS = ("merge", "quantize")  # stages whose output is a new model version

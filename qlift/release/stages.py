@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import GateFailedError
-from qlift.release.ref import ModelRef
+from qlift.models.ref import ModelRef
 from qlift.release.spec import BaseSource
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from test_serve import QLIFT, _group_members
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.perf.bench import LevelResult
 from qlift.perf.counter import generation_tokens, rate
-from qlift.perf.tune import _pick_level, _points, parse_grid, parse_tune_slo, size_load, tune
+from qlift.perf.options import TuneOptions, parse_grid, parse_tune_slo
+from qlift.perf.tune import _pick_level, _points, size_load, tune
 from qlift.serve.recipes import load_recipe
 
 
@@ -101,8 +102,9 @@ def test_points_that_do_not_fit_are_skipped_and_failed_starts_recorded(
     monkeypatch.setenv("QLIFT_VLLM_PYTHON", "/bin/false")  # every server "starts" and dies at once
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # it would override kv_cache_memory_bytes
     with pytest.raises(ExternalToolError, match="no grid point could be measured") as info:
-        tune(smollm2_dir, base_recipe="cpu", grid={"max_num_seqs": [4], "kv_cache_memory_bytes": [2**60]},
-             out=tmp_path / "t.yaml", sets=["enforce_eager=true"], start_timeout=30)
+        options = TuneOptions(recipe="cpu", grid=("max_num_seqs=4", f"kv_cache_memory_bytes={2**60}"),
+                              sets=("enforce_eager=true",), start_timeout=30)
+        tune(smollm2_dir, tmp_path / "t.yaml", options)
     text = str(info.value)
     assert "vllm-defaults: vLLM failed to start" in text
     assert "max_num_seqs=4,kv_cache_memory_bytes=1152921504606846976: qlift plan: does not fit" in text

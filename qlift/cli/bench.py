@@ -3,56 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import emit, json_option
-from qlift.cli.params import SECONDS, URL, count
+from qlift.cli.params import URL
+from qlift.perf.options import BenchOptions
 
 if TYPE_CHECKING:
     from qlift.perf.bench import BenchResult
 
 
-def parse_levels(text: str) -> list[int]:
-    from qlift.errors import BadInputError
-
-    try:
-        levels = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        levels = []
-    if not levels or any(c < 1 for c in levels):
-        raise BadInputError(f"{text!r} is not a list of positive integers", field="--concurrency",
-                            hint="Example: --concurrency 1,8,32.")
-    return levels
-
-
 @click.command("bench")
 @click.option("--endpoint", required=True, type=URL, help="Base URL of the OpenAI-compatible vLLM server.")
 @click.option("--model", required=True, help="Served model name.")
-@click.option("--concurrency", default="1,8,32", show_default=True, help="Concurrency levels, comma-separated.")
-@click.option("--requests", type=count(1, 1_000_000), default=64, show_default=True, help="Requests per level.")
-@click.option("--input-tokens", type=count(1, 1 << 20), default=256, show_default=True,
-              help="Prompt tokens per request (random prompts; ignored with --dataset).")
-@click.option("--output-tokens", type=count(1, 1 << 20), default=256, show_default=True,
-              help="Output tokens per request (EOS ignored, so every request generates them all).")
-@click.option("--dataset", type=click.Path(path_type=Path), help='JSONL of {"prompt": ...} rows instead of random.')
-@click.option("--slo", help="Service-level objectives for goodput, e.g. ttft=500ms,tpot=50ms,e2e=10s.")
-@click.option("--tokenizer", metavar="DIR|ORG/REPO",
-              help="Tokenizer for the prompts (default: the server's model directory, or that repo in the local hub "
-                   "cache; otherwise required).")
+@click_options(BenchOptions)
 @click.option("--baseline", type=click.Path(path_type=Path), help="An earlier result JSON: print ratios against it.")
 @click.option("--plot", type=click.Path(path_type=Path),
               help="Write a PNG: tok/s and goodput, TTFT, TPOT and end-to-end latency per concurrency level.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), help="Write the result JSON here.")
-@click.option("--seed", type=count(0, 2**31 - 1), default=0, show_default=True, help="Seed of the random prompts.")
-@click.option("--timeout", type=SECONDS, default=1800, show_default=True,
-              help="Seconds for all levels; levels finished by then are kept.")
 @click.option("--force", is_flag=True, help="Replace an existing -o or --plot file.")
 @json_option
-def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_tokens: int, output_tokens: int,
-              dataset: Path | None, slo: str | None, tokenizer: str | None, baseline: Path | None, plot: Path | None,
-              out: Path | None, seed: int, timeout: float, force: bool) -> None:
+def bench_cmd(endpoint: str, model: str, baseline: Path | None, plot: Path | None, out: Path | None, force: bool,
+              **options: Any) -> None:
     """Benchmark a running vLLM server with vLLM's own client, per concurrency level.
 
     Reports TTFT, TPOT, ITL and end-to-end latency (mean, p50/p95/p99), requests/s,
@@ -71,16 +46,12 @@ def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_
     """
     from qlift.fsutil import write_json_atomic
     from qlift.perf.bench import check_outcome, compare, load_result, run_bench
-    from qlift.perf.slo import parse_slo
     from qlift.serialize import to_jsonable
 
-    levels = parse_levels(concurrency)
-    objectives = parse_slo(slo)
-    check_outputs(out, plot, inputs=[p for p in (dataset, baseline) if p is not None], force=force)
+    opts = BenchOptions(**options)
+    check_outputs(out, plot, inputs=[p for p in (opts.dataset, baseline) if p is not None], force=force)
     base = load_result(baseline) if baseline else None
-    result = run_bench(endpoint, model, concurrency=levels, requests=requests, input_tokens=input_tokens,
-                       output_tokens=output_tokens, dataset=dataset, slo=objectives, tokenizer=tokenizer,
-                       seed=seed, timeout_s=timeout)
+    result = run_bench(endpoint, model, opts)
     if base is not None and baseline is not None:
         result.baseline = compare(result, base, baseline)
     if out:
@@ -90,7 +61,7 @@ def bench_cmd(endpoint: str, model: str, concurrency: str, requests: int, input_
 
         plot_bench(result, plot, baseline=base)
     emit(result, lambda: print_result(result))
-    check_outcome(result, timeout)
+    check_outcome(result, opts.timeout_s)
 
 
 def check_outputs(out: Path | None, plot: Path | None, *, inputs: list[Path], force: bool) -> None:

@@ -51,11 +51,11 @@ def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callabl
     if isinstance(default, bool):  # False: --x turns it on; True: the --no-x its flag names turns it off
         return click.option(*names, name, is_flag=True, flag_value=not default, default=default, **common)
     kind, multiple = _base_type(hint)
-    show: bool | str = default not in (None, (), {}) and default is not dataclasses.MISSING
+    show = default not in (None, (), {}) and default is not dataclasses.MISSING
     if "parse" in meta:
         kind, multiple = Parsed(meta["parse"]), False
-        if isinstance(default, tuple):
-            show = ",".join(map(str, default))
+        if isinstance(default, tuple):  # shown as it is typed; Parsed parses it back
+            default = ",".join(map(str, default))
     elif "choices" in meta:
         texts = {text: value for text, value in zip(choice_texts(field), _choice_values(field), strict=True)}
         kind = click.Choice(list(texts))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import emit, json_option
-from qlift.cli.params import SECONDS, count
+from qlift.perf.options import TuneOptions
 
 if TYPE_CHECKING:
     from qlift.perf.tune import TuneResult
@@ -16,40 +17,13 @@ if TYPE_CHECKING:
 
 @click.command("tune")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--recipe", "-r", "base_recipe", required=True, metavar="NAME|FILE",
-              help="Base recipe: its hardware match, environment and engine arguments the grid does not set.")
-@click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2",
-              help="A vLLM argument, engine or server (vLLM's name, e.g. max_num_seqs, api_server_count, "
-                   "stream_interval), and the values to try. Repeatable, each key once: the grid is every "
-                   "combination.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="An engine argument fixed at every point, vLLM's defaults point too (e.g. enforce_eager=true).")
-@click.option("--workload", type=click.Choice(["chat", "long-doc"]), default="chat", show_default=True,
-              help="chat: 256 prompt / 256 output tokens; long-doc: 4096 / 256 "
-                   "(override with --input/--output-tokens).")
-@click.option("--slo", help="Objectives, e.g. ttft=500ms,tpot=50ms,gap=100ms (gap: the p99 time between streamed "
-                             "chunks of a level). Without: the highest tok/s wins.")
-@click.option("--concurrency", default="1,8,32", show_default=True, help="Concurrency levels benched at each point.")
-@click.option("--requests", type=count(1, 1_000_000), default=64, show_default=True, help="Requests per level.")
-@click.option("--input-tokens", type=count(1, 1 << 20), help="Prompt tokens per request (default: the workload's).")
-@click.option("--output-tokens", type=count(1, 1 << 20), help="Output tokens per request (default: the workload's).")
+@click_options(TuneOptions)
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="The recipe to write, e.g. recipes/chat-mygpu.yaml (its name is the file name).")
 @click.option("--force", is_flag=True, help="Replace an existing recipe file.")
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of the points (Pareto front).")
-@click.option("--start-timeout", type=SECONDS, default=900, show_default=True,
-              help="Seconds a point's server may take to answer /health.")
-@click.option("--point-budget", type=SECONDS, default=300, show_default=True,
-              help="Seconds of load one point's bench is sized to: a short probe measures this machine's speed "
-                   "first, and fewer --requests per level are sent (the same at every point) when needed.")
-@click.option("--bench-timeout", type=SECONDS, default=None,
-              help="Cut a point's bench after this many seconds, keeping the levels it finished "
-                   "(default: twice the time the probe expects).")
 @json_option
-def tune_cmd(model: Path, base_recipe: str, grid: tuple[str, ...], sets: tuple[str, ...], workload: str,
-             slo: str | None, concurrency: str, requests: int, input_tokens: int | None, output_tokens: int | None,
-             out: Path, force: bool, plot: Path | None, start_timeout: float, point_budget: float,
-             bench_timeout: float | None) -> None:
+def tune_cmd(model: Path, out: Path, force: bool, plot: Path | None, **options: Any) -> None:
     """Measure a grid of vLLM settings for MODEL and write the best as a recipe.
 
     Every combination of the --grid values (on top of --recipe and --set) is one point,
@@ -70,16 +44,12 @@ def tune_cmd(model: Path, base_recipe: str, grid: tuple[str, ...], sets: tuple[s
       qlift tune ./smollm2 --recipe cpu --set enforce_eager=true --grid max_num_seqs=4,16 \\
           --concurrency 4 --requests 8 --input-tokens 32 --output-tokens 16 -o /tmp/cpu-tuned.yaml --json
     """
-    from qlift.cli.bench import parse_levels
     from qlift.fsutil import check_output_path
-    from qlift.perf.tune import parse_grid, parse_tune_slo, tune
+    from qlift.perf.tune import tune
 
+    opts = TuneOptions(**options)
     check_output_path(out, force=force, inputs=[model])
-    objectives, gap_ms = parse_tune_slo(slo)
-    result = tune(model, base_recipe=base_recipe, grid=parse_grid(list(grid)), out=out, sets=list(sets),
-                  workload=workload, slo=objectives, gap_ms=gap_ms, concurrency=parse_levels(concurrency),
-                  requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
-                  start_timeout=start_timeout, point_budget=point_budget, bench_timeout=bench_timeout, plot=plot)
+    result = tune(model, out, opts, plot=plot)
     emit(result, lambda: _print(result))
 
 

@@ -20,6 +20,7 @@ import httpx
 
 from qlift import __version__
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
+from qlift.perf.options import BenchOptions
 from qlift.perf.slo import RequestRecord, goodput, vllm_goodput_args
 from qlift.vllm.worker import Worker, run_worker
 
@@ -140,40 +141,25 @@ def to_level(raw: dict[str, Any], slo: dict[str, float]) -> LevelResult:
     )
 
 
-def run_bench(
-    endpoint: str,
-    model: str,
-    *,
-    concurrency: list[int],
-    requests: int = 64,
-    input_tokens: int = 256,
-    output_tokens: int = 256,
-    dataset: Path | None = None,
-    slo: dict[str, float] | None = None,
-    tokenizer: str | None = None,
-    seed: int = 0,
-    timeout_s: float = 1800.0,
-    server_args: dict[str, Any] | None = None,
-    worker: Worker | None = None,
-) -> BenchResult:
-    """Bench ``model`` at ``endpoint``, one vLLM client run per concurrency level.
+def run_bench(endpoint: str, model: str, options: BenchOptions | None = None, *,
+              server_args: dict[str, Any] | None = None, worker: Worker | None = None) -> BenchResult:
+    """Bench ``model`` at ``endpoint`` with the load ``options`` define, one vLLM client run per level.
 
     ``worker``: a ``Worker(BENCH_WORKER)`` started earlier (tune starts it with the server)."""
     from qlift.perf.engine import quick_hardware
 
-    if not concurrency or any(c < 1 for c in concurrency):
-        raise BadInputError("--concurrency needs positive integers", field="--concurrency", hint="Example: 1,8,32.")
+    o = options or BenchOptions()
+    dataset, slo, timeout_s = o.dataset, o.slo, o.timeout_s
     if dataset is not None and not dataset.is_file():
         raise NotFoundError(f"dataset {dataset} does not exist", hint="Pass a JSONL file of {\"prompt\": ...} rows.")
-    slo = slo or {}
     base = api_base(endpoint)
     info = server_info(base, model)
-    tok = tokenizer or pick_tokenizer(model, info["root"])
+    tok = o.tokenizer or pick_tokenizer(model, info["root"])
     with tempfile.TemporaryDirectory(prefix="qlift-bench-") as tmp:
         levels_path = Path(tmp) / "levels.jsonl"
-        job = {"base_url": base, "model": model, "tokenizer": tok, "requests": requests, "input_len": input_tokens,
-               "output_len": output_tokens, "dataset": str(dataset.resolve()) if dataset else None, "seed": seed,
-               "temperature": 0.0, "concurrency": concurrency, "levels": str(levels_path),
+        job = {"base_url": base, "model": model, "tokenizer": tok, "requests": o.requests, "input_len": o.input_tokens,
+               "output_len": o.output_tokens, "dataset": str(dataset.resolve()) if dataset else None, "seed": o.seed,
+               "temperature": 0.0, "concurrency": list(o.concurrency), "levels": str(levels_path),
                "goodput_args": vllm_goodput_args(slo)}
         complete, vllm_version = True, None
         try:
@@ -196,8 +182,8 @@ def run_bench(
         hardware={"description": hw.describe(), "gpus": [g.name for g in hw.gpus], "cpu_cores": hw.cpu.cores,
                   "machine": platform.machine()},
         server={**info, **({"args": server_args} if server_args else {})},
-        workload={"requests": requests, "input_tokens": None if dataset else input_tokens,
-                  "output_tokens": output_tokens, "dataset": str(dataset) if dataset else None, "seed": seed},
+        workload={"requests": o.requests, "input_tokens": None if dataset else o.input_tokens,
+                  "output_tokens": o.output_tokens, "dataset": str(dataset) if dataset else None, "seed": o.seed},
         slo_ms=slo, levels=[to_level(r, slo) for r in raw_levels], complete=complete,
     )
 

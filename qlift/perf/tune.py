@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,56 +34,18 @@ from qlift.models.modeldir import ModelDir
 from qlift.perf.bench import BENCH_WORKER, BenchResult, LevelResult, run_bench
 from qlift.perf.counter import CounterRate, CounterSampler
 from qlift.perf.engine import quick_hardware
-from qlift.perf.slo import parse_slo
+from qlift.perf.options import BenchOptions, TuneOptions
 from qlift.serve.launch import config_server, config_yaml, new_run_dir
 from qlift.serve.plan import fit_to_model, plan_memory
 from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
-from qlift.vllm.engine_args import check_arg_name
 from qlift.vllm.process import free_port, raise_open_files_limit
 from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
-WORKLOAD_TOKENS = {"chat": (256, 256), "long-doc": (4096, 256)}  # input, output tokens per request
 SLO_ATTAINMENT = 0.9  # share of a level's requests that must meet every objective
 PROBE_CONCURRENCY = 8  # the probe's concurrency and requests (at most the grid's highest level)
 PROBE_OUTPUT_TOKENS = 32
 MIN_TIMEOUT_S = 60.0  # a point's bench is never cut sooner than this
-_GAP_KEYS = ("gap", "chunk_gap")
-
-
-def parse_tune_slo(text: str | None) -> tuple[dict[str, float], float | None]:
-    """``--slo ttft=500ms,tpot=50ms,gap=100ms``: per-request objectives (as ``qlift bench``), and the
-    p99 gap between streamed chunks in ms (``gap``: a level's p99 over every chunk of every request)."""
-    gap: float | None = None
-    rest = []
-    for part in (text or "").split(","):
-        key, sep, raw = part.partition("=")
-        if key.strip().lower() in _GAP_KEYS and sep:
-            if gap is not None:
-                raise BadInputError(f"--slo sets {key.strip()} twice", field="--slo", hint="Give each objective once.")
-            gap = parse_slo(f"e2e={raw}")["e2el"]
-        elif part.strip():
-            rest.append(part)
-    slo = parse_slo(",".join(rest))
-    if any(v <= 0 for v in slo.values()) or (gap is not None and gap <= 0):
-        raise BadInputError("an SLO limit of 0 can never be met", field="--slo", hint="Example: --slo gap=100ms.")
-    return slo, gap
-
-
-def parse_grid(items: list[str]) -> dict[str, list[Any]]:
-    """``--grid max_num_seqs=16,64`` (repeatable) as {vLLM name: [values]} (values parsed as YAML scalars)."""
-    grid: dict[str, list[Any]] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip() or not raw.strip():
-            raise BadInputError(f"--grid {item!r} is not KEY=V1,V2,...", field="--grid",
-                                hint="Example: --grid max_num_seqs=16,64,256.")
-        name = check_arg_name(key.strip(), path="--grid", field=key.strip())
-        if name in grid:
-            raise BadInputError(f"--grid sets {name} twice", field="--grid",
-                                hint=f"Give all its values once: --grid {name}=V1,V2,...")
-        grid[name] = [yaml.safe_load(v) for v in raw.split(",") if v.strip()]
-    return grid
 
 
 @dataclass
@@ -205,27 +167,24 @@ def _points(base: Recipe, sets: list[str], grid: dict[str, list[Any]]) -> list[t
     return points
 
 
-def _probe(base_url: str, tokenizer: str, bench_kw: dict[str, Any], worker: Worker, budget_s: float,
-           timeout_s: float | None) -> LoadSize:
+def _probe(base_url: str, bench: BenchOptions, worker: Worker, options: TuneOptions) -> LoadSize:
     """A short load on the first server up (few requests, few output tokens) to size every point's bench."""
-    levels = bench_kw["concurrency"]
-    c = min(PROBE_CONCURRENCY, max(levels))
-    result = run_bench(base_url, "tune", tokenizer=tokenizer, worker=worker, concurrency=[c], requests=c,
-                       input_tokens=bench_kw["input_tokens"], output_tokens=min(PROBE_OUTPUT_TOKENS,
-                                                                                bench_kw["output_tokens"]),
-                       slo={}, timeout_s=budget_s)
+    budget_s = options.point_budget
+    c = min(PROBE_CONCURRENCY, max(bench.concurrency))
+    probe = replace(bench, concurrency=(c,), requests=c, output_tokens=min(PROBE_OUTPUT_TOKENS, bench.output_tokens),
+                    slo={}, timeout_s=budget_s)
+    result = run_bench(base_url, "tune", probe, worker=worker)
     tps = result.levels[0].output_tokens_per_s if result.levels and result.levels[0].completed else 0.0
     if tps <= 0:
         raise ExternalToolError(f"the speed probe ({c} requests) did not finish within {budget_s:.0f} s", tool="vllm",
                                 hint="Raise --point-budget, or lower --input-tokens/--output-tokens.")
-    size = size_load(levels, bench_kw["requests"], bench_kw["output_tokens"], tps, c, budget_s, timeout_s)
+    size = size_load(list(bench.concurrency), bench.requests, bench.output_tokens, tps, c, budget_s,
+                     options.bench_timeout)
     log.info("tune: %s", size.note)
     return size
 
 
-def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: dict[str, Any],
-             start_timeout: float, size: LoadSize | None, gap_ms: float | None = None,
-             budget_s: float = 300.0, timeout_s: float | None = None,
+def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, options: TuneOptions, size: LoadSize | None,
              ) -> tuple[TunePoint, BenchResult | None, LoadSize | None]:
     """Start, bench and stop one point. ``size``: the load sized so far; None: probe this point's server first."""
     recipe, _ = fit_to_model(recipe, md)
@@ -243,21 +202,20 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
     (run_dir / "config.yaml").write_text(config_yaml(md.path.resolve(), "127.0.0.1", port, "tune", engine))
     env = {k: v for k, v in recipe.env.items()}
     server = config_server(md.path, run_dir, "127.0.0.1", port, "tune", engine, env)
-    tokenizer = str(md.path.resolve())
+    bench = replace(options.bench(), tokenizer=str(md.path.resolve()))
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
     try:
         # The bench client's vLLM import overlaps the server's start.
         with Worker(BENCH_WORKER, name="bench") as bench_worker:
             server.start()
             try:
-                server.wait_ready(timeout=start_timeout)
+                server.wait_ready(timeout=options.start_timeout)
                 worker: Worker | None = bench_worker
                 if size is None:
-                    size, worker = _probe(server.base_url, tokenizer, bench_kw, bench_worker, budget_s,
-                                          timeout_s), None
+                    size, worker = _probe(server.base_url, bench, bench_worker, options), None
                 with CounterSampler(server.base_url) as sampler:
-                    result = run_bench(server.base_url, "tune", tokenizer=tokenizer, server_args=engine, worker=worker,
-                                       **{**bench_kw, "requests": size.requests, "timeout_s": size.timeout_s})
+                    load = replace(bench, requests=size.requests, timeout_s=size.timeout_s)
+                    result = run_bench(server.base_url, "tune", load, server_args=engine, worker=worker)
                 counted = sampler.stop()
             except ExternalToolError as exc:
                 return TunePoint(label, engine, "failed", exc.one_line()), None, size
@@ -266,7 +224,7 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
     if not result.levels:
         return TunePoint(label, engine, "failed", f"no benchmark level finished within {size.timeout_s:.0f} s",
                          server=counted, cut=True), result, size
-    best, met = _pick_level(result.levels, bench_kw["slo"], gap_ms)
+    best, met = _pick_level(result.levels, bench.slo, options.gap_ms)
     reason = None
     if not result.complete:
         done = ", ".join(str(lv.concurrency) for lv in result.levels)
@@ -276,52 +234,25 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, bench_kw: d
                      cut=not result.complete), result, size
 
 
-def tune(
-    model: Path,
-    *,
-    base_recipe: str,
-    grid: dict[str, list[Any]],
-    out: Path,
-    sets: list[str] | None = None,
-    workload: str = "chat",
-    slo: dict[str, float] | None = None,
-    concurrency: list[int] | None = None,
-    requests: int = 64,
-    input_tokens: int | None = None,
-    output_tokens: int | None = None,
-    start_timeout: float = 900.0,
-    bench_timeout: float | None = None,
-    point_budget: float = 300.0,
-    gap_ms: float | None = None,
-    plot: Path | None = None,
-) -> TuneResult:
-    """``point_budget``: seconds of load a point's bench is sized to (by a probe); ``bench_timeout``:
-    a point's bench is cut there (default: twice its expected time); ``gap_ms``: the p99 inter-chunk gap SLO."""
-    if not grid:
-        raise BadInputError("give at least one --grid KEY=V1,V2", field="--grid",
-                            hint="Example: --grid max_num_seqs=16,64.")
+def tune(model: Path, out: Path, options: TuneOptions, plot: Path | None = None) -> TuneResult:
+    """Measure every point of ``options`` for ``model`` and write the best as the recipe ``out``
+    (``plot``: a PNG of the points)."""
     if out.suffix not in (".yaml", ".yml"):
         raise BadInputError(f"the recipe path {out} must end in .yaml", field="-o", hint="Example: -o recipes/my.yaml.")
     md = ModelDir.open(model)
     md.require_weights()
-    base = load_recipe(base_recipe)
+    base = load_recipe(options.recipe)
     hw = quick_hardware()
     limit_note = raise_open_files_limit()
     if limit_note:
         log.info("tune: %s", limit_note)
-    slo = slo or {}
-    default_in, default_out = WORKLOAD_TOKENS.get(workload, WORKLOAD_TOKENS["chat"])
-    bench_kw = {"concurrency": concurrency or [1, 8, 32], "requests": requests,
-                "input_tokens": input_tokens or default_in, "output_tokens": output_tokens or default_out,
-                "slo": slo}
     points: list[TunePoint] = []
     vllm_version: str | None = None
     size: LoadSize | None = None
-    todo = _points(base, sets or [], grid)
+    todo = _points(base, list(options.sets), options.grid_values())
     for i, (label, recipe) in enumerate(todo):
         try:
-            point, result, size = _measure(md, label, recipe, hw, bench_kw, start_timeout, size, gap_ms,
-                                           point_budget, bench_timeout)
+            point, result, size = _measure(md, label, recipe, hw, options, size)
         except KeyboardInterrupt:  # Ctrl-C, or SIGINT at a time limit: the recipe comes from the points measured
             if not any(p.best is not None for p in points):
                 raise  # nothing to choose from: exit 130 like any interrupted command
@@ -339,27 +270,31 @@ def tune(
         raise ExternalToolError(f"no grid point could be measured ({reasons})", tool="vllm",
                                 hint="Read the point logs under $QLIFT_HOME/runs.")
     met = [p for p in measured if p.slo_met]
-    score = (lambda p: p.best.goodput_requests_per_s) if slo or gap_ms else (lambda p: p.best.output_tokens_per_s)
+    score = (lambda p: p.best.goodput_requests_per_s) if options.slo else (lambda p: p.best.output_tokens_per_s)
     chosen = max(met or measured, key=score)  # type: ignore[union-attr]
     if not met:
         log.warning("tune: no point met the SLO; writing the one with the highest goodput (%s)", chosen.label)
-    load = {**bench_kw, "requests": size.requests if size else requests,
-            "timeout_s": size.timeout_s if size else bench_timeout, "point_budget_s": point_budget,
+    bench = options.bench()
+    load = {"concurrency": list(bench.concurrency), "requests": size.requests if size else bench.requests,
+            "input_tokens": bench.input_tokens, "output_tokens": bench.output_tokens,
+            "timeout_s": size.timeout_s if size else options.bench_timeout, "point_budget_s": options.point_budget,
             "probe": size.note if size else None}
-    recipe_data = _recipe_data(out.stem, base, chosen, points, workload, hw, vllm_version, slo, load, gap_ms)
+    recipe_data = _recipe_data(out.stem, base, chosen, points, hw, vllm_version, options, load)
     _write_recipe(out, recipe_data)
     if plot is not None:
         from qlift.perf.plot import plot_pareto
 
         marks = [(p.label, p.best.latency_ms["e2el"]["p99"] / 1000, p.best.output_tokens_per_s, p is chosen)
                  for p in measured if p.best]
-        plot_pareto(marks, plot, title=f"qlift tune {md.path.name}: {workload}, {hw.describe()}")
+        plot_pareto(marks, plot, title=f"qlift tune {md.path.name}: {options.workload}, {hw.describe()}")
     return TuneResult(out, out.stem, chosen.label, chosen.slo_met, points, hw.describe(), vllm_version, plot)
 
 
-def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePoint], workload: str, hw: Hardware,
-                 vllm_version: str | None, slo: dict[str, float], bench_kw: dict[str, Any],
-                 gap_ms: float | None = None) -> dict[str, Any]:
+def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePoint], hw: Hardware,
+                 vllm_version: str | None, options: TuneOptions, load: dict[str, Any]) -> dict[str, Any]:
+    """The recipe: the chosen point's engine arguments, and every point measured (``load``: the bench
+    every point got)."""
+    workload, slo, gap_ms = options.workload, options.bench().slo, options.gap_ms
     date = datetime.now(UTC).isoformat(timespec="seconds")
     best = chosen.best
     assert best is not None
@@ -387,7 +322,7 @@ def _recipe_data(name: str, base: Recipe, chosen: TunePoint, points: list[TunePo
             "date": date, "tool": "qlift tune", "vllm_version": vllm_version, "hardware": hw.describe(),
             "base_recipe": base.name, "workload": workload, "slo_ms": slo, "slo_attainment": SLO_ATTAINMENT,
             "slo_p99_chunk_gap_ms": gap_ms,
-            "bench": {k: v for k, v in bench_kw.items() if k != "slo"}, "chosen": chosen.label,
+            "bench": load, "chosen": chosen.label,
             "points": [p.summary() for p in points],
         },
     }

@@ -8,9 +8,11 @@ from typing import Any
 
 
 def to_jsonable(value: Any) -> Any:
-    """Dataclasses, pydantic models, paths and containers as plain JSON values."""
+    """Dataclasses, pydantic models, paths and containers as plain JSON values. A dataclass field
+    with ``metadata={"json": False}`` is left out."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.metadata.get("json", True)}
     if hasattr(value, "model_dump"):
         return to_jsonable(value.model_dump(mode="json"))
     if isinstance(value, dict):

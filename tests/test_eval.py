@@ -234,8 +234,11 @@ def test_unreachable_endpoint_is_an_evaluation_error(run_cli) -> None:
 def test_model_content_hash_is_the_lineage_hash_and_is_remembered(tmp_path: Path) -> None:
     import os
 
-    from qlift.eval.run import model_content_hash
     from qlift.lineage import describe_input
+    from qlift.models.ref import dir_hash
+
+    def model_content_hash(d: Path) -> str:  # as eval hashes a local model: remembered in its cache
+        return dir_hash(d, memo=tmp_path / "eval-cache" / "hashes")
 
     d = tmp_path / "m"
     d.mkdir()

@@ -171,18 +171,18 @@ def test_a_slice_holding_every_example_is_not_a_second_overall_table() -> None:
 
 
 def test_latency_from_unequally_loaded_servers_gets_a_warning_not_a_verdict() -> None:
-    from qlift.eval.generation import ModelRef
+    from qlift.eval.generation import EvalModel
     from qlift.eval.run import latency_warning
 
-    cand = ModelRef("candidate", "canary", endpoint="http://127.0.0.1:8001")
-    assert latency_warning(cand, ModelRef("baseline", "stable", endpoint="http://127.0.0.1:8002"), {})
-    assert latency_warning(cand, ModelRef("baseline", "canary", endpoint="http://127.0.0.1:8001"), {}) is None
-    local = ModelRef("candidate", "a"), ModelRef("baseline", "b")
+    cand = EvalModel("candidate", "canary", endpoint="http://127.0.0.1:8001")
+    assert latency_warning(cand, EvalModel("baseline", "stable", endpoint="http://127.0.0.1:8002"), {})
+    assert latency_warning(cand, EvalModel("baseline", "canary", endpoint="http://127.0.0.1:8001"), {}) is None
+    local = EvalModel("candidate", "a"), EvalModel("baseline", "b")
     assert "load average 3.2 for the candidate, 0.4" in (latency_warning(*local, {"candidate": 3.2, "baseline": 0.4})
                                                          or "")
     assert latency_warning(*local, {"candidate": 1.2, "baseline": 0.9}) is None
 
-    warn = latency_warning(cand, ModelRef("baseline", "stable", endpoint="http://127.0.0.1:8002"), {})
+    warn = latency_warning(cand, EvalModel("baseline", "stable", endpoint="http://127.0.0.1:8002"), {})
     slow = M("latency", 40, 1.84, 1.21, 0.63, 0.41, 0.88, 5, 0, 35, False)
     html = render_html(_result([slow], latency_warning=warn, notes=[warn]))
     p = _Parser()

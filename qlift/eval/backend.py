@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
+from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
 
 
 class Backend(Protocol):
     name: str
     """Part of every cache key: answers from one backend are never served for another."""
 
-    def identify(self, model: ModelRef) -> None:
+    def identify(self, model: EvalModel) -> None:
         """Record what identifies ``model`` for the cache where no content hash can (a served
         model); a backend of local directories has the content hash and does nothing here."""
         return None
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+    def generate(self, model: EvalModel, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         """One answer per request, in order. ``on_result`` is called as each answer arrives, by
         backends that answer one request at a time, so a failure later keeps what came before."""

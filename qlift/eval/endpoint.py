@@ -22,7 +22,7 @@ import httpx
 from qlift import progress
 from qlift.errors import ExternalToolError
 from qlift.eval.backend import Backend
-from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
+from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
 from qlift.progress import bar
 from qlift.threads import map_unordered
 
@@ -46,11 +46,11 @@ class EndpointBackend(Backend):
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.supports_ppl = True  # until a server says otherwise
 
-    def _client(self, model: ModelRef) -> httpx.Client:
+    def _client(self, model: EvalModel) -> httpx.Client:
         assert model.endpoint is not None
         return httpx.Client(base_url=model.endpoint.rstrip("/"), timeout=self.timeout_s, headers=self.headers)
 
-    def identify(self, model: ModelRef) -> None:
+    def identify(self, model: EvalModel) -> None:
         """Check the server serves ``model.name`` and record what it says it is (for the cache)."""
         with self._client(model) as client:
             served = self._check_model(client, model)
@@ -58,7 +58,7 @@ class EndpointBackend(Backend):
             root = served.get("root") or served.get("id")
             model.served_identity = f"endpoint:{model.endpoint}#{model.name}@{root}"
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+    def generate(self, model: EvalModel, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         out: list[Generation | None] = [None] * len(requests)
         desc = f"endpoint {model.role}"
@@ -76,7 +76,7 @@ class EndpointBackend(Backend):
                     lines.step()
         return [g for g in out if g is not None]
 
-    def _send(self, client: httpx.Client, model: ModelRef, method: str, path: str,
+    def _send(self, client: httpx.Client, model: EvalModel, method: str, path: str,
               body: dict[str, Any] | None = None) -> httpx.Response:
         """One request, retried on 429/5xx/connection errors with backoff; the last answer or error wins."""
         for attempt in range(self.retries + 1):
@@ -106,7 +106,7 @@ class EndpointBackend(Backend):
             time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def _post(self, client: httpx.Client, model: ModelRef, path: str, body: dict[str, Any]) -> Any:
+    def _post(self, client: httpx.Client, model: EvalModel, path: str, body: dict[str, Any]) -> Any:
         resp = self._send(client, model, "POST", path, body)
         if resp.status_code != 200:
             hint = "Check --model against the server's /v1/models."
@@ -118,7 +118,7 @@ class EndpointBackend(Backend):
             )
         return _json(resp, model, path)
 
-    def _check_model(self, client: httpx.Client, model: ModelRef) -> dict[str, Any] | None:
+    def _check_model(self, client: httpx.Client, model: EvalModel) -> dict[str, Any] | None:
         resp = self._send(client, model, "GET", "/v1/models")
         if resp.status_code != 200:
             return None
@@ -137,7 +137,7 @@ class EndpointBackend(Backend):
             )
         return served[model.name]
 
-    def _one(self, client: httpx.Client, model: ModelRef, req: Request, sampling: Sampling) -> Generation:
+    def _one(self, client: httpx.Client, model: EvalModel, req: Request, sampling: Sampling) -> Generation:
         try:
             return self._answer(client, model, req, sampling)
         except (KeyError, IndexError, TypeError, ValueError) as exc:  # not the OpenAI response shape
@@ -146,7 +146,7 @@ class EndpointBackend(Backend):
                 hint="The endpoint must speak the OpenAI completions API.", tool="endpoint",
             ) from exc
 
-    def _answer(self, client: httpx.Client, model: ModelRef, req: Request, sampling: Sampling) -> Generation:
+    def _answer(self, client: httpx.Client, model: EvalModel, req: Request, sampling: Sampling) -> Generation:
         body: dict[str, Any] = {
             "model": model.name, "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature, "seed": sampling.seed,
@@ -168,7 +168,7 @@ class EndpointBackend(Backend):
             self._score(client, model, req, gen)
         return gen
 
-    def _score(self, client: httpx.Client, model: ModelRef, req: Request, gen: Generation) -> None:
+    def _score(self, client: httpx.Client, model: EvalModel, req: Request, gen: Generation) -> None:
         tok_body: dict[str, Any] = {"model": model.name}
         if req.messages is not None:
             tok_body |= {"messages": req.messages, "add_generation_prompt": True}
@@ -225,7 +225,7 @@ class ProgressLines:
                      elapsed, left)
 
 
-def _json(resp: httpx.Response, model: ModelRef, path: str) -> Any:
+def _json(resp: httpx.Response, model: EvalModel, path: str) -> Any:
     try:
         return resp.json()
     except ValueError as exc:

@@ -19,6 +19,7 @@ from qlift.eval.prompts import Example
 if TYPE_CHECKING:
     from qlift.eval.backend import Backend
 from qlift.fsutil import write_json_atomic
+from qlift.models.ref import ModelRef
 from qlift.progress import bar
 
 
@@ -63,15 +64,22 @@ answer one request at a time (the endpoint), so a failure later keeps what came 
 
 
 @dataclass
-class ModelRef:
-    """A model under evaluation: a local directory, or a name served at an endpoint."""
+class EvalModel:
+    """A model under evaluation: a local directory (``ref``, its ``ModelRef``), or a name served
+    at an endpoint. ``path`` and ``content_hash`` are the local model's ``ref.base`` and
+    ``ref.content_hash``, as the report writes them; ``ref`` itself stays out of the JSON."""
 
     role: str
     name: str
-    path: Path | None = None
-    content_hash: str | None = None
+    path: Path | None = field(init=False, default=None)
+    content_hash: str | None = field(init=False, default=None)
     endpoint: str | None = None
     served_identity: str | None = None  # endpoint + name + the model path the server reports
+    ref: ModelRef | None = field(default=None, metadata={"json": False})
+
+    def __post_init__(self) -> None:
+        if self.ref is not None:
+            self.path, self.content_hash = self.ref.base, self.ref.content_hash
 
     @property
     def cache_id(self) -> str | None:
@@ -127,7 +135,7 @@ class GenerationCache:
 
 
 def cached_generate(
-    models: list[ModelRef],
+    models: list[EvalModel],
     requests: list[Request],
     sampling: Sampling,
     backend: Backend,

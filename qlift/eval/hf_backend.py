@@ -9,7 +9,7 @@ from typing import Any
 
 from qlift.errors import ExternalToolError, QliftError
 from qlift.eval.backend import Backend
-from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
+from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
 from qlift.models.chat import prompt_token_ids
 from qlift.progress import bar
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class TransformersBackend(Backend):
     name = "transformers"
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+    def generate(self, model: EvalModel, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         try:
             return self._generate(model, requests, sampling)
@@ -31,7 +31,7 @@ class TransformersBackend(Backend):
                 hint="Rerun with --debug for the traceback.", tool="transformers",
             ) from exc
 
-    def _generate(self, model: ModelRef, requests: list[Request], sampling: Sampling) -> list[Generation]:
+    def _generate(self, model: EvalModel, requests: list[Request], sampling: Sampling) -> list[Generation]:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -15,9 +15,9 @@ from qlift.eval.compare import MetricSummary, summarize
 from qlift.eval.gates import Gate, GateResult, parse_gate
 from qlift.eval.generation import (
     CacheStats,
+    EvalModel,
     Generation,
     GenerationCache,
-    ModelRef,
     Request,
     Sampling,
     cached_generate,
@@ -25,7 +25,8 @@ from qlift.eval.generation import (
 from qlift.eval.metrics import METRICS, applies, parse_metrics, score
 from qlift.eval.options import EvalOptions
 from qlift.eval.prompts import Example, load_prompts
-from qlift.fsutil import check_output_path, write_json_atomic
+from qlift.fsutil import check_output_path
+from qlift.models.ref import ModelRef
 from qlift.settings import eval_cache_dir, vllm_python
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,8 @@ class ExampleRow:
 
 @dataclass
 class EvalResult:
-    candidate: ModelRef
-    baseline: ModelRef | None
+    candidate: EvalModel
+    baseline: EvalModel | None
     prompts: str
     examples_count: int
     backend: str
@@ -97,33 +98,7 @@ def _make_backend(name: str, *, concurrency: int, max_model_len: int, api_key: s
     return TransformersBackend()
 
 
-def model_content_hash(path: Path) -> str:
-    """The lineage content hash of a model dir; file hashes are remembered by (size, mtime).
-
-    A dir with a ``qlift.json`` reuses its recorded hashes; one without (a hand-made
-    checkpoint) reuses those of the last eval, so a 15 GB model is hashed once, not per run.
-    """
-    import hashlib
-    import json
-    from dataclasses import asdict
-
-    from qlift.lineage import content_hash, hash_files, read_manifest
-
-    path = path.resolve()
-    memo = eval_cache_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
-    known = (read_manifest(path) or {}).get("outputs")
-    if not known:
-        try:
-            known = json.loads(memo.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            known = None
-    records = hash_files(path, known)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(memo, {k: asdict(v) for k, v in records.items()}, indent=None)
-    return content_hash(records)
-
-
-def _local_model(role: str, path_str: str, *, chat: bool) -> ModelRef:
+def _local_model(role: str, path_str: str, *, chat: bool) -> EvalModel:
     """``chat``: the prompts have 'messages', which only a model with a chat template can render."""
     from qlift.models import ModelDir
 
@@ -133,7 +108,8 @@ def _local_model(role: str, path_str: str, *, chat: bool) -> ModelRef:
         raise IncompatibleError(f"the {role} model {path_str} has no chat template, so the prompt file's "
                                 "'messages' cannot be rendered",
                                 hint="Use 'prompt' instead of 'messages' for this model.")
-    return ModelRef(role=role, name=str(path_str), path=md.path, content_hash=model_content_hash(md.path))
+    # File hashes remembered under the eval cache: a hand-made checkpoint is hashed once, not per run.
+    return EvalModel(role, str(path_str), ref=ModelRef.of(md.path, memo=eval_cache_dir() / "hashes"))
 
 
 def _check_gates(gates: list[Gate], examples: list[Example], has_baseline: bool, prompts: Path) -> None:
@@ -203,9 +179,9 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
 
     if kind == "endpoint":
         assert endpoint is not None
-        models = [ModelRef("candidate", model_name or candidate, endpoint=endpoint)]
+        models = [EvalModel("candidate", model_name or candidate, endpoint=endpoint)]
         if baseline is not None:
-            models.append(ModelRef("baseline", baseline, endpoint=baseline_endpoint or endpoint))
+            models.append(EvalModel("baseline", baseline, endpoint=baseline_endpoint or endpoint))
     else:
         chat = any(ex.messages is not None for ex in examples)
         models = [_local_model("candidate", candidate, chat=chat)]
@@ -277,7 +253,7 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
 UNEQUAL_LOAD = 1.0  # load-average difference (runnable processes) from which timings are not comparable
 
 
-def latency_warning(candidate: ModelRef, baseline: ModelRef, load: dict[str, float]) -> str | None:
+def latency_warning(candidate: EvalModel, baseline: EvalModel, load: dict[str, float]) -> str | None:
     """Why candidate and baseline latencies are not a like-for-like comparison, if they are not."""
     if candidate.endpoint and (candidate.endpoint, candidate.name) != (baseline.endpoint, baseline.name):
         return (f"latency was timed on two servers ({candidate.name} at {candidate.endpoint}, {baseline.name} at "
@@ -294,7 +270,7 @@ def _value(s: Any) -> float | None:
     return None if s is None else float(s.value)
 
 
-def _inputs(models: list[ModelRef], prompts: Path) -> dict[str, Path]:
+def _inputs(models: list[EvalModel], prompts: Path) -> dict[str, Path]:
     inputs = {m.role: m.path for m in models if m.path is not None}
     return {**inputs, "prompts": Path(prompts)}
 

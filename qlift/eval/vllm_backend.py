@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from qlift.eval.backend import Backend
-from qlift.eval.generation import Generation, ModelRef, OnResult, Request, Sampling
+from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
 from qlift.eval.vllm_job import VllmEvalJob, VllmEvalResult
 from qlift.vllm.worker import run_worker
 
@@ -24,7 +24,7 @@ class VllmBackend(Backend):
         self.max_model_len = max_model_len
         self.timeout_s = timeout_s
 
-    def generate(self, model: ModelRef, requests: list[Request], sampling: Sampling,
+    def generate(self, model: EvalModel, requests: list[Request], sampling: Sampling,
                  on_result: OnResult | None = None) -> list[Generation]:
         assert model.path is not None
         from qlift.cpu_support import require_cpu_support

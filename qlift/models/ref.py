@@ -10,11 +10,14 @@ files), the same digest `qlift eval` writes as ``candidate.content_hash`` and `q
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qlift.lineage import describe_input
+from qlift import lineage
+from qlift.fsutil import write_json_atomic
 
 
 class AdapterRef(BaseModel):
@@ -32,26 +35,48 @@ class ModelRef(BaseModel):
     content_hash: str = Field(description="sha256 over the base's and the adapters' lineage content hashes.")
 
     @classmethod
-    def of(cls, base: Path, adapters: tuple[AdapterRef, ...] | list[AdapterRef] = ()) -> ModelRef:
-        """Hash ``base`` (and ``adapters``) now; cheap for a dir whose qlift.json still matches its files."""
-        return cls(base=Path(base), adapters=tuple(adapters), content_hash=ref_hash(Path(base), tuple(adapters)))
+    def of(cls, base: Path, adapters: tuple[AdapterRef, ...] | list[AdapterRef] = (), *,
+           memo: Path | None = None) -> ModelRef:
+        """Hash ``base`` (and ``adapters``) now; cheap for a dir whose qlift.json still matches its files.
+        ``memo``: see ``dir_hash``."""
+        return cls(base=Path(base), adapters=tuple(adapters),
+                   content_hash=ref_hash(Path(base), tuple(adapters), memo=memo))
 
     @property
     def short(self) -> str:
         return self.content_hash.removeprefix("sha256:")[:12]
 
 
-def dir_hash(path: Path) -> str:
-    """The lineage content hash of a file or directory (the eval gate's and every manifest's digest)."""
-    return describe_input("model", Path(path))[0].content_hash
+def dir_hash(path: Path, memo: Path | None = None) -> str:
+    """The lineage content hash of a file or directory (the eval gate's and every manifest's digest).
+
+    ``memo``: a folder remembering a directory's file hashes by (size, mtime), for a directory
+    without a ``qlift.json`` (a hand-made checkpoint), so a 15 GB model is hashed once, not per run.
+    The digest is the same with or without it.
+    """
+    path = Path(path)
+    if memo is None or not path.is_dir():
+        return lineage.describe_input("model", path)[0].content_hash
+    path = path.resolve()
+    file = memo / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    known = (lineage.read_manifest(path) or {}).get("outputs")
+    if not known:
+        try:
+            known = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = None
+    records = lineage.hash_files(path, known)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(file, {k: asdict(v) for k, v in records.items()}, indent=None)
+    return lineage.content_hash(records)
 
 
-def ref_hash(base: Path, adapters: tuple[AdapterRef, ...] = ()) -> str:
+def ref_hash(base: Path, adapters: tuple[AdapterRef, ...] = (), *, memo: Path | None = None) -> str:
     """A plain directory's lineage hash; with adapters, one digest over base and (name, hash) of each."""
-    base_hash = dir_hash(base)
+    base_hash = dir_hash(base, memo)
     if not adapters:
         return base_hash
     h = hashlib.sha256(base_hash.encode())
     for a in adapters:
-        h.update(f"\n{a.name}\0{dir_hash(a.path)}".encode())
+        h.update(f"\n{a.name}\0{dir_hash(a.path, memo)}".encode())
     return "sha256:" + h.hexdigest()

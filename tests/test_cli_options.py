@@ -11,12 +11,15 @@ import click
 import pytest
 from test_bad_input import one_line
 
+from qlift.cli.bench import bench_cmd
 from qlift.cli.eval import eval_cmd
 from qlift.cli.merge import merge_cmd
 from qlift.cli.quantize import quantize_cmd
+from qlift.cli.tune import tune_cmd
 from qlift.eval.options import EvalOptions
 from qlift.merge.options import MergeOptions
 from qlift.options import field_docs, field_flag
+from qlift.perf.options import BenchOptions, TuneOptions
 from qlift.quantize.options import QuantizeOptions
 
 # command: (its options class, fields it spells its own way, its own parameters, the least it runs with)
@@ -25,6 +28,10 @@ COMMANDS: dict[str, tuple[click.Command, type, set[str], set[str], list[str]]] =
     "quantize": (quantize_cmd, QuantizeOptions, {"method"}, {"model", "awq", "fp8", "output"},
                  ["m", "--awq", "-o", "o"]),
     "eval": (eval_cmd, EvalOptions, set(), {"candidate"}, ["c", "--prompts", "p.jsonl"]),
+    "bench": (bench_cmd, BenchOptions, set(), {"endpoint", "model", "baseline", "plot", "out", "force"},
+              ["--endpoint", "http://127.0.0.1:9", "--model", "m"]),
+    "tune": (tune_cmd, TuneOptions, set(), {"model", "out", "force", "plot"},
+             ["m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "t.yaml"]),
 }
 
 
@@ -67,6 +74,14 @@ BAD_VALUES = [
     (["eval", "c", "--prompts", "p.jsonl", "--backend", "ollama"], "--backend"),
     (["eval", "c", "--prompts", "p.jsonl", "--endpoint", "ftp://x"], "--endpoint"),
     (["eval", "c", "--prompts", "p.jsonl", "--max-model-len", "8"], "--max-model-len"),
+    (["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--concurrency", "0,2"], "--concurrency"),
+    (["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--timeout", "0"], "--timeout"),
+    (["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--slo", "ttft=0ms"], "--slo"),
+    (["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--seed", str(2**31)], "--seed"),
+    (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "{out}", "--workload", "batch"], "--workload"),
+    (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "{out}", "--point-budget", "0"], "--point-budget"),
+    (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "{out}", "--slo", "gap=0ms"], "--slo"),
+    (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs", "-o", "{out}"], "--grid"),
 ]
 
 

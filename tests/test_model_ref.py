@@ -51,14 +51,58 @@ def test_adapters_change_the_hash_in_content_name_and_order(tmp_path: Path) -> N
     assert ModelRef.of(base, [AdapterRef(name="a", path=a)]).content_hash != one
 
 
-def test_eval_report_candidate_hash_is_the_model_ref(tmp_path: Path, run_cli, tiny_qwen2_tied: Path) -> None:
+def _eval(run_cli, model: Path, rep: Path, gate: str = "length >= 0") -> dict:  # type: ignore[no-untyped-def,type-arg]
+    r = run_cli("eval", model, "--prompts", SMOKE, "--backend", "transformers", "--max-tokens", "2",
+                "--bootstrap", "100", "--metrics", "length", "--gate", gate, "--report", rep)
+    assert r.exit_code in (0, 10), r.output
+    return json.loads((rep / "report.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_eval_report_candidate_hash_is_the_model_ref(tmp_path: Path, run_cli, tiny_qwen2_tied: Path) -> None:  # type: ignore[no-untyped-def]
     model = tmp_path / "hand-made"  # no qlift.json: eval hashes the files (and remembers them)
     shutil.copytree(tiny_qwen2_tied, model, ignore=shutil.ignore_patterns("qlift.json"))
-    rep = tmp_path / "rep"
-    r = run_cli("eval", model, "--prompts", SMOKE, "--backend", "transformers", "--max-tokens", "2",
-                "--bootstrap", "100", "--report", rep)
-    assert r.exit_code == 0, r.output
-    report = json.loads((rep / "report.json").read_text())
+    report = _eval(run_cli, model, tmp_path / "rep")
     assert report["candidate"]["content_hash"] == ModelRef.of(model).content_hash
     # the report keeps its shape: the EvalModel's ref stays out of it
     assert set(report["candidate"]) == {"role", "name", "path", "content_hash", "endpoint", "served_identity"}
+
+
+def test_eval_gate_matches_the_spec_canary_hash(tmp_path: Path, run_cli, tiny_qwen2_untied: Path,  # type: ignore[no-untyped-def]
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from faults import RouterProcess, TinyBackend
+
+    from qlift.errors import GateFailedError
+    from qlift.rollout.api import _eval_gate
+    from qlift.rollout.evalgate import check_eval_report
+    from qlift.rollout.spec import RolloutSpec
+    from qlift.router.client import RouterClient
+
+    _eval(run_cli, tiny_qwen2_untied, tmp_path / "pass")
+    _eval(run_cli, tiny_qwen2_untied, tmp_path / "fail", gate="length >= 1000")
+    ref = ModelRef.of(tiny_qwen2_untied)
+    other = "sha256:" + "0" * 64
+    assert check_eval_report(tmp_path / "pass", canary_hash=ref.content_hash)["content_hash"] == ref.content_hash
+    with pytest.raises(GateFailedError, match="is not the model"):
+        check_eval_report(tmp_path / "pass", canary_hash=other)
+    with pytest.raises(GateFailedError, match="did not pass"):
+        check_eval_report(tmp_path / "fail", canary_hash=ref.content_hash)
+    # The hash comes first: no server is asked which dir it serves (this one is not even running).
+    spec = RolloutSpec(stable="stable", canary="canary", router="http://127.0.0.1:9", eval_report=tmp_path / "pass",
+                       canary_hash=ref.content_hash)
+    assert _eval_gate(spec, {"canary": "http://127.0.0.1:9"}) is not None
+
+    token = "model-ref-token"
+    monkeypatch.setenv("QLIFT_ROUTER_TOKEN", token)
+    with TinyBackend("m-stable") as a, TinyBackend("m-canary") as b:
+        router = RouterProcess("--backend", f"stable={a.url}@m-stable", "--backend", f"canary={b.url}@m-canary",
+                               "--weight", "stable=100", "--weight", "canary=0", "--public-model", "pub",
+                               log_path=tmp_path / "router.log", token=token).start()
+        try:
+            spec_file = tmp_path / "rollout.yaml"
+            spec_file.write_text(f"eval_report: {tmp_path / 'pass'}\ncanary_hash: '{other}'\n")
+            r = run_cli("promote", "start", "-f", spec_file, "--router", router.url, "--stable", "stable",
+                        "--canary", "canary", "--interval", "1s", "--journal", tmp_path / "j.sqlite", "--json")
+            assert r.exit_code == 10 and "is not the model" in r.stderr, r.output
+            assert RouterClient(router.url, token).state().weights == {"stable": 100, "canary": 0}
+        finally:
+            router.stop()

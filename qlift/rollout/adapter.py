@@ -288,7 +288,7 @@ def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, 
     from qlift.rollout.api import default_journal, start
 
     journal_path = Path(journal_path or default_journal())
-    if spec.eval_report is not None and spec.canary_model is None:
+    if spec.eval_report is not None and spec.canary_model is None and spec.canary_hash is None:
         # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
         from qlift.rollout.evalgate import check_eval_report
 

@@ -48,6 +48,10 @@ def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str],
         return None
     from qlift.rollout.evalgate import check_eval_report, served_model_dir
 
+    if spec.canary_hash is not None:
+        result = check_eval_report(spec.eval_report, canary_hash=spec.canary_hash)
+        log.info("eval report %s passed for the canary's model %s", spec.eval_report, spec.canary_hash)
+        return result
     model = spec.canary_model
     if model is None and spec.canary in backend_urls:
         # A version on a multi-LoRA server is (URL, model name): look that model up, not the server's first.

@@ -5,9 +5,10 @@ digest `qlift eval` and every qlift manifest compute: path, size and sha256 of e
 must equal the hash of the canary's model dir. The report's own manifest is checked too,
 so an edited report.json is refused.
 
-The canary's model dir is ``--canary-model DIR`` when given, else the ``root`` that the
-canary's vLLM server reports in ``/v1/models`` (the ``--model`` it was started with), when
-that is a directory on this machine.
+The canary's hash is the spec's ``canary_hash`` when given (its ``ModelRef`` content hash, as
+`qlift serve` records it and `qlift release` passes it); otherwise that of its model dir:
+``--canary-model DIR`` when given, else the ``root`` that the canary's vLLM server reports in
+``/v1/models`` (the ``--model`` it was started with), when that is a directory on this machine.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import httpx
 
 from qlift.errors import BadInputError, GateFailedError, IntegrityError, NotFoundError
 from qlift.fsutil import sha256_file
-from qlift.lineage import describe_input, read_manifest
+from qlift.lineage import read_manifest
+from qlift.models.ref import dir_hash
 
 
 def served_model_dir(backend_url: str, model: str | None = None) -> Path | None:
@@ -52,8 +54,10 @@ def read_report(report_dir: Path) -> dict[str, Any]:
     return data
 
 
-def check_eval_report(report_dir: Path, canary_model: Path, base_model: Path | None = None) -> dict[str, Any]:
-    """Raise unless ``report_dir`` is a passing eval of exactly ``canary_model``; return a summary.
+def check_eval_report(report_dir: Path, canary_model: Path | None = None, base_model: Path | None = None, *,
+                      canary_hash: str | None = None) -> dict[str, Any]:
+    """Raise unless ``report_dir`` is a passing eval of exactly the canary: the model whose
+    ``ModelRef`` content hash is ``canary_hash``, else the dir ``canary_model``; return a summary.
     A LoRA adapter dir (served unmerged on ``base_model``) matches by lineage too, see
     ``qlift.rollout.adapter.adapter_matches_report``."""
     report = read_report(report_dir)
@@ -63,17 +67,25 @@ def check_eval_report(report_dir: Path, canary_model: Path, base_model: Path | N
         raise BadInputError("the report has no candidate content hash (evaluated through an endpoint?)",
                             path=Path(report_dir) / "report.json", field="candidate.content_hash",
                             hint="Evaluate the model directory itself so the report can be matched.")
-    got = describe_input("canary", Path(canary_model))[0].content_hash
-    matched = got == want
-    if not matched and (Path(canary_model) / "adapter_config.json").is_file():
-        from qlift.rollout.adapter import adapter_matches_report
+    if canary_hash is not None:
+        got, what = canary_hash, "the canary's model"
+        matched = got == want
+        hint = "Evaluate the model the canary serves, or give the canary_hash of the evaluated model."
+    else:
+        if canary_model is None:
+            raise BadInputError("the eval gate needs the canary's model dir or its content hash",
+                                field="--canary-model", hint="Pass --canary-model DIR.")
+        got, what = dir_hash(Path(canary_model)), f"the canary's model {canary_model}"
+        matched = got == want
+        if not matched and (Path(canary_model) / "adapter_config.json").is_file():
+            from qlift.rollout.adapter import adapter_matches_report
 
-        matched = adapter_matches_report(report, Path(canary_model), base_model) is not None
+            matched = adapter_matches_report(report, Path(canary_model), base_model) is not None
+        hint = "Evaluate the model the canary serves, or point --canary-model at the evaluated dir."
     if not matched:
         raise GateFailedError(
-            f"the canary's model {canary_model} ({got[:19]}...) is not the model the eval report "
-            f"{report_dir} evaluated ({want[:19]}...)",
-            hint="Evaluate the model the canary serves, or point --canary-model at the evaluated dir.")
+            f"{what} ({got[:19]}...) is not the model the eval report {report_dir} evaluated ({want[:19]}...)",
+            hint=hint)
     if not report.get("passed"):
         failed = [g.get("expr") for g in report.get("gates", []) if not g.get("passed")]
         raise GateFailedError(f"the eval report {report_dir} did not pass (failed gates: {', '.join(failed)})",

@@ -208,6 +208,10 @@ class RolloutSpec(_Strict):
     inference_ext: InferenceExtSpec | None = None
     eval_report: Path | None = Field(None, description="A passing `qlift eval --report` dir for the canary.")
     canary_model: Path | None = Field(None, description="The canary's model dir (default: asked from its server).")
+    canary_hash: str | None = Field(
+        None, description="The canary's ModelRef content hash (`qlift serve` records it as model.content_hash); "
+        "when set, the eval gate matches the eval report's candidate.content_hash against it instead of asking "
+        "the server which model dir it serves.")
     webhook: str | None = Field(None, description="URL that gets a JSON POST on every decision.")
     shadow: ShadowSpec | None = Field(None, description="A shadow phase before the first step (qlift router only).")
 

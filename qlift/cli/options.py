@@ -48,7 +48,7 @@ def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callabl
     if meta.get("flag_pair"):
         return click.option(f"{opt}/--no-{opt.removeprefix('--')}", name, default=default,
                             show_default=default is not None, **common)
-    if isinstance(default, bool):  # False: --x turns it on; True: the --no-x its flag names turns it off
+    if isinstance(default, bool):  # False: --x turns it on; True: its flag (e.g. --no-cache) turns it off
         return click.option(*names, name, is_flag=True, flag_value=not default, default=default, **common)
     kind, multiple = _base_type(hint)
     show = default not in (None, (), {}) and default is not dataclasses.MISSING
@@ -57,7 +57,7 @@ def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callabl
         if isinstance(default, tuple):  # shown as it is typed; Parsed parses it back
             default = ",".join(map(str, default))
     elif "choices" in meta:
-        texts = {text: value for text, value in zip(choice_texts(field), _choice_values(field), strict=True)}
+        texts = dict(zip(choice_texts(field), _choice_values(field), strict=True))  # CLI spelling -> value
         kind = click.Choice(list(texts))
         common["callback"] = lambda ctx, param, value: texts.get(value, value)
         if default is None and meta.get("none"):

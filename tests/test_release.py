@@ -131,6 +131,10 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     plan = json.loads(run_cli("release", "run", f, "--dry-run", "--json").stdout)["stages"]
     assert [s["action"] for s in plan] == ["skip", "skip", "skip"]
     assert plan[1]["reason"] == f"cached {plan[1]['key'][7:19]}"
+    # --out: the same file's release in another place starts from nothing there.
+    other = json.loads(run_cli("release", "run", f, "--dry-run", "--out", tmp_path / "elsewhere", "--json").stdout)
+    assert other["out"] == str((tmp_path / "elsewhere").resolve())
+    assert [s["action"] for s in other["stages"]] == ["skip", "run", "blocked"]
 
     # Only a gate changes: eval runs again, merge is reused (same output dir, untouched).
     mtime = (merged / "qlift.json").stat().st_mtime_ns

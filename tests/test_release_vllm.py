@@ -42,6 +42,8 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     # The running server's model dir, asked from its /v1/models, is the candidate ModelRef.
     assert stages["canary"]["result"]["content_hash"] == dir_hash(canary_dir)
     assert stages["promote"]["result"]["state"] == "promoted"
+    traffic = stages["promote"]["result"]["traffic"]
+    assert traffic["sent"] > 0 and traffic["failed"] == 0 and traffic["statuses"] == {"200": traffic["sent"]}
     assert "requests through the router" in r.stderr
 
     # The router the release started is stopped, by pid, and journaled as such.

@@ -21,6 +21,8 @@ Examples:
 
 FILE = click.argument("file", type=click.Path(path_type=Path, dir_okay=False), default=Path("release.yaml"),
                       required=False)
+OUT = click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
+                   help="Outputs and journal here instead of the file's `out:` (a second copy of the release).")
 
 
 @click.group("release", epilog=GROUP_EPILOG)
@@ -40,8 +42,9 @@ def release_group() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan (run / skip (cached KEY) / blocked) and run nothing.")
 @click.option("--from", "from_stage", metavar="STAGE", default=None,
               help="Run STAGE and every stage after it again, even where cached ('base' for all).")
+@OUT
 @json_option
-def run_cmd(file: Path, dry_run: bool, from_stage: str | None) -> None:
+def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None) -> None:
     """Run the release in FILE (default: ./release.yaml), one progress line per stage.
 
     \b
@@ -53,7 +56,7 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None) -> None:
     from qlift.errors import QliftError
     from qlift.release import load_release, run_release
 
-    release = load_release(file)
+    release = _with_out(load_release(file), out)
     reports: list[Any] = []
     try:
         run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress, reports=reports)
@@ -71,6 +74,12 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None) -> None:
           "stages": reports}, human)
 
 
+def _with_out(release: Any, out: Path | None) -> Any:
+    import dataclasses
+
+    return release if out is None else dataclasses.replace(release, out=out.resolve())
+
+
 def _progress(line: str) -> None:
     if not STATE.quiet:
         click.echo(line, err=True)
@@ -78,8 +87,9 @@ def _progress(line: str) -> None:
 
 @release_group.command("status")
 @FILE
+@OUT
 @json_option
-def status_cmd(file: Path) -> None:
+def status_cmd(file: Path, out: Path | None) -> None:
     """Each stage's state in FILE's journal: its current key, last state, output and when.
 
     \b
@@ -90,7 +100,7 @@ def status_cmd(file: Path) -> None:
     from qlift.release import load_release
     from qlift.release.journal import NAME, ReleaseJournal
 
-    release = load_release(file)
+    release = _with_out(load_release(file), out)
     path = release.out / NAME
     stages: list[dict[str, Any]] = []
     last_run = None

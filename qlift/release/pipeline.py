@@ -416,11 +416,13 @@ class LivePlan:
             with live.Traffic(router_url, public, s.load) as traffic:
                 final = live.promote(spec, journal, token)
             sent = sum(traffic.status.values())
-            p.echo(f"{s.name}: {sent} requests through the router, {sent - traffic.status[200]} failed")
+            load = {"sent": sent, "failed": sent - traffic.status[200],
+                    "statuses": {str(k): n for k, n in traffic.status.items()}}
+            p.echo(f"{s.name}: {sent} requests through the router, {load['failed']} failed")
         else:
-            final = live.promote(spec, journal, token)
+            final, load = live.promote(spec, journal, token), None
         result = {"state": final.state, "reason": final.reason, "journal": str(journal),
-                  "rollout": status(journal)}
+                  **({"traffic": load} if load else {}), "rollout": status(journal)}
         try:
             raise_for_outcome(final)
         except GateFailedError:

@@ -198,7 +198,7 @@ def load_release(path: Path) -> Release:
         if entry.stage in MODEL_KINDS:
             models.append(name)
     _check_flow(stages, path)
-    return Release(path, raw.name, here / raw.out, base, adapters, tuple(stages))
+    return Release(path, raw.name, (here / raw.out).resolve(), base, adapters, tuple(stages))
 
 
 def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, models: list[str]) -> Any:

@@ -106,3 +106,23 @@ def test_eval_gate_matches_the_spec_canary_hash(tmp_path: Path, run_cli, tiny_qw
             assert RouterClient(router.url, token).state().weights == {"stable": 100, "canary": 0}
         finally:
             router.stop()
+
+
+def test_serve_dry_run_carries_the_model_ref(run_cli, tiny_qwen2_tied: Path, tiny_lora_tied: Path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    plain = json.loads(run_cli("serve", tiny_qwen2_tied, "--recipe", "cpu", "--dry-run", "--json").stdout)
+    assert plain["model_ref"] == {"base": str(tiny_qwen2_tied.resolve()), "adapters": [],
+                                  "content_hash": ModelRef.of(tiny_qwen2_tied).content_hash}
+    res = run_cli("serve", tiny_qwen2_tied, "--recipe", "cpu", "--lora", f"tickets={tiny_lora_tied}",
+                  "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    lora = json.loads(res.stdout)["model_ref"]
+    want = ModelRef.of(tiny_qwen2_tied, [AdapterRef(name="tickets", path=tiny_lora_tied)])
+    assert lora["adapters"] == [{"name": "tickets", "path": str(tiny_lora_tied.resolve())}]
+    assert lora["content_hash"] == want.content_hash != plain["model_ref"]["content_hash"]
+    human = run_cli("serve", tiny_qwen2_tied, "--recipe", "cpu", "--lora", f"tickets={tiny_lora_tied}",
+                    "--dry-run").stdout
+    assert f"# model version {want.content_hash} (+ adapter tickets)" in human
+    assert not (Path(os.environ["QLIFT_HOME"]) / "runs").exists()  # a dry run writes nothing
+    # A launch writes the same into RUN_DIR/model.json and its --json ready line (test_serve.py, vLLM).

@@ -202,6 +202,8 @@ def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2: Served) -> N
     assert config["max-model-len"] == 2048 and config["served-model-name"] == "smol"
     assert config["api-server-count"] == 2
     assert "Started 2 API server processes" in (run_dir / "vllm.log").read_text()
+    assert json.loads((run_dir / "model.json").read_text()) == ready["model_ref"]  # the version served
+    assert ready["model_ref"]["adapters"] == [] and ready["model_ref"]["content_hash"].startswith("sha256:")
     _stop_and_check(s, signal.SIGINT)
     for text in (s.text(), (run_dir / "config.yaml").read_text(), (run_dir / "plan.json").read_text()):
         assert SECRET not in text

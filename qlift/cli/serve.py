@@ -12,6 +12,7 @@ import click
 
 from qlift.cli.output import STATE, emit, human_bytes, json_option
 from qlift.cli.params import PORT, SECONDS, count
+from qlift.serialize import to_jsonable
 
 if TYPE_CHECKING:
     from qlift.hardware import Hardware
@@ -184,7 +185,8 @@ def _stderr_write(text: str) -> None:
 
 def _ready(spec: LaunchSpec, pid: int) -> None:
     info = {"status": "ready", "base_url": f"{spec.base_url}/v1", "model": spec.served_model_name,
-            "pid": pid, "run_dir": str(spec.run_dir), "log": str(spec.run_dir / "vllm.log")}
+            "pid": pid, "run_dir": str(spec.run_dir), "log": str(spec.run_dir / "vllm.log"),
+            "model_ref": to_jsonable(spec.model_ref)}
     if STATE.json:  # one line, so a supervisor can read it while the server runs
         click.echo(json.dumps(info))
         sys.stdout.flush()
@@ -197,11 +199,14 @@ def _dry_run_result(spec: LaunchSpec) -> dict[str, Any]:
     return {"argv": spec.argv, "command": shlex.join(spec.argv), "config": spec.config_yaml,
             "config_path": str(spec.run_dir / "config.yaml"), "recipe": spec.recipe,
             "recipe_reason": spec.recipe_reason, "env": spec.env,
-            "api_key_env": spec.api_key_env, "plan": spec.plan, "notes": spec.notes}
+            "api_key_env": spec.api_key_env, "plan": spec.plan, "notes": spec.notes, "model_ref": spec.model_ref}
 
 
 def _print_dry_run(spec: LaunchSpec) -> None:
     click.echo(f"# recipe {spec.recipe}: {spec.recipe_reason}")
+    if spec.model_ref is not None:
+        click.echo(f"# model version {spec.model_ref.content_hash}"
+                   + "".join(f" (+ adapter {a.name})" for a in spec.model_ref.adapters))
     if spec.env:
         click.echo("# environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))
     if spec.api_key_env:

@@ -26,7 +26,7 @@ from qlift.eval.metrics import METRICS, applies, parse_metrics, score
 from qlift.eval.options import EvalOptions
 from qlift.eval.prompts import Example, load_prompts
 from qlift.fsutil import check_output_path
-from qlift.models.ref import ModelRef
+from qlift.models.ref import ModelRef, hash_memo
 from qlift.settings import eval_cache_dir, vllm_python
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ def _local_model(role: str, path_str: str, *, chat: bool) -> EvalModel:
         raise IncompatibleError(f"the {role} model {path_str} has no chat template, so the prompt file's "
                                 "'messages' cannot be rendered",
                                 hint="Use 'prompt' instead of 'messages' for this model.")
-    # File hashes remembered under the eval cache: a hand-made checkpoint is hashed once, not per run.
-    return EvalModel(role, str(path_str), ref=ModelRef.of(md.path, memo=eval_cache_dir() / "hashes"))
+    # File hashes remembered: a hand-made checkpoint is hashed once, not per run.
+    return EvalModel(role, str(path_str), ref=ModelRef.of(md.path, memo=hash_memo()))
 
 
 def _check_gates(gates: list[Gate], examples: list[Example], has_baseline: bool, prompts: Path) -> None:

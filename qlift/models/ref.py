@@ -47,6 +47,14 @@ class ModelRef(BaseModel):
         return self.content_hash.removeprefix("sha256:")[:12]
 
 
+def hash_memo() -> Path:
+    """Where remembered file hashes live: the eval cache's ``hashes`` folder, where `qlift eval`
+    has always kept them, so eval and serve hash a hand-made checkpoint once between them."""
+    from qlift.settings import eval_cache_dir
+
+    return eval_cache_dir() / "hashes"
+
+
 def dir_hash(path: Path, memo: Path | None = None) -> str:
     """The lineage content hash of a file or directory (the eval gate's and every manifest's digest).
 

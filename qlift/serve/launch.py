@@ -25,6 +25,7 @@ from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
 from qlift.fsutil import write_json_atomic
 from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
+from qlift.models.ref import AdapterRef, ModelRef, hash_memo
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
@@ -55,6 +56,7 @@ class LaunchSpec:
     plan: MemoryPlan
     api_key_env: str | None = None
     notes: list[str] = field(default_factory=list)
+    model_ref: ModelRef | None = None  # the version served: the model and the --lora adapters, by content hash
 
     @property
     def base_url(self) -> str:
@@ -182,6 +184,9 @@ def prepare(
         engine.update(lora.engine)
         env.update(lora.env)
         notes += lora.notes
+    # Cheap for a dir whose qlift.json still matches its files; others are hashed once, then remembered.
+    ref = ModelRef.of(md.path.resolve(), [AdapterRef(name=n, path=Path(p).resolve()) for n, p in (loras or {}).items()],
+                      memo=hash_memo())
     run_dir = new_run_dir(served)
     port = port or free_port(host)  # 0: any free port, fixed now so config, argv and URL agree
     server = config_server(md.path, run_dir, host, port, served, engine, env)
@@ -189,7 +194,7 @@ def prepare(
         model=md.path, recipe=chosen.name, recipe_reason=planned.reason, served_model_name=served, host=host,
         port=port, engine_args=engine, env=env, run_dir=run_dir, argv=server.argv(),
         config_yaml=config_yaml(md.path.resolve(), host, port, served, engine), plan=plan,
-        api_key_env=api_key_env, notes=notes + plan.notes,
+        api_key_env=api_key_env, notes=notes + plan.notes, model_ref=ref,
     )
 
 
@@ -269,6 +274,8 @@ def run(
     from qlift.serialize import to_jsonable
 
     write_json_atomic(spec.run_dir / "plan.json", to_jsonable(spec.plan))
+    if spec.model_ref is not None:
+        write_json_atomic(spec.run_dir / "model.json", to_jsonable(spec.model_ref))
     env = dict(spec.env)
     if spec.api_key_env:
         env[API_KEY_VAR] = os.environ[spec.api_key_env]

@@ -61,6 +61,8 @@ BAD = [
     ({"stage": "promote", "options": {"analysis": {"min_requests": 0}}}, "promote", "options.analysis.min_requests",
      "greater than"),
     ({"stage": "promote", "options": {"steps": [10, 50], "colour": 1}}, "promote", "options.colour", "xtra"),
+    ({"stage": "promote", "options": {"canary_hash": "sha256:0"}}, "promote", "options.canary_hash",
+     "set by the release"),
 ]
 
 

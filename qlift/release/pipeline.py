@@ -405,7 +405,7 @@ class LivePlan:
 
         candidate = next(m for n, m in self.models.items() if p.release.stage(n).options.role == "candidate")
         spec = {**s.options, "stable": "stable", "canary": "canary", "router": router_url,
-                "canary_model": str(candidate.base)}
+                "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
         if self.eval_report is not None:
             spec["eval_report"] = str(self.eval_report)
         # One rollout journal per run: a run killed mid-promote left a rollout whose servers and

@@ -136,7 +136,7 @@ MANAGED: dict[str, dict[str, str]] = {
     "eval": {"report_dir": "the release writes the report beside its outputs",
              "force": "outputs are the release's own"},
     "promote": {k: "the release fills it from its serve and router stages"
-                for k in ("stable", "canary", "router", "backends", "canary_model")}
+                for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
                | {"eval_report": "the release passes its eval stage's report"},
 }
 

@@ -126,3 +126,17 @@ def test_serve_dry_run_carries_the_model_ref(run_cli, tiny_qwen2_tied: Path, tin
     assert f"# model version {want.content_hash} (+ adapter tickets)" in human
     assert not (Path(os.environ["QLIFT_HOME"]) / "runs").exists()  # a dry run writes nothing
     # A launch writes the same into RUN_DIR/model.json and its --json ready line (test_serve.py, vLLM).
+
+
+def test_router_backend_entry_carries_the_model_hash(tmp_path: Path, tiny_qwen2_tied: Path) -> None:
+    from faults import RouterProcess, TinyBackend
+
+    h = ModelRef.of(tiny_qwen2_tied).content_hash
+    with TinyBackend("m-stable") as a, TinyBackend("m-canary") as b:
+        cfg = tmp_path / "router.yaml"
+        cfg.write_text(json.dumps({"public_model": "pub", "backends": [
+            {"name": "stable", "url": a.url, "weight": 100, "model_hash": h},
+            {"name": "canary", "url": b.url, "weight": 0}]}))
+        with RouterProcess("--config", cfg, log_path=tmp_path / "r.log", token="model-ref-token") as router:
+            state = router.admin().state()
+            assert state.backend("stable").model_hash == h and state.backend("canary").model_hash is None

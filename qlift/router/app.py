@@ -96,7 +96,8 @@ class Router:
         self.saved = SavedState(config.state_file)
         saved_weights, saved_shadow = self.saved.load([b.name for b in config.backends])
         weights = saved_weights or weights
-        self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name]) for b in config.backends])
+        self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name], model_hash=b.model_hash)
+                                  for b in config.backends])
         self.public_model = config.public_model
         self.shadow: Shadow | None = Shadow(saved_shadow) if saved_shadow else None
         self.pair_ring = PairRing()

@@ -35,11 +35,13 @@ class Backend:
     health_failures: int = 0
     model_listed: bool = False  # its /v1/models listed served_model since it last became healthy
     problem: str | None = None  # why it is out of rotation, beyond a failing /health
+    model_hash: str | None = None  # the version's ModelRef content hash, when the config gives it
 
     def state(self) -> dict[str, object]:
         return {"name": self.name, "url": redact_url(self.url), "served_model": self.served_model or "",
                 "weight": self.weight, "healthy": self.healthy, "in_flight": self.in_flight,
-                "requests": self.requests, "errors": self.errors, "problem": self.problem}
+                "requests": self.requests, "errors": self.errors, "problem": self.problem,
+                "model_hash": self.model_hash}
 
 
 def key_point(key: str) -> float:

@@ -24,6 +24,7 @@ class BackendState(BaseModel):
     requests: int
     errors: int
     problem: str | None = None  # why it is out of rotation beyond a failing /health (its model not listed)
+    model_hash: str | None = None  # the version's ModelRef content hash (the router config's model_hash)
 
 
 class ShadowState(BaseModel):

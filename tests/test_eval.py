@@ -235,10 +235,10 @@ def test_model_content_hash_is_the_lineage_hash_and_is_remembered(tmp_path: Path
     import os
 
     from qlift.lineage import describe_input
-    from qlift.models.ref import dir_hash
+    from qlift.models.ref import dir_hash, hash_memo
 
     def model_content_hash(d: Path) -> str:  # as eval hashes a local model: remembered in its cache
-        return dir_hash(d, memo=tmp_path / "eval-cache" / "hashes")
+        return dir_hash(d, memo=hash_memo())
 
     d = tmp_path / "m"
     d.mkdir()

@@ -3,8 +3,10 @@ top of it (in order), and one content hash over all of them.
 
 The hash of a plain directory is its lineage content hash (``qlift.lineage.describe_input``:
 path, size and sha256 of every file, reusing the digests a ``qlift.json`` records for unchanged
-files), the same digest `qlift eval` writes as ``candidate.content_hash`` and `qlift promote
---eval-report` matches. So a ModelRef without adapters names exactly what the eval gate checks.
+files), the digest `qlift eval` writes as ``candidate.content_hash`` (eval hashes its local
+models through ``ModelRef.of``) and the eval gate matches, against the rollout spec's
+``canary_hash`` or the canary's dir. `qlift serve` records the ModelRef it serves
+(``model.json``), and a router backend entry can carry its hash (``model_hash``).
 """
 
 from __future__ import annotations

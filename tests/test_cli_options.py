@@ -11,6 +11,7 @@ import click
 import pytest
 from test_bad_input import one_line
 
+from qlift.cli import cli
 from qlift.cli.bench import bench_cmd
 from qlift.cli.eval import eval_cmd
 from qlift.cli.merge import merge_cmd
@@ -58,7 +59,8 @@ def test_every_field_is_a_flag_with_its_doc_as_help(name: str) -> None:
 def test_no_flag_given_is_the_fields_default(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QLIFT_EVAL_API_KEY", raising=False)
     cmd, cls, excluded, _, least = COMMANDS[name]
-    given = cmd.make_context(name, list(least)).params
+    with click.Context(cli, info_name="qlift", **cli.context_settings) as parent:  # -h as well as --help
+        given = cmd.make_context(name, list(least), parent=parent).params
     for f in dataclasses.fields(cls):
         if f.name not in excluded and _default(f) is not dataclasses.MISSING:
             assert given[f.name] == _default(f), f.name

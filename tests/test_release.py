@@ -201,39 +201,47 @@ def _files(d: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != "qlift.json"}
 
 
-def test_sigkill_during_merge_resumes_there_byte_identical(tmp_path: Path, tiny_qwen2_tied: Path,
-                                                          tiny_lora_tied: Path) -> None:
-    stages = [{"stage": "merge", "options": {"verify": False, "max_shard_size": "2MB"}}]
-    ref = _write(tmp_path / "ref.yaml", tiny_qwen2_tied, tiny_lora_tied, stages, out="ref-out")
-    p = _qlift("release", "run", ref, "--json")
+KILLED_MID_WRITE = [
+    pytest.param({"stage": "merge", "options": {"verify": False, "max_shard_size": "2MB"}}, id="merge"),
+    # FP8 needs no calibration, so two runs write the same bytes; the kill lands while llm-compressor works.
+    pytest.param({"stage": "quantize", "input": "base", "options": {"method": "fp8"}}, id="quantize",
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("stage", KILLED_MID_WRITE)
+def test_sigkill_mid_stage_resumes_there_byte_identical(tmp_path: Path, tiny_qwen2_tied: Path,
+                                                        tiny_lora_tied: Path, stage: dict) -> None:
+    name = stage["stage"]
+    ref = _write(tmp_path / "ref.yaml", tiny_qwen2_tied, tiny_lora_tied, [stage], out="ref-out")
+    p = _qlift("release", "run", ref, "--json", timeout=600)
     assert p.returncode == 0, p.stderr
     want = Path(json.loads(p.stdout)["stages"][1]["output"])
 
-    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, stages)
+    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, [stage])
     journal = tmp_path / "out" / "release.sqlite"
     proc = subprocess.Popen([sys.executable, "-m", "qlift", "release", "run", str(f)], stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     killed_mid_write = False
     while time.monotonic() < deadline and proc.poll() is None:
-        partial = list((tmp_path / "out").glob(".merge-*.partial/*.safetensors"))
-        if partial:  # shards being written into the temp dir: the merge is under way
+        if list((tmp_path / "out").glob(f".{name}-*.partial")):  # its temp output exists: the stage is under way
             proc.send_signal(signal.SIGKILL)
             killed_mid_write = True
             break
         time.sleep(0.01)
     proc.wait()
-    assert killed_mid_write, "the merge finished before it could be killed"
+    assert killed_mid_write, f"the {name} finished before it could be killed"
     with sqlite3.connect(journal) as db:
-        assert db.execute("SELECT status FROM stages WHERE name='merge'").fetchone() == ("running",)
-    assert not any(p.name.startswith("merge-") for p in (tmp_path / "out").iterdir())  # nothing half-written placed
+        assert db.execute("SELECT status FROM stages WHERE name=?", (name,)).fetchone() == ("running",)
+    assert not any(p.name.startswith(f"{name}-") for p in (tmp_path / "out").iterdir())  # nothing half-written placed
 
-    p = _qlift("release", "run", f, "--json")
+    p = _qlift("release", "run", f, "--json", timeout=600)
     assert p.returncode == 0, p.stderr
-    assert "merge (merge): running (the last run did not finish it (resuming here))" in p.stderr
+    assert f"{name} ({name}): running (the last run did not finish it (resuming here))" in p.stderr
     got = Path(json.loads(p.stdout)["stages"][1]["output"])
     assert got.name == want.name  # same key
-    assert not list((tmp_path / "out").glob(".merge-*.partial"))
+    assert not list((tmp_path / "out").glob(f".{name}-*.partial"))
     assert _files(got) == _files(want)
     outputs = json.loads((got / "qlift.json").read_text())["outputs"]
     assert {k: v["sha256"] for k, v in outputs.items()} == \

@@ -13,11 +13,13 @@ from test_bad_input import one_line
 
 from qlift.cli import cli
 from qlift.cli.bench import bench_cmd
+from qlift.cli.download import download_cmd
 from qlift.cli.eval import eval_cmd
 from qlift.cli.merge import merge_cmd
 from qlift.cli.quantize import quantize_cmd
 from qlift.cli.tune import tune_cmd
 from qlift.eval.options import EvalOptions
+from qlift.hub.options import DownloadOptions
 from qlift.merge.options import MergeOptions
 from qlift.options import field_docs, field_flag
 from qlift.perf.options import BenchOptions, TuneOptions
@@ -33,6 +35,7 @@ COMMANDS: dict[str, tuple[click.Command, type, set[str], set[str], list[str]]] =
               ["--endpoint", "http://127.0.0.1:9", "--model", "m"]),
     "tune": (tune_cmd, TuneOptions, set(), {"model", "out", "force", "plot"},
              ["m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "t.yaml"]),
+    "download": (download_cmd, DownloadOptions, set(), {"repo_id"}, ["org/m"]),
 }
 
 
@@ -84,6 +87,10 @@ BAD_VALUES = [
     (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "{out}", "--point-budget", "0"], "--point-budget"),
     (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "{out}", "--slo", "gap=0ms"], "--slo"),
     (["tune", "m", "-r", "cpu", "--grid", "max_num_seqs", "-o", "{out}"], "--grid"),
+    (["download", "org/m", "-o", "{out}", "--max-workers", "65"], "--max-workers"),
+    (["download", "org/m", "-o", "{out}", "--source", "gitlab"], "--source"),
+    (["download", "org/m", "-o", "{out}", "--endpoint", "ftp://x"], "--endpoint"),
+    (["download", "org/m", "-o", "{out}", "--token-env", "QLIFT_TEST_UNSET_TOKEN"], "--token-env"),
 ]
 
 

@@ -2,37 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import emit, human_bytes, json_option
-from qlift.cli.params import URL, count
+from qlift.hub.options import DownloadOptions
 
 
 @click.command("download")
 @click.argument("repo_id")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (default: ./NAME).")
-@click.option("--source", type=click.Choice(["hf", "modelscope", "auto"]), default="hf", show_default=True,
-              help="Hub to use; auto tries Hugging Face, then ModelScope when the Hub is unreachable.")
-@click.option("--revision", help="Branch, tag or commit (default: main on the Hub, master on ModelScope).")
-@click.option("--include", multiple=True, metavar="GLOB",
-              help="Only files matching GLOB (path or base name); repeatable. Replaces the defaults.")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching GLOB; repeatable.")
-@click.option("--endpoint", metavar="URL", type=URL,
-              help="Hub URL (a mirror); default HF_ENDPOINT or the SDK's ModelScope endpoint.")
-@click.option("--token-env", metavar="NAME",
-              help="Read the access token from environment variable NAME (default: the client's own login).")
-@click.option("--max-workers", type=count(1, 64), default=8, show_default=True, help="Files fetched in parallel.")
-@click.option("--dry-run", is_flag=True, help="List files, total size and free disk; download nothing.")
-@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click_options(DownloadOptions)
 @json_option
-def download_cmd(
-    repo_id: str, output: Path | None, source: str, revision: str | None, include: tuple[str, ...],
-    exclude: tuple[str, ...], endpoint: str | None, token_env: str | None, max_workers: int,
-    dry_run: bool, force: bool,
-) -> None:
+def download_cmd(repo_id: str, **options: Any) -> None:
     """Download REPO_ID pinned to one commit, with every file's sha256 verified.
 
     The revision is resolved to a commit first; every file comes from that commit and is
@@ -50,20 +34,9 @@ def download_cmd(
       qlift download Qwen/Qwen2.5-0.5B-Instruct --source auto --dry-run
       HF_ENDPOINT=https://mirror.example qlift download org/model --token-env MY_HF_TOKEN
     """
-    from qlift.errors import BadInputError
     from qlift.hub import download
 
-    token = None
-    if token_env:
-        token = os.environ.get(token_env)
-        if not token:
-            raise BadInputError(f"environment variable {token_env} is not set or empty",
-                                hint=f"Export {token_env} with your access token, or drop --token-env.")
-    r = download(
-        repo_id, output=output, source=source, revision=revision, include=list(include),
-        exclude=list(exclude), endpoint=endpoint, token=token, max_workers=max_workers,
-        dry_run=dry_run, force=force,
-    )
+    r = download(repo_id, DownloadOptions(**options))
 
     def human() -> None:
         head = f"{r.repo}@{r.revision} = commit {r.commit} ({r.source}, {r.endpoint})"

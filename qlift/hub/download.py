@@ -27,11 +27,11 @@ from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, In
 from qlift.fsutil import atomic_output_dir, check_output_path, link_or_copy, sha256_file, write_json_atomic
 from qlift.hub.files import RemoteFile, RepoSnapshot, check_safe_path, git_blob_id, select_files
 from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, local_path, write_lock
+from qlift.hub.options import SOURCES, DownloadOptions
 from qlift.lineage import utc_now, write_manifest
 from qlift.threads import map_unordered
 
 log = logging.getLogger("qlift.hub")
-SOURCES = ("hf", "modelscope", "auto")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
@@ -110,32 +110,19 @@ def check_repo_id(repo: str) -> None:
                             hint="Use OWNER/NAME, e.g. Qwen/Qwen2.5-0.5B-Instruct.")
 
 
-def download(
-    repo: str,
-    *,
-    output: Path | None = None,
-    source: str = "hf",
-    revision: str | None = None,
-    include: list[str] | None = None,
-    exclude: list[str] | None = None,
-    endpoint: str | None = None,
-    token: str | None = None,
-    max_workers: int = 8,
-    dry_run: bool = False,
-    force: bool = False,
-) -> DownloadResult:
+def download(repo: str, options: DownloadOptions | None = None) -> DownloadResult:
+    opts = options or DownloadOptions()
     started, t0 = utc_now(), time.monotonic()
+    token = opts.token()
     check_repo_id(repo)
-    if max_workers < 1:
-        raise BadInputError("--max-workers must be at least 1", hint="Pass --max-workers 8 (the default).")
-    out = Path(output) if output is not None else Path(repo.rsplit("/", 1)[-1])
-    check_output_path(out, force=force)
+    out = opts.output if opts.output is not None else Path(repo.rsplit("/", 1)[-1])
+    check_output_path(out, force=opts.force)
 
-    src, snap, notes = resolve(repo, source=source, revision=revision, endpoint=endpoint, token=token)
+    src, snap, notes = resolve(repo, source=opts.source, revision=opts.revision, endpoint=opts.endpoint, token=token)
     log.info("%s@%s is commit %s on %s (%s)", repo, snap.revision, snap.commit, snap.source, snap.endpoint)
     for f in snap.files:
         check_safe_path(f.path)
-    chosen, select_notes = select_files(snap.files, include=list(include or []), exclude=list(exclude or []))
+    chosen, select_notes = select_files(snap.files, include=list(opts.include), exclude=list(opts.exclude))
     notes += select_notes
     for n in select_notes:
         log.info(n)
@@ -155,9 +142,9 @@ def download(
     result = DownloadResult(
         output=str(out), source=snap.source, endpoint=snap.endpoint, repo=repo, revision=snap.revision,
         commit=snap.commit, files=list(chosen), total_bytes=total, free_bytes=free,
-        fits=free >= remaining, dry_run=dry_run, reused=len(done), notes=notes,
+        fits=free >= remaining, dry_run=opts.dry_run, reused=len(done), notes=notes,
     )
-    if dry_run:
+    if opts.dry_run:
         return result
     if not result.fits:
         raise IncompatibleError(
@@ -170,18 +157,18 @@ def download(
         todo = [f for f in chosen if f.path not in done]
         if done:
             log.info("resuming: %d file(s) already verified, %d to fetch", len(done), len(todo))
-        records.update(_fetch_all(src, snap, todo, staging, state, max_workers=max_workers))
+        records.update(_fetch_all(src, snap, todo, staging, state, max_workers=opts.max_workers))
         result.fetched = len(todo)
         placed = [_placed(records[f.path]) for f in chosen]
         lock = Lock(snap.source, snap.endpoint, repo, snap.revision, snap.commit, placed)
-        with atomic_output_dir(out, force=force) as tmp:
+        with atomic_output_dir(out, force=opts.force) as tmp:
             for rec in placed:
                 (tmp / rec.path).parent.mkdir(parents=True, exist_ok=True)
                 link_or_copy(staging / (rec.repo_path or rec.path), tmp / rec.path)
             write_lock(tmp, lock)
             write_manifest(tmp, operation="download", inputs={}, started_at=started, parameters={
                 "repo": repo, "source": snap.source, "endpoint": snap.endpoint, "revision": snap.revision,
-                "commit": snap.commit, "include": list(include or []), "exclude": list(exclude or []),
+                "commit": snap.commit, "include": list(opts.include), "exclude": list(opts.exclude),
                 "lockfile": LOCK_NAME,
             })
     shutil.rmtree(staging, ignore_errors=True)

@@ -41,9 +41,10 @@ def run_base(base: BaseSource, out: Path) -> Any:
 
         return materialize_builtin(base.builtin, out, force=True)
     from qlift.hub.download import download
+    from qlift.hub.options import DownloadOptions
 
     assert base.hub is not None
-    return download(base.hub, output=out, source=base.source, revision=base.revision, force=True)
+    return download(base.hub, DownloadOptions(output=out, source=base.source, revision=base.revision, force=True))
 
 
 def run_merge(ref: ModelRef, options: Any, out: Path) -> Any:

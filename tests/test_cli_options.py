@@ -12,6 +12,7 @@ import pytest
 from test_bad_input import one_line
 
 from qlift.cli import cli
+from qlift.cli.batch import batch_cmd
 from qlift.cli.bench import bench_cmd
 from qlift.cli.download import download_cmd
 from qlift.cli.eval import eval_cmd
@@ -22,7 +23,7 @@ from qlift.eval.options import EvalOptions
 from qlift.hub.options import DownloadOptions
 from qlift.merge.options import MergeOptions
 from qlift.options import field_docs, field_flag
-from qlift.perf.options import BenchOptions, TuneOptions
+from qlift.perf.options import BatchOptions, BenchOptions, TuneOptions
 from qlift.quantize.options import QuantizeOptions
 
 # command: (its options class, fields it spells its own way, its own parameters, the least it runs with)
@@ -36,6 +37,7 @@ COMMANDS: dict[str, tuple[click.Command, type, set[str], set[str], list[str]]] =
     "tune": (tune_cmd, TuneOptions, set(), {"model", "out", "force", "plot"},
              ["m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "t.yaml"]),
     "download": (download_cmd, DownloadOptions, set(), {"repo_id"}, ["org/m"]),
+    "batch": (batch_cmd, BatchOptions, set(), {"model", "input_path", "out"}, ["m", "in.jsonl", "-o", "o.jsonl"]),
 }
 
 
@@ -91,6 +93,9 @@ BAD_VALUES = [
     (["download", "org/m", "-o", "{out}", "--source", "gitlab"], "--source"),
     (["download", "org/m", "-o", "{out}", "--endpoint", "ftp://x"], "--endpoint"),
     (["download", "org/m", "-o", "{out}", "--token-env", "QLIFT_TEST_UNSET_TOKEN"], "--token-env"),
+    (["batch", "m", "in.jsonl", "-o", "{out}", "--max-tokens", "0"], "--max-tokens"),
+    (["batch", "m", "in.jsonl", "-o", "{out}", "--temperature", "-1"], "--temperature"),
+    (["batch", "m", "in.jsonl", "-o", "{out}", "--timeout", "0"], "--timeout"),
 ]
 
 

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import emit, json_option
-from qlift.cli.params import NON_NEGATIVE, SECONDS, count
+from qlift.perf.options import BatchOptions
 
 if TYPE_CHECKING:
     from qlift.perf.batch import BatchResult
@@ -19,24 +20,9 @@ if TYPE_CHECKING:
 @click.argument("input_path", metavar="IN.jsonl", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="Output JSONL (errors go to OUT.errors.jsonl beside it).")
-@click.option("--recipe", "-r", default="auto", show_default=True, metavar="NAME|auto|FILE",
-              help="Recipe for the engine's arguments (`qlift recipes list`).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a vLLM engine argument (vLLM's name). Repeatable.")
-@click.option("--max-tokens", type=count(1, 1 << 24), default=256, show_default=True,
-              help="Output tokens per row, unless the row sets max_tokens.")
-@click.option("--temperature", type=NON_NEGATIVE, default=None,
-              help="Sampling temperature, unless the row sets one (default: vLLM's, 1.0).")
-@click.option("--resume", is_flag=True,
-              help="Keep OUT's rows whose id and request are unchanged; run the rest, drop ids no longer in IN.")
-@click.option("--force", is_flag=True, help="Replace an existing OUT.")
-@click.option("--ray", "ray_address", metavar="ADDRESS",
-              help="Run on an existing Ray cluster (Ray Data, one vLLM engine per GPU or CPU slot); 'local' "
-                   "starts one here. Needs `pip install 'qlift[ray]'`.")
-@click.option("--timeout", type=SECONDS, default=24 * 3600, show_default=True, help="Seconds for the whole job.")
+@click_options(BatchOptions)
 @json_option
-def batch_cmd(model: Path, input_path: Path, out: Path, recipe: str, sets: tuple[str, ...], max_tokens: int,
-              temperature: float | None, resume: bool, force: bool, ray_address: str | None, timeout: float) -> None:
+def batch_cmd(model: Path, input_path: Path, out: Path, **options: Any) -> None:
     """Offline inference: every row of IN.jsonl through MODEL with one vLLM engine.
 
     Rows are the OpenAI batch format ({"custom_id", "body": {"messages"|"prompt", ...}}) or
@@ -56,9 +42,7 @@ def batch_cmd(model: Path, input_path: Path, out: Path, recipe: str, sets: tuple
     """
     from qlift.perf.batch import run_batch
 
-    result = run_batch(model, input_path, out, recipe=recipe, sets=list(sets), max_tokens=max_tokens,
-                       temperature=temperature, resume=resume, force=force, ray_address=ray_address,
-                       timeout_s=timeout)
+    result = run_batch(model, input_path, out, BatchOptions(**options))
     emit(result, lambda: _print(result))
 
 

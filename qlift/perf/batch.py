@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from qlift import progress
-from qlift.errors import BadInputError, OutputExistsError
+from qlift.errors import OutputExistsError
 from qlift.perf.batch_rows import finalize, read_input, write_errors
 from qlift.perf.batch_state import BatchFiles, Resumed, hashes_for, keep_only, remove_stale, write_state
 from qlift.perf.batch_state import resume as resume_output
+from qlift.perf.options import BatchOptions
 from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -90,39 +91,27 @@ class _Progress:
         self.bar.close()
 
 
-def run_batch(
-    model: Path,
-    input_path: Path,
-    out: Path,
-    *,
-    recipe: str = "auto",
-    sets: list[str] | None = None,
-    max_tokens: int = 256,
-    temperature: float | None = None,
-    resume: bool = False,
-    force: bool = False,
-    ray_address: str | None = None,
-    window: int | None = None,
-    timeout_s: float = 24 * 3600.0,
-) -> BatchResult:
-    """Run every row of ``input_path`` through ``model``; see the module docstring."""
+def run_batch(model: Path, input_path: Path, out: Path, options: BatchOptions | None = None, *,
+              window: int | None = None) -> BatchResult:
+    """Run every row of ``input_path`` through ``model``; see the module docstring. ``window``: rows in
+    flight at once (default: four times the engine's max_num_seqs, at least 256)."""
+    opts = options or BatchOptions()
     files = BatchFiles.beside(out)
     files.check([input_path, model])
-    if out.exists() and not (resume or force):
+    if out.exists() and not (opts.resume or opts.force):
         raise OutputExistsError(out)
-    if resume and force:
-        raise BadInputError("--resume and --force contradict each other", hint="Pass one of them.")
-    if max_tokens < 1:
-        raise BadInputError("--max-tokens must be at least 1", field="--max-tokens", hint="Example: --max-tokens 256.")
+    ray_address = opts.ray_address
     if ray_address is None:  # a Ray cluster's workers may have GPUs
         from qlift.cpu_support import require_cpu_support
 
         require_cpu_support(model, what="run a batch with")
     parsed = read_input(input_path)
-    sampling = {"max_tokens": max_tokens} | ({} if temperature is None else {"temperature": temperature})
+    sampling: dict[str, Any] = {"max_tokens": opts.max_tokens}
+    if opts.temperature is not None:
+        sampling["temperature"] = opts.temperature
     hashes = hashes_for(parsed.rows, sampling)
     # An earlier OUT is read (or refused) before anything starts, and rewritten only below.
-    done = resume_output(files, parsed.rows, hashes) if resume else Resumed({}, 0, 0)
+    done = resume_output(files, parsed.rows, hashes) if opts.resume else Resumed({}, 0, 0)
     todo = [r for r in parsed.rows if r.id not in done.kept]
     result: dict[str, Any] = {"rows": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": [],
                               "load_s": 0.0, "generate_s": 0.0, "vllm_version": None, "engines": 0}
@@ -133,11 +122,12 @@ def run_batch(
         worker = stack.enter_context(Worker("qlift.perf.batch_worker", name="batch")) if todo else None
         from qlift.perf.engine import engine_for  # 0.5 s of imports: after the worker's start, not before it
 
-        engine = engine_for(model, recipe=recipe, workload="batch", sets=sets, in_process=ray_address is None)
-        if force:
+        engine = engine_for(model, recipe=opts.recipe, workload="batch", sets=list(opts.sets),
+                            in_process=ray_address is None)
+        if opts.force:
             remove_stale(files)
         out.parent.mkdir(parents=True, exist_ok=True)
-        if resume:
+        if opts.resume:
             keep_only(files, done)
         write_state(files, hashes)
         write_errors(errors_path, errors)
@@ -162,7 +152,7 @@ def run_batch(
             })
             watch = _Progress(out, len(todo))
             try:
-                result = worker.wait(timeout_s=timeout_s, on_poll=watch)
+                result = worker.wait(timeout_s=opts.timeout_s, on_poll=watch)
             finally:
                 watch.close()
     if result["errors"]:

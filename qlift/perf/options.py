@@ -1,6 +1,7 @@
-"""What a benchmark and a tuning run can be asked to do: ``BenchOptions`` (the load ``run_bench``
-sends; ``qlift bench``'s options) and ``TuneOptions`` (what ``tune`` measures and how; ``qlift
-tune``'s options), each the one definition its command's options are generated from."""
+"""What a benchmark, a tuning run and a batch job can be asked to do: ``BenchOptions`` (the load
+``run_bench`` sends; ``qlift bench``'s options), ``TuneOptions`` (what ``tune`` measures and how;
+``qlift tune``'s options) and ``BatchOptions`` (how ``run_batch`` runs a file; ``qlift batch``'s
+options), each the one definition its command's options are generated from."""
 
 from __future__ import annotations
 
@@ -154,3 +155,29 @@ class TuneOptions:
                             input_tokens=self.input_tokens or default_in,
                             output_tokens=self.output_tokens or default_out,
                             slo={k: v for k, v in self.slo.items() if k != "gap"})
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    recipe: str = field(default="auto", metadata={"short": "-r", "metavar": "NAME|auto|FILE"})
+    """Recipe for the engine's arguments (`qlift recipes list`)."""
+    sets: tuple[str, ...] = field(default=(), metadata={"flag": "--set", "metavar": "KEY=VALUE"})
+    """Override a vLLM engine argument (vLLM's name). Repeatable."""
+    max_tokens: int = field(default=256, metadata={"min": 1, "max": 1 << 24})
+    """Output tokens per row, unless the row sets max_tokens."""
+    temperature: float | None = field(default=None, metadata={"min": 0})
+    """Sampling temperature, unless the row sets one (default: vLLM's, 1.0)."""
+    resume: bool = False
+    """Keep OUT's rows whose id and request are unchanged; run the rest, drop ids no longer in IN."""
+    force: bool = False
+    """Replace an existing OUT."""
+    ray_address: str | None = field(default=None, metadata={"flag": "--ray", "metavar": "ADDRESS"})
+    """Run on an existing Ray cluster (Ray Data, one vLLM engine per GPU or CPU slot); 'local' starts one here.
+    Needs `pip install 'qlift[ray]'`."""
+    timeout_s: float = field(default=24 * 3600, metadata={"flag": "--timeout", "above": 0})
+    """Seconds for the whole job."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.resume and self.force:
+            raise BadInputError("--resume and --force contradict each other", hint="Pass one of them.")

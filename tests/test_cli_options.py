@@ -14,17 +14,21 @@ from test_bad_input import one_line
 from qlift.cli import cli
 from qlift.cli.batch import batch_cmd
 from qlift.cli.bench import bench_cmd
+from qlift.cli.deploy import k8s_cmd
 from qlift.cli.download import download_cmd
 from qlift.cli.eval import eval_cmd
 from qlift.cli.merge import merge_cmd
 from qlift.cli.quantize import quantize_cmd
+from qlift.cli.serve import serve_cmd
 from qlift.cli.tune import tune_cmd
+from qlift.deploy.options import DeployOptions
 from qlift.eval.options import EvalOptions
 from qlift.hub.options import DownloadOptions
 from qlift.merge.options import MergeOptions
 from qlift.options import field_docs, field_flag
 from qlift.perf.options import BatchOptions, BenchOptions, TuneOptions
 from qlift.quantize.options import QuantizeOptions
+from qlift.serve.options import ServeOptions
 
 # command: (its options class, fields it spells its own way, its own parameters, the least it runs with)
 COMMANDS: dict[str, tuple[click.Command, type, set[str], set[str], list[str]]] = {
@@ -38,6 +42,9 @@ COMMANDS: dict[str, tuple[click.Command, type, set[str], set[str], list[str]]] =
              ["m", "-r", "cpu", "--grid", "max_num_seqs=4", "-o", "t.yaml"]),
     "download": (download_cmd, DownloadOptions, set(), {"repo_id"}, ["org/m"]),
     "batch": (batch_cmd, BatchOptions, set(), {"model", "input_path", "out"}, ["m", "in.jsonl", "-o", "o.jsonl"]),
+    "deploy": (k8s_cmd, DeployOptions, {"model", "loras"}, {"model", "loras", "out", "force"},
+               [".", "--recipe", "cpu", "-o", "o"]),  # MODEL must be a directory
+    "serve": (serve_cmd, ServeOptions, {"loras"}, {"model", "loras"}, ["m"]),
 }
 
 
@@ -58,6 +65,9 @@ def test_every_field_is_a_flag_with_its_doc_as_help(name: str) -> None:
         assert docs.get(field_name), f"{cls.__name__}.{field_name} has no docstring"
         assert field_flag(f) in p.opts + getattr(p, "secondary_opts", []), (field_name, p.opts)
         assert p.help == docs[field_name], field_name
+    for name in excluded & set(params):  # spelled by hand, but its help is still the field's doc
+        if isinstance(params[name], click.Option):
+            assert params[name].help == docs[name], name
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -71,6 +81,7 @@ def test_no_flag_given_is_the_fields_default(name: str, monkeypatch: pytest.Monk
             assert given[f.name] == _default(f), f.name
 
 
+DEPLOY = ["deploy", "k8s", ".", "--recipe", "cpu", "-o", "{out}"]  # MODEL must be a directory
 BAD_VALUES = [
     (["merge", "b", "a", "-o", "{out}", "--dtype", "int8"], "--dtype"),
     (["quantize", "m", "--awq", "-o", "{out}", "--group-size", "48"], "--group-size"),
@@ -96,6 +107,20 @@ BAD_VALUES = [
     (["batch", "m", "in.jsonl", "-o", "{out}", "--max-tokens", "0"], "--max-tokens"),
     (["batch", "m", "in.jsonl", "-o", "{out}", "--temperature", "-1"], "--temperature"),
     (["batch", "m", "in.jsonl", "-o", "{out}", "--timeout", "0"], "--timeout"),
+    ([*DEPLOY, "--replicas", "0"], "--replicas"),
+    ([*DEPLOY, "--queue-target", str(2**31)], "--queue-target"),
+    ([*DEPLOY, "--replicas", "3", "--max-replicas", "2"], "--max-replicas"),
+    ([*DEPLOY, "--rollout", "flagger"], "--rollout"),
+    ([*DEPLOY, "--name", "Bad_Name"], "--name"),
+    ([*DEPLOY, "--canary", "no/such/dir"], "--canary"),
+    ([*DEPLOY, "--prometheus-url", "ftp://x"], "--prometheus-url"),
+    ([*DEPLOY, "--rollout", "argo", "--gateway-api"], "--gateway-api"),
+    (["serve", "m", "--port", "65536"], "--port"),
+    (["serve", "m", "--workload", "training"], "--workload"),
+    (["serve", "m", "--timeout", "0"], "--timeout"),
+    (["serve", "m", "--gpu", "T4", "--gpus", "0", "--dry-run"], "--gpus"),
+    (["serve", "m", "--gpu", "T4"], "--gpu"),
+    (["serve", "m", "--lora", "tickets"], "--lora"),
 ]
 
 

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from qlift.deploy import inference_ext
+from qlift.deploy import DeployOptions, inference_ext, k8s
 from qlift.errors import BadInputError, IncompatibleError
 from qlift.lineage import describe_input
 from qlift.models.modeldir import ModelDir
@@ -175,9 +175,12 @@ def validate(obj: dict[str, Any]) -> None:
 
 
 def rendered(weights: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
-    return inference_ext.objects(app="llm", namespace="serving", role="stable", base_model="smollm2",
-                                 public_model="tickets", adapters=["tickets-v1", "tickets-v2"], weights=weights,
-                                 gateway="qlift-gateway", gateway_namespace="infra")
+    opts = DeployOptions(model=Path("smollm2"), recipe="cpu", namespace="serving", public_model="tickets",
+                         gateway_namespace="infra", gateway_api=True,
+                         loras={"tickets-v1": Path("v1"), "tickets-v2": Path("v2")})
+    base = k8s.Version(role="stable", model_dir_name="smollm2", served_name="smollm2", public_model="tickets",
+                       engine_args={}, env={}, weight_bytes=0)
+    return inference_ext.objects(opts, base, weights=weights)
 
 
 def test_inference_extension_objects_match_the_vendored_crds() -> None:

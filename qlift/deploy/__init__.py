@@ -7,6 +7,20 @@ an ``AnalysisTemplate`` that runs promote's own checks. Nothing is applied: the 
 a kustomize directory for ``kubectl apply -k`` or GitOps.
 """
 
-from qlift.deploy.render import DeployOptions, DeployResult, render_k8s, write_k8s
+from typing import TYPE_CHECKING, Any
+
+from qlift.deploy.options import DeployOptions
+
+if TYPE_CHECKING:
+    from qlift.deploy.render import DeployResult, render_k8s, write_k8s
 
 __all__ = ["DeployOptions", "DeployResult", "render_k8s", "write_k8s"]
+
+
+def __getattr__(name: str) -> Any:
+    """The renderer on first use: it loads the recipe and rollout stacks, which `--help` does not need."""
+    if name in __all__:
+        from qlift.deploy import render
+
+        return getattr(render, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

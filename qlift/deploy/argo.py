@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qlift.deploy import k8s
+from qlift.deploy.options import DeployOptions
 from qlift.rollout.checks import PromqlMetric, argo_metrics
 from qlift.rollout.prometheus import PRESETS, window_label
 from qlift.rollout.spec import AnalysisSpec
@@ -41,8 +43,14 @@ def template_args(metrics: list[PromqlMetric]) -> list[str]:
     return [*ARGS, *extra]
 
 
-def analysis_template(*, name: str, namespace: str, labels: dict[str, str], prometheus_url: str,
-                      preset: str, analysis: AnalysisSpec, window_s: float) -> dict[str, Any]:
+def checks_name(app: str) -> str:
+    """The AnalysisTemplate's name."""
+    return f"{app}-canary-checks"
+
+
+def analysis_template(opts: DeployOptions, analysis: AnalysisSpec, *, window_s: float,
+                      preset: str = "vllm") -> dict[str, Any]:
+    """promote's checks against ``opts.prometheus_url``, with the queries of the PromQL ``preset``."""
     # Measured once per window, as promote judges: a failure ends the analysis at once, the
     # first intervals_per_step passes in a row end it successfully, and max_inconclusive
     # windows without a verdict are tolerated; one more makes the analysis inconclusive.
@@ -56,40 +64,41 @@ def analysis_template(*, name: str, namespace: str, labels: dict[str, str], prom
         "consecutiveSuccessLimit": analysis.intervals_per_step,
         "failureLimit": 0,
         "inconclusiveLimit": analysis.max_inconclusive,
-        "provider": {"prometheus": {"address": prometheus_url, "query": c.query}},
+        "provider": {"prometheus": {"address": opts.prometheus_url, "query": c.query}},
     } for c in found]
     return {
         "apiVersion": ROLLOUT_API,
         "kind": "AnalysisTemplate",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": {"name": checks_name(opts.app), "namespace": opts.namespace, "labels": k8s.labels(opts.app)},
         "spec": {"args": [{"name": a} for a in template_args(found)], "metrics": metrics},
     }
 
 
-def rollout(*, name: str, namespace: str, labels: dict[str, str], replicas: int, template: dict[str, Any],
-            steps: list[int], window_s: float, template_name: str, args: dict[str, str],
-            stable_service: str, canary_service: str, route: str) -> dict[str, Any]:
-    """A canary Rollout: setWeight, pause one analysis window, analyse; reaching 100 promotes."""
+def rollout(opts: DeployOptions, template: dict[str, Any], args: dict[str, str], *, steps: list[int],
+            window_s: float) -> dict[str, Any]:
+    """A canary Rollout named ``opts.app`` between its -stable and -canary Services, on the HTTPRoute of that
+    name: setWeight, pause one analysis window, analyse (``args`` are the AnalysisRun's); reaching 100 promotes."""
+    app, namespace = opts.app, opts.namespace
     run_args = [{"name": k, "value": args[k]} for k in ARGS]
     plan: list[dict[str, Any]] = []
     for weight in steps:
         plan.append({"setWeight": weight})
         if weight < 100:
             plan.append({"pause": {"duration": window_label(window_s)}})
-            plan.append({"analysis": {"templates": [{"templateName": template_name}], "args": run_args}})
+            plan.append({"analysis": {"templates": [{"templateName": checks_name(app)}], "args": run_args}})
     return {
         "apiVersion": ROLLOUT_API,
         "kind": "Rollout",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": {"name": app, "namespace": namespace, "labels": k8s.labels(app)},
         "spec": {
-            "replicas": replicas,
+            "replicas": opts.replicas,
             "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]}},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
             "template": template,
             "strategy": {"canary": {
-                "stableService": stable_service,
-                "canaryService": canary_service,
-                "trafficRouting": {"plugins": {GATEWAY_PLUGIN: {"httpRoute": route, "namespace": namespace}}},
+                "stableService": f"{app}-stable",
+                "canaryService": f"{app}-canary",
+                "trafficRouting": {"plugins": {GATEWAY_PLUGIN: {"httpRoute": app, "namespace": namespace}}},
                 "steps": plan,
             }},
         },

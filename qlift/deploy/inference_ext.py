@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.deploy import k8s
+from qlift.deploy.options import DeployOptions
 
 POOL_API = "inference.networking.k8s.io/v1"
 X_API = "inference.networking.x-k8s.io/v1alpha2"
@@ -103,21 +104,23 @@ def pool_route(*, app: str, namespace: str, gateway: str, gateway_namespace: str
     }
 
 
-def objects(*, app: str, namespace: str, role: str, base_model: str, public_model: str, adapters: list[str],
-            weights: dict[str, int] | None, gateway: str, gateway_namespace: str | None,
+def objects(opts: DeployOptions, version: k8s.Version, *, weights: dict[str, int] | None = None,
             epp: str | None = None) -> dict[str, dict[str, Any]]:
-    """File name -> object: the pool, the rewrite (all traffic to ``base_model`` unless ``weights``),
-    one objective per adapter, and the route onto the pool."""
+    """File name -> object, for ``version``'s Deployment and ``opts.loras`` served on it: the pool, the
+    rewrite of ``opts.served_as`` (all traffic to the version's model unless ``weights``), one objective
+    per adapter, and the route onto the pool; valid against the CRD schemas the tests vendor."""
+    app, namespace = opts.app, opts.namespace
     out = {
-        "inferencepool.yaml": inference_pool(app=app, namespace=namespace, role=role, epp=epp or f"{app}-epp"),
-        "inferencemodelrewrite.yaml": model_rewrite(app=app, namespace=namespace, public_model=public_model,
-                                                    weights=weights or {base_model: 100}),
+        "inferencepool.yaml": inference_pool(app=app, namespace=namespace, role=version.role,
+                                             epp=epp or f"{app}-epp"),
+        "inferencemodelrewrite.yaml": model_rewrite(app=app, namespace=namespace, public_model=opts.served_as,
+                                                    weights=weights or {version.served_name: 100}),
     }
-    for name in adapters:
+    for name in opts.loras:
         obj = objective(app=app, namespace=namespace, model=name)
         out[f"inferenceobjective-{obj['metadata']['name'].removeprefix(app + '-')}.yaml"] = obj
-    out["httproute.yaml"] = pool_route(app=app, namespace=namespace, gateway=gateway,
-                                       gateway_namespace=gateway_namespace)
+    out["httproute.yaml"] = pool_route(app=app, namespace=namespace, gateway=opts.gateway,
+                                       gateway_namespace=opts.gateway_namespace)
     return out
 
 
@@ -133,12 +136,3 @@ def add_loras(version: k8s.Version, base_dir: Path, loras: dict[str, Path], *, c
                                 cpu=cpu)
     version.engine_args = lora_engine_args({**version.engine_args, **planned.engine}, loras)
     return planned.notes
-
-
-def gateway_objects(version: k8s.Version, *, app: str, namespace: str, public_model: str, loras: dict[str, Path],
-                    gateway: str, gateway_namespace: str | None) -> dict[str, dict[str, Any]]:
-    """The Inference Extension objects for ``version``'s Deployment and its adapters, validated by
-    construction against the same CRD schemas the tests vendor when they are installed."""
-    return objects(app=app, namespace=namespace, role=version.role, base_model=version.served_name,
-                   public_model=public_model, adapters=list(loras), weights=None, gateway=gateway,
-                   gateway_namespace=gateway_namespace)

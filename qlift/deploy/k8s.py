@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from qlift.deploy.options import DeployOptions
 from qlift.serve.launch import config_yaml
 from qlift.serve.recipes import Recipe
 
@@ -120,19 +121,20 @@ def pod_template(recipe: Recipe, version: Version, *, app: str, image: str, pvc:
     }
 
 
-def deployment(recipe: Recipe, version: Version, *, app: str, namespace: str, image: str, pvc: str,
-               replicas: int) -> dict[str, Any]:
+def deployment(recipe: Recipe, version: Version, opts: DeployOptions) -> dict[str, Any]:
+    app, namespace = opts.app, opts.namespace
     name = f"{app}-{version.role}"
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels(app, version.role)},
         "spec": {
-            "replicas": replicas,
+            "replicas": opts.replicas,
             "selector": {"matchLabels": {"app.kubernetes.io/name": app, "qlift.dev/version": version.role}},
             # a new pod must be ready before an old one goes: capacity never dips during a change
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": pod_template(recipe, version, app=app, image=image, pvc=pvc),
+            "template": pod_template(recipe, version, app=app, image=opts.image_for(recipe.hardware.device),
+                                     pvc=opts.pvc),
         },
     }
 
@@ -153,23 +155,23 @@ def service(*, app: str, role: str, namespace: str, select_role: bool = True) ->
     }
 
 
-def hpa(*, name: str, namespace: str, target: dict[str, str], min_replicas: int, max_replicas: int,
-        queue_target: int, app: str, role: str) -> dict[str, Any]:
-    """Scale on requests waiting per pod: what a user feels as latency. CPU% says nothing here
-    (a GPU server's CPU idles while its GPU is saturated; a CPU server is always near 100%)."""
+def hpa(opts: DeployOptions, target: dict[str, str], *, role: str) -> dict[str, Any]:
+    """Scale ``target`` (and name the HPA after it) on requests waiting per pod: what a user feels as
+    latency. CPU% says nothing here (a GPU server's CPU idles while its GPU is saturated; a CPU server
+    is always near 100%)."""
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(app, role)},
+        "metadata": {"name": target["name"], "namespace": opts.namespace, "labels": labels(opts.app, role)},
         "spec": {
             "scaleTargetRef": target,
-            "minReplicas": min_replicas,
-            "maxReplicas": max_replicas,
+            "minReplicas": opts.replicas,
+            "maxReplicas": opts.max_replicas,
             "metrics": [{
                 "type": "Pods",
                 "pods": {
                     "metric": {"name": ADAPTER_METRIC},
-                    "target": {"type": "AverageValue", "averageValue": str(queue_target)},
+                    "target": {"type": "AverageValue", "averageValue": str(opts.queue_target)},
                 },
             }],
             "behavior": {

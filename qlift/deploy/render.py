@@ -6,14 +6,14 @@ context limit), so a pod runs the engine arguments ``qlift plan`` and ``qlift se
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from qlift.deploy import argo, inference_ext, k8s
+from qlift.deploy.options import DeployOptions
 from qlift.errors import BadInputError
 from qlift.fsutil import atomic_output_dir
 from qlift.lineage import utc_now, write_manifest
@@ -24,34 +24,8 @@ from qlift.rollout.spec import AnalysisSpec, GatewaySpec, RolloutSpec
 from qlift.serve.plan import fit_to_model
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 
-DEFAULT_IMAGES = {"gpu": "vllm/vllm-openai:v0.26.0", "cpu": "qlift-cpu:latest"}
 PROMOTE_SPEC = "promote-rollout.yaml"  # for `qlift promote start -f`; not a cluster object
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # 40: the object names add suffixes
-_DNS_LABEL_63 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-@dataclass
-class DeployOptions:
-    """What `qlift deploy k8s` renders; every field but model and recipe has a default."""
-
-    model: Path
-    recipe: str
-    canary: Path | None = None
-    rollout: Literal["promote", "argo"] = "promote"
-    app: str = "llm"  # object name prefix and app label
-    namespace: str = "default"
-    public_model: str | None = None  # default: app
-    image: str | None = None  # default: per recipe device
-    pvc: str = "qlift-models"
-    gateway: str = "qlift-gateway"
-    gateway_namespace: str | None = None
-    replicas: int = 1
-    max_replicas: int = 4
-    queue_target: int = 4
-    prometheus_url: str = "http://prometheus.monitoring.svc:9090"
-    sets: list[str] = field(default_factory=list)
-    loras: dict[str, Path] = field(default_factory=dict)  # adapters served unmerged on the stable (model) Deployment
-    gateway_api: bool = False  # route through an Inference Extension InferencePool (by the body's model)
+MAX_GPUS_PER_POD = 64  # the largest nodes hold 8-16 GPUs; a count past this is a typo, not a plan
 
 
 @dataclass
@@ -64,51 +38,6 @@ class DeployResult:
     promote_spec: dict[str, Any] | None = None
     recipe_path: Path | None = None
     out: Path | None = None
-
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# The image reference grammar of distribution/reference (what the kubelet and registries parse).
-_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
-# a first part is a registry only with a '.' or a port, or as localhost; else it is a (lowercase) path part
-_IMAGE_DOMAIN = rf"(?:(?:localhost|{_IMAGE_HOST}(?:\.{_IMAGE_HOST})+)(?::[0-9]+)?|{_IMAGE_HOST}:[0-9]+)"
-_IMAGE = re.compile(rf"^(?P<name>(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*)"
-                    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
-INT32_MAX = 2**31 - 1
-MAX_GPUS_PER_POD = 64  # the largest nodes hold 8-16 GPUs; a count past this is a typo, not a plan
-_LABEL_HELP = "lowercase letters, digits and '-', starting with a letter and ending with a letter or digit"
-
-
-def _check_names(opts: DeployOptions) -> None:
-    """Every value that lands in an object, checked as Kubernetes checks it, before anything is written."""
-    for flag, value in (("--name", opts.app), ("--namespace", opts.namespace)):
-        if not _DNS_LABEL.match(value):
-            raise BadInputError(f"{flag} {value!r} is not a DNS label ({_LABEL_HELP}, at most 40 characters)",
-                                field=flag, hint="Example: --name chat.")
-    if opts.gateway_namespace is not None and not (_DNS_LABEL.match(opts.gateway_namespace)
-                                                   or _DNS_LABEL_63.match(opts.gateway_namespace)):
-        raise BadInputError(f"--gateway-namespace {opts.gateway_namespace!r} is not a namespace name (a DNS label: "
-                            f"{_LABEL_HELP}, at most 63 characters)", field="--gateway-namespace")
-    for flag, value in (("--pvc", opts.pvc), ("--gateway", opts.gateway)):
-        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-            raise BadInputError(f"{flag} {value!r} is not a Kubernetes object name (a DNS-1123 subdomain: lowercase "
-                                "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
-                                "253 characters)", field=flag, hint=f"Example: {flag} qlift-models.")
-    image = _IMAGE.match(opts.image) if opts.image is not None else None
-    if opts.image is not None and (image is None or len(image["name"]) > 255):
-        raise BadInputError(f"--image {opts.image!r} is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
-                            "NAME in lowercase)", field="--image", hint="Example: --image registry.local/vllm:v0.26.0.")
-    counts: dict[str, int] = {"--replicas": opts.replicas, "--max-replicas": opts.max_replicas,
-                              "--queue-target": opts.queue_target}
-    for flag, count in counts.items():
-        if not 1 <= count <= INT32_MAX:
-            raise BadInputError(f"{flag} {count} is out of range (1 to {INT32_MAX}, a Kubernetes int32)", field=flag)
-    if opts.max_replicas < opts.replicas:
-        raise BadInputError(f"--max-replicas {opts.max_replicas} must be at least --replicas {opts.replicas} (>= 1)",
-                            field="--max-replicas")
-    if opts.public_model is not None and (not opts.public_model.strip() or not opts.public_model.isprintable()):
-        raise BadInputError(f"--public-model {opts.public_model!r} must be a printable, non-empty name",
-                            field="--public-model")
 
 
 def _check_recipe(recipe: Recipe) -> None:
@@ -140,16 +69,12 @@ def _version(role: str, path: Path, recipe: Recipe, public: str) -> tuple[k8s.Ve
 
 
 def render_k8s(opts: DeployOptions) -> DeployResult:
-    """Every object, validated by construction where qlift has the schema (the HTTPRoute)."""
-    _check_names(opts)
-    recipe = apply_overrides(load_recipe(opts.recipe), opts.sets)
+    """Every object, validated by construction where qlift has the schema (the HTTPRoute); the options
+    checked themselves when they were made."""
+    recipe = apply_overrides(load_recipe(opts.recipe), list(opts.sets))
     _check_recipe(recipe)
-    public = opts.public_model or opts.app
+    public = opts.served_as
     stable, fitted = _version("stable", opts.model, recipe, public)
-    if opts.gateway_api and (opts.canary is not None or opts.rollout == "argo"):
-        raise BadInputError("--gateway-api routes to the model's Deployment by model name; a --canary or an Argo "
-                            "rollout splits by Service", field="--gateway-api",
-                            hint="Serve the candidate as an adapter (--lora NAME=DIR) with --gateway-api.")
     inference_ext.add_loras(stable, opts.model, opts.loras, cpu=recipe.hardware.device == "cpu")
     canary = _version("canary", opts.canary, recipe, public)[0] if opts.canary is not None else None
     if canary is not None and canary.served_name == stable.served_name:
@@ -157,7 +82,7 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
             f"stable and canary models are both directories named '{stable.served_name}': their served "
             "names and metrics labels would be the same", field="--canary",
             hint="Give the canary's directory another name (it is the name vLLM serves and labels metrics with).")
-    image = opts.image or DEFAULT_IMAGES[recipe.hardware.device]
+    image = opts.image_for(recipe.hardware.device)
     app, ns = opts.app, opts.namespace
     versions = [v for v in (stable, canary) if v is not None]
     # Argo moves the weights between its two Services, so the route names both from the start.
@@ -168,67 +93,51 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
         "parent_refs": [{"name": opts.gateway, "namespace": opts.gateway_namespace}],
         "backends": {key: {"name": f"{app}-{role}", "port": k8s.PORT} for key, role in roles.items()}})
     if opts.rollout == "argo":
-        objects = _argo_objects(opts, fitted, stable, canary, image, gateway)
+        objects = _argo_objects(opts, fitted, stable, canary)
         promote = None
     else:
-        objects = _promote_objects(opts, fitted, versions, image)
+        objects = _promote_objects(opts, fitted, versions)
         promote = _promote_spec(opts, stable, canary, gateway) if canary is not None else None
     objects["httproute.yaml"] = route = render_httproute(gateway, {next(iter(roles)): 100})
     validate_httproute(route)
     if opts.gateway_api:
-        objects.update(inference_ext.gateway_objects(stable, app=app, namespace=ns, public_model=public,
-                                                     loras=opts.loras, gateway=opts.gateway,
-                                                     gateway_namespace=opts.gateway_namespace))
+        objects.update(inference_ext.objects(opts, stable))
         validate_httproute(objects["httproute.yaml"])
     objects["prometheus-adapter-rules.yaml"] = k8s.adapter_configmap(app=app, namespace=ns)
     return DeployResult(objects=objects, versions={v.role: v.served_name for v in versions}, recipe=recipe.name,
                         engine_args=stable.engine_args, image=image, promote_spec=promote, recipe_path=recipe.path)
 
 
-def _promote_objects(opts: DeployOptions, recipe: Recipe, versions: list[k8s.Version],
-                     image: str) -> dict[str, dict[str, Any]]:
+def _promote_objects(opts: DeployOptions, recipe: Recipe, versions: list[k8s.Version]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for v in versions:
         name = f"{opts.app}-{v.role}"
-        out[f"deployment-{v.role}.yaml"] = k8s.deployment(recipe, v, app=opts.app, namespace=opts.namespace,
-                                                          image=image, pvc=opts.pvc, replicas=opts.replicas)
+        out[f"deployment-{v.role}.yaml"] = k8s.deployment(recipe, v, opts)
         out[f"service-{v.role}.yaml"] = k8s.service(app=opts.app, role=v.role, namespace=opts.namespace)
-        out[f"hpa-{v.role}.yaml"] = k8s.hpa(
-            name=name, namespace=opts.namespace, target={"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-            min_replicas=opts.replicas, max_replicas=opts.max_replicas, queue_target=opts.queue_target,
-            app=opts.app, role=v.role)
+        out[f"hpa-{v.role}.yaml"] = k8s.hpa(opts, {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                                            role=v.role)
     return out
 
 
-def _argo_objects(opts: DeployOptions, recipe: Recipe, stable: k8s.Version, canary: k8s.Version | None,
-                  image: str, gateway: GatewaySpec) -> dict[str, dict[str, Any]]:
+def _argo_objects(opts: DeployOptions, recipe: Recipe, stable: k8s.Version,
+                  canary: k8s.Version | None) -> dict[str, dict[str, Any]]:
     """One Rollout whose template is the version being rolled out (the canary, else the stable);
     Argo keeps the previous template's pods as the stable and moves the route's weights."""
     app, ns = opts.app, opts.namespace
     target = canary or stable
-    template = k8s.pod_template(recipe, target, app=app, image=image, pvc=opts.pvc)
+    template = k8s.pod_template(recipe, target, app=app, image=opts.image_for(recipe.hardware.device), pvc=opts.pvc)
     template["metadata"]["labels"].pop("qlift.dev/version")  # one template serves both roles over time
     spec = RolloutSpec.model_fields
     window_s: float = spec["interval"].default
-    checks_name = f"{app}-canary-checks"
-    labels = k8s.labels(app)
     # The *-model values land inside the queries' model_name="..." matchers: escaped for PromQL.
     args = {"stable": stable.served_name, "canary": target.served_name,
             "stable-model": label_value(stable.served_name), "canary-model": label_value(target.served_name)}
     return {
         "service-stable.yaml": k8s.service(app=app, role="stable", namespace=ns, select_role=False),
         "service-canary.yaml": k8s.service(app=app, role="canary", namespace=ns, select_role=False),
-        "analysistemplate.yaml": argo.analysis_template(
-            name=checks_name, namespace=ns, labels=labels, prometheus_url=opts.prometheus_url, preset="vllm",
-            analysis=AnalysisSpec.model_validate({}), window_s=window_s),
-        "rollout.yaml": argo.rollout(
-            name=app, namespace=ns, labels=labels, replicas=opts.replicas, template=template,
-            steps=list(spec["steps"].default), window_s=window_s, template_name=checks_name, args=args,
-            stable_service=f"{app}-stable", canary_service=f"{app}-canary", route=gateway.route_name),
-        "hpa.yaml": k8s.hpa(
-            name=app, namespace=ns, target={"apiVersion": argo.ROLLOUT_API, "kind": "Rollout", "name": app},
-            min_replicas=opts.replicas, max_replicas=opts.max_replicas, queue_target=opts.queue_target,
-            app=app, role="rollout"),
+        "analysistemplate.yaml": argo.analysis_template(opts, AnalysisSpec.model_validate({}), window_s=window_s),
+        "rollout.yaml": argo.rollout(opts, template, args, steps=list(spec["steps"].default), window_s=window_s),
+        "hpa.yaml": k8s.hpa(opts, {"apiVersion": argo.ROLLOUT_API, "kind": "Rollout", "name": app}, role="rollout"),
     }
 
 
@@ -306,7 +215,7 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
                                             encoding="utf-8")
         write_manifest(tmp, operation="deploy-k8s", inputs=inputs, started_at=started, parameters={
             "recipe": result.recipe, "rollout": opts.rollout, "app": opts.app, "namespace": opts.namespace,
-            "image": result.image, "pvc": opts.pvc, "versions": result.versions, "sets": opts.sets,
+            "image": result.image, "pvc": opts.pvc, "versions": result.versions, "sets": list(opts.sets),
             "engine_args": result.engine_args,
         })
     result.out = Path(out)

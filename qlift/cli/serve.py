@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -10,36 +11,28 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import STATE, emit, human_bytes, json_option
-from qlift.cli.params import PORT, SECONDS, count
+from qlift.options import field_docs
 from qlift.serialize import to_jsonable
+from qlift.serve.options import ServeOptions
 
 if TYPE_CHECKING:
     from qlift.hardware import Hardware
     from qlift.serve.launch import LaunchSpec
     from qlift.serve.plan import MemoryPlan
 
-WORKLOADS = ("chat", "long-doc", "multi-tenant", "batch")
+_FIELDS = [f.name for f in dataclasses.fields(ServeOptions)]
+_LORA = _FIELDS.index("loras")
 
 
-def _hardware_options(f: Any) -> Any:
-    f = click.option("--gpus", type=count(1, 64), default=None, help="With --gpu: how many of them.")(f)
-    return click.option(
-        "--gpu", "gpu", metavar="NAME", default=None,
-        help='Plan for this GPU instead of the detected hardware, e.g. "RTX 4090", T4, A100-80GB.',
-    )(f)
+def _only(*names: str) -> tuple[str, ...]:
+    """The exclude= that leaves ``names``: ServeOptions' options a command takes, in field order."""
+    return tuple(n for n in _FIELDS if n not in names)
 
 
-def _recipe_options(f: Any) -> Any:
-    f = click.option(
-        "--set", "sets", multiple=True, metavar="KEY=VALUE",
-        help="Override a vLLM argument, engine or server (vLLM's name), e.g. --set max_model_len=8192 "
-             "or --set api_server_count=4. Repeatable.",
-    )(f)
-    f = click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
-                     help="What the server is for; --recipe auto picks among recipes of this workload.")(f)
-    return click.option("--recipe", "-r", default="auto", show_default=True, metavar="NAME|auto|FILE",
-                        help="Recipe name (`qlift recipes list`), a recipe YAML file, or auto.")(f)
+_hardware_options = click_options(ServeOptions, exclude=_only("gpu", "gpus"))
+_recipe_options = click_options(ServeOptions, exclude=_only("recipe", "workload", "sets"))
 
 
 def _hardware(gpu: str | None, gpus: int | None) -> Hardware:
@@ -107,25 +100,11 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
 
 @click.command("serve")
 @click.argument("model", type=click.Path(path_type=Path))
-@_recipe_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it).")
-@click.option(
-    "--port", type=PORT, default=8000, show_default=True, help="Port for the OpenAI-compatible API (0: any free port)."
-)
-@click.option("--served-model-name", default=None, help="Model name clients send (default: the directory name).")
-@click.option("--api-key-env", metavar="NAME", default=None,
-              help="Require this API key, read from environment variable NAME (never printed).")
-@click.option("--lora", "loras", multiple=True, metavar="NAME=DIR",
-              help="Also serve LoRA adapter DIR unmerged as model NAME, checked against MODEL first. Repeatable.")
-@click.option("--lora-runtime", is_flag=True,
-              help="Let `qlift lora load|unload` add adapters while it runs (binds 127.0.0.1 or needs --api-key-env).")
-@click.option("--dry-run", is_flag=True, help="Print the command, config and plan; start nothing.")
-@click.option("--timeout", type=SECONDS, default=900, show_default=True, help="Seconds to wait for /health.")
-@_hardware_options
+@click_options(ServeOptions, exclude=_only(*_FIELDS[:_LORA]))
+@click.option("--lora", "loras", multiple=True, metavar="NAME=DIR", help=field_docs(ServeOptions)["loras"])
+@click_options(ServeOptions, exclude=_only(*_FIELDS[_LORA + 1:]))
 @json_option
-def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], host: str, port: int,
-              served_model_name: str | None, api_key_env: str | None, loras: tuple[str, ...], lora_runtime: bool,
-              dry_run: bool, timeout: float, gpu: str | None, gpus: int | None) -> None:
+def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
     """Serve MODEL with vLLM (OpenAI-compatible API) using a hardware-profiled recipe.
 
     Resolves the recipe (auto: the best one that fits this hardware and workload),
@@ -145,18 +124,13 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
       qlift serve ./merged --recipe auto --gpu T4 --dry-run
       qlift serve ./smollm2 --recipe cpu --lora tickets=./adapters/tickets --lora-runtime
     """
-    from qlift.errors import BadInputError
     from qlift.serve.launch import prepare, run
     from qlift.serve.lora import parse_lora_flags
 
-    if gpu and not dry_run:
-        raise BadInputError("--gpu simulates hardware, so it only works with --dry-run",
-                            hint="Drop --gpu to serve on this machine, or add --dry-run.")
-    hw = _hardware(gpu, gpus)
-    spec = prepare(model, recipe=recipe, hardware=hw, workload=workload, host=host, port=port,
-                   served_model_name=served_model_name, sets=list(sets), api_key_env=api_key_env,
-                   loras=parse_lora_flags(loras), lora_runtime=lora_runtime)
-    if dry_run:
+    opts = ServeOptions(loras=parse_lora_flags(loras), **options)
+    hw = _hardware(opts.gpu, opts.gpus)
+    spec = prepare(model, opts, hw)
+    if opts.dry_run:
         emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
         return
     from qlift.cpu_support import require_cpu_support
@@ -174,7 +148,7 @@ def serve_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], ho
         click.echo(f"note: {limit_note}", err=True)
     click.echo(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}", err=True)
     stream = None if STATE.quiet else _stderr_write
-    outcome = run(spec, timeout=timeout, on_ready=_ready, stream=stream, stream_startup=STATE.verbose > 0)
+    outcome = run(spec, on_ready=_ready, stream=stream, stream_startup=STATE.verbose > 0)
     click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by}", err=True)
 
 

@@ -36,6 +36,7 @@ from qlift.perf.counter import CounterRate, CounterSampler
 from qlift.perf.engine import quick_hardware
 from qlift.perf.options import BenchOptions, TuneOptions
 from qlift.serve.launch import config_server, config_yaml, new_run_dir
+from qlift.serve.options import ServeOptions
 from qlift.serve.plan import fit_to_model, plan_memory
 from qlift.serve.recipes import EngineSpec, Recipe, apply_overrides, load_recipe
 from qlift.vllm.process import free_port, raise_open_files_limit
@@ -201,7 +202,8 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, options: Tu
     port = free_port()
     (run_dir / "config.yaml").write_text(config_yaml(md.path.resolve(), "127.0.0.1", port, "tune", engine))
     env = {k: v for k, v in recipe.env.items()}
-    server = config_server(md.path, run_dir, "127.0.0.1", port, "tune", engine, env)
+    server = config_server(md.path, run_dir, ServeOptions(host="127.0.0.1", port=port, served_model_name="tune"),
+                           engine, env)
     bench = replace(options.bench(), tokenizer=str(md.path.resolve()))
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
     try:

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -26,6 +26,7 @@ from qlift.fsutil import write_json_atomic
 from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.models.ref import AdapterRef, ModelRef, hash_memo
+from qlift.serve.options import ServeOptions
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
@@ -45,18 +46,31 @@ class LaunchSpec:
     model: Path
     recipe: str
     recipe_reason: str
-    served_model_name: str
-    host: str
-    port: int
+    options: ServeOptions  # as given, with the port and served model name fixed
     engine_args: dict[str, Any]
     env: dict[str, str]  # set for vLLM from the recipe (the caller's own environment wins)
     run_dir: Path
     argv: list[str]
     config_yaml: str
     plan: MemoryPlan
-    api_key_env: str | None = None
     notes: list[str] = field(default_factory=list)
     model_ref: ModelRef | None = None  # the version served: the model and the --lora adapters, by content hash
+
+    @property
+    def host(self) -> str:
+        return self.options.host
+
+    @property
+    def port(self) -> int:
+        return self.options.port
+
+    @property
+    def served_model_name(self) -> str:
+        return self.options.served_model_name or self.model.resolve().name
+
+    @property
+    def api_key_env(self) -> str | None:
+        return self.options.api_key_env
 
     @property
     def base_url(self) -> str:
@@ -147,62 +161,59 @@ def config_yaml(model: Path, host: str, port: int, served: str, engine: dict[str
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def prepare(
-    model: Path,
-    *,
-    recipe: str,
-    hardware: Hardware,
-    workload: str = "chat",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    served_model_name: str | None = None,
-    sets: list[str] | None = None,
-    api_key_env: str | None = None,
-    loras: dict[str, Path] | None = None,
-    lora_runtime: bool = False,
-) -> LaunchSpec:
-    """Resolve recipe, overrides and plan into a launch; starts and writes nothing. ``loras`` (name ->
-    adapter dir) are checked against the model before anything starts (qlift.serve.lora)."""
-    planned = plan_launch(model, recipe=recipe, hardware=hardware, workload=workload, sets=sets)
+def prepare(model: Path, options: ServeOptions | None = None, hardware: Hardware | None = None) -> LaunchSpec:
+    """Resolve recipe, overrides and plan into a launch; starts and writes nothing. ``hardware``: this machine,
+    or the options' --gpu, unless given. The options' --lora adapters are checked against the model before
+    anything starts (qlift.serve.lora)."""
+    opts = options or ServeOptions()
+    if hardware is None:
+        from qlift.hardware import resolve
+
+        hardware = resolve(opts.gpu, opts.gpus)
+    planned = plan_launch(model, recipe=opts.recipe, hardware=hardware, workload=opts.workload, sets=list(opts.sets))
     md, chosen, plan = planned.model, planned.recipe, planned.memory
+    api_key_env, loras = opts.api_key_env, opts.loras
     if api_key_env is not None and not os.environ.get(api_key_env):
         raise BadInputError(
             f"--api-key-env {api_key_env}: that environment variable is not set or empty",
             hint=f"Export {api_key_env} with the key first.",
         )
-    served = served_model_name or md.path.resolve().name
+    served = opts.served_model_name or md.path.resolve().name
     engine = chosen.engine.args()
     engine.setdefault("dtype", plan.dtype)
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
-    if loras or lora_runtime or engine.get("enable_lora"):
+    if loras or opts.lora_runtime or engine.get("enable_lora"):
         from qlift.serve.lora import plan_lora_serving
 
-        lora = plan_lora_serving(md, loras or {}, engine, runtime=lora_runtime, served_name=served, host=host,
+        lora = plan_lora_serving(md, loras, engine, runtime=opts.lora_runtime, served_name=served, host=opts.host,
                                  api_key_env=api_key_env, cpu=chosen.hardware.device == "cpu")
         engine.update(lora.engine)
         env.update(lora.env)
         notes += lora.notes
     # Cheap for a dir whose qlift.json still matches its files; others are hashed once, then remembered.
-    ref = ModelRef.of(md.path.resolve(), [AdapterRef(name=n, path=Path(p).resolve()) for n, p in (loras or {}).items()],
+    ref = ModelRef.of(md.path.resolve(), [AdapterRef(name=n, path=Path(p).resolve()) for n, p in loras.items()],
                       memo=hash_memo())
     run_dir = new_run_dir(served)
-    port = port or free_port(host)  # 0: any free port, fixed now so config, argv and URL agree
-    server = config_server(md.path, run_dir, host, port, served, engine, env)
+    # port 0: any free port, fixed now so config, argv and URL agree
+    fixed = replace(opts, port=opts.port or free_port(opts.host), served_model_name=served)
+    server = config_server(md.path, run_dir, fixed, engine, env)
     return LaunchSpec(
-        model=md.path, recipe=chosen.name, recipe_reason=planned.reason, served_model_name=served, host=host,
-        port=port, engine_args=engine, env=env, run_dir=run_dir, argv=server.argv(),
-        config_yaml=config_yaml(md.path.resolve(), host, port, served, engine), plan=plan,
-        api_key_env=api_key_env, notes=notes + plan.notes, model_ref=ref,
+        model=md.path, recipe=chosen.name, recipe_reason=planned.reason, options=fixed, engine_args=engine, env=env,
+        run_dir=run_dir, argv=server.argv(),
+        config_yaml=config_yaml(md.path.resolve(), fixed.host, fixed.port, served, engine), plan=plan,
+        notes=notes + plan.notes, model_ref=ref,
     )
 
 
-def config_server(model: Path, run_dir: Path, host: str, port: int, served: str, engine: dict[str, Any],
+def config_server(model: Path, run_dir: Path, options: ServeOptions, engine: dict[str, Any],
                   env: dict[str, str]) -> VllmServer:
-    """vLLM reading ``run_dir/config.yaml`` (see ``config_yaml``), its log beside it."""
+    """vLLM reading ``run_dir/config.yaml`` (see ``config_yaml``), its log beside it, at the options' host and
+    port (not 0) under their served model name (default: the model directory's name)."""
     return VllmServer(
-        model=model.resolve(), log_path=run_dir / "vllm.log", port=port, host=host, served_model_name=served,
+        model=model.resolve(), log_path=run_dir / "vllm.log", port=options.port, host=options.host,
+        served_model_name=options.served_model_name or model.resolve().name,
         extra_args=["--config", str(run_dir / "config.yaml"), *false_flags(engine)], env=env,
         python=vllm_python() or sys.executable, die_with_parent=True,
     )
@@ -262,12 +273,12 @@ class ServeOutcome:
 def run(
     spec: LaunchSpec,
     *,
-    timeout: float = 900.0,
     on_ready: Callable[[LaunchSpec, int], None] | None = None,
     stream: Callable[[str], None] | None = None,
     stream_startup: bool = False,
 ) -> ServeOutcome:
-    """Serve until SIGINT/SIGTERM (then stop vLLM's process group) or until vLLM dies (an error)."""
+    """Serve until SIGINT/SIGTERM (then stop vLLM's process group) or until vLLM dies (an error); /health must
+    answer within the options' --timeout."""
     check_plan(spec.plan)
     spec.run_dir.mkdir(parents=True, exist_ok=False)
     (spec.run_dir / "config.yaml").write_text(spec.config_yaml)
@@ -279,8 +290,7 @@ def run(
     env = dict(spec.env)
     if spec.api_key_env:
         env[API_KEY_VAR] = os.environ[spec.api_key_env]
-    server = config_server(spec.model, spec.run_dir, spec.host, spec.port, spec.served_model_name,
-                           spec.engine_args, env)
+    server = config_server(spec.model, spec.run_dir, spec.options, spec.engine_args, env)
     stopped: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -302,7 +312,7 @@ def run(
             if stream_startup:
                 follow()
 
-        server.wait_ready(timeout=timeout, on_poll=startup_poll)
+        server.wait_ready(timeout=spec.options.timeout_s, on_poll=startup_poll)
         if not stream_startup:
             follow.offset = server.log_path.stat().st_size  # the startup log stays in the file
         if on_ready is not None:

@@ -60,7 +60,7 @@ BAD = [
     ({"stage": "serve", "name": "cand", "options": {"core": -1}}, "cand", "options.core", "greater than"),
     ({"stage": "promote", "options": {"analysis": {"min_requests": 0}}}, "promote", "options.analysis.min_requests",
      "greater than"),
-    ({"stage": "promote", "options": {"steps": [10, 50], "colour": 1}}, "promote", "options.colour", "xtra"),
+    ({"stage": "promote", "options": {"steps": [10, 100], "colour": 1}}, "promote", "options.colour", "xtra"),
     ({"stage": "promote", "options": {"canary_hash": "sha256:0"}}, "promote", "options.canary_hash",
      "set by the release"),
 ]
@@ -259,3 +259,16 @@ def test_shipped_example_plans(run_cli) -> None:
     assert plan["stages"][0]["kind"] == "import"
     st = run_cli("release", "status", REPO / "examples" / "release.yaml")
     assert st.exit_code == 0 and "promote" in st.stdout
+
+
+def test_a_serve_stage_passes_qlift_serve_its_options() -> None:
+    from qlift.cli.serve import serve_cmd
+    from qlift.release.live import serve_argv
+    from qlift.release.spec import ServeStageOptions
+
+    stage = ServeStageOptions(role="stable", recipe="cpu", sets=["max_model_len=2048"], timeout_s=120, core=1)
+    argv, env = serve_argv(Path("m"), stage)
+    given = serve_cmd.make_context("serve", argv[1:]).params
+    assert (given["model"], given["recipe"], given["sets"], given["port"], given["timeout_s"],
+            given["served_model_name"]) == (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}

@@ -92,3 +92,26 @@ def options_from(cls: type, kwargs: dict[str, Any]) -> Any:
     """``cls`` built from the command's keyword arguments named after its fields."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def cli_args(options: Any, *, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The flags that give ``options`` back through ``click_options`` (its fields left at their defaults are
+    left out): how a stage that runs another qlift command passes it a typed options object."""
+    args: list[str] = []
+    for field in dataclasses.fields(options):
+        value, meta, opt = getattr(options, field.name), field.metadata, field_flag(field)
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        if field.name in exclude or value == default:
+            continue
+        if "parse" in meta or isinstance(value, dict):
+            raise TypeError(f"{type(options).__name__}.{field.name} has no generic CLI spelling")
+        if meta.get("flag_pair"):
+            args.append(opt if value else f"--no-{opt.removeprefix('--')}")
+        elif isinstance(value, bool):
+            args.append(opt)  # a non-default bool is the flag's own value (--x, or --no-x for a True default)
+        elif isinstance(value, tuple):
+            args += [a for v in value for a in (opt, str(v))]
+        else:
+            texts = dict(zip(_choice_values(field), choice_texts(field), strict=True)) if "choices" in meta else {}
+            args += [opt, str(texts.get(value, value))]
+    return args

@@ -93,10 +93,12 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
 
 
 def serve_argv(model: Path, o: ServeStageOptions) -> tuple[list[str], dict[str, str]]:
-    argv = ["serve", str(model), "--recipe", o.recipe, "--served-model-name", o.served_model_name or f"qlift-{o.role}",
-            "--port", "0", "--timeout", str(o.timeout_s), "--json"]
-    for s in o.sets:
-        argv += ["--set", s]
+    from qlift.cli.options import cli_args
+    from qlift.serve.options import ServeOptions
+
+    serve = ServeOptions(recipe=o.recipe, sets=tuple(o.sets), port=0, timeout_s=o.timeout_s,
+                         served_model_name=o.served_model_name or f"qlift-{o.role}")
+    argv = ["serve", str(model), *cli_args(serve), "--json"]
     env = {}
     if o.core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(o.core)

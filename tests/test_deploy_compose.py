@@ -57,6 +57,15 @@ def load(name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     return raw if env is None else interpolate(raw, env)  # type: ignore[no-any-return]
 
 
+def _parse(cmd: click.Command, name: str, argv: list[str]) -> click.Context:
+    """``cmd``'s parse under the qlift group's context, as the CLI runs it: a bare make_context would fix
+    the command's help option to --help only for the rest of the session (docs/cli.md shows -h too)."""
+    from qlift.cli import cli
+
+    with click.Context(cli, info_name="qlift", **cli.context_settings) as parent:
+        return cmd.make_context(name, list(argv), parent=parent)
+
+
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_file_matches_the_compose_spec(name: str) -> None:
     jsonschema.Draft202012Validator(_schema()).validate(load(name))
@@ -93,7 +102,7 @@ def test_services_are_wired_together(name: str) -> None:
         svc = services[version]
         argv = svc["command"]
         assert argv[:2] == ["serve", f"/models/{ENV[f'{version.upper()}_MODEL']}"]
-        serve_cmd.make_context("serve", argv[1:])  # qlift serve accepts exactly these flags
+        _parse(serve_cmd, "serve", argv[1:])  # qlift serve accepts exactly these flags
         assert _flag_values(argv, "--host") == ["0.0.0.0"]
         vllm_ports[version] = _flag_values(argv, "--port")[0]
         assert svc["ports"] == [f"127.0.0.1:{host_port}:{vllm_ports[version]}"]
@@ -101,7 +110,7 @@ def test_services_are_wired_together(name: str) -> None:
         assert svc["volumes"][0] == "/srv/models:/models:ro"
     router = services["router"]
     argv = router["command"]
-    router_cmd.make_context("router", argv[1:])
+    _parse(router_cmd, "router", argv[1:])
     backends = dict(b.split("=", 1) for b in _flag_values(argv, "--backend"))
     assert backends == {v: f"http://{v}:{vllm_ports[v]}" for v in ("stable", "canary")}
     config = build_config(config_path=None, backends=_flag_values(argv, "--backend"),
@@ -148,7 +157,7 @@ def test_promote_accepts_the_documented_command() -> None:
         line = re.search(r"#\s+(qlift promote start .*?)(?:\n#\s*\n|\n#\s+[A-Z]|\n[^#]|$)", header, re.S)
         assert line, name
         argv = line.group(1).replace("\\\n#", " ").split()[3:]
-        ctx = start_cmd.make_context("start", argv)
+        ctx = _parse(start_cmd, "start", argv)
         backends = dict(b.split("=", 1) for b in ctx.params["backends"])
         spec = build_spec({}, {"router": ctx.params["router"], "stable": ctx.params["stable"],
                                "canary": ctx.params["canary"], "backends": backends})
@@ -196,4 +205,4 @@ def test_click_is_what_parsed_the_commands() -> None:
     from qlift.cli.serve import serve_cmd
 
     with pytest.raises(click.UsageError):  # make_context refuses an unknown flag: the parse checks are real
-        serve_cmd.make_context("serve", ["/models/x", "--no-such-flag"])
+        _parse(serve_cmd, "serve", ["/models/x", "--no-such-flag"])

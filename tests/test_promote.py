@@ -286,3 +286,32 @@ def test_eval_report_gate(run_cli, tmp_path: Path, backends, tiny_qwen2_tied: Pa
         assert RouterClient(router.url, TOKEN).state().weights == {"stable": 100, "canary": 0}  # never started
     finally:
         router.stop()
+
+
+def test_start_flags_are_the_specs_fields() -> None:
+    """`promote start`'s flags come from RolloutSpec and its sections: each field a flag whose help is the field's
+    description, and every flag FLAG_FOR names (to blame a bad value on) exists."""
+    from qlift.cli.promote import start_cmd
+    from qlift.rollout.spec import FLAG_FOR, OPTION_SECTIONS, flag_name
+
+    params = {o: p for p in start_cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", []))}
+    assert set(FLAG_FOR.values()) <= set(params)
+    for section, (model, _, skip) in OPTION_SECTIONS.items():
+        for field, info in model.model_fields.items():
+            if field not in skip:
+                help_text = params[flag_name(section, field)].help or ""
+                assert info.description and help_text.startswith(info.description), (section, field)
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--steps", "50,10", "must increase"),
+    ("--interval", "soon", "soon"),
+    ("--data-plane", "istio", "istio"),
+])
+def test_bad_start_flag_is_one_line_naming_it(run_cli, tmp_path: Path, flag: str, value: str, says: str) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("promote", "start", "--router", "http://127.0.0.1:9", "--stable", "a", "--canary", "b", flag, value,
+                "--journal", tmp_path / "j.sqlite")
+    assert r.exit_code == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and says in lines[0], lines
+    assert not (tmp_path / "j.sqlite").exists()  # nothing journaled

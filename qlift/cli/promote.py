@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from qlift.cli.output import emit, json_option
-from qlift.rollout.planes import plane_names
 from qlift.rollout.spec import spec_options, spec_overrides
 
 GROUP_EPILOG = """\b
@@ -52,12 +51,6 @@ def _parse_backends(values: tuple[str, ...]) -> dict[str, str] | None:
     return out
 
 
-def _parse_steps(value: str | None) -> list[Any] | None:
-    if value is None:
-        return None
-    return [int(s) if s.strip().isdigit() else s.strip() for s in value.split(",")]
-
-
 @promote_group.command("start", epilog="""\b
 Examples:
   qlift promote start --router http://127.0.0.1:8080 --stable smollm2 --canary smollm2-ft
@@ -73,28 +66,17 @@ weight x requests/s x interval >= --min-requests (10% of 2 req/s over 30s = 6).
 Too little traffic pauses the rollout (--on-insufficient rollback to roll back instead).
 """)
 @click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path), help="Rollout spec YAML (flags override).")
-@click.option("--router", help="URL of the qlift router (builtin data plane and evidence).")
-@click.option("--stable", help="Name of the stable version (a router backend name).")
-@click.option("--canary", help="Name of the canary version.")
-@click.option("--steps", help="Canary weights, e.g. 10,50,100 (must end at 100).")
-@click.option("--interval", help="Analysis window, e.g. 30s, 2m.")
-@spec_options("analysis")
+@spec_options("spec", "analysis")
 @click.option("--shadow", "shadow_percent", metavar="PERCENT",
               help="Shadow phase first: mirror this share of live requests (e.g. 20%) to the canary and judge its "
               "answers against the stable's; users see none of them (qlift router only). (spec: shadow.percent)")
 @spec_options("shadow")
-@click.option("--eval-report", type=click.Path(path_type=Path), help="Refuse to start unless this `qlift eval "
-              "--report` dir passed for the model the canary serves.")
-@click.option("--canary-model", type=click.Path(path_type=Path),
-              help="The canary's model dir for --eval-report (default: the root its vLLM server reports).")
 @click.option("--canary-adapter", metavar="NAME=DIR",
               help="Load LoRA adapter DIR as model NAME into the stable's vLLM server first (runtime loading; the "
               "router's canary backend is STABLE_URL#NAME); unloaded after a rollback or abort (docs/lora.md).")
-@click.option("--data-plane", type=click.Choice(plane_names()), help="Where weights live.")
 @click.option("--prometheus", "prometheus_url", help="Judge on Prometheus queries from this server instead.")
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL",
               help="A version's server URL (nginx upstreams, vLLM /metrics); repeatable.")
-@click.option("--webhook", help="POST a JSON event here on every decision (failures are logged, never fatal).")
 @click.option("--new", "new", is_flag=True, help="Start a new rollout even though the journal's last one was "
               "promoted (without it, `start` after a promotion starts nothing).")
 @journal_option
@@ -113,14 +95,8 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     from qlift.rollout.api import raise_for_outcome, status
 
     canary_adapter = flags.pop("canary_adapter")
-    overrides: dict[str, Any] = {
-        "router": flags.pop("router"), "stable": flags.pop("stable"), "canary": flags.pop("canary"),
-        "steps": _parse_steps(flags.pop("steps")), "interval": flags.pop("interval"),
-        "eval_report": flags.pop("eval_report"), "canary_model": flags.pop("canary_model"),
-        "data_plane": flags.pop("data_plane"), "webhook": flags.pop("webhook"),
-        "backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
-        **spec_overrides(flags),
-    }
+    overrides: dict[str, Any] = {"backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
+                                 **spec_overrides(flags)}
     if prometheus_url:
         overrides.update({"provider": "prometheus", "prometheus.url": prometheus_url})
     file_data = read_spec_file(spec_file) if spec_file else {}

@@ -13,7 +13,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
 from qlift.errors import BadInputError
@@ -41,6 +41,13 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _comma_list(value: Any) -> Any:
+    """``"10,50,100"`` (a flag, or a file that writes it so) -> [10, 50, 100]; lists pass as they are."""
+    if isinstance(value, str):
+        return [int(s) if s.strip().isdigit() else s.strip() for s in value.split(",")]
+    return value
 
 
 class _Strict(BaseModel):
@@ -191,8 +198,9 @@ class RolloutSpec(_Strict):
     stable: str = Field(description="Name of the stable version (a router backend name).")
     canary: str = Field(description="Name of the canary version.")
     router: str | None = Field(None, description="The qlift router's URL (builtin data plane and evidence).")
-    steps: list[int] = Field([10, 50, 100], description="Canary weights, increasing, ending at 100.")
-    interval: Duration = Field(30.0, description="Length of one analysis window.")
+    steps: Annotated[list[int], BeforeValidator(_comma_list)] = Field(
+        [10, 50, 100], description="Canary weights, increasing, ending at 100, e.g. 10,50,100.")
+    interval: Duration = Field(30.0, description="Length of one analysis window, e.g. 30s, 2m.")
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)  # type: ignore[arg-type]
     provider: Literal["builtin", "prometheus"] = Field(
         "builtin", description="Evidence source: the router's request log (builtin) or Prometheus.")
@@ -202,28 +210,36 @@ class RolloutSpec(_Strict):
         default_factory=dict, description="Version name -> base URL (nginx upstreams; vLLM /metrics).")
     models: dict[str, str] = Field(
         default_factory=dict, description="Version name -> served model name ($model in Prometheus queries).")
-    data_plane: Literal["builtin", "nginx", "gateway-api", "inference-ext"] = "builtin"
+    data_plane: Literal["builtin", "nginx", "gateway-api", "inference-ext"] = Field(
+        "builtin", description="Where the weights live (qlift.rollout.planes).")
     nginx: NginxSpec | None = None
     gateway: GatewaySpec | None = None
     inference_ext: InferenceExtSpec | None = None
-    eval_report: Path | None = Field(None, description="A passing `qlift eval --report` dir for the canary.")
-    canary_model: Path | None = Field(None, description="The canary's model dir (default: asked from its server).")
+    eval_report: Path | None = Field(None, description="Refuse to start unless this `qlift eval --report` dir passed "
+                                     "for the model the canary serves.")
+    canary_model: Path | None = Field(None, description="The canary's model dir for eval_report (default: the root "
+                                      "its vLLM server reports).")
     canary_hash: str | None = Field(
         None, description="The canary's ModelRef content hash (`qlift serve` records it as model.content_hash); "
         "when set, the eval gate matches the eval report's candidate.content_hash against it instead of asking "
         "the server which model dir it serves.")
-    webhook: str | None = Field(None, description="URL that gets a JSON POST on every decision.")
+    webhook: str | None = Field(None, description="POST a JSON event here on every decision (failures are logged, "
+                                "never fatal).")
     shadow: ShadowSpec | None = Field(None, description="A shadow phase before the first step (qlift router only).")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, s: list[int]) -> list[int]:
+        if not s or any(not 0 < w <= 100 for w in s) or any(b <= a for a, b in zip(s, s[1:], strict=False)):
+            raise ValueError(f"steps {s} must increase within 1..100")
+        if s[-1] != 100:
+            raise ValueError(f"steps {s} must end at 100")
+        return s
 
     @model_validator(mode="after")
     def _consistent(self) -> RolloutSpec:
         if self.stable == self.canary:
             raise ValueError("stable and canary must be different versions")
-        s = self.steps
-        if not s or any(not 0 < w <= 100 for w in s) or any(b <= a for a, b in zip(s, s[1:], strict=False)):
-            raise ValueError(f"steps {s} must increase within 1..100")
-        if s[-1] != 100:
-            raise ValueError(f"steps {s} must end at 100")
         if self.data_plane == "builtin" and not self.router:
             raise ValueError("the builtin data plane needs router: URL (--router)")
         if self.data_plane == "nginx":
@@ -271,7 +287,11 @@ class RolloutSpec(_Strict):
 # percents), so a flag and the spec file go through the same validation.
 
 # section -> (model, flag prefix, fields left to hand-written flags)
+# "spec" is RolloutSpec's own top-level fields; those with a richer or no CLI form stay out.
+SPEC_FLAGS = ("stable", "canary", "router", "steps", "interval", "data_plane", "eval_report", "canary_model",
+              "webhook")
 OPTION_SECTIONS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
+    "spec": (RolloutSpec, "", tuple(f for f in RolloutSpec.model_fields if f not in SPEC_FLAGS)),
     "analysis": (AnalysisSpec, "", ()),
     "shadow": (ShadowSpec, "shadow-", ("percent",)),  # --shadow PERCENT is the phase's own flag
 }
@@ -279,6 +299,11 @@ OPTION_SECTIONS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
 
 def flag_name(section: str, field: str) -> str:
     return "--" + OPTION_SECTIONS[section][1] + field.replace("_", "-")
+
+
+def _spec_key(section: str, field: str) -> str:
+    """The dotted path of a field in a RolloutSpec (build_spec's override key)."""
+    return field if section == "spec" else f"{section}.{field}"
 
 
 def _param_name(section: str, field: str) -> str:
@@ -302,6 +327,8 @@ def _click_type(info: Any) -> tuple[Any, bool]:
         return click.INT, False
     if base is float:
         return click.FLOAT, False
+    if base is Path:
+        return click.Path(path_type=Path), False
     return click.STRING, False
 
 
@@ -325,7 +352,7 @@ def spec_options(*sections: str) -> Callable[[F], F]:
                     continue
                 ctype, is_bool = _click_type(info)
                 flag = flag_name(section, field)
-                text = (info.description or "") + f" (spec: {section}.{field})" + _default_text(info)
+                text = (info.description or "") + f" (spec: {_spec_key(section, field)})" + _default_text(info)
                 if is_bool:
                     decls = [f"{flag}/--no-{flag[2:]}", _param_name(section, field)]
                     fn = click.option(*decls, default=None, help=text)(fn)
@@ -346,16 +373,14 @@ def spec_overrides(params: dict[str, Any]) -> dict[str, Any]:
                 continue
             name = _param_name(section, field)
             if name in params:
-                out[f"{section}.{field}"] = params.pop(name)
+                out[_spec_key(section, field)] = params.pop(name)
     return out
 
 
 # Flag spelling of a field, to name the flag when one was wrong.
 FLAG_FOR = {
-    "router": "--router", "stable": "--stable", "canary": "--canary", "steps": "--steps",
-    "interval": "--interval", "data_plane": "--data-plane", "eval_report": "--eval-report",
-    "canary_model": "--canary-model", "webhook": "--webhook", "shadow.percent": "--shadow",
-    **{f"{section}.{field}": flag_name(section, field)
+    "shadow.percent": "--shadow",
+    **{_spec_key(section, field): flag_name(section, field)
        for section, (model, _, skip) in OPTION_SECTIONS.items() for field in model.model_fields if field not in skip},
 }
 

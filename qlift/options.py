@@ -76,6 +76,11 @@ def _within(value: Any, low: float | None, high: float | None, above: float | No
             and (above is None or value > above))
 
 
+def number_text(v: float) -> str:
+    """A bound as a user types it: 2147483647, not 2.14748e+09."""
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
 def _range_text(low: float | None, high: float | None, above: float | None) -> str:
-    parts = [f"{op} {v:g}" for op, v in ((">=", low), ("<=", high), (">", above)) if v is not None]
+    parts = [f"{op} {number_text(v)}" for op, v in ((">=", low), ("<=", high), (">", above)) if v is not None]
     return " and ".join(parts)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from qlift.errors import BadInputError
+from qlift.options import number_text
 
 
 def _option_name(param: click.Parameter | None) -> str | None:
@@ -49,8 +50,8 @@ class Number(click.ParamType):
         return number
 
     def _range(self) -> str:
-        low = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
-        high = "" if self.high is None else f"<= {self.high:g}"
+        low = "" if self.low is None else f"{'>' if self.low_open else '>='} {number_text(self.low)}"
+        high = "" if self.high is None else f"<= {number_text(self.high)}"
         return " and ".join(p for p in (low, high) if p)
 
     def _hint(self) -> str:

@@ -29,7 +29,7 @@ from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
 from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, tokens_used
 from qlift.router.metrics import RouterMetrics, status_class
-from qlift.router.proxy import BAD_ANSWER, Attempt, attempt, error_body
+from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body
 from qlift.router.rewrite import ModelRewriter
 from qlift.router.serverlimits import (
     GuardedSite,
@@ -336,9 +336,8 @@ class Router:
                 rewrite = ModelRewriter(backend.served_model, self.public_model if self.config.rewrite_model else None)
                 self._begin(backend)
                 try:
-                    await attempt(request, self.sessions[backend.name], backend, payload, stream=stream,
-                                  request_id=rid, first_byte_s=first_byte_s, idle_s=t.idle_s, deadline=deadline,
-                                  att=att, rewrite=rewrite, strip_usage=strip_usage)
+                    up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage)
+                    await attempt(request, self.sessions[backend.name], up, att)
                 finally:
                     self._end(backend)
                 if att.connect_failed and self.health is not None:

@@ -177,14 +177,24 @@ def _response_headers(request_id: str, backend: Backend, content_type: str) -> d
     return {"Content-Type": content_type, "X-Request-Id": request_id, "X-Qlift-Backend": backend.name}
 
 
-async def attempt(request: web.Request, session: aiohttp.ClientSession, backend: Backend, payload: bytes, *,
-                  stream: bool, request_id: str, first_byte_s: float, idle_s: float, deadline: float, att: Attempt,
-                  rewrite: ModelRewriter, strip_usage: bool = False) -> None:
-    """Run one attempt, filling ``att``. Answers the client unless it failed early (see Attempt.failed_early).
+@dataclass(frozen=True)
+class Upstream:
+    """Where one attempt goes, what it sends, and how long it may take."""
 
-    ``deadline`` (time.monotonic) ends the request wherever it is; ``first_byte_s`` bounds the wait
-    for a non-streamed answer, or a stream's first event.
-    """
+    backend: Backend
+    payload: bytes
+    request_id: str
+    first_byte_s: float  # the wait for a non-streamed answer, or a stream's first event
+    idle_s: float  # the longest silence inside a stream
+    deadline: float  # time.monotonic() that ends the request wherever it is
+    rewrite: ModelRewriter
+    strip_usage: bool = False  # drop the usage-only chunk the router asked for and the client did not
+
+
+async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upstream, att: Attempt) -> None:
+    """Run one attempt, filling ``att``. Answers the client unless it failed early (see Attempt.failed_early)."""
+    backend, request_id, first_byte_s, deadline = up.backend, up.request_id, up.first_byte_s, up.deadline
+    stream = att.stream
     headers = {**UPSTREAM_HEADERS, "X-Request-Id": request_id}
     upstream: aiohttp.ClientResponse | None = None
     first_chunk = b""
@@ -192,7 +202,7 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
     try:
         try:
             async with asyncio.timeout(wait):
-                upstream = await session.post(backend.url + request.path, data=payload, headers=headers)
+                upstream = await session.post(backend.url + request.path, data=up.payload, headers=headers)
                 att.status = upstream.status
                 content_type = upstream.headers.get("Content-Type", "application/json")
                 sse = content_type.startswith("text/event-stream")
@@ -220,14 +230,14 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, backend:
             att.fail("upstream", redact_url(f"{type(exc).__name__}: {exc}"))
             return
         if upstream.status != 200 or not stream or not sse:
-            await _answer_whole(request, backend, request_id, content_type, body, att, rewrite,
+            await _answer_whole(request, backend, request_id, content_type, body, att, up.rewrite,
                                 expect_stream=stream)
             return
         if not first_chunk:  # a 200 stream that ended before its first event: nothing was sent, replay
             att.fail("no_done", "stream ended before its first event")
             return
-        await _relay_stream(request, upstream, backend, request_id, content_type, first_chunk, idle_s, deadline,
-                            att, SseRelay(att, rewrite, strip_usage))
+        await _relay_stream(request, upstream, backend, request_id, content_type, first_chunk, up.idle_s, deadline,
+                            att, SseRelay(att, up.rewrite, up.strip_usage))
     except asyncio.CancelledError:
         att.client_disconnected = True
         raise

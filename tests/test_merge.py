@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -264,7 +265,7 @@ def test_row_blocks_give_peft_values(monkeypatch, run_cli, tmp_path, tiny_qwen2_
 
 def test_parallel_pipelines_give_peft_values(monkeypatch, run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:
     """On a many-core host each output shard gets a pipeline of its own; force that here."""
-    import qlift.merge.run as run
+    run = importlib.import_module("qlift.merge.run")  # the module; qlift.merge.run is the entry point
     from qlift.merge.writer import pipelines
 
     assert pipelines(4, 2) == 2 and pipelines(4, 16) == 4 and pipelines(8, 16) == 5 and pipelines(1, 64) == 1
@@ -282,7 +283,7 @@ def test_a_failing_pipeline_stops_the_others_and_writes_nothing(monkeypatch, run
                                                                  adapters) -> None:
     import shutil
 
-    import qlift.merge.run as run
+    run = importlib.import_module("qlift.merge.run")  # the module; qlift.merge.run is the entry point
 
     monkeypatch.setattr(run, "_cores", lambda: 12)
     base = tmp_path / "base"

@@ -32,9 +32,9 @@ def eval_cmd(candidate: str, **options: Any) -> None:
       qlift eval smollm2 --backend endpoint --endpoint http://127.0.0.1:8000 \\
           --prompts examples/prompts/smoke.jsonl --gate "json_valid >= 0.98" --json
     """
-    from qlift.eval import evaluate, require_pass
+    from qlift.eval import EvalInputs, require_pass, run
 
-    r = evaluate(candidate, EvalOptions(**options))
+    r = run(EvalInputs(candidate), EvalOptions(**options))
 
     def human() -> None:
         from qlift.eval.report import fmt, fmt_diff, wtl

@@ -33,9 +33,9 @@ def merge_cmd(base: Path, adapters: tuple[Path, ...], output: Path, **options: A
       qlift merge ./base ./sft-lora ./dpo-lora -o ./merged --dtype bf16 --max-shard-size 2GB
       qlift merge ./base ./lora -o ./merged --no-verify --device cuda --json
     """
-    from qlift.merge import merge_model
+    from qlift import merge
 
-    r = merge_model(base=base, adapters=list(adapters), out=output, options=MergeOptions(**options))
+    r = merge.run(merge.MergeInputs(base=base, adapters=list(adapters), output=output), MergeOptions(**options))
 
     def human() -> None:
         click.echo(f"wrote {r.output}: {len(r.shards)} shard(s), {r.tensors} tensors "

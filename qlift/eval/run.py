@@ -1,4 +1,7 @@
-"""``evaluate``: a candidate against a baseline on a prompt set, end to end."""
+"""``evaluate``: a candidate against a baseline on a prompt set, end to end.
+
+``run(EvalInputs, EvalOptions) -> EvalResult`` is the stage's entry point (the shape every stage shares);
+the baseline, prompts and gates are options, as on the command line."""
 
 from __future__ import annotations
 
@@ -149,6 +152,18 @@ def _judge(gate: Gate, result: EvalResult) -> GateResult:
     return GateResult(gate.expr, ok, s.candidate, thr, s.baseline, f"{s.candidate:.4g} {gate.op} {thr:.4g}")
 
 
+@dataclass(frozen=True)
+class EvalInputs:
+    """What an eval consumes: the candidate (a model directory, a built-in name, or the model an endpoint serves)."""
+
+    candidate: str
+
+
+def run(inputs: EvalInputs, options: EvalOptions) -> EvalResult:
+    """The eval stage's entry point: ``evaluate`` the candidate; a failed gate is in the result, not raised."""
+    return evaluate(inputs.candidate, options)
+
+
 def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) -> EvalResult:
     """Generate with both models, score, compare, judge the gates, and write the reports.
 
@@ -287,4 +302,4 @@ def require_pass(result: EvalResult) -> None:
         )
 
 
-__all__ = ["EvalResult", "ExampleRow", "Generation", "evaluate", "require_pass"]
+__all__ = ["EvalInputs", "EvalResult", "ExampleRow", "Generation", "evaluate", "require_pass", "run"]

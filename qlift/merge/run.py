@@ -1,4 +1,6 @@
-"""merge_model: validate, plan, stream the shards, carry the serving files, verify, record lineage."""
+"""merge_model: validate, plan, stream the shards, carry the serving files, verify, record lineage.
+
+``run(MergeInputs, MergeOptions) -> MergeResult`` is the stage's entry point (the shape every stage shares)."""
 
 from __future__ import annotations
 
@@ -158,6 +160,20 @@ class _Run:
     t0: float
     started: str
     input_hasher: FileHashes
+
+
+@dataclass(frozen=True)
+class MergeInputs:
+    """What a merge consumes: the base model, its LoRA adapters (applied in order), and where the result goes."""
+
+    base: Path
+    adapters: list[Path]
+    output: Path
+
+
+def run(inputs: MergeInputs, options: MergeOptions) -> MergeResult:
+    """The merge stage's entry point: ``merge_model`` on ``inputs`` as ``options`` say."""
+    return merge_model(base=inputs.base, adapters=list(inputs.adapters), out=inputs.output, options=options)
 
 
 def merge_model(*, base: Path, adapters: list[Path], out: Path, options: MergeOptions | None = None,

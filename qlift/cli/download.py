@@ -34,9 +34,9 @@ def download_cmd(repo_id: str, **options: Any) -> None:
       qlift download Qwen/Qwen2.5-0.5B-Instruct --source auto --dry-run
       HF_ENDPOINT=https://mirror.example qlift download org/model --token-env MY_HF_TOKEN
     """
-    from qlift.hub import download
+    from qlift.hub import DownloadInputs, run
 
-    r = download(repo_id, DownloadOptions(**options))
+    r = run(DownloadInputs(repo_id), DownloadOptions(**options))
 
     def human() -> None:
         head = f"{r.repo}@{r.revision} = commit {r.commit} ({r.source}, {r.endpoint})"

@@ -40,18 +40,18 @@ def run_base(base: BaseSource, out: Path) -> Any:
         from qlift.models.gguf_import import materialize_builtin
 
         return materialize_builtin(base.builtin, out, force=True)
-    from qlift.hub.download import download
-    from qlift.hub.options import DownloadOptions
+    from qlift.hub import DownloadInputs, DownloadOptions, run
 
     assert base.hub is not None
-    return download(base.hub, DownloadOptions(output=out, source=base.source, revision=base.revision, force=True))
+    return run(DownloadInputs(base.hub),
+               DownloadOptions(output=out, source=base.source, revision=base.revision, force=True))
 
 
 def run_merge(ref: ModelRef, options: Any, out: Path) -> Any:
-    from qlift.merge import merge_model
+    from qlift import merge
 
-    return merge_model(base=ref.base, adapters=[a.path for a in ref.adapters], out=out,
-                       options=replace(options, force=True))
+    return merge.run(merge.MergeInputs(base=ref.base, adapters=[a.path for a in ref.adapters], output=out),
+                     replace(options, force=True))
 
 
 def run_quantize(ref: ModelRef, options: Any, out: Path) -> Any:
@@ -102,11 +102,11 @@ def eval_backend(options: Any, candidate: ModelRef) -> str | None:
 
 def run_eval(candidate: ModelRef, baseline: Path | None, options: Any, out: Path, stage: str) -> Any:
     """`qlift eval` writing its reports into ``out``; a failing gate raises GateFailedError (exit 10)."""
-    from qlift.eval.run import evaluate
+    from qlift.eval import EvalInputs, run
 
     opts = replace(options, baseline=str(baseline) if baseline else options.baseline, report_dir=out, force=True,
                    backend=eval_backend(options, candidate))
-    result = evaluate(str(candidate.base), opts)
+    result = run(EvalInputs(str(candidate.base)), opts)
     if not result.passed:
         failed = [g for g in result.gates if not g.passed]
         raise GateFailedError(

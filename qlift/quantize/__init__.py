@@ -2,13 +2,14 @@
 
 from typing import TYPE_CHECKING, Any
 
+from qlift.quantize.run import QuantizeInputs, run
+
 if TYPE_CHECKING:
     from qlift.quantize.api import QuantizeResult
     from qlift.quantize.options import QuantizeOptions
-    from qlift.quantize.run import QuantizeInputs, run
 
 __all__ = ["QuantizeInputs", "QuantizeOptions", "QuantizeResult", "run"]
-_HOME = {"QuantizeInputs": "run", "QuantizeOptions": "options", "QuantizeResult": "api", "run": "run"}
+_HOME = {"QuantizeOptions": "options", "QuantizeResult": "api"}
 
 
 def __getattr__(name: str) -> Any:

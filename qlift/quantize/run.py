@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from qlift.quantize.api import QuantizeResult, quantize
-from qlift.quantize.options import QuantizeOptions
+if TYPE_CHECKING:
+    from qlift.quantize.api import QuantizeResult
+    from qlift.quantize.options import QuantizeOptions
 
 log = logging.getLogger(__name__)
 
@@ -26,4 +28,6 @@ class QuantizeInputs:
 
 def run(inputs: QuantizeInputs, options: QuantizeOptions) -> QuantizeResult:
     """Quantize ``inputs.model`` into ``inputs.output`` (atomically) as ``options`` say."""
+    from qlift.quantize.api import quantize
+
     return quantize(inputs.model, inputs.output, options, on_status=lambda msg: log.info("%s", msg))

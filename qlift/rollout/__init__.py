@@ -7,7 +7,8 @@ crash-safe SQLite journal, and three data planes (the qlift router, nginx, Gatew
 """
 
 from qlift.rollout.api import abort, default_journal, pause, promote_now, resume, start, status
+from qlift.rollout.run import RolloutInputs, run
 from qlift.rollout.spec import RolloutSpec, build_spec, read_spec_file
 
-__all__ = ["RolloutSpec", "abort", "build_spec", "default_journal", "pause", "promote_now", "read_spec_file",
-           "resume", "start", "status"]
+__all__ = ["RolloutInputs", "RolloutSpec", "abort", "build_spec", "default_journal", "pause", "promote_now",
+           "read_spec_file", "resume", "run", "start", "status"]

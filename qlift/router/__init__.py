@@ -3,3 +3,22 @@
 The server (``qlift.router.app``) needs aiohttp and prometheus_client; the admin client
 (``qlift.router.client``) needs only httpx, so promotion tooling can import it cheaply.
 """
+
+from typing import TYPE_CHECKING, Any
+
+from qlift.router.run import RouterInputs, RouterResult, run
+
+if TYPE_CHECKING:
+    from qlift.router.config import RouterConfig
+
+__all__ = ["RouterConfig", "RouterInputs", "RouterResult", "run"]
+_HOME = {"RouterConfig": "config"}
+
+
+def __getattr__(name: str) -> Any:
+    """On first use, so importing the admin client does not load the server's config models."""
+    if name in _HOME:
+        import importlib
+
+        return getattr(importlib.import_module(f"qlift.router.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

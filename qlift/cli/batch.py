@@ -40,9 +40,9 @@ def batch_cmd(model: Path, input_path: Path, out: Path, **options: Any) -> None:
       qlift batch ./merged requests.jsonl -o results.jsonl --recipe chat-h100 --resume
       qlift batch ./merged requests.jsonl -o results.jsonl --ray ray://10.0.0.5:10001 --json
     """
-    from qlift.perf.batch import run_batch
+    from qlift.perf import BatchInputs, run
 
-    result = run_batch(model, input_path, out, BatchOptions(**options))
+    result = run(BatchInputs(model, input_path, out), BatchOptions(**options))
     emit(result, lambda: _print(result))
 
 

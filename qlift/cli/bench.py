@@ -45,13 +45,14 @@ def bench_cmd(endpoint: str, model: str, baseline: Path | None, plot: Path | Non
       qlift bench --endpoint http://gateway:9000 --model chat --tokenizer ./merged   # a remote or routed server
     """
     from qlift.fsutil import write_json_atomic
-    from qlift.perf.bench import check_outcome, compare, load_result, run_bench
+    from qlift.perf import BenchInputs, run
+    from qlift.perf.bench import check_outcome, compare, load_result
     from qlift.serialize import to_jsonable
 
     opts = BenchOptions(**options)
     check_outputs(out, plot, inputs=[p for p in (opts.dataset, baseline) if p is not None], force=force)
     base = load_result(baseline) if baseline else None
-    result = run_bench(endpoint, model, opts)
+    result = run(BenchInputs(endpoint, model), opts)
     if base is not None and baseline is not None:
         result.baseline = compare(result, base, baseline)
     if out:

@@ -45,11 +45,11 @@ def tune_cmd(model: Path, out: Path, force: bool, plot: Path | None, **options: 
           --concurrency 4 --requests 8 --input-tokens 32 --output-tokens 16 -o /tmp/cpu-tuned.yaml --json
     """
     from qlift.fsutil import check_output_path
-    from qlift.perf.tune import tune
+    from qlift.perf import TuneInputs, run
 
     opts = TuneOptions(**options)
     check_output_path(out, force=force, inputs=[model])
-    result = tune(model, out, opts, plot=plot)
+    result = run(TuneInputs(model, out, plot), opts)
     emit(result, lambda: _print(result))
 
 

@@ -53,11 +53,11 @@ def k8s_cmd(model: Path, out: Path, loras: tuple[str, ...], force: bool, **optio
     (its rule is rendered too); plus the Gateway API HTTPRoute. With --canary, also
     promote-rollout.yaml for `qlift promote start -f`. Writes qlift.json (lineage).
     """
-    from qlift.deploy import write_k8s
+    from qlift.deploy import DeployInputs, run
     from qlift.serve.lora import parse_lora_flags
 
     opts = DeployOptions(model=model, loras=parse_lora_flags(loras), **options)
-    result = write_k8s(opts, out, force=force)
+    result = run(DeployInputs(out, force=force), opts)
     files = sorted(p.name for p in out.iterdir())
     payload = {
         "out": str(out), "recipe": result.recipe, "rollout": opts.rollout, "image": result.image,

@@ -10,11 +10,12 @@ a kustomize directory for ``kubectl apply -k`` or GitOps.
 from typing import TYPE_CHECKING, Any
 
 from qlift.deploy.options import DeployOptions
+from qlift.deploy.run import DeployInputs, run
 
 if TYPE_CHECKING:
     from qlift.deploy.render import DeployResult, render_k8s, write_k8s
 
-__all__ = ["DeployOptions", "DeployResult", "render_k8s", "write_k8s"]
+__all__ = ["DeployInputs", "DeployOptions", "DeployResult", "render_k8s", "run", "write_k8s"]
 
 
 def __getattr__(name: str) -> Any:

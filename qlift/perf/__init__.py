@@ -1,7 +1,8 @@
 """Throughput work on vLLM: offline batch inference, serving benchmarks, recipe tuning."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from qlift.lazy import lazy_exports
 from qlift.perf.run import BatchInputs, BenchInputs, TuneInputs, run
 
 if TYPE_CHECKING:
@@ -31,11 +32,5 @@ _HOME = {
     "TuneResult": "tune",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """On first use: bench, batch and tune load vLLM's client and engine stacks, which `qlift --help` does not need."""
-    if name in _HOME:
-        import importlib
-
-        return getattr(importlib.import_module(f"qlift.perf.{_HOME[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# On first use: bench, batch and tune load vLLM's client and engine stacks, which `qlift --help` does not need.
+__getattr__ = lazy_exports(__name__, _HOME)

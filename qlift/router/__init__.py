@@ -4,8 +4,9 @@ The server (``qlift.router.app``) needs aiohttp and prometheus_client; the admin
 (``qlift.router.client``) needs only httpx, so promotion tooling can import it cheaply.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from qlift.lazy import lazy_exports
 from qlift.router.run import RouterInputs, RouterResult, run
 
 if TYPE_CHECKING:
@@ -14,11 +15,5 @@ if TYPE_CHECKING:
 __all__ = ["RouterConfig", "RouterInputs", "RouterResult", "run"]
 _HOME = {"RouterConfig": "config"}
 
-
-def __getattr__(name: str) -> Any:
-    """On first use, so importing the admin client does not load the server's config models."""
-    if name in _HOME:
-        import importlib
-
-        return getattr(importlib.import_module(f"qlift.router.{_HOME[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# On first use, so importing the admin client does not load the server's config models.
+__getattr__ = lazy_exports(__name__, _HOME)

@@ -53,7 +53,6 @@ PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/re
                "/v1/messages/count_tokens")
 MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
 BIG_PROMPT_CHARS = 1 << 16  # the filter checks texts longer than this in a worker thread
-STREAM_FIRST_BYTE_S = 60.0  # a stream's first event when timeouts.first_byte_s is unset
 
 
 def _json_error(status: int, message: str, type_: str, code: int | str | None = None, *,
@@ -322,7 +321,7 @@ class Router:
             return self._reject(503, None, key, "no healthy backend", "service_unavailable", request_id=rid,
                                 t0=t0, path=request.path)
         t = self.config.timeouts
-        first_byte_s = t.first_byte_s or (STREAM_FIRST_BYTE_S if stream else t.request_s)
+        first_byte_s = t.first_byte_for(stream)
         deadline = t0 + t.request_s
         validate = request.path in COMPLETIONS
         pair = self._mirror(request.path, client_body, backend, rid) if validate else None
@@ -403,11 +402,8 @@ class Router:
             self.metrics.shadow.labels(target.name, "dropped").inc()
             return None
         pair = Pair(rid=rid, ts=time.time(), path=path, request=client_body)
-        t = self.config.timeouts
-        stream = bool(client_body.get("stream"))
-        first_byte_s = t.first_byte_s or (STREAM_FIRST_BYTE_S if stream else t.request_s)
         copy = send_copy(self.sessions[target.name], target, path, client_body, request_id=rid,
-                         first_byte_s=first_byte_s, idle_s=t.idle_s, request_s=t.request_s)
+                         timeouts=self.config.timeouts)
 
         async def run() -> None:
             try:

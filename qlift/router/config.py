@@ -87,6 +87,9 @@ class LimitsConfig(_Strict):
     tokens_per_min: int | None = Field(default=None, ge=1, description="Per-key prompt + completion tokens per minute.")
 
 
+STREAM_FIRST_BYTE_S = 60.0  # a stream's first event when timeouts.first_byte_s is unset
+
+
 class TimeoutsConfig(_Strict):
     connect_s: float = Field(default=5.0, gt=0, description="Connecting to a backend.")
     first_byte_s: float | None = Field(default=None, gt=0, description="Request sent -> a stream's first event, or a "
@@ -97,6 +100,10 @@ class TimeoutsConfig(_Strict):
                              "included: a backend that never finishes (SSE comments forever) cannot hold a client.")
     keepalive_s: float = Field(default=4.0, gt=0, description="How long an idle pooled connection is reused; keep it "
                                "below the backend's own keep-alive (vLLM closes idle connections after 5 s).")
+
+    def first_byte_for(self, stream: bool) -> float:
+        """The wait for a stream's first event, or for a whole non-streamed answer."""
+        return self.first_byte_s or (STREAM_FIRST_BYTE_S if stream else self.request_s)
 
 
 class ServerConfig(_Strict):

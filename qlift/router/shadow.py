@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from qlift.router.balancer import Backend
+from qlift.router.config import TimeoutsConfig
 from qlift.router.proxy import UPSTREAM_HEADERS, Attempt, SseRelay, answer_problem
 from qlift.router.rewrite import ModelRewriter
 
@@ -137,9 +138,10 @@ async def cancel_all(tasks: set[asyncio.Task[None]]) -> None:
 
 
 async def send_copy(session: aiohttp.ClientSession, target: Backend, path: str, body: dict[str, Any], *,
-                    request_id: str, first_byte_s: float, idle_s: float, request_s: float) -> Attempt:
-    """Send the copy and read its whole answer (never to a client)."""
+                    request_id: str, timeouts: TimeoutsConfig) -> Attempt:
+    """Send the copy and read its whole answer (never to a client), within the router's own time limits."""
     stream = bool(body.get("stream"))
+    first_byte_s, idle_s, request_s = timeouts.first_byte_for(stream), timeouts.idle_s, timeouts.request_s
     payload = {**body, "model": target.served_model}
     if stream:
         options = body.get("stream_options")

@@ -18,7 +18,9 @@ import functools
 import inspect
 import math
 import textwrap
-from typing import Any
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from qlift.errors import BadInputError
 
@@ -84,3 +86,37 @@ def number_text(v: float) -> str:
 def _range_text(low: float | None, high: float | None, above: float | None) -> str:
     parts = [f"{op} {number_text(v)}" for op, v in ((">=", low), ("<=", high), (">", above)) if v is not None]
     return " and ".join(parts)
+
+
+def model_option(info: Any, flag: str, dest: str, *, note: str = "") -> Any:
+    """A Click option for a pydantic field (``Model.model_fields[name]``): help from its description (plus
+    ``note``) and default, choices from a Literal, ``--x/--no-x`` for a bool. It defaults to None: not
+    given, so a config file or the model's own default applies."""
+    import click
+    from pydantic_core import PydanticUndefined
+
+    ctype, is_bool = _click_type(info)
+    default = info.default
+    shown = "" if default is None or default is PydanticUndefined else f" [default: {default}]"
+    text = (info.description or "") + note + shown
+    if is_bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", dest, default=None, help=text)
+    return click.option(flag, dest, type=ctype, default=None, help=text)
+
+
+def _click_type(info: Any) -> tuple[Any, bool]:
+    """(click type, is a bool flag) for a pydantic field; values pydantic parses itself stay strings."""
+    import click
+    from pydantic import BeforeValidator
+
+    ann = info.annotation
+    args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) in (Union, UnionType) else [ann]
+    base = args[0] if len(args) == 1 else ann
+    if any(isinstance(m, BeforeValidator) for m in info.metadata):
+        return click.STRING, False
+    if get_origin(base) is Literal:
+        return click.Choice([str(v) for v in get_args(base)]), False
+    if base is bool:
+        return None, True
+    simple = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}
+    return simple.get(base, click.STRING), False

@@ -147,3 +147,22 @@ def test_cli_args_give_the_options_back(options: Any) -> None:
     for f in dataclasses.fields(cls):
         if f.name not in excluded:
             assert given[f.name] == getattr(options, f.name), f.name
+
+
+def test_router_flags_are_its_config_fields() -> None:
+    """`qlift router`'s settings flags come from RouterConfig (FLAG_FIELDS): help is the field's description."""
+    from qlift.cli.router import router_cmd
+    from qlift.router.config import FLAG_FIELDS, RouterConfig
+
+    params = {p.name: p for p in router_cmd.params}
+    assert set(params) == {"backends", "weights", "config_path", "json_output", *FLAG_FIELDS} or \
+        set(FLAG_FIELDS) <= set(params)
+    for name in FLAG_FIELDS:
+        info = RouterConfig.model_fields[name]
+        assert info.description and (params[name].help or "").startswith(info.description), name
+        assert "--" + name.replace("_", "-") in params[name].opts
+
+
+def test_router_bad_port_is_one_line_naming_it(run_cli) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("router", "--backend", "a=http://127.0.0.1:9", "--port", "70000")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "port" in r.stderr, r.stderr

@@ -114,7 +114,8 @@ def test_services_are_wired_together(name: str) -> None:
     backends = dict(b.split("=", 1) for b in _flag_values(argv, "--backend"))
     assert backends == {v: f"http://{v}:{vllm_ports[v]}" for v in ("stable", "canary")}
     config = build_config(config_path=None, backends=_flag_values(argv, "--backend"),
-                          weights=_flag_values(argv, "--weight"), public_model="llm", host="0.0.0.0", port=8080)
+                          weights=_flag_values(argv, "--weight"),
+                          flags={"public_model": "llm", "host": "0.0.0.0", "port": 8080})
     assert config.weights() == {"stable": 100, "canary": 0}  # promote starts from all-stable
     assert router["ports"] == [f"127.0.0.1:8080:{_flag_values(argv, '--port')[0]}"]
     assert set(router["depends_on"]) == {"stable", "canary"}

@@ -136,7 +136,7 @@ def test_any_router_config_is_accepted_or_refused_in_one_line(raw: bytes) -> Non
     path = Path(tempfile.mkdtemp()) / "router.yaml"
     path.write_bytes(raw)
     try:
-        build_config(config_path=path, backends=[], weights=[], public_model=None, host=None, port=None)
+        build_config(config_path=path, backends=[], weights=[])
     except QliftError as exc:
         line = exc.one_line()
         assert "\n" not in line and PASSWORD not in line
@@ -149,7 +149,7 @@ def test_any_router_config_is_accepted_or_refused_in_one_line(raw: bytes) -> Non
 def test_any_backend_and_host_flag(flag: str, host: str | None) -> None:
     try:
         parsed = parse_backend_flag(flag)
-        cfg = build_config(config_path=None, backends=[flag], weights=[], public_model=None, host=host, port=0)
+        cfg = build_config(config_path=None, backends=[flag], weights=[], flags={"host": host, "port": 0})
     except QliftError as exc:
         assert "\n" not in exc.one_line() and PASSWORD not in exc.one_line()
         return

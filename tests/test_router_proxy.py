@@ -161,12 +161,11 @@ def test_the_public_name_waits_for_the_first_backend_and_never_becomes_a_backend
 
 
 def test_a_backend_is_a_server_plus_a_model_name(tmp_path: Path, run_cli) -> None:
-    cfg = build_config(config_path=None, backends=["a=http://127.0.0.1:1#org/model-x"], weights=[],
-                       public_model=None, host=None, port=None)
+    cfg = build_config(config_path=None, backends=["a=http://127.0.0.1:1#org/model-x"], weights=[])
     assert cfg.backends[0].url == "http://127.0.0.1:1" and cfg.backends[0].served_model == "org/model-x"
     yaml_cfg = tmp_path / "r.yaml"
     yaml_cfg.write_text("backends:\n  - {name: a, url: 'http://127.0.0.1:1/v1#m'}\n")
-    cfg = build_config(config_path=yaml_cfg, backends=[], weights=[], public_model=None, host=None, port=None)
+    cfg = build_config(config_path=yaml_cfg, backends=[], weights=[])
     assert cfg.backends[0].url == "http://127.0.0.1:1" and cfg.backends[0].served_model == "m"
     with ScriptedBackend("m-stable") as a:
         with RouterProcess("--backend", f"stable={a.url}#m-stable", "--public-model", "pub",

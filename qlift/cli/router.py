@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,16 @@ Examples:
 """
 
 
+def config_flags(fn: Any) -> Any:
+    """One option per RouterConfig field in FLAG_FIELDS, its help the field's description."""
+    from qlift.options import model_option
+    from qlift.router.config import FLAG_FIELDS, RouterConfig
+
+    for name in reversed(FLAG_FIELDS):
+        fn = model_option(RouterConfig.model_fields[name], "--" + name.replace("_", "-"), name)(fn)
+    return fn
+
+
 @click.command("router", epilog=EPILOG)
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL[#MODEL]",
               help="A backend (an OpenAI-compatible server such as vLLM) and the model it serves there, checked "
@@ -32,18 +42,11 @@ Examples:
                    "never printed.")
 @click.option("--weight", "weights", multiple=True, metavar="NAME=PCT",
               help="Percent of traffic for a backend; all weights sum to 100. Repeatable.")
-@click.option("--public-model", default=None, metavar="NAME",
-              help="The model name clients send (default: the first backend's model, once it lists it).")
-@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one (default 8000).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="router.yaml with the same settings and more (keys, limits, filter, timeouts); flags win.")
-@click.option("--state-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Keep admin-set weights and shadow settings here across restarts "
-                   "(default: <config>.state.json beside --config; none without --config).")
+@config_flags
 @json_option
-def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model: str | None, host: str | None,
-               port: int | None, config_path: Path | None, state_file: Path | None) -> None:
+def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], config_path: Path | None, **flags: Any) -> None:
     """Route OpenAI chat/completions traffic between model versions by weight or session.
 
     Splits requests between backends by weight (sticky per X-Session-Id or `user`), streams
@@ -58,8 +61,7 @@ def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], public_model
     from qlift.router.config import build_config
     from qlift.settings import router_token
 
-    config = build_config(config_path=config_path, backends=list(backends), weights=list(weights),
-                          public_model=public_model, host=host, port=port, state_file=state_file)
+    config = build_config(config_path=config_path, backends=list(backends), weights=list(weights), flags=flags)
     asyncio.run(serve(config, admin_token=router_token(), on_ready=_print_ready, restore_signals=False))
 
 

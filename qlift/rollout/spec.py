@@ -9,12 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticUndefined
 
 from qlift.errors import BadInputError
 from qlift.loaders import decode
@@ -310,39 +308,10 @@ def _param_name(section: str, field: str) -> str:
     return f"{section}__{field}"
 
 
-def _click_type(info: Any) -> tuple[Any, bool]:
-    """(click type, is a bool flag) for a pydantic field."""
-    import click
-
-    ann = info.annotation
-    args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) in (Union, UnionType) else [ann]
-    base = args[0] if len(args) == 1 else ann
-    if any(isinstance(m, BeforeValidator) for m in info.metadata):
-        return click.STRING, False
-    if get_origin(base) is Literal:
-        return click.Choice([str(v) for v in get_args(base)]), False
-    if base is bool:
-        return None, True
-    if base is int:
-        return click.INT, False
-    if base is float:
-        return click.FLOAT, False
-    if base is Path:
-        return click.Path(path_type=Path), False
-    return click.STRING, False
-
-
-def _default_text(info: Any) -> str:
-    default = info.default
-    if default is None or default is PydanticUndefined:
-        return ""
-    return f" [default: {default}]"
-
-
 def spec_options(*sections: str) -> Callable[[F], F]:
     """A decorator adding one Click option per field of each section's model (see OPTION_SECTIONS).
     Every option defaults to None (= not given, the spec file or the model default applies)."""
-    import click
+    from qlift.options import model_option
 
     def decorate(fn: F) -> F:
         for section in reversed(sections):
@@ -350,14 +319,8 @@ def spec_options(*sections: str) -> Callable[[F], F]:
             for field, info in reversed(list(model.model_fields.items())):
                 if field in skip:
                     continue
-                ctype, is_bool = _click_type(info)
-                flag = flag_name(section, field)
-                text = (info.description or "") + f" (spec: {_spec_key(section, field)})" + _default_text(info)
-                if is_bool:
-                    decls = [f"{flag}/--no-{flag[2:]}", _param_name(section, field)]
-                    fn = click.option(*decls, default=None, help=text)(fn)
-                else:
-                    fn = click.option(flag, _param_name(section, field), type=ctype, default=None, help=text)(fn)
+                note = f" (spec: {_spec_key(section, field)})"
+                fn = model_option(info, flag_name(section, field), _param_name(section, field), note=note)(fn)
         return fn
 
     return decorate

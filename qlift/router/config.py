@@ -129,9 +129,10 @@ class HealthConfig(_Strict):
 
 class RouterConfig(_Strict):
     backends: list[BackendConfig] = Field(default_factory=list)
-    public_model: str | None = Field(default=None, description="Model name clients use (default: the first backend's).")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
+    public_model: str | None = Field(default=None, description="The model name clients send (default: the first "
+                                     "backend's model, once it lists it).")
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
     api_keys_file: Path | None = Field(default=None, description="Keys or sha256:HEX hashes, one a line; none = open.")
     filter_file: Path | None = Field(default=None, description="Blocked words / re:PATTERN lines; reloaded on change.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -141,8 +142,8 @@ class RouterConfig(_Strict):
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="Larger request bodies get 413.")
     access_log: str = Field(default="-", description="File for JSON access lines; '-' = stderr, '' = off.")
     drain_s: float = Field(default=30.0, ge=0, description="On SIGTERM, time in-flight requests get to finish.")
-    state_file: Path | None = Field(default=None, description="Where admin-set weights and shadow settings are kept "
-                                    "across restarts (default: <config>.state.json beside --config).")
+    state_file: Path | None = Field(default=None, description="Keep admin-set weights and shadow settings here across "
+                                    "restarts (default: <config>.state.json beside --config; none without --config).")
     rewrite_model: bool = Field(default=True, description="Answers name the public model (off: the backend's own "
                                 "name, for debugging; X-Qlift-Backend names the backend either way).")
 
@@ -255,9 +256,15 @@ def parse_weight_flag(text: str) -> tuple[str, int]:
     return name, value
 
 
-def build_config(*, config_path: Path | None, backends: list[str], weights: list[str], public_model: str | None,
-                 host: str | None, port: int | None, state_file: Path | None = None) -> RouterConfig:
-    """The file's settings (if any) with the flags on top; weights checked to name backends and sum to 100."""
+# RouterConfig's fields that `qlift router` takes as flags (the rest live in --config).
+FLAG_FIELDS = ("public_model", "host", "port", "state_file")
+
+
+def build_config(*, config_path: Path | None, backends: list[str], weights: list[str],
+                 flags: dict[str, Any] | None = None) -> RouterConfig:
+    """The file's settings (if any) with the flags on top (``flags``: FLAG_FIELDS, None = not given);
+    weights checked to name backends and sum to 100."""
+    overrides = {k: v for k, v in (flags or {}).items() if v is not None and v != ""}
     data: dict[str, Any] = {}
     where: Path | str = "command line"
     if config_path is not None:
@@ -273,14 +280,7 @@ def build_config(*, config_path: Path | None, backends: list[str], weights: list
             data["state_file"] = str(config_path.parent / data["state_file"])
     if backends:
         data["backends"] = [parse_backend_flag(b) for b in backends]
-    if state_file is not None:
-        data["state_file"] = str(state_file)
-    if public_model:
-        data["public_model"] = public_model
-    if host:
-        data["host"] = host
-    if port is not None:
-        data["port"] = port
+    data.update({k: str(v) if isinstance(v, Path) else v for k, v in overrides.items()})
     cfg = parse_config(data, path=where)
     if not cfg.backends:
         raise BadInputError("no backend given", path=config_path, field="backends" if config_path else None,

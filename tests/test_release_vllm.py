@@ -57,3 +57,29 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     again = json.loads(r.stdout)["stages"]
     assert all(s["action"] == "skipped" for s in again)
     assert again[-1]["reason"].startswith("promoted already")
+
+
+def test_the_shipped_release_file_promotes_the_fine_tune_then_skips_it(run_cli, tmp_path: Path) -> None:
+    """examples/release.yaml as `make demo` runs it: import, merge (checked against peft), AWQ, eval with gates,
+    the two servers (each on its core), the router, promote under the file's own load. Again: all skipped."""
+    import time
+
+    release = REPO / "examples" / "release.yaml"
+    out = tmp_path / "out"
+    r = run_cli("release", "run", release, "--out", out, "--json")
+    assert r.exit_code == 0, r.stderr[-3000:]
+    stages = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert stages["merge"]["action"] == stages["awq"]["action"] == stages["eval"]["action"] == "ran"
+    promote = stages["promote"]["result"]
+    assert promote["state"] == "promoted", promote["reason"]
+    assert promote["traffic"]["sent"] > 0 and promote["traffic"]["failed"] == 0, promote["traffic"]
+    with sqlite3.connect(out / "release.sqlite") as db:  # what the release started, it stopped
+        rows = db.execute("SELECT pid, stage, stopped_at FROM servers").fetchall()
+    assert {stage for _, stage, _ in rows} == {"stable", "canary", "router"}
+    assert all(stopped is not None and not Path(f"/proc/{pid}").exists() for pid, _, stopped in rows), rows
+
+    t0 = time.monotonic()
+    r = run_cli("release", "run", release, "--out", out, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert all(s["action"] == "skipped" for s in json.loads(r.stdout)["stages"])
+    assert time.monotonic() - t0 < 15

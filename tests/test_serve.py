@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from qlift.hardware import detect_cpu
 from qlift.vllm.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monk
     config = yaml.safe_load(out["config"])
     assert config == {
         "model": str(smollm2_dir.resolve()), "host": "127.0.0.1", "port": 8123, "served-model-name": "smol",
-        "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 4,
+        "dtype": "bfloat16" if detect_cpu().native_bf16 else "float32", "max-model-len": 4096, "max-num-seqs": 4,
         "kv-cache-memory-bytes": 2 * 1024**3, "enforce-eager": True,
     }
     assert out["plan"]["verdict"] == "fits" and out["plan"]["max_num_seqs"] == 4

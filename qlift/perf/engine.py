@@ -39,7 +39,7 @@ def engine_for(model: Path, *, recipe: str = "auto", workload: str = "batch", se
     plan = plan_memory(md, chosen, hw)
     check_plan(plan)
     args = chosen.engine.args()
-    args.setdefault("dtype", plan.dtype)
+    args["dtype"] = plan.dtype  # the plan resolved "auto" (float32 on a CPU without bf16 units)
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     threads = in_process_threads(args, env, hw) if in_process else None
     if threads is not None:

@@ -180,7 +180,7 @@ def prepare(model: Path, options: ServeOptions | None = None, hardware: Hardware
         )
     served = opts.served_model_name or md.path.resolve().name
     engine = chosen.engine.args()
-    engine.setdefault("dtype", plan.dtype)
+    engine["dtype"] = plan.dtype  # the plan resolved "auto" (float32 on a CPU without bf16 units)
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]

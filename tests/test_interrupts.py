@@ -136,8 +136,11 @@ def test_503s_are_retried_and_the_client_sees_none(run_cli, flaky, prompts_file:
 
 
 def _qlift(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    # SIGINT as a terminal gives it: a suite started in the background (`cmd &` in a script) hands its children
+    # SIGINT ignored, and qlift, like any program, keeps a disposition it was given ignored.
     return subprocess.Popen([sys.executable, "-m", "qlift", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _interrupt_within(proc: subprocess.Popen[str], signum: int, limit_s: float) -> tuple[int, str, float]:

@@ -153,8 +153,8 @@ def serve_smollm2(smollm2_dir: Path, tmp_path: Path, request: pytest.FixtureRequ
         proc = subprocess.Popen(
             [str(QLIFT), "--json", "serve", str(smollm2_dir), "--recipe", "cpu", "--port", str(port),
              "--served-model-name", "smol", "--api-key-env", "QLIFT_TEST_KEY", "--set", "max_model_len=2048", *extra],
-            stdout=o, stderr=e, env=env,
-        )
+            stdout=o, stderr=e, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # SIGINT as a terminal gives it, also when the suite runs in the background (which ignores it)
     served = Served(proc, out, err, port)
     try:
         deadline = time.monotonic() + 420

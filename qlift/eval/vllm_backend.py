@@ -48,11 +48,10 @@ class VllmBackend(Backend):
             return "auto"
         from qlift.hardware import Hardware, detect_cpu
         from qlift.models import ModelDir
-        from qlift.serve.plan import resolve_dtype
+        from qlift.serve.plan import config_dtype, resolve_dtype
 
         md = ModelDir.open(path)
-        model_dtype = str(md.text_config.get("torch_dtype") or md.config.get("torch_dtype") or "bfloat16")
-        return resolve_dtype(None, model_dtype, Hardware([], detect_cpu(), "none"),
+        return resolve_dtype(None, config_dtype(md.text_config), Hardware([], detect_cpu(), "none"),
                              quantized=md.quantization_config is not None)
 
     def _max_len(self, path: Path) -> int:

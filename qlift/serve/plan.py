@@ -80,7 +80,7 @@ class ModelShape:
                 windows = [window if t == "sliding_attention" else None for t in types]
             else:
                 windows = [window] * layers
-        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+        dtype = config_dtype(cfg)
         return cls(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
             intermediate=int(cfg.get("intermediate_size") or 4 * hidden), vocab=need("vocab_size"),
@@ -126,6 +126,11 @@ class MemoryPlan:
     @property
     def fits(self) -> bool:
         return self.verdict == "fits"
+
+
+def config_dtype(cfg: dict[str, Any]) -> str:
+    """The dtype a (text) config declares, as vLLM reads it; bfloat16 when it declares none."""
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
 
 
 def resolve_dtype(recipe_dtype: str | None, model_dtype: str, hw: Hardware, *, quantized: bool = False) -> str:

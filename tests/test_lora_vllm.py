@@ -198,10 +198,14 @@ def test_adapter_promoted_over_its_base_on_one_server(run_cli, clean: Any, tmp_p
 
 def test_rambling_adapter_is_rolled_back_and_unloaded(run_cli, clean: Any, ramble: Path,  # type: ignore[no-untyped-def]
                                                       tmp_path: Path) -> None:
+    # The adapter's CPU LoRA path is 3-6x slower per token, and a CI run rolled it back on latency while its
+    # rambling was not yet significant: the latency limits are opened so the rollback this test sees is the
+    # judge's verdict on rambling (held windows accumulate until it is significant).
+    spec = spec_file(tmp_path, max_latency_ratio=8, max_ttft_ratio=8)
     router = router_for(clean, "ramble", tmp_path)
     try:
         with BackgroundLoad(router.url, "chat", concurrency=6, max_tokens=LONG, timeout_s=240) as bg:
-            r = run_cli(*promote_argv(router, tmp_path / "j.sqlite", spec_file(tmp_path), "--canary-adapter",
+            r = run_cli(*promote_argv(router, tmp_path / "j.sqlite", spec, "--canary-adapter",
                                       f"ramble={ramble}", steps="50,100", min_requests=10))
         assert r.exit_code == 10, r.stderr
         st = json.loads(r.stdout)

@@ -157,19 +157,25 @@ def main() -> None:
                     if r is not None:
                         runs[peer].append(r)
                         print("  " + ", ".join(f"{f} {r[f]:.1f}" for f in FIGURES), flush=True)
+                if i + 1 < args.rounds and all(runs.values()):  # a run cut short still leaves its ratios
+                    table(runs, f"after round {i + 1} of {args.rounds}")
         finally:
             for s in servers.values():
                 s.stop()
     print(f"{args.requests} requests x {args.input_tokens} in / {args.output_tokens} out at concurrency "
           f"{args.concurrency}, random prompts seed 0, EOS ignored; {args.rounds} alternating rounds; {hw}")
-    print(f"{'figure':<14} " + " ".join(f"{p:>24}" for p in PEERS) + f" {'unmerged/merged':>16}")
     if not all(runs.values()):
         print("FAIL: a peer has no completed round")
         return
+    table(runs, "all rounds")
+
+
+def table(runs: dict[str, list[dict[str, float]]], title: str) -> None:
+    print(f"{'figure':<14} " + " ".join(f"{p:>24}" for p in PEERS) + f" {'unmerged/merged':>16}  ({title})")
     for f in FIGURES:
         means = {p: statistics.mean(r[f] for r in runs[p]) for p in PEERS}
         cells = " ".join(f"{' / '.join(f'{r[f]:.1f}' for r in runs[p]):>24}" for p in PEERS)
-        print(f"{f:<14} {cells} {means['unmerged'] / means['merged']:>16.3f}")
+        print(f"{f:<14} {cells} {means['unmerged'] / means['merged']:>16.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -324,3 +324,23 @@ def test_progress_lines_when_no_bar_can_be_drawn(caplog: pytest.LogCaptureFixtur
     # answers 1-4 are under a tenth and under 30 s: silent; the 3rd waited 38 s, the 5th is a tenth
     assert said == ["endpoint candidate: 3/50 answers (40 s, ~627 s left)",
                     "endpoint candidate: 5/50 answers (42 s, ~378 s left)"]
+
+
+def test_transformers_backend_answers_the_same_in_batches_as_one_at_a_time(
+        smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Left-padded batches: each row keeps its own answer up to its own stop token (rows that stop early
+    are padded to the batch's longest), the same text, count and finish reason as alone."""
+    from qlift.eval import hf_backend
+    from qlift.eval.generation import EvalModel, Request, Sampling
+    from qlift.models.ref import ModelRef
+
+    reqs = [Request(messages=[m.model_dump() for m in e.messages] if e.messages else None, prompt=e.prompt,
+                    reference=e.reference) for e in load_prompts(SMOKE)]
+    model = EvalModel(role="candidate", name="smollm2", ref=ModelRef(base=smollm2_dir, content_hash="0"))
+    runs = {}
+    for batch in (1, 4):
+        monkeypatch.setattr(hf_backend, "BATCH", batch)
+        gens = hf_backend.TransformersBackend().generate(model, reqs, Sampling(max_tokens=24))
+        runs[batch] = [(g.text, g.output_tokens, g.finish_reason, round(g.ref_logprob or 0, 3)) for g in gens]
+    assert runs[4] == runs[1]
+    assert {f for _, _, f, _ in runs[1]} == {"stop", "length"}  # both kinds of row shared a batch

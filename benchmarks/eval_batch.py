@@ -25,8 +25,7 @@ def run(model: Path, prompts: int, batch: int, max_tokens: int) -> tuple[float, 
     from qlift.models.ref import ModelRef
 
     examples = load_prompts(REPO / "examples" / "prompts" / "tickets-heldout.jsonl")[:prompts]
-    reqs = [Request(messages=[m.model_dump() for m in e.messages] if e.messages else None, prompt=e.prompt,
-                    reference=e.reference) for e in examples]
+    reqs = [Request.of(e) for e in examples]
     hf_backend.BATCH = batch
     t0 = time.monotonic()
     gens = hf_backend.TransformersBackend().generate(

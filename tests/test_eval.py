@@ -334,8 +334,7 @@ def test_transformers_backend_answers_the_same_in_batches_as_one_at_a_time(
     from qlift.eval.generation import EvalModel, Request, Sampling
     from qlift.models.ref import ModelRef
 
-    reqs = [Request(messages=[m.model_dump() for m in e.messages] if e.messages else None, prompt=e.prompt,
-                    reference=e.reference) for e in load_prompts(SMOKE)]
+    reqs = [Request.of(e) for e in load_prompts(SMOKE)]
     model = EvalModel(role="candidate", name="smollm2", ref=ModelRef(base=smollm2_dir, content_hash="0"))
     runs = {}
     for batch in (1, 4):

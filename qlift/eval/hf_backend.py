@@ -74,7 +74,7 @@ class TransformersBackend(Backend):
         n_new = len(new) if end is None else end + 1
         finish = "length" if end is None and n_new >= sampling.max_tokens else "stop"
         gen = Generation(
-            text=str(tok.decode(new[:n_new if end is None else end], skip_special_tokens=True)), output_tokens=n_new,
+            text=str(tok.decode(new[:end], skip_special_tokens=True)), output_tokens=n_new,
             latency_s=latency, finish_reason=finish,
         )
         if req.reference:

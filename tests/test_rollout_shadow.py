@@ -35,7 +35,7 @@ def _router(tmp_path: Path, stable_url: str, canary_url: str, model: str, canary
 def _shadow_window(router: RouterProcess, *, requests: int, stream: bool, max_tokens: int) -> tuple[Any, Any]:
     source = ShadowSource(router.url, TOKEN, stable="stable")
     state = source.start("canary", 100, 4)
-    assert state.get("version", "canary") == "canary"
+    assert state["shadow"]["version"] == "canary" and state["shadow"]["sent"] == 0
     source.begin()
     load = run_load(router.url, "chat", requests=requests, concurrency=2, stream=stream, max_tokens=max_tokens,
                     timeout_s=240)

@@ -86,6 +86,22 @@ def test_a_failing_shadow_is_paired_and_never_reaches_users(tmp_path: Path) -> N
         assert router.metric("qlift_router_shadow_total", backend="canary", outcome="failed") == 6
 
 
+def test_a_copy_that_finds_the_cap_full_waits_for_a_slot_and_is_paired(tmp_path: Path) -> None:
+    """Two requests arrive at once, and the cap is 1: the second copy waits for the first (the canary is fast enough
+    to answer both before the next two arrive) instead of being dropped, and every request is paired. Before,
+    light traffic lost copies whenever one ended a moment after its primary."""
+    with ScriptedBackend("m-stable", tokens=4, chunk_delay_s=0.05) as stable, \
+            ScriptedBackend("m-canary", tokens=4, chunk_delay_s=0.02) as canary, \
+            _router(tmp_path, stable.url, canary.url) as router:
+        router.admin().set_shadow("canary", 100, max_inflight=1)
+        res = run_load(router.url, "pub", requests=8, concurrency=2, stream=True, timeout_s=60)
+        assert res.errors == 0 and res.backends == {"stable": 8}
+        _wait(lambda: router.admin().shadow_pairs().next == 8)
+        shadow = router.admin().state().shadow
+        assert shadow is not None and (shadow.sent, shadow.dropped, shadow.waiting) == (8, 0, 0)
+        assert len(canary.bodies) == 8
+
+
 def test_copies_are_capped_dropped_first_and_never_delay_the_primary(tmp_path: Path) -> None:
     with ScriptedBackend("m-stable") as stable, ScriptedBackend("m-canary") as canary, \
             FaultProxy(canary.url, stall=True) as stalled, _router(tmp_path, stable.url, stalled.url) as router:
@@ -96,6 +112,7 @@ def test_copies_are_capped_dropped_first_and_never_delay_the_primary(tmp_path: P
         assert res.errors == 0 and res.backends == {"stable": 20}
         assert took < 10, took  # the stalled copies held nobody
         shadow = router.admin().state().shadow
-        assert shadow is not None and shadow.sent == 2 and shadow.dropped == 18 and shadow.inflight == 2
-        assert router.metric("qlift_router_shadow_total", backend="canary", outcome="dropped") == 18
+        # two in flight, two queued behind them (for COPY_WAIT_S at most), the other 16 dropped at once
+        assert shadow is not None and (shadow.sent, shadow.inflight, shadow.waiting, shadow.dropped) == (2, 2, 2, 16)
+        assert router.metric("qlift_router_shadow_total", backend="canary", outcome="dropped") == 16
         assert router.admin().shadow_pairs().pairs == []  # the two copies are still waiting

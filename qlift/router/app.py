@@ -402,14 +402,20 @@ class Router:
             self.metrics.shadow.labels(target.name, "dropped").inc()
             return None
         pair = Pair(rid=rid, ts=time.time(), path=path, request=client_body)
-        copy = send_copy(self.sessions[target.name], target, path, client_body, request_id=rid,
-                         timeouts=self.config.timeouts)
 
         async def run() -> None:
+            if not await shadow.acquire():
+                self.metrics.shadow.labels(target.name, "dropped").inc()
+                return
             try:
-                att = await copy
+                att = await send_copy(self.sessions[target.name], target, path, client_body, request_id=rid,
+                                      timeouts=self.config.timeouts)
+            except Exception as exc:  # a copy never takes the router down, and its pair is still filed
+                log.exception("request %s: shadow copy to %s failed", rid, target.name)
+                att = Attempt(target.name, bool(client_body.get("stream")))
+                att.fail("internal", f"{type(exc).__name__}")
             finally:
-                shadow.inflight -= 1
+                await shadow.release()
             self.metrics.shadow.labels(target.name, "ok" if att.ok else "failed").inc()
             pair.shadow = answer_record(att)
             self.pair_ring.finish(pair)

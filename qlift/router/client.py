@@ -36,6 +36,7 @@ class ShadowState(BaseModel):
     sent: int
     dropped: int
     inflight: int = 0
+    waiting: int = 0
 
 
 class RouterState(BaseModel):

@@ -2,8 +2,10 @@
 
 The user gets the primary's answer only. The copy is sent alongside the primary, in a task
 of its own that nothing waits on; its answer is kept only to pair it with the primary's for
-the judge (``GET /admin/shadow``). Copies are capped (``max_inflight``); one over the cap, or
-aimed at a version out of rotation, is dropped and counted, so under load the copies go first.
+the judge (``GET /admin/shadow``). Copies are capped (``max_inflight``). One over the cap waits
+for a slot, behind at most ``max_inflight`` others and for at most ``COPY_WAIT_S``: copies finish
+a moment after their primaries, so even light traffic briefly finds the cap full. Past that, or
+aimed at a version out of rotation, a copy is dropped and counted: under load the copies go first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from qlift.router.rewrite import ModelRewriter
 log = logging.getLogger(__name__)
 
 PAIRS_KEPT = 2000
+COPY_WAIT_S = 10.0  # a copy waits this long for a slot under the cap; sustained overload drops instead
 
 
 @dataclass(frozen=True)
@@ -97,17 +100,20 @@ class PairRing:
 
 
 class Shadow:
-    """The current shadow settings, its counters and its copies in flight."""
+    """The current shadow settings, its counters and its copies in flight or waiting for a slot."""
 
     def __init__(self, settings: ShadowSettings) -> None:
         self.settings = settings
         self.sent = 0
         self.dropped = 0
         self.inflight = 0
+        self.waiting = 0
         self._share = 0.0  # percent owed: every request adds `percent`, a copy takes 100
+        self._freed: asyncio.Condition | None = None
 
     def state(self) -> dict[str, Any]:
-        return {**self.settings.as_dict(), "sent": self.sent, "dropped": self.dropped, "inflight": self.inflight}
+        return {**self.settings.as_dict(), "sent": self.sent, "dropped": self.dropped, "inflight": self.inflight,
+                "waiting": self.waiting}
 
     def wants(self, primary: Backend) -> bool:
         """This request's turn to be copied (exact share over the requests other versions serve)."""
@@ -120,13 +126,36 @@ class Shadow:
         return True
 
     def admit(self, target: Backend) -> bool:
-        """Room for one more copy; counts the drop when there is none."""
-        if self.inflight >= self.settings.max_inflight or not target.healthy or target.served_model is None:
+        """A slot now, or a place in the queue for one; counts the drop when there is neither."""
+        cap = self.settings.max_inflight
+        if self.inflight + self.waiting >= 2 * cap or not target.healthy or target.served_model is None:
             self.dropped += 1
             return False
-        self.inflight += 1
-        self.sent += 1
+        self.waiting += 1
         return True
+
+    async def acquire(self, wait_s: float = COPY_WAIT_S) -> bool:
+        """Take the slot admit() queued for, waiting up to ``wait_s``; False (counted dropped) when none freed."""
+        if self._freed is None:
+            self._freed = asyncio.Condition()
+        try:
+            async with self._freed:
+                async with asyncio.timeout(wait_s):
+                    await self._freed.wait_for(lambda: self.inflight < self.settings.max_inflight)
+                self.inflight += 1
+                self.sent += 1
+                return True
+        except TimeoutError:
+            self.dropped += 1
+            return False
+        finally:
+            self.waiting -= 1
+
+    async def release(self) -> None:
+        assert self._freed is not None
+        async with self._freed:
+            self.inflight -= 1
+            self._freed.notify()
 
 
 async def cancel_all(tasks: set[asyncio.Task[None]]) -> None:

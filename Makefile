@@ -35,11 +35,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "import transformers, vllm, qlift; print('setup ok: vllm', vllm.__version__)"
 	touch $@
 
+# tests/suite.py: one pytest-xdist worker per core for all but the `pair` tests, then those alone; it ends
+# with the 15 slowest tests and the total.
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/suite.py $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not vllm and not slow" $(PYTEST_ARGS)
+	$(BIN)/python tests/suite.py -m "not vllm and not slow" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python examples/demo.py

@@ -91,6 +91,16 @@ def sha256_files(paths: Iterable[Path], threads: int | None = None) -> dict[str,
     return FileHashes(paths, threads or hash_threads()).result()
 
 
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing), waiting for whoever holds it; a process that
+    dies, even by SIGKILL, lets go."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
     """Write ``data`` as JSON to ``path`` via a temp file and a rename: readers never see half a file."""
     path = Path(path)

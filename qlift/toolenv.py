@@ -15,7 +15,6 @@ gone removes the dir and builds it again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -26,13 +25,13 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import ExternalToolError
-from qlift.fsutil import write_json_atomic
+from qlift.fsutil import exclusive_lock, write_json_atomic
 from qlift.settings import tool_envs_dir
 
 log = logging.getLogger(__name__)
@@ -154,15 +153,8 @@ class ToolEnv:
         return all(Path(p).is_dir() for p in state.get("parent_site_packages", []))
 
     # --- build ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f".{self.spec.name}.lock", "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _lock(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive_lock(self.root / f".{self.spec.name}.lock")
 
     def ensure(self, on_status: Callable[[str], None] | None = None, *, verify: bool = False) -> EnsureResult:
         """Return the ready environment, building (or rebuilding a broken one) first if needed.

@@ -21,6 +21,24 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# `make test` runs the suite in two parts (tests/suite.py): first every test that needs at most one core of
+# vLLM, spread over one pytest-xdist worker per core, then the `pair` tests (a stable and a canary server,
+# one bound to each core) alone. A worker's vLLM servers are bound to the worker's own core.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... under `pytest -n`
+if XDIST_WORKER:
+    _core = str(int(XDIST_WORKER.removeprefix("gw")) % len(os.sched_getaffinity(0)))
+    os.environ.setdefault("QLIFT_TEST_BIND", _core)
+    os.environ.setdefault("QLIFT_TEST_CANARY_BIND", _core)
+# A test that uses one of these runs two vLLM servers, one on each core: it is marked `pair`.
+PAIR_FIXTURES = {"canary_server", "tickets_server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if PAIR_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.pair)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,16 +66,21 @@ def run_cli():
 
 def _cached(name: str, build) -> Path:  # type: ignore[no-untyped-def]
     """Build a test artifact once into TEST_CACHE/name (atomically) and reuse it after."""
+    from qlift.fsutil import exclusive_lock
+
     target = TEST_CACHE / name
     if (target / ".complete").exists():
         return target
-    tmp = TEST_CACHE / f".{name}.{os.getpid()}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    build(tmp)
-    (tmp / ".complete").touch()
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    with exclusive_lock(TEST_CACHE / f".{name}.lock"):  # two pytest-xdist workers: one builds, one waits
+        if (target / ".complete").exists():
+            return target
+        tmp = TEST_CACHE / f".{name}.{os.getpid()}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        build(tmp)
+        (tmp / ".complete").touch()
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
     return target
 
 
@@ -94,21 +117,46 @@ def tiny_lora_tied(tiny_qwen2_tied: Path) -> Path:
     return _cached("tiny-lora-tied-v1", lambda p: build_lora(tiny_qwen2_tied, p))
 
 
-def _cpu_server(tmp_path_factory: pytest.TempPathFactory, model: Path, name: str, core: str) -> Iterator[object]:
-    """A real vllm-cpu server bound to one core (two unbound servers on 2 cores fight over both)."""
+def _cpu_server(tmp_path_factory: pytest.TempPathFactory, model: Path, name: str, core: str) -> object:
+    """A real vllm-cpu server bound to one core (two unbound servers on 2 cores fight over both); not started."""
     from substrate import cpu_engine_args
 
     from qlift.vllm.server import VllmServer
 
-    with VllmServer(model=model, served_model_name=name, log_path=tmp_path_factory.mktemp(name) / "server.log",
-                    extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": core}) as server:
-        yield server
+    return VllmServer(model=model, served_model_name=name, log_path=tmp_path_factory.mktemp(name) / "server.log",
+                      extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": core})
+
+
+def _session_uses(session: pytest.Session, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in session.items)
 
 
 @pytest.fixture(scope="session")
-def smollm2_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[object]:
-    """One real vllm-cpu server for SmolLM2, shared by the whole session, on core 0."""
-    yield from _cpu_server(tmp_path_factory, smollm2_dir, "smollm2", os.environ.get("QLIFT_TEST_BIND", "0"))
+def _session_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                     smollm2_dir: Path) -> Iterator[dict[str, object]]:
+    """The session's shared servers, started together on their own cores: vLLM's start is ~35 s of one core
+    (three interpreters importing torch and vLLM one after the other), so two starting at once take the time of one.
+    The canary starts only in a session that has a test using it."""
+    servers = {"smollm2": _cpu_server(tmp_path_factory, smollm2_dir, "smollm2",
+                                      os.environ.get("QLIFT_TEST_BIND", "0"))}
+    if _session_uses(request.session, "canary_server"):
+        servers["smollm2-ft"] = _cpu_server(tmp_path_factory, request.getfixturevalue("canary_dir"), "smollm2-ft",
+                                            os.environ.get("QLIFT_TEST_CANARY_BIND", "1"))
+    try:
+        for server in servers.values():
+            server.start()  # type: ignore[attr-defined]
+        for server in servers.values():
+            server.wait_ready()  # type: ignore[attr-defined]
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(_session_servers: dict[str, object]) -> object:
+    """One real vllm-cpu server for SmolLM2, shared by the whole session, on core 0 (a worker's own core)."""
+    return _session_servers["smollm2"]
 
 
 @pytest.fixture(scope="session")
@@ -126,9 +174,9 @@ def canary_dir(smollm2_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def canary_server(tmp_path_factory: pytest.TempPathFactory, canary_dir: Path) -> Iterator[object]:
+def canary_server(_session_servers: dict[str, object]) -> object:
     """vllm-cpu serving canary_dir as "smollm2-ft", on core 1 (smollm2_server has core 0)."""
-    yield from _cpu_server(tmp_path_factory, canary_dir, "smollm2-ft", os.environ.get("QLIFT_TEST_CANARY_BIND", "1"))
+    return _session_servers["smollm2-ft"]
 
 
 @pytest.fixture

@@ -285,7 +285,7 @@ def test_batch_killed_then_resumed_gives_every_id_once_in_order(run_cli, tmp_pat
             "--set", "max_model_len=1024"]
     # Pinned to a core, the killed run keeps vLLM's own processes (engine core, model worker), the
     # layout whose cleanup needs the process-group kill; the resumed run takes the default in-process engine.
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0")}
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     engine_pids: list[int] = []
     try:

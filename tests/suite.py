@@ -1,0 +1,92 @@
+"""`make test`: the whole suite in two parts that fit a 2-core machine, then the slowest tests and the total.
+
+1. Every test that needs at most one core of vLLM, on one pytest-xdist worker per core (``--dist loadfile``:
+   a file's module-scoped servers start once). tests/conftest.py binds each worker's vLLM servers to the
+   worker's own core, so two servers never share one.
+2. The ``pair`` tests (a stable and a canary server, one bound to each core, judged against each other) on
+   their own: another worker beside them would make one core slower than the other.
+
+Arguments are pytest's and go to both parts (a ``-m`` expression is combined with each part's own).
+``QLIFT_TEST_WORKERS`` sets the workers of part 1 (default: the cores this process may use, at most 2).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SLOWEST = 15
+
+
+def cpu_line() -> str:
+    from qlift.hardware import detect_cpu
+
+    cpu = detect_cpu()
+    return f"{cpu.model}, {len(os.sched_getaffinity(0))} cores, {cpu.vector_isa}"
+
+
+def split_marker(args: list[str]) -> tuple[list[str], str | None]:
+    """The arguments without ``-m EXPR`` / ``-mEXPR``, and EXPR."""
+    rest, expr, i = [], None, 0
+    while i < len(args):
+        a = args[i]
+        if a == "-m" and i + 1 < len(args):
+            expr, i = args[i + 1], i + 2
+            continue
+        if a.startswith("-m") and len(a) > 2 and not a.startswith("--"):
+            expr = a[2:]
+        else:
+            rest.append(a)
+        i += 1
+    return rest, expr
+
+
+def timings(junit: Path) -> list[tuple[float, str]]:
+    if not junit.exists():
+        return []
+    out = []
+    for case in ET.parse(junit).iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        out.append((float(case.get("time") or 0), name))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args, user_expr = split_marker(argv)
+    workers = int(os.environ.get("QLIFT_TEST_WORKERS") or min(2, len(os.sched_getaffinity(0))))
+    print(f"suite: {cpu_line()}; part 1 on {workers} workers, part 2 (pair) alone", flush=True)
+
+    def expr(own: str) -> str:
+        return f"({user_expr}) and {own}" if user_expr else own
+
+    parts = [("part 1: all but pair", ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else [],
+              expr("not pair")),
+             ("part 2: pair", [], expr("pair"))]
+    codes, rows, walls = [], [], []
+    with tempfile.TemporaryDirectory(prefix="qlift-suite-") as tmp:
+        for i, (title, extra, marker) in enumerate(parts):
+            junit = Path(tmp) / f"part{i + 1}.xml"
+            cmd = [sys.executable, "-m", "pytest", *extra, "-m", marker, f"--junitxml={junit}", *args]
+            print(f"\nsuite: {title}: {' '.join(cmd[1:])}", flush=True)
+            t0 = time.monotonic()
+            codes.append(subprocess.call(cmd, cwd=REPO))
+            walls.append(time.monotonic() - t0)
+            rows += timings(junit)
+    print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
+    for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:
+        print(f"  {seconds:8.1f}  {name}")
+    print(f"suite: {len(rows)} tests; part 1 {walls[0]:.0f} s, part 2 {walls[1]:.0f} s, total {sum(walls):.0f} s "
+          f"({sum(walls) / 60:.1f} min) on {cpu_line()}")
+    if all(c == 5 for c in codes):
+        return 5  # no test collected in either part
+    return next((c for c in codes if c not in (0, 5)), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -250,6 +250,32 @@ def test_prometheus_provider_promotes_and_rolls_back(run_cli, tmp_path: Path, ba
             router.stop()
 
 
+def test_prometheus_counts_are_read_at_one_instant_and_a_part_never_exceeds_its_whole() -> None:
+    """increase() extrapolates each series on its own: a healthy canary once read 71 answers cut at max_tokens of
+    46 finished (share 1.54) and was rolled back on finish_length. Every query of a window is evaluated at one
+    instant, and a part (cut, empty) is at most its whole (finished, completions)."""
+    from qlift.rollout.prometheus import PrometheusSource
+    from qlift.rollout.spec import PrometheusSpec
+
+    instants: set[float | None] = set()
+
+    class Answers(PrometheusSource):  # Prometheus's arithmetic, as its API answered it in that window
+        def query(self, promql: str, at: float | None = None) -> float | None:
+            instants.add(at)
+            self.series = 1
+            if 'reason="length"' in promql:
+                return 71.4
+            if "finish_reason_total" in promql:
+                return 46.2
+            return 50.0
+
+    spec = PrometheusSpec.model_validate({"url": "http://127.0.0.1:9", "preset": "router"})
+    got = Answers(spec, ["stable", "canary"], {"stable": "stable", "canary": "canary"}, 3.0).collect()
+    assert len(instants) == 1 and None not in instants
+    assert (got["canary"].finishes, got["canary"].length_finishes) == (46, 46)
+    assert got["canary"].length_share == 1.0
+
+
 # -- the eval-report gate ------------------------------------------------------------------
 
 

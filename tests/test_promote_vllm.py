@@ -261,25 +261,6 @@ def test_canary_model_dir_comes_from_its_server(canary_server: Any, canary_dir: 
     assert served is not None and served.resolve() == Path(canary_dir).resolve()
 
 
-@pytest.fixture(scope="module")
-def tickets_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[Any]:
-    """The project's own fine-tune (examples/adapter, short JSON answers) merged into SmolLM2 and served
-    on core 1, as the demo's canary. Module-scoped: one more server only for the README's command."""
-    from conftest import _cached
-    from substrate import cpu_engine_args
-
-    from qlift.merge.run import merge_model
-    from qlift.vllm.server import VllmServer
-
-    adapter = Path(__file__).resolve().parent.parent / "examples" / "adapter"
-    built = _cached("tickets-smollm2-v1", lambda p: merge_model(base=smollm2_dir, adapters=[adapter],
-                                                                 out=p / "model", verify=False))
-    with VllmServer(model=built / "model", served_model_name="smollm2-tickets",
-                    log_path=tmp_path_factory.mktemp("tickets") / "server.log", extra_args=cpu_engine_args(),
-                    env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_CANARY_BIND", "1")}) as server:
-        yield server
-
-
 def test_readme_promote_command_promotes_the_fine_tune_under_the_demos_load(  # type: ignore[no-untyped-def]
         run_cli, smollm2_server: Any, tickets_server: Any, tmp_path: Path) -> None:
     """README's `qlift promote start` line as written (less --eval-report, whose eval is the demo's own

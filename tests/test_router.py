@@ -141,7 +141,7 @@ def test_failover_replays_5xx_and_connect_errors_before_the_first_byte(tmp_path:
             # A stalled backend is replayed once its first-byte timeout passes.
             broken.fail_status, broken.stall = None, True
         cfg = tmp_path / "router.yaml"
-        cfg.write_text("timeouts: {first_byte_s: 0.5}\n")
+        cfg.write_text("timeouts: {first_byte_s: 0.5}\nfailover_to_zero_weight: true\n")  # stable (0) is a spare
         with _router(tmp_path, a, broken, "--weight", "stable=0", "--weight", "canary=100", "--config", cfg,
                      name="stall") as router:
             r = chat(router.url)
@@ -150,6 +150,40 @@ def test_failover_replays_5xx_and_connect_errors_before_the_first_byte(tmp_path:
             r = chat(router.url, stream=True)
             assert r.status_code == 200 and r.headers["X-Qlift-Backend"] == "stable"
             assert router.admin().state().backend("canary").healthy is False
+
+
+def test_a_zero_weight_canary_never_serves_users(tmp_path: Path, two_backends) -> None:
+    """Shadow phase (stable 100 / canary 0): the stable answers 500, then goes down. Users get the stable's
+    error, then a 503; never the canary. Before, every request was replayed on the zero-weight canary and
+    answered 200 by it. A spare at weight 0 is the operator's explicit choice (failover_to_zero_weight), and
+    never the shadow version nor a version a rollout set to 0 through the admin API."""
+    a, b = two_backends
+    with FaultProxy(a.url, fail_status=500) as stable:
+        with _router(tmp_path, stable, b, "--weight", "stable=100", "--weight", "canary=0") as router:
+            router.admin().set_shadow("canary", 100)
+            r = chat(router.url)
+            assert r.status_code == 500 and r.headers["X-Qlift-Backend"] == "stable", r.text
+            router.admin().clear_shadow()
+            assert chat(router.url).status_code == 500 and chat(router.url, stream=True).status_code == 500
+            stable.kill()
+            _wait(lambda: not router.admin().state().backend("stable").healthy)
+            r = chat(router.url)
+            assert r.status_code == 503, r.text
+            served = [rec.backend for rec in router.admin().requests().requests if rec.status == 200]
+            assert served == [] and router.metric("qlift_router_requests_total", backend="canary",
+                                                  status_class="2xx") == 0
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("failover_to_zero_weight: true\n")
+    with FaultProxy(a.url, fail_status=500) as stable, \
+            _router(tmp_path, stable, b, "--weight", "stable=100", "--weight", "canary=0", "--config", cfg,
+                    name="spare") as router:
+        r = chat(router.url)
+        assert r.status_code == 200 and r.headers["X-Qlift-Backend"] == "canary"  # the operator's spare
+        router.admin().set_shadow("canary", 20)
+        assert chat(router.url).status_code == 500  # the shadow version is no spare
+        router.admin().clear_shadow()
+        router.admin().set_weights({"stable": 100, "canary": 0})  # what a rollout's shadow phase or rollback sets
+        assert chat(router.url).status_code == 500
 
 
 def test_a_dropped_pooled_connection_is_resent_to_the_same_backend(tmp_path: Path) -> None:

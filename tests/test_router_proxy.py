@@ -48,7 +48,7 @@ def test_a_200_that_is_not_an_answer_fails_over_and_counts_as_a_failure(tmp_path
                                                                         reason: str) -> None:
     log = tmp_path / "access.jsonl"
     cfg = tmp_path / "router.yaml"
-    cfg.write_text(f"access_log: {log.name}\n")
+    cfg.write_text(f"access_log: {log.name}\nfailover_to_zero_weight: true\n")  # stable (0 here) takes replays
     with ScriptedBackend("m-stable") as good, ScriptedBackend("m-canary", mode=mode) as bad, \
             RouterProcess("--backend", f"stable={good.url}", "--backend", f"canary={bad.url}", "--public-model", "pub",
                           "--weight", "stable=0", "--weight", "canary=100", "--config", cfg,

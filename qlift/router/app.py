@@ -95,10 +95,12 @@ class Router:
         self.saved = SavedState(config.state_file)
         saved_weights, saved_shadow = self.saved.load([b.name for b in config.backends])
         weights = saved_weights or weights
-        self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name], model_hash=b.model_hash)
-                                  for b in config.backends])
+        self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name], model_hash=b.model_hash,
+                                          spare=not saved_weights and weights[b.name] == 0)
+                                  for b in config.backends], failover_to_zero_weight=config.failover_to_zero_weight)
         self.public_model = config.public_model
-        self.shadow: Shadow | None = Shadow(saved_shadow) if saved_shadow else None
+        self.shadow: Shadow | None = None
+        self._set_shadow(Shadow(saved_shadow) if saved_shadow else None)
         self.pair_ring = PairRing()
         self.shadow_tasks: set[asyncio.Task[None]] = set()
         self.active = 0  # client requests being answered (the drain waits for 0)
@@ -571,7 +573,7 @@ class Router:
         if self.shadow is not None and self.shadow.settings.version == settings.version:
             self.shadow.settings = settings  # same target: the counters go on
         else:
-            self.shadow = Shadow(settings)  # copies in flight finish; their pairs are filed
+            self._set_shadow(Shadow(settings))  # copies in flight finish; their pairs are filed
         log.info("shadow now %s", settings.as_dict())
         self._save_state()
         return web.json_response(self.state())
@@ -582,9 +584,13 @@ class Router:
             return refusal
         if self.shadow is not None:
             log.info("shadow off (%d copies sent, %d dropped)", self.shadow.sent, self.shadow.dropped)
-            self.shadow = None
+            self._set_shadow(None)
             self._save_state()
         return web.json_response(self.state())
+
+    def _set_shadow(self, shadow: Shadow | None) -> None:
+        self.shadow = shadow
+        self.balancer.not_spare = {shadow.settings.version} if shadow else set()
 
     async def admin_shadow_pairs(self, request: web.Request) -> web.Response:
         refusal = self._admin_refusal(request)

@@ -36,6 +36,9 @@ class Backend:
     model_listed: bool = False  # its /v1/models listed served_model since it last became healthy
     problem: str | None = None  # why it is out of rotation, beyond a failing /health
     model_hash: str | None = None  # the version's ModelRef content hash, when the config gives it
+    # May take users while at weight 0 (only with failover_to_zero_weight): its 0 came from the config, not
+    # from the admin API, through which a rollout's shadow phase and its rollback set a canary's 0.
+    spare: bool = False
 
     def state(self) -> dict[str, object]:
         return {"name": self.name, "url": redact_url(self.url), "served_model": self.served_model or "",
@@ -53,8 +56,10 @@ def key_point(key: str) -> float:
 class Balancer:
     """Backends in configured order plus the current weights (replaced atomically)."""
 
-    def __init__(self, backends: list[Backend]) -> None:
+    def __init__(self, backends: list[Backend], *, failover_to_zero_weight: bool = False) -> None:
         self.backends = backends
+        self.failover_to_zero_weight = failover_to_zero_weight
+        self.not_spare: set[str] = set()  # never a spare, whatever its weight's origin (the shadow version)
         self.by_name = {b.name: b for b in backends}
         self._deck: list[str] = []
         self._deck_for: tuple[tuple[str, int], ...] = ()  # the candidates and weights the deck was made for
@@ -68,6 +73,7 @@ class Balancer:
         # One synchronous pass on the event loop: no request sees half the change.
         for b in self.backends:
             b.weight = weights.get(b.name, 0)
+            b.spare = False  # a 0 set through the admin API (a rollout's shadow phase, its rollback) is no spare
 
     def _routable(self, b: Backend, exclude: set[str]) -> bool:
         return b.healthy and b.served_model is not None and b.name not in exclude
@@ -90,8 +96,11 @@ class Balancer:
             if exclude:  # a replay: leave the deck to first choices
                 return self._rng.choices(candidates, weights=[b.weight for b in candidates])[0]
             return self._deal(candidates)
-        # Every backend with weight is down or excluded: a healthy zero-weight one beats a 503.
-        spare = [b for b in self.backends if self._routable(b, exclude)]
+        # Every backend with weight is down or excluded. Weight 0 means no user traffic: the caller answers
+        # with the failure (or 503), unless the operator made config-zero backends spares.
+        if not self.failover_to_zero_weight:
+            return None
+        spare = [b for b in self.backends if b.spare and b.name not in self.not_spare and self._routable(b, exclude)]
         return min(spare, key=lambda b: b.in_flight) if spare else None
 
     def _deal(self, candidates: list[Backend]) -> Backend:

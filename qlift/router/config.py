@@ -144,6 +144,11 @@ class RouterConfig(_Strict):
     drain_s: float = Field(default=30.0, ge=0, description="On SIGTERM, time in-flight requests get to finish.")
     state_file: Path | None = Field(default=None, description="Keep admin-set weights and shadow settings here across "
                                     "restarts (default: <config>.state.json beside --config; none without --config).")
+    failover_to_zero_weight: bool = Field(default=False, description="When every backend with weight is down or "
+                                          "failed, send users to a healthy backend whose weight is 0 in this file, "
+                                          "instead of the failure or a 503. Never one the admin API set to 0 (a "
+                                          "rollout's shadow phase or rollback) nor the shadow version. Off: weight 0 "
+                                          "means no user traffic, ever.")
     rewrite_model: bool = Field(default=True, description="Answers name the public model (off: the backend's own "
                                 "name, for debugging; X-Qlift-Backend names the backend either way).")
 

@@ -123,7 +123,8 @@ def test_a_rule_matches_however_it_is_spelled(rule: str, filler: str) -> None:
 # -- config and flags -------------------------------------------------------------------
 
 CONFIG_KEYS = ["backends", "public_model", "host", "port", "api_keys_file", "filter_file", "limits", "timeouts",
-               "health", "server", "max_request_bytes", "access_log", "drain_s", "state_file", "rewrite_model"]
+               "health", "server", "max_request_bytes", "access_log", "drain_s", "state_file", "rewrite_model",
+               "failover_to_zero_weight"]
 CONFIG = st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON, max_size=5)
 
 

@@ -158,20 +158,19 @@ def test_a_zero_weight_canary_never_serves_users(tmp_path: Path, two_backends) -
     answered 200 by it. A spare at weight 0 is the operator's explicit choice (failover_to_zero_weight), and
     never the shadow version nor a version a rollout set to 0 through the admin API."""
     a, b = two_backends
-    with FaultProxy(a.url, fail_status=500) as stable:
-        with _router(tmp_path, stable, b, "--weight", "stable=100", "--weight", "canary=0") as router:
-            router.admin().set_shadow("canary", 100)
-            r = chat(router.url)
-            assert r.status_code == 500 and r.headers["X-Qlift-Backend"] == "stable", r.text
-            router.admin().clear_shadow()
-            assert chat(router.url).status_code == 500 and chat(router.url, stream=True).status_code == 500
-            stable.kill()
-            _wait(lambda: not router.admin().state().backend("stable").healthy)
-            r = chat(router.url)
-            assert r.status_code == 503, r.text
-            served = [rec.backend for rec in router.admin().requests().requests if rec.status == 200]
-            assert served == [] and router.metric("qlift_router_requests_total", backend="canary",
-                                                  status_class="2xx") == 0
+    with FaultProxy(a.url, fail_status=500) as stable, \
+            _router(tmp_path, stable, b, "--weight", "stable=100", "--weight", "canary=0") as router:
+        router.admin().set_shadow("canary", 100)
+        r = chat(router.url)
+        assert r.status_code == 500 and r.headers["X-Qlift-Backend"] == "stable", r.text
+        router.admin().clear_shadow()
+        assert chat(router.url).status_code == 500 and chat(router.url, stream=True).status_code == 500
+        stable.kill()
+        _wait(lambda: not router.admin().state().backend("stable").healthy)
+        r = chat(router.url)
+        assert r.status_code == 503, r.text
+        served = [rec.backend for rec in router.admin().requests().requests if rec.status == 200]
+        assert served == [] and router.metric("qlift_router_requests_total", backend="canary", status_class="2xx") == 0
     cfg = tmp_path / "router.yaml"
     cfg.write_text("failover_to_zero_weight: true\n")
     with FaultProxy(a.url, fail_status=500) as stable, \

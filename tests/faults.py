@@ -461,7 +461,8 @@ class TinyBackend(ThreadedApp):
         body = await request.json()
         self.last_body = body
         if body.get("model") != self.served_model:
-            return web.json_response({"error": {"message": "model not found", "type": "NotFoundError",
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError",
                                                 "code": 404}}, status=404)
         usage = {"prompt_tokens": 5, "completion_tokens": self.tokens, "total_tokens": 5 + self.tokens}
         if not body.get("stream"):

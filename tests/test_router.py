@@ -185,6 +185,33 @@ def test_a_zero_weight_canary_never_serves_users(tmp_path: Path, two_backends) -
         assert chat(router.url).status_code == 500
 
 
+def test_a_backend_whose_model_disappeared_leaves_the_rotation_and_no_user_sees_its_404(tmp_path: Path,
+                                                                                       two_backends) -> None:
+    """At 50/50 the canary's server stops serving its model (an adapter unloaded, a restart with other flags):
+    vLLM answers 404 "The model `NAME` does not exist". Before, half the users got that 404, with the backend's
+    own model name, for as long as the router ran, and the backend stayed healthy with no problem. Now the
+    attempt is replayed before its first byte, counted as the canary's failure, and the canary is out of
+    rotation (problem set) until /v1/models lists its model again."""
+    a, b = two_backends
+    with _router(tmp_path, a, b, "--weight", "stable=50", "--weight", "canary=50") as router:
+        assert {chat(router.url).status_code for _ in range(4)} == {200}
+        b.served_model = "m-other"  # what the canary's server serves now
+        res = run_load(router.url, "pub", requests=20, concurrency=2, stream=False, timeout_s=60)
+        assert res.errors == 0 and res.backends.get("canary", 0) == 0, res.error_messages[:3]
+        canary = router.admin().state().backend("canary")
+        assert not canary.healthy and canary.problem and "m-canary" in canary.problem
+        gone = [r for r in router.admin().requests().requests if r.reason == "model_gone"]
+        assert gone and all(r.backend == "canary" and r.replayed and not r.ok for r in gone)
+        b.served_model = "m-canary"  # served again: back in rotation after a health check
+        _wait(lambda: router.admin().state().backend("canary").healthy, timeout=20)
+        assert router.admin().state().backend("canary").problem is None
+        # Nowhere to replay: the client gets a 502 that does not name the backend's model.
+        router.admin().set_weights({"stable": 0, "canary": 100})
+        b.served_model = "m-other"
+        r = chat(router.url)
+        assert r.status_code == 502 and "m-canary" not in r.text and "m-other" not in r.text, r.text
+
+
 def test_a_dropped_pooled_connection_is_resent_to_the_same_backend(tmp_path: Path) -> None:
     with TinyBackend("m") as a, RouterProcess("--backend", f"only={a.url}", "--public-model", "pub",
                                               log_path=tmp_path / "router.log", token=TOKEN) as router:

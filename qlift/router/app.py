@@ -343,6 +343,8 @@ class Router:
                     self._end(backend)
                 if att.connect_failed and self.health is not None:
                     self.health.mark_down(backend)
+                if att.reason == "model_gone" and self.health is not None:
+                    self.health.model_gone(backend)
                 if att.dropped and not resent:
                     # Not the backend's fault until it happens twice: a pooled connection it had
                     # already closed. Resend once on the same backend; a dead one then fails to connect.

@@ -90,13 +90,19 @@ class HealthChecker:
             log.warning("backend %s is %s", backend.name, "healthy again" if backend.healthy else "out of rotation")
             self.on_change(backend)
 
-    def mark_down(self, backend: Backend) -> None:
+    def mark_down(self, backend: Backend, why: str = "connection failed") -> None:
         """A request could not connect: out of rotation now, back when a check passes."""
         backend.health_failures = max(backend.health_failures, self.failures)
         if backend.healthy:
             backend.healthy = False
-            log.warning("backend %s is out of rotation (connection failed)", backend.name)
+            log.warning("backend %s is out of rotation (%s)", backend.name, why)
             self.on_change(backend)
+
+    def model_gone(self, backend: Backend) -> None:
+        """A request was told the backend's model does not exist: out of rotation until /v1/models lists it again."""
+        backend.model_listed = False
+        backend.problem = f"model {backend.served_model!r} answered 404 (no longer served); waiting for /v1/models"
+        self.mark_down(backend, "its model answered 404")
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

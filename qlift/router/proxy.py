@@ -26,7 +26,7 @@ from qlift.router.rewrite import ModelRewriter, is_usage_only
 # A 200 that is not an answer, each its own reason (access log, records, metric label).
 BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "error_event"})
 # Failed before the client got a byte, in a way another backend may not: replayable.
-REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream"}
+REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream", "model_gone"}
 # Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
@@ -256,6 +256,12 @@ async def _answer_whole(request: web.Request, backend: Backend, request_id: str,
     if status >= 500:
         att.fail("http_5xx", f"HTTP {status}")
         att.upstream_body, att.upstream_content_type = body, content_type
+        return
+    if status == 404 and backend.served_model and f"`{backend.served_model}`".encode() in body:
+        # vLLM's "The model `NAME` does not exist.": the backend stopped serving its own model (an adapter
+        # unloaded, a restart with other flags). Its failure, not the client's; replayed, never shown.
+        att.fail("model_gone", "the backend no longer serves its model")
+        att.upstream_body, att.upstream_content_type = b"", content_type
         return
     if status == 200 and att.validate:
         problem = ("bad_body", "answered a stream request with a body that is not an event stream") \

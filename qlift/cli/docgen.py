@@ -11,6 +11,10 @@ from qlift.cli.main import cli
 
 
 def _walk(cmd: click.Command, ctx: click.Context) -> list[str]:
+    # Click keeps the first help option a command made, with the help names of whatever context asked first
+    # (a test building a bare Context gets "--help" alone): made anew here, from this tree, the page is the same
+    # whatever ran before it in the process.
+    cmd._help_option = None
     out = [f"## `{ctx.command_path}`", "", "```", cmd.get_help(ctx).rstrip(), "```", ""]
     if isinstance(cmd, click.Group):
         for name in cmd.list_commands(ctx):

@@ -101,6 +101,42 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def try_lock(path: Path) -> Iterator[bool]:
+    """Try an exclusive flock on ``path`` without waiting, and write this pid in it: yields False when another
+    process holds it. Dying, even by SIGKILL, lets go."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        yield True
+    finally:
+        os.close(fd)
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid holding ``path``'s try_lock, or None when nobody does."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None  # we got it: nobody holds it exclusively
+    except BlockingIOError:
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else -1
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
     """Write ``data`` as JSON to ``path`` via a temp file and a rename: readers never see half a file."""
     path = Path(path)

@@ -248,6 +248,48 @@ def test_sigkill_mid_stage_resumes_there_byte_identical(tmp_path: Path, tiny_qwe
         {k: v["sha256"] for k, v in json.loads((want / "qlift.json").read_text())["outputs"].items()}
 
 
+def test_one_writer_per_release_and_a_killed_run_is_called_killed(tmp_path: Path, tiny_qwen2_tied: Path,
+                                                                  tiny_lora_tied: Path) -> None:
+    """A second `release run` of a release whose run is under way is refused in one line naming the first's pid
+    (before, it took the first's running stage for an interrupted one, deleted its live .partial, and the first
+    died with exit 70); the first finishes. `release status` after a SIGKILL says killed, not running forever."""
+    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied,
+               [{"stage": "merge", "options": {"verify": False, "max_shard_size": "2MB"}}])
+    out = tmp_path / "out"
+
+    def start_and_freeze() -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-m", "qlift", "release", "run", str(f)], stderr=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 300
+        while not list(out.glob(".merge-*.partial")):  # the merge is under way
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        return proc
+
+    first = start_and_freeze()
+    try:
+        second = _qlift("release", "run", f)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 1 and len(lines) == 1, second.stderr
+        assert f"release run pid {first.pid} holds {out}" in lines[0]
+        assert list(out.glob(".merge-*.partial"))  # the first's work in progress is untouched
+        status = _qlift("release", "status", f, "--json")
+        assert json.loads(status.stdout)["last_run"]["outcome"] == f"running (pid {first.pid})"
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(300) == 0, first.stderr.read() if first.stderr else ""
+
+    for journal_file in out.glob("release.sqlite*"):  # a fresh journal: the merge runs again, killed this time
+        journal_file.unlink()
+    killed = start_and_freeze()
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    status = _qlift("release", "status", f)
+    assert status.returncode == 0 and f"killed (pid {killed.pid} gone); `qlift release run` resumes it" \
+        in status.stdout, status.stdout
+
+
 def test_shipped_example_plans(run_cli) -> None:
     """examples/release.yaml validates and plans (a plan runs nothing and writes nothing)."""
     r = run_cli("release", "run", REPO / "examples" / "release.yaml", "--dry-run", "--json")

@@ -98,7 +98,7 @@ def status_cmd(file: Path, out: Path | None) -> None:
       qlift release status --json
     """
     from qlift.release import load_release
-    from qlift.release.journal import NAME, ReleaseJournal
+    from qlift.release.journal import NAME, ReleaseJournal, run_outcome
 
     release = _with_out(load_release(file), out)
     path = release.out / NAME
@@ -107,6 +107,8 @@ def status_cmd(file: Path, out: Path | None) -> None:
     if path.exists():
         with ReleaseJournal(path, readonly=True) as journal:
             last_run = journal.last_run()
+            if last_run is not None:
+                last_run["outcome"] = run_outcome(path, last_run)
             for name in ["base", *(s.name for s in release.stages)]:
                 row = journal.latest(name)
                 stages.append({"name": name, **({k: row[k] for k in ("status", "key", "output", "content_hash",

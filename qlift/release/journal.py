@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError
+from qlift.fsutil import lock_holder
 
 NAME = "release.sqlite"
 _SCHEMA = """
@@ -29,6 +30,28 @@ CREATE TABLE IF NOT EXISTS servers (
   pid INTEGER NOT NULL, stage TEXT NOT NULL, run_id INTEGER NOT NULL, url TEXT NOT NULL DEFAULT '',
   started_at TEXT NOT NULL, stopped_at TEXT, PRIMARY KEY (pid, run_id));
 """
+
+
+def writer_lock_path(journal: Path) -> Path:
+    """Held (flock, with its pid inside) by the one `release run` writing this journal, for its whole life."""
+    return journal.with_name(journal.name + ".lock")
+
+
+def run_outcome(journal: Path, last_run: dict[str, Any] | None) -> str | None:
+    """The last run's outcome as it is: a run journaled `running` whose process is gone was killed."""
+    if last_run is None:
+        return None
+    if last_run["outcome"] != "running":
+        return str(last_run["outcome"])
+    lock = writer_lock_path(journal)
+    holder = lock_holder(lock)
+    if holder is not None:
+        return f"running (pid {holder})"
+    try:
+        pid = lock.read_text().strip()
+    except OSError:
+        pid = "?"
+    return f"killed (pid {pid or '?'} gone); `qlift release run` resumes it"
 
 
 def now() -> str:

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.fsutil import lock_holder, try_lock
 from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.journal import NAME as JOURNAL_NAME
-from qlift.release.journal import ReleaseJournal
+from qlift.release.journal import ReleaseJournal, writer_lock_path
 from qlift.release.spec import Release, Stage
 from qlift.release.stages import (
     STAGE_VERSIONS,
@@ -462,14 +463,24 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
             return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports).execute()
-        stopped = live.stop_leftovers(journal)
-        if stopped:
-            echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")
-        run_id = journal.start_run(release.file)
-        try:
-            Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
-        except BaseException as exc:
-            journal.finish_run(run_id, "failed", _first_line(exc))
-            raise
-        journal.finish_run(run_id, "done")
-        return reports
+        with try_lock(writer_lock_path(path)) as mine:
+            if not mine:
+                holder = lock_holder(writer_lock_path(path))
+                raise QliftError(f"release run pid {holder} holds {release.out}: one run of a release at a time",
+                                 hint="Wait for it (`qlift release status`), or stop it; then run again.")
+            return _run_locked(release, journal, from_stage, echo, reports)
+
+
+def _run_locked(release: Release, journal: ReleaseJournal, from_stage: str | None, echo: Callable[[str], None],
+                reports: list[StageReport]) -> list[StageReport]:
+    stopped = live.stop_leftovers(journal)
+    if stopped:
+        echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")
+    run_id = journal.start_run(release.file)
+    try:
+        Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
+    except BaseException as exc:
+        journal.finish_run(run_id, "failed", _first_line(exc))
+        raise
+    journal.finish_run(run_id, "done")
+    return reports

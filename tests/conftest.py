@@ -29,6 +29,9 @@ if XDIST_WORKER:
     _core = str(int(XDIST_WORKER.removeprefix("gw")) % len(os.sched_getaffinity(0)))
     os.environ.setdefault("QLIFT_TEST_BIND", _core)
     os.environ.setdefault("QLIFT_TEST_CANARY_BIND", _core)
+    # One core's worth of work per worker: torch in this process (the transformers eval backend) and in what it
+    # starts would otherwise spin a thread per core against the other worker (a 24 s test took 111 s).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # A test that uses one of these runs two vLLM servers, one on each core: it is marked `pair`.
 PAIR_FIXTURES = {"canary_server", "tickets_server"}
 

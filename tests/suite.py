@@ -7,6 +7,7 @@
    their own: another worker beside them would make one core slower than the other.
 
 Arguments are pytest's and go to both parts (a ``-m`` expression is combined with each part's own).
+Each part's JUnit XML is kept in ``.cache/suite/``.
 ``QLIFT_TEST_WORKERS`` sets the workers of part 1 (default: the cores this process may use, at most 2).
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -69,15 +69,17 @@ def main(argv: list[str]) -> int:
               expr("not pair")),
              ("part 2: pair", [], expr("pair"))]
     codes, rows, walls = [], [], []
-    with tempfile.TemporaryDirectory(prefix="qlift-suite-") as tmp:
-        for i, (title, extra, marker) in enumerate(parts):
-            junit = Path(tmp) / f"part{i + 1}.xml"
-            cmd = [sys.executable, "-m", "pytest", *extra, "-m", marker, f"--junitxml={junit}", *args]
-            print(f"\nsuite: {title}: {' '.join(cmd[1:])}", flush=True)
-            t0 = time.monotonic()
-            codes.append(subprocess.call(cmd, cwd=REPO))
-            walls.append(time.monotonic() - t0)
-            rows += timings(junit)
+    keep = REPO / ".cache" / "suite"  # each part's JUnit XML stays here for a closer look (per test, per worker)
+    keep.mkdir(parents=True, exist_ok=True)
+    for i, (title, extra, marker) in enumerate(parts):
+        junit = keep / f"part{i + 1}.xml"
+        junit.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pytest", *extra, "-m", marker, f"--junitxml={junit}", *args]
+        print(f"\nsuite: {title}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        codes.append(subprocess.call(cmd, cwd=REPO))
+        walls.append(time.monotonic() - t0)
+        rows += timings(junit)
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
     for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:
         print(f"  {seconds:8.1f}  {name}")

@@ -92,28 +92,18 @@ def sha256_files(paths: Iterable[Path], threads: int | None = None) -> dict[str,
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (created if missing), waiting for whoever holds it; a process that
-    dies, even by SIGKILL, lets go."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
-@contextlib.contextmanager
-def try_lock(path: Path) -> Iterator[bool]:
-    """Try an exclusive flock on ``path`` without waiting, and write this pid in it: yields False when another
-    process holds it. Dying, even by SIGKILL, lets go."""
+def file_lock(path: Path, *, wait: bool = True) -> Iterator[bool]:
+    """An exclusive flock on ``path`` (created if missing) with this pid written in it. ``wait=False``: yields
+    False at once when another process holds it. Closing lets go; so does dying, even by SIGKILL."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a full disk must not stop what the lock guards (an abort, say)
             os.ftruncate(fd, 0)
             os.write(fd, str(os.getpid()).encode())
         yield True
@@ -122,7 +112,7 @@ def try_lock(path: Path) -> Iterator[bool]:
 
 
 def lock_holder(path: Path) -> int | None:
-    """The pid holding ``path``'s try_lock, or None when nobody does."""
+    """The pid holding ``path``'s file_lock (-1 if it wrote none), or None when nobody does."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import ExternalToolError
-from qlift.fsutil import exclusive_lock, write_json_atomic
+from qlift.fsutil import file_lock, write_json_atomic
 from qlift.settings import tool_envs_dir
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,8 @@ class ToolEnv:
         return all(Path(p).is_dir() for p in state.get("parent_site_packages", []))
 
     # --- build ------------------------------------------------------------------------
-    def _lock(self) -> contextlib.AbstractContextManager[None]:
-        return exclusive_lock(self.root / f".{self.spec.name}.lock")
+    def _lock(self) -> contextlib.AbstractContextManager[bool]:
+        return file_lock(self.root / f".{self.spec.name}.lock")
 
     def ensure(self, on_status: Callable[[str], None] | None = None, *, verify: bool = False) -> EnsureResult:
         """Return the ready environment, building (or rebuilding a broken one) first if needed.

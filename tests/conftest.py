@@ -69,12 +69,12 @@ def run_cli():
 
 def _cached(name: str, build) -> Path:  # type: ignore[no-untyped-def]
     """Build a test artifact once into TEST_CACHE/name (atomically) and reuse it after."""
-    from qlift.fsutil import exclusive_lock
+    from qlift.fsutil import file_lock
 
     target = TEST_CACHE / name
     if (target / ".complete").exists():
         return target
-    with exclusive_lock(TEST_CACHE / f".{name}.lock"):  # two pytest-xdist workers: one builds, one waits
+    with file_lock(TEST_CACHE / f".{name}.lock"):  # two pytest-xdist workers: one builds, one waits
         if (target / ".complete").exists():
             return target
         tmp = TEST_CACHE / f".{name}.{os.getpid()}.partial"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qlift import progress
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
-from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, exclusive_lock, sha256_file
+from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, file_lock, sha256_file
 from qlift.lineage import utc_now, write_manifest
 from qlift.settings import cache_dir
 
@@ -152,7 +152,7 @@ def ensure_builtin(name: str) -> tuple[Path, ImportResult | None]:
     target = cache_dir() / "models" / f"{name}-{key}"
     if (target / "qlift.json").is_file():
         return target, None
-    with exclusive_lock(target.parent / f".{target.name}.lock"):  # two qlift processes: one converts, one waits
+    with file_lock(target.parent / f".{target.name}.lock"):  # two qlift processes: one converts, one waits
         if (target / "qlift.json").is_file():
             return target, None
         if target.exists():  # a leftover without a manifest is incomplete

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, QliftError
-from qlift.fsutil import lock_holder, try_lock
+from qlift.fsutil import file_lock, lock_holder
 from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.journal import NAME as JOURNAL_NAME
@@ -463,9 +463,10 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
             return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports).execute()
-        with try_lock(writer_lock_path(path)) as mine:
+        lock = writer_lock_path(path)
+        with file_lock(lock, wait=False) as mine:
             if not mine:
-                holder = lock_holder(writer_lock_path(path))
+                holder = lock_holder(lock)
                 raise QliftError(f"release run pid {holder} holds {release.out}: one run of a release at a time",
                                  hint="Wait for it (`qlift release status`), or stop it; then run again.")
             return _run_locked(release, journal, from_stage, echo, reports)

@@ -17,7 +17,6 @@ one line (exit 2); ``readonly=True`` reads a journal nobody may write (``status`
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import sqlite3
@@ -30,6 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 from qlift.errors import BadInputError, QliftError
+from qlift.fsutil import file_lock, lock_holder
 from qlift.rollout.states import FINAL, State, can_move
 
 ACTIVE_STATES = tuple(s.value for s in State if not s.final)
@@ -225,21 +225,8 @@ class Journal:
                 self.db.execute("ROLLBACK")
             raise
 
-    @contextlib.contextmanager
-    def _flock(self, suffix: str, *, wait: bool = True) -> Iterator[bool]:
-        fd = os.open(f"{self.path}{suffix}", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            with contextlib.suppress(OSError):  # a full disk must not stop an abort
-                os.ftruncate(fd, 0)
-                os.write(fd, str(os.getpid()).encode())
-            yield True
-        finally:
-            os.close(fd)  # closing releases the lock; so does dying, even by SIGKILL
+    def _flock(self, suffix: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        return file_lock(Path(f"{self.path}{suffix}"), wait=wait)
 
     def weights_lock(self) -> contextlib.AbstractContextManager[bool]:
         return self._flock(".weights.lock")
@@ -250,24 +237,8 @@ class Journal:
 
     def controller_pid(self) -> int | None:
         """pid of the controller holding the lock, or None when no controller runs."""
-        lock = Path(f"{self.path}.controller.lock")
-        if not lock.exists():
-            return None
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return None  # nobody holds it exclusively: no controller
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(fd)
-        try:
-            return int(lock.read_text() or 0) or None
-        except (OSError, ValueError):
-            return None
+        pid = lock_holder(Path(f"{self.path}.controller.lock"))
+        return pid if pid is not None and pid > 0 else None
 
     def heartbeat(self) -> None:
         """The running controller marks itself alive (the lock file's mtime; no journal write)."""

@@ -151,6 +151,9 @@ class RouterConfig(_Strict):
                                           "means no user traffic, ever.")
     rewrite_model: bool = Field(default=True, description="Answers name the public model (off: the backend's own "
                                 "name, for debugging; X-Qlift-Backend names the backend either way).")
+    answer_sample: int = Field(default=100, ge=0, le=100, description="Percent of chat and completion answers whose "
+                               "text the admin request log keeps (capped, newest first) for a rollout's answer "
+                               "checks (loops, language, refusals, schemas); 0 = none.")
 
     @model_validator(mode="after")
     def _backends(self) -> RouterConfig:

@@ -21,7 +21,8 @@ MIN_FOREIGN_UNITS = 6  # ... if there are at least this many of them
 
 _CODE = re.compile(r"```.*?(```|$)|`[^`\n]*`", re.DOTALL)
 _URL = re.compile(r"\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.-]+")
-_UNITS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]|[^\W\d_]+")
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # as repetition._CJK
+_UNITS = re.compile(rf"[{_CJK}]|[^\W\d_{_CJK}]+")  # a CJK character, or a run of other letters
 _SCRIPT_OF_NAME = {"CJK": "han", "HIRAGANA": "kana", "KATAKANA": "kana", "HANGUL": "hangul", "LATIN": "latin",
                    "CYRILLIC": "cyrillic", "GREEK": "greek", "ARABIC": "arabic", "HEBREW": "hebrew",
                    "DEVANAGARI": "devanagari", "THAI": "thai"}

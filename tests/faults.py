@@ -44,6 +44,8 @@ class FaultProxy:
     - ``delay_factor``: sleep (factor - 1) x the upstream's own time, chunk by chunk for
       streams, so the backend looks ``factor`` times slower.
     - ``body_patch``: merged into the JSON request body (``{"ignore_eos": True}``).
+    - ``messages_prefix``: chat messages put before the request's own (what a bad system prompt or
+      chat template does to a real model).
     - ``stall``: accept requests and never answer.
     - ``kill()``: close the listening socket and drop every open connection.
 
@@ -55,13 +57,15 @@ class FaultProxy:
 
     def __init__(self, upstream: str, *, fail_status: int | None = None, fail_ratio: float = 1.0,
                  delay_s: float = 0.0, delay_factor: float = 1.0, body_patch: dict[str, Any] | None = None,
-                 stall: bool = False, port: int = 0, fault_paths: tuple[str, ...] = DEFAULT_FAULT_PATHS) -> None:
+                 stall: bool = False, port: int = 0, fault_paths: tuple[str, ...] = DEFAULT_FAULT_PATHS,
+                 messages_prefix: list[dict[str, Any]] | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.fail_status = fail_status
         self.fail_ratio = fail_ratio
         self.delay_s = delay_s
         self.delay_factor = delay_factor
         self.body_patch: dict[str, Any] = dict(body_patch or {})
+        self.messages_prefix = list(messages_prefix or [])
         self.stall = stall
         self.fault_paths = fault_paths
         self.port = port or free_port()
@@ -172,9 +176,12 @@ class FaultProxy:
             )
         if faulty and self.delay_s:
             await asyncio.sleep(self.delay_s)
-        if faulty and self.body_patch and body:
+        if faulty and (self.body_patch or self.messages_prefix) and body:
             with contextlib.suppress(ValueError):
-                body = json.dumps({**json.loads(body), **self.body_patch}).encode()
+                data = {**json.loads(body), **self.body_patch}
+                if self.messages_prefix and isinstance(data.get("messages"), list):
+                    data["messages"] = self.messages_prefix + data["messages"]
+                body = json.dumps(data).encode()
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
         t0 = time.monotonic()
@@ -316,6 +323,34 @@ async def _load(url: str, model: str, result: LoadResult, *, requests: int | Non
                                    session_ids=session_ids, headers=headers)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def send_chats(url: str, model: str, prompts: list[str], *, max_tokens: int, concurrency: int = 4,
+               response_format: dict[str, Any] | None = None, timeout_s: float = 120) -> list[str]:
+    """One chat request a prompt (every other one streamed, temperature 0); the answers the client got, in order.
+    Any status but 200 fails the caller's test."""
+    async def one(session: aiohttp.ClientSession, i: int, prompt: str) -> str:
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": i % 2 == 1,
+                                "messages": [{"role": "user", "content": prompt}]}
+        if response_format is not None:
+            body["response_format"] = response_format
+        async with sem, session.post(f"{url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            if not body["stream"]:
+                return str((await r.json())["choices"][0]["message"]["content"])
+            text = ""
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    for c in json.loads(line[6:]).get("choices") or []:
+                        text += (c.get("delta") or {}).get("content") or ""
+            return text
+
+    async def main() -> list[str]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            return list(await asyncio.gather(*(one(session, i, p) for i, p in enumerate(prompts))))
+
+    sem = asyncio.Semaphore(concurrency)
+    return asyncio.run(main())
 
 
 def run_load(url: str, model: str, *, requests: int, concurrency: int, stream: bool = True, max_tokens: int = 16,

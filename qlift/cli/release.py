@@ -77,7 +77,7 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
 def _with_out(release: Any, out: Path | None) -> Any:
     import dataclasses
 
-    return release if out is None else dataclasses.replace(release, out=out.resolve())
+    return release if out is None else dataclasses.replace(release, out=out.resolve(), out_from="--out")
 
 
 def _progress(line: str) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, QliftError
-from qlift.fsutil import file_lock, lock_holder
+from qlift.fsutil import file_lock, lock_holder, make_output_dirs
 from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.journal import NAME as JOURNAL_NAME
@@ -460,6 +460,8 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
     as stages finish, so a caller has the stages before a failure too."""
     path = release.out / JOURNAL_NAME
     reports = [] if reports is None else reports
+    if not dry_run:
+        make_output_dirs(release.out, named=release.out_from)
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
             return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports).execute()

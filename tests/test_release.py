@@ -99,6 +99,44 @@ def test_an_out_that_cannot_be_a_directory_is_one_line_exit_4(run_cli, tmp_path:
         assert lines[0].startswith(f"error: {named}: cannot create the directory {out} ("), lines[0]
 
 
+DUPLICATE = [
+    ("name: a\nout: o\nbase: {builtin: smollm2}\nname: b\nstages: [{stage: merge}]\n",
+     "key 'name' appears twice (lines 1 and 4)"),
+    ("name: a\nbase: {builtin: smollm2}\nadapters: [{name: x, path: x}]\nstages:\n  - stage: merge\n"
+     "    options: {verify: true}\n    options: {verify: false}\n", "key 'options' appears twice (lines 6 and 7)"),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), DUPLICATE, ids=["top-level", "in-a-stage"])
+def test_a_key_given_twice_is_refused_naming_both_lines(run_cli, tmp_path: Path, text: str, says: str) -> None:
+    """Before, the last one won silently."""
+    f = tmp_path / "release.yaml"
+    f.write_text(text)
+    r = run_cli("release", "run", f, "--dry-run")
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [f"error: {f}: {says}. Remove one of them."]
+
+
+HOSTILE = [
+    ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nname: x\nbase: {builtin: smollm2}\nstages: [*c]\n", "stages.0"),
+    ("name: !!python/object/apply:os.system [echo hi]\nbase: {builtin: smollm2}\nstages: [{stage: merge}]\n",
+     "could not determine a constructor"),
+    ("name: x\nbase: &b {builtin: smollm2, again: *b}\nstages: [{stage: merge}]\n", "base.again"),
+    ("name: x\nbase: {builtin: smollm2}\nm: &m {stage: merge}\nstages: [{<<: *m, name: m2}]\n", "field 'm'"),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), HOSTILE, ids=["anchor-bomb", "python-tag", "cycle", "merge-key"])
+def test_hostile_yaml_stays_refused_in_one_line(run_cli, tmp_path: Path, text: str, says: str) -> None:
+    """The duplicate-key loader keeps the SafeLoader's refusals: an anchor bomb, a python tag, a cycle; a merge key
+    (<<) may be overridden by a key of the mapping itself."""
+    f = tmp_path / "release.yaml"
+    f.write_text(text)
+    r = run_cli("release", "run", f, "--dry-run")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and says in lines[0], r.stderr
+
+
 def test_schema_spells_out_every_stage(run_cli) -> None:
     r = run_cli("release", "schema")
     assert r.exit_code == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -295,6 +296,53 @@ def test_sigkill_mid_stage_resumes_there_byte_identical(tmp_path: Path, tiny_qwe
     outputs = json.loads((got / "qlift.json").read_text())["outputs"]
     assert {k: v["sha256"] for k, v in outputs.items()} == \
         {k: v["sha256"] for k, v in json.loads((want / "qlift.json").read_text())["outputs"].items()}
+
+
+def test_an_output_edited_in_place_with_size_and_mtime_restored_runs_again(
+        run_cli, tmp_path: Path, tiny_qwen2_tied: Path, tiny_lora_tied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release trusts an output unread only while each file keeps the size, mtime, inode and ctime journaled
+    when its stage finished (before: size and mtime, so an edit that put them back was taken as cached)."""
+    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, [{"stage": "merge",
+                                                                              "options": {"verify": False}}])
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    merged = Path(json.loads(r.stdout)["stages"][1]["output"])
+
+    # One byte changed in place, size and mtime put back: the merge runs again.
+    config = merged / "config.json"
+    text, st = config.read_text(), config.stat()
+    edited = text.replace('"hidden_size": 64', '"hidden_size": 65')
+    assert edited != text and len(edited) == len(text)
+    with open(config, "r+", encoding="utf-8") as fh:  # in place: the same inode
+        fh.write(edited)
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (config.stat().st_size, config.stat().st_mtime_ns, config.stat().st_ino) == \
+        (st.st_size, st.st_mtime_ns, st.st_ino)
+    plan = json.loads(run_cli("release", "run", f, "--dry-run", "--json").stdout)["stages"]
+    assert plan[1]["action"] == "run" and "no longer matches its hash" in plan[1]["reason"]
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0 and _actions(r.stdout)["merge"] == "ran", r.stderr
+    assert config.read_text() == text
+
+    # Same content, new inode and ctime (a copy that keeps mtimes): read once, still cached,
+    # then trusted unread again.
+    from qlift import lineage
+
+    read: list[Path] = []
+    real = lineage.sha256_files
+    monkeypatch.setattr(lineage, "sha256_files", lambda paths, *a: real([read.append(p) or p for p in paths], *a))
+    shutil.copytree(merged, tmp_path / "copy")
+    shutil.rmtree(merged)
+    (tmp_path / "copy").rename(merged)
+    for reads_it in (True, False):
+        read.clear()
+        r = run_cli("release", "run", f, "--json")
+        assert r.exit_code == 0 and _actions(r.stdout)["merge"] == "skipped", r.stderr
+        assert (merged / "config.json" in read) is reads_it, read
+    with sqlite3.connect(tmp_path / "out" / "release.sqlite") as db:
+        files = json.loads(db.execute("SELECT files FROM stages WHERE name='merge'").fetchone()[0])
+    st = (merged / "config.json").stat()
+    assert files["config.json"] == [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def test_one_writer_per_release_and_a_killed_run_is_called_killed(tmp_path: Path, tiny_qwen2_tied: Path,

@@ -385,6 +385,8 @@ def test_one_writer_per_release_and_a_killed_run_is_called_killed(tmp_path: Path
     status = _qlift("release", "status", f)
     assert status.returncode == 0 and f"killed (pid {killed.pid} gone); `qlift release run` resumes it" \
         in status.stdout, status.stdout
+    stages = {s["name"]: s["status"] for s in json.loads(_qlift("release", "status", f, "--json").stdout)["stages"]}
+    assert stages["merge"] == "interrupted", stages  # not `running`: nothing runs it
 
 
 def test_shipped_example_plans(run_cli) -> None:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from qlift.errors import BadInputError, OutputExistsError, UnsafeInputError
+from qlift.errors import BadInputError, NotFoundError, OutputExistsError, UnsafeInputError
 
 
 class HashCancelled(Exception):
@@ -153,6 +153,20 @@ def contained(directory: Path, name: object, *, source: Path | str) -> Path:
 
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def make_output_dirs(path: Path, *, named: str) -> None:
+    """``mkdir -p path`` for an output directory the user named (``named``: the flag or the file and field).
+    A path that cannot be a directory (``/proc/x``, ``/dev/null/x``: a parent that is missing or a file) is
+    NotFoundError; one that cannot be written (permissions, read-only) is BadInputError; each one line."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        message = f"{named}: cannot create the directory {path} ({exc.strerror or exc})"
+        hint = "Choose a directory you can create and write to."
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise NotFoundError(message, hint=hint) from None
+        raise BadInputError(message, hint=hint) from None
 
 
 def check_output_path(out: Path, *, force: bool, inputs: Iterable[Path | str] = ()) -> None:

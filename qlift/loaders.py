@@ -1,8 +1,8 @@
 """One loader per file format qlift reads from its users: JSON, JSON Lines, YAML.
 
 Every way such a file can be wrong (unreadable, not UTF-8, not the syntax, nested
-past what a parser can follow, the wrong shape for its model) becomes one
-``BadInputError`` line naming the file, the line where there is one, and the field.
+past what a parser can follow, a key given twice, the wrong shape for its model) becomes
+one ``BadInputError`` line naming the file, the line where there is one, and the field.
 Callers validate the parsed data with a pydantic model through ``validated``.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from qlift.errors import BadInputError, NotFoundError
@@ -85,18 +86,54 @@ def iter_jsonl(source: Path | str, data: bytes | None = None, *, comments: bool 
             yield lineno, parse_json(text, path=source, line=lineno, hint=hint)
 
 
-def read_yaml(path: Path, *, hint: str = _FIX) -> Any:
-    import yaml
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice (YAML says keys are unique; PyYAML keeps the last)."""
 
-    text = read_text(path, hint=hint)
+    def __init__(self, key: Any, first: int, second: int, mark: Any) -> None:
+        where = f"on line {first}" if first == second else f"(lines {first} and {second})"
+        super().__init__(problem=f"key {str(key)!r} appears twice {where}", problem_mark=mark)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """The loader of every YAML file qlift reads: ``yaml.SafeLoader`` (plain data only, no ``!!python``
+    tags; an alias is the same object again, so anchor bombs and cycles are not expanded here and are
+    refused by the model that validates them) that refuses a key given twice in one mapping. Merge
+    keys (``<<: *base``) may still be overridden: only keys written in the mapping itself count."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the SafeLoader refuses it with its own error
+                    continue
+                if first is not None:
+                    raise DuplicateKeyError(key, first, line, key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, *, path: Path | str, hint: str = _FIX) -> Any:
+    """``text`` (the content of ``path``) as plain data, read by ``UniqueKeyLoader``."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: plain data only
+    except DuplicateKeyError as exc:
+        raise BadInputError(str(exc.problem), path=path, hint="Remove one of them.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise BadInputError(f"invalid YAML: {getattr(exc, 'problem', None) or exc}", path=path,
                             line=mark.line + 1 if mark else None, hint=hint) from None
     except RecursionError:
         raise BadInputError("YAML nested too deeply to read", path=path, hint=hint) from None
+
+
+def read_yaml(path: Path, *, hint: str = _FIX) -> Any:
+    return parse_yaml(read_text(path, hint=hint), path=path, hint=hint)
 
 
 def validated(model: type[M], data: Any, *, path: Path | str, line: int | None = None, prefix: str = "",

@@ -542,3 +542,25 @@ def test_rollout_spec_that_is_not_utf8(run_cli, tmp_path: Path, content: bytes) 
     spec = tmp_path / "spec.yaml"
     spec.write_bytes(content)
     one_line(run_cli("promote", "start", "-f", spec, "--journal", tmp_path / "j.db"), 2, "spec.yaml", "not UTF-8")
+
+
+DUPLICATE_KEYS = [
+    pytest.param(["recipes", "show", "{f}"], "x.yaml", b"name: x\nengine: {max_model_len: 64}\nname: y\n",
+                 "key 'name' appears twice (lines 1 and 3)", id="recipe"),
+    pytest.param(["promote", "start", "-f", "{f}", "--journal", "{d}/j.db"], "spec.yaml",
+                 b"stable: a\ncanary: b\nanalysis:\n  min_requests: 5\n  min_requests: 50\n",
+                 "key 'min_requests' appears twice (lines 4 and 5)", id="rollout-spec"),
+    pytest.param(["router", "--config", "{f}"], "router.yaml",
+                 b"backends:\n  - {name: a, url: 'http://127.0.0.1:1', weight: 100, weight: 0}\n",
+                 "key 'weight' appears twice on line 2", id="router-config"),
+]
+
+
+@pytest.mark.parametrize(("argv", "name", "content", "needle"), DUPLICATE_KEYS)
+def test_a_yaml_key_given_twice_is_refused_naming_both_lines(run_cli, tmp_path: Path, argv: list[str], name: str,
+                                                             content: bytes, needle: str) -> None:
+    """Before, PyYAML kept the last value silently."""
+    f = tmp_path / name
+    f.write_bytes(content)
+    line = one_line(run_cli(*(a.format(f=f, d=tmp_path) for a in argv)), 2, needle)
+    assert line == f"error: {f}: {needle}. Remove one of them.", line

@@ -232,6 +232,88 @@ def test_resized_vocab_updates_config(tied, run_cli, tmp_path, tiny_qwen2_tied, 
     assert ("lm_head.weight" in got) is not tied
 
 
+def _build_tiny_llama(out: Path, *, vocab: int) -> Path:
+    """A random-weight Llama (untied head) without a tokenizer: --verify compares logits on token ids."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(13)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    model.save_pretrained(out)
+    return out
+
+
+def _build_resized_mts(base: Path, out: Path, *, rows: int) -> Path:
+    """What a fine-tune that added tokens saves: resize_token_embeddings before training, and the
+    embeddings and head trained whole (modules_to_save), so peft saves them resized."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(14)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.resize_token_embeddings(rows)
+    cfg = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"],
+                     init_lora_weights=False, task_type="CAUSAL_LM")
+    pm = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "modules_to_save" in n:
+                p.add_(torch.randn_like(p) * 0.02)
+    pm.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def resized_llama() -> tuple[Path, Path]:
+    base = _cached("tiny-llama-320-v1", lambda p: _build_tiny_llama(p, vocab=320))
+    return base, _cached("merge-adapter-llama-resized-336-v1", lambda p: _build_resized_mts(base, p, rows=336))
+
+
+def test_default_verify_of_a_resized_vocabulary_resizes_the_reference(run_cli, tmp_path, resized_llama) -> None:
+    """Before, peft's reference loaded the adapter onto the base unresized: size mismatch [336, 64] vs [320, 64],
+    exit 70. The reference is now resized to the adapter's saved embeddings first, as peft users do."""
+    base, ad = resized_llama
+    out = tmp_path / "merged"
+    r = run_cli("merge", base, ad, "-o", out, "--json")  # --verify is on by default for a model this small
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    v = res["verify"]
+    assert v["passed"] and v["inputs"] == "token ids" and v["greedy_agreement"] == 1.0, v
+    assert res["vocab_size"] == 336 and read_config(out)["vocab_size"] == 336
+    got = assert_matches_peft(out, peft_merged(base, [ad], dtype=torch.float32, resize=336))
+    assert got["model.embed_tokens.weight"].shape == got["lm_head.weight"].shape == (336, 64)
+
+
+def test_a_verify_that_cannot_run_says_so_and_fails_only_when_asked(monkeypatch, run_cli, tmp_path,
+                                                                      resized_llama) -> None:
+    import qlift.merge.verify as verify
+
+    def broken(**_: Any) -> Any:
+        raise RuntimeError("Error(s) in loading state_dict for PeftModelForCausalLM:\n\tsize mismatch ...")
+
+    monkeypatch.setattr(verify, "verify_merge", broken)
+    base, ad = resized_llama
+    r = run_cli("merge", base, ad, "-o", tmp_path / "auto", "--json")  # verify by default: the merge stands
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["verify"] is None and res["verify_not_run"].startswith("transformers or peft failed (RuntimeError: ")
+    said = [ln for ln in r.stderr.splitlines() if "verify" in ln]
+    assert len(said) == 1 and "RuntimeError: Error(s) in loading state_dict" in said[0], r.stderr
+    assert json.loads((tmp_path / "auto" / "qlift.json").read_text())["parameters"]["verify"] is False
+
+    r = run_cli("merge", base, ad, "-o", tmp_path / "asked", "--verify")  # asked for: no unverified output
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 8 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: --verify could not run: transformers or peft failed (RuntimeError: ") and \
+        "nothing was written. Rerun with --no-verify" in lines[0], lines[0]
+    assert not (tmp_path / "asked").exists()
+
+
 # --- sharding and --verify ----------------------------------------------------------------
 
 def test_max_shard_size_and_verify(run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:

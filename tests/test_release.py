@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -86,6 +87,55 @@ def test_bad_top_level_field_and_flow(run_cli, tmp_path: Path) -> None:
     _write(f, tmp_path, tmp_path, [{"stage": "promote"}])
     r = run_cli("release", "run", f)
     assert r.exit_code == 2 and "needs a router stage" in r.stderr
+
+
+@pytest.mark.parametrize("out", ["/proc/x", "/dev/null/x"])
+def test_an_out_that_cannot_be_a_directory_is_one_line_exit_4(run_cli, tmp_path: Path, out: str) -> None:
+    """Before, mkdir's FileNotFoundError / NotADirectoryError ended the run in exit 70 "internal error"."""
+    f = _write(tmp_path / "release.yaml", tmp_path, tmp_path, _stages(), out=out)
+    for argv, named in ((), f"{f}: field 'out'"), (("--out", out), "--out"):
+        r = run_cli("release", "run", f, *argv)
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 4 and len(lines) == 1, r.stderr
+        assert lines[0].startswith(f"error: {named}: cannot create the directory {out} ("), lines[0]
+
+
+DUPLICATE = [
+    ("name: a\nout: o\nbase: {builtin: smollm2}\nname: b\nstages: [{stage: merge}]\n",
+     "key 'name' appears twice (lines 1 and 4)"),
+    ("name: a\nbase: {builtin: smollm2}\nadapters: [{name: x, path: x}]\nstages:\n  - stage: merge\n"
+     "    options: {verify: true}\n    options: {verify: false}\n", "key 'options' appears twice (lines 6 and 7)"),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), DUPLICATE, ids=["top-level", "in-a-stage"])
+def test_a_key_given_twice_is_refused_naming_both_lines(run_cli, tmp_path: Path, text: str, says: str) -> None:
+    """Before, the last one won silently."""
+    f = tmp_path / "release.yaml"
+    f.write_text(text)
+    r = run_cli("release", "run", f, "--dry-run")
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [f"error: {f}: {says}. Remove one of them."]
+
+
+HOSTILE = [
+    ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nname: x\nbase: {builtin: smollm2}\nstages: [*c]\n", "stages.0"),
+    ("name: !!python/object/apply:os.system [echo hi]\nbase: {builtin: smollm2}\nstages: [{stage: merge}]\n",
+     "could not determine a constructor"),
+    ("name: x\nbase: &b {builtin: smollm2, again: *b}\nstages: [{stage: merge}]\n", "base.again"),
+    ("name: x\nbase: {builtin: smollm2}\nm: &m {stage: merge}\nstages: [{<<: *m, name: m2}]\n", "field 'm'"),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), HOSTILE, ids=["anchor-bomb", "python-tag", "cycle", "merge-key"])
+def test_hostile_yaml_stays_refused_in_one_line(run_cli, tmp_path: Path, text: str, says: str) -> None:
+    """The duplicate-key loader keeps the SafeLoader's refusals: an anchor bomb, a python tag, a cycle; a merge key
+    (<<) may be overridden by a key of the mapping itself."""
+    f = tmp_path / "release.yaml"
+    f.write_text(text)
+    r = run_cli("release", "run", f, "--dry-run")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and says in lines[0], r.stderr
 
 
 def test_schema_spells_out_every_stage(run_cli) -> None:
@@ -248,6 +298,53 @@ def test_sigkill_mid_stage_resumes_there_byte_identical(tmp_path: Path, tiny_qwe
         {k: v["sha256"] for k, v in json.loads((want / "qlift.json").read_text())["outputs"].items()}
 
 
+def test_an_output_edited_in_place_with_size_and_mtime_restored_runs_again(
+        run_cli, tmp_path: Path, tiny_qwen2_tied: Path, tiny_lora_tied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release trusts an output unread only while each file keeps the size, mtime, inode and ctime journaled
+    when its stage finished (before: size and mtime, so an edit that put them back was taken as cached)."""
+    f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, [{"stage": "merge",
+                                                                              "options": {"verify": False}}])
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0, r.stderr
+    merged = Path(json.loads(r.stdout)["stages"][1]["output"])
+
+    # One byte changed in place, size and mtime put back: the merge runs again.
+    config = merged / "config.json"
+    text, st = config.read_text(), config.stat()
+    edited = text.replace('"hidden_size": 64', '"hidden_size": 65')
+    assert edited != text and len(edited) == len(text)
+    with open(config, "r+", encoding="utf-8") as fh:  # in place: the same inode
+        fh.write(edited)
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (config.stat().st_size, config.stat().st_mtime_ns, config.stat().st_ino) == \
+        (st.st_size, st.st_mtime_ns, st.st_ino)
+    plan = json.loads(run_cli("release", "run", f, "--dry-run", "--json").stdout)["stages"]
+    assert plan[1]["action"] == "run" and "no longer matches its hash" in plan[1]["reason"]
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 0 and _actions(r.stdout)["merge"] == "ran", r.stderr
+    assert config.read_text() == text
+
+    # Same content, new inode and ctime (a copy that keeps mtimes): read once, still cached,
+    # then trusted unread again.
+    from qlift import lineage
+
+    read: list[Path] = []
+    real = lineage.sha256_files
+    monkeypatch.setattr(lineage, "sha256_files", lambda paths, *a: real([read.append(p) or p for p in paths], *a))
+    shutil.copytree(merged, tmp_path / "copy")
+    shutil.rmtree(merged)
+    (tmp_path / "copy").rename(merged)
+    for reads_it in (True, False):
+        read.clear()
+        r = run_cli("release", "run", f, "--json")
+        assert r.exit_code == 0 and _actions(r.stdout)["merge"] == "skipped", r.stderr
+        assert (merged / "config.json" in read) is reads_it, read
+    with sqlite3.connect(tmp_path / "out" / "release.sqlite") as db:
+        files = json.loads(db.execute("SELECT files FROM stages WHERE name='merge'").fetchone()[0])
+    st = (merged / "config.json").stat()
+    assert files["config.json"] == [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
 def test_one_writer_per_release_and_a_killed_run_is_called_killed(tmp_path: Path, tiny_qwen2_tied: Path,
                                                                   tiny_lora_tied: Path) -> None:
     """A second `release run` of a release whose run is under way is refused in one line naming the first's pid
@@ -288,6 +385,8 @@ def test_one_writer_per_release_and_a_killed_run_is_called_killed(tmp_path: Path
     status = _qlift("release", "status", f)
     assert status.returncode == 0 and f"killed (pid {killed.pid} gone); `qlift release run` resumes it" \
         in status.stdout, status.stdout
+    stages = {s["name"]: s["status"] for s in json.loads(_qlift("release", "status", f, "--json").stdout)["stages"]}
+    assert stages["merge"] == "interrupted", stages  # not `running`: nothing runs it
 
 
 def test_shipped_example_plans(run_cli) -> None:

@@ -48,6 +48,8 @@ def merge_cmd(base: Path, adapters: tuple[Path, ...], output: Path, **options: A
             v = r.verify
             click.echo(f"verify: max |logit delta| {v.max_abs_logit_delta:.3g} ({v.relative_delta:.3%}), "
                        f"greedy agreement {v.greedy_agreement:.1%} over {v.tokens} tokens")
+        elif r.verify_not_run:
+            click.echo("verify: not run (the warning above says why)")
         for n in r.notes:
             click.echo(f"note: {n}", err=True)
 

@@ -77,7 +77,7 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
 def _with_out(release: Any, out: Path | None) -> Any:
     import dataclasses
 
-    return release if out is None else dataclasses.replace(release, out=out.resolve())
+    return release if out is None else dataclasses.replace(release, out=out.resolve(), out_from="--out")
 
 
 def _progress(line: str) -> None:
@@ -114,6 +114,10 @@ def status_cmd(file: Path, out: Path | None) -> None:
                 stages.append({"name": name, **({k: row[k] for k in ("status", "key", "output", "content_hash",
                                                                       "started_at", "finished_at")} if row else
                                                  {"status": "never run"})})
+        if last_run is not None and str(last_run["outcome"]).startswith("killed"):
+            for s in stages:  # its process is gone: what it was doing will not finish by itself
+                if s["status"] == "running":
+                    s["status"] = "interrupted"
     else:
         stages = [{"name": n, "status": "never run"} for n in ["base", *(s.name for s in release.stages)]]
 
@@ -122,7 +126,7 @@ def status_cmd(file: Path, out: Path | None) -> None:
             click.echo(f"last run {last_run['started_at']}: {last_run['outcome']} {last_run['detail']}".rstrip())
         for s in stages:
             key = s.get("key", "").removeprefix("sha256:")[:12]
-            click.echo(f"{s['name']:<16} {s['status']:<10} {key:<12} {s.get('output', '')}".rstrip())
+            click.echo(f"{s['name']:<16} {s['status']:<11} {key:<12} {s.get('output', '')}".rstrip())
 
     emit({"release": release.name, "journal": str(path), "last_run": last_run, "stages": stages}, human)
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, GateFailedError, IncompatibleError
+from qlift.errors import BadInputError, ExternalToolError, GateFailedError, IncompatibleError, QliftError
 from qlift.fsutil import FileHashes, atomic_output_dir, check_output_path
 from qlift.lineage import read_manifest, recorded_hashes, utc_now, write_manifest
 from qlift.loaders import read_json_object, validated
 from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
 from qlift.merge.options import MergeOptions
-from qlift.merge.plan import Plan, build_plan, updated_config
+from qlift.merge.plan import LM_HEAD, Plan, build_plan, updated_config
 from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
 from qlift.models.dtypes import CODE_OF_NAME, FLOAT_CODES, TORCH_NAMES
@@ -56,6 +56,7 @@ class MergeResult:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     verify: VerifyResult | None = None
+    verify_not_run: str | None = None  # why a --verify that was on could not compare (the merge stands)
 
 
 def parse_size(text: str) -> int:
@@ -261,14 +262,15 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         index = {"metadata": {"total_size": written.total_size}, "weight_map": dict(sorted(written.weight_map.items()))}
         (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         _carry_files(tok_dir, gen_config, tmp)
-        checked = _verify(mdir, loaded, plan, tmp, tolerance) if verify else None
+        checked, not_run = _verify(mdir, loaded, plan, tmp, tolerance, asked=opts.verify is True) if verify \
+            else (None, None)
         if checked is not None and checked.inputs != "chat prompts":
             plan.notes.append(f"--verify compared logits on {checked.inputs}: the model has no tokenizer qlift could "
                               "load")
         inputs: dict[str, Path] = {"base": mdir.path}
         inputs.update({f"adapter{i + 1}" if len(loaded) > 1 else "adapter": a.path for i, a in enumerate(loaded)})
         params: dict[str, Any] = {"dtype": dtype_name, "max_shard_size": max_shard_size, "device": device,
-                                  "adapters": [str(a.path) for a in loaded], "verify": bool(verify)}
+                                  "adapters": [str(a.path) for a in loaded], "verify": checked is not None}
         t1 = time.perf_counter()
         input_hashes = input_hasher.result()
         log.debug("inputs hashed, %.2f s after the rest", time.perf_counter() - t1)
@@ -281,19 +283,35 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         bytes_read=written.bytes_read, bytes_written=written.bytes_written, total_size=written.total_size,
         wall_s=time.perf_counter() - t0,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, tokenizer_from=tok_dir,
-        notes=plan.notes, warnings=warnings, verify=checked,
+        notes=plan.notes, warnings=warnings, verify=checked, verify_not_run=not_run,
     )
 
 
-def _verify(mdir: ModelDir, loaded: list[Adapter], plan: Plan, merged: Path, tolerance: float) -> VerifyResult:
+def _verify(mdir: ModelDir, loaded: list[Adapter], plan: Plan, merged: Path, tolerance: float, *,
+            asked: bool) -> tuple[VerifyResult | None, str | None]:
+    """The comparison with peft, or (None, why) where it could not run and ``asked`` (--verify given) is off:
+    then the merge stands, unverified, with one warning line. A comparison that ran and differs always fails."""
     from qlift.merge.verify import verify_merge
 
     ref_merged = bool(plan.tied and plan.embed_name and plan.entries[plan.embed_name].steps)
-    r = verify_merge(base=mdir.path, adapters=[a.path for a in loaded], merged=merged, tolerance=tolerance,
-                     reference_merged=ref_merged)
+    # A resized vocabulary: the adapter saved its embeddings or head whole, with as many rows as it has tokens.
+    rows = [max((a.replacements[n].shape[0] for n in (plan.embed_name, LM_HEAD) if n in a.replacements),
+                default=None) for a in loaded]
+    try:
+        r = verify_merge(base=mdir.path, adapters=[a.path for a in loaded], merged=merged, tolerance=tolerance,
+                         reference_merged=ref_merged, vocab_rows=rows)
+    except QliftError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (transformers or peft could not load or run a model: say which)
+        why = f"transformers or peft failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]})"
+        if asked:
+            raise ExternalToolError(f"--verify could not run: {why}; nothing was written", tool="peft",
+                                    hint="Rerun with --no-verify to write the merge unverified.") from None
+        log.warning("--verify was not run: %s; the merge is written unverified", why)
+        return None, why
     if not r.passed:
         raise GateFailedError(
             f"merged logits differ from peft's by {r.max_abs_logit_delta:.4g} "
             f"({r.relative_delta:.2%} of the largest logit, tolerance {tolerance:.2%}); nothing was written",
             hint="Check the adapter and base match, or rerun with --no-verify to keep the output anyway.")
-    return r
+    return r, None

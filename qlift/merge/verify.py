@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,16 @@ class VerifyResult:
 
 
 def verify_merge(
-    *, base: Path, adapters: list[Path], merged: Path, tolerance: float, reference_merged: bool = False
+    *, base: Path, adapters: list[Path], merged: Path, tolerance: float, reference_merged: bool = False,
+    vocab_rows: Sequence[int | None] = (),
 ) -> VerifyResult:
     """Teacher-forced logits of the merged model against peft, both in fp32.
 
     The reference applies the adapters in order: all but the last merged with peft's
     ``merge_and_unload``, the last one live (or merged too when ``reference_merged``:
     a tied base whose embeddings changed behaves like peft's merge, not its forward).
+    ``vocab_rows[i]``: the rows of adapter i's saved embeddings, where it resized the vocabulary;
+    the reference is resized to it before the adapter is loaded, as the fine-tune was.
     """
     import torch
     from peft import PeftModel
@@ -49,6 +53,9 @@ def verify_merge(
         del model
         ref_model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         for i, a in enumerate(adapters):
+            rows = vocab_rows[i] if i < len(vocab_rows) else None
+            if rows and rows != int(ref_model.get_input_embeddings().weight.shape[0]):
+                ref_model.resize_token_embeddings(rows, mean_resizing=False)  # its rows come from the adapter
             peft_model = PeftModel.from_pretrained(ref_model, a)
             last = i == len(adapters) - 1
             ref_model = peft_model if last and not reference_merged else peft_model.merge_and_unload()

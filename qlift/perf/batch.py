@@ -126,7 +126,6 @@ def run_batch(model: Path, input_path: Path, out: Path, options: BatchOptions | 
                             in_process=ray_address is None)
         if opts.force:
             remove_stale(files)
-        out.parent.mkdir(parents=True, exist_ok=True)
         if opts.resume:
             keep_only(files, done)
         write_state(files, hashes)

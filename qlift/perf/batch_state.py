@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError
-from qlift.fsutil import check_not_an_input
+from qlift.fsutil import check_not_an_input, make_output_dirs
 from qlift.perf.batch_rows import BatchRow, read_output, request_hash, rewrite, temp_name
 
 STATE_KIND = "qlift-batch-state/1"
@@ -37,13 +37,14 @@ class BatchFiles:
         return files + [p.with_name(temp_name(p)) for p in files]
 
     def check(self, inputs: list[Path]) -> None:
-        """Refuse, before any work, a written file that is an input or a directory."""
+        """Refuse, before any work, a written file that is an input or a directory; make OUT's directory."""
         for path in self.all():
             check_not_an_input(path, inputs)
         for path in (self.out, self.errors, self.state):
             if path.is_dir():
                 raise BadInputError(f"{path} is a directory; qlift batch writes a file there",
                                     hint="Choose another -o path (--force replaces files, never directories).")
+        make_output_dirs(self.out.parent, named="-o")
 
 
 @dataclass

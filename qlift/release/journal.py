@@ -22,7 +22,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stages (
   name TEXT NOT NULL, key TEXT NOT NULL, status TEXT NOT NULL, output TEXT NOT NULL DEFAULT '',
   content_hash TEXT NOT NULL DEFAULT '', result TEXT NOT NULL DEFAULT '{}', started_at TEXT NOT NULL,
-  finished_at TEXT, PRIMARY KEY (name, key));
+  finished_at TEXT, files TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (name, key));
 CREATE TABLE IF NOT EXISTS runs (
   id INTEGER PRIMARY KEY, file TEXT NOT NULL, started_at TEXT NOT NULL, finished_at TEXT,
   outcome TEXT NOT NULL DEFAULT 'running', detail TEXT NOT NULL DEFAULT '');
@@ -70,6 +70,8 @@ class ReleaseJournal:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")
                 self.db.executescript(_SCHEMA)
+                if "files" not in {r[1] for r in self.db.execute("PRAGMA table_info(stages)")}:  # an older journal
+                    self.db.execute("ALTER TABLE stages ADD COLUMN files TEXT NOT NULL DEFAULT '{}'")
             self.db.execute("SELECT count(*) FROM stages").fetchone()
         except sqlite3.DatabaseError as exc:
             raise BadInputError(f"not a release journal ({exc})", path=self.path,
@@ -103,9 +105,15 @@ class ReleaseJournal:
         self.db.execute("INSERT OR REPLACE INTO stages (name, key, status, output, started_at) VALUES (?,?,?,?,?)",
                         (name, key, "running", output, now()))
 
-    def end(self, name: str, key: str, status: str, *, content_hash: str = "", result: Any = None) -> None:
-        self.db.execute("UPDATE stages SET status=?, content_hash=?, result=?, finished_at=? WHERE name=? AND key=?",
-                        (status, content_hash, json.dumps(result or {}), now(), name, key))
+    def end(self, name: str, key: str, status: str, *, content_hash: str = "", result: Any = None,
+            files: dict[str, list[int]] | None = None) -> None:
+        self.db.execute("UPDATE stages SET status=?, content_hash=?, result=?, finished_at=?, files=? "
+                        "WHERE name=? AND key=?",
+                        (status, content_hash, json.dumps(result or {}), now(), json.dumps(files or {}), name, key))
+
+    def set_files(self, name: str, key: str, files: dict[str, list[int]]) -> None:
+        """The output's file stats, after reading every byte proved it unchanged."""
+        self.db.execute("UPDATE stages SET files=? WHERE name=? AND key=?", (json.dumps(files), name, key))
 
     def add_server(self, pid: int, stage: str, run_id: int, url: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO servers (pid, stage, run_id, url, started_at) VALUES (?,?,?,?,?)",
@@ -127,4 +135,5 @@ def _row(row: sqlite3.Row | None) -> dict[str, Any] | None:
         return None
     out = dict(row)
     out["result"] = json.loads(out.get("result") or "{}")
+    out["files"] = json.loads(out.get("files") or "{}")
     return out

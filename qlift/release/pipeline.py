@@ -3,8 +3,9 @@ journaled so that a killed run resumes at the stage that did not finish.
 
 A stage's key is the sha256 of (its kind, its stage version, its options, the content hashes of
 its inputs). Model stages write ``OUT/NAME-KEY12`` (atomically, through the stage's own
-function); the journal records the output's lineage content hash when it is complete, and a
-later run skips the stage only if the directory still hashes to it. The live stages (serve,
+function); the journal records the output's lineage content hash and its files' stat when it is
+complete, and a later run skips the stage only if the directory still holds that content
+(``qlift.release.cache``: unread while every file's size, mtime, inode and ctime are unchanged). The live stages (serve,
 router, promote) have no files to cache: they are skipped together once promote succeeded
 with the same key, and run together otherwise.
 """
@@ -21,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, GateFailedError, QliftError
-from qlift.fsutil import file_lock, lock_holder
+from qlift.fsutil import file_lock, lock_holder, make_output_dirs
 from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
+from qlift.release.cache import file_stats, verified_stats
 from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal, writer_lock_path
 from qlift.release.spec import Release, Stage
@@ -242,7 +244,11 @@ class Pipeline:
                     on_done: Callable[[Path], None]) -> None:
         out = self.release.out / f"{name}-{short(key)}"
         row = self.journal.stage(name, key)
-        if not self.forced and row is not None and row["status"] == "done" and _verifies(out, row["content_hash"]):
+        stats = verified_stats(out, row["content_hash"], row["files"]) \
+            if not self.forced and row is not None and row["status"] == "done" else None
+        if row is not None and stats is not None:
+            if stats != row["files"] and not self.dry_run:
+                self.journal.set_files(name, key, stats)
             on_done(out)
             self._report(StageReport(name, kind, "skip" if self.dry_run else "skipped", f"cached {short(key)}",
                                      key, str(out), row["content_hash"], result=row["result"]))
@@ -265,7 +271,7 @@ class Pipeline:
                                          seconds=round(time.monotonic() - t0, 2)))
             raise
         content = dir_hash(out)
-        self.journal.end(name, key, "done", content_hash=content, result=to_jsonable(result))
+        self.journal.end(name, key, "done", content_hash=content, result=to_jsonable(result), files=file_stats(out))
         on_done(out)
         self._report(StageReport(name, kind, "ran", why, key, str(out), content, round(time.monotonic() - t0, 2),
                                  to_jsonable(result)))
@@ -433,16 +439,6 @@ class LivePlan:
         return result
 
 
-def _verifies(out: Path, content_hash: str) -> bool:
-    """``out`` is complete (it has its lineage manifest) and still hashes to what the journal recorded."""
-    if not (out / "qlift.json").is_file() or not content_hash:
-        return False
-    try:
-        return dir_hash(out) == content_hash
-    except (OSError, QliftError):
-        return False
-
-
 def _remove_partials(out: Path) -> None:
     """Temp dirs a killed stage left beside its output (never used: outputs are only renamed into place)."""
     for p in out.parent.glob(f".{out.name}.*.partial"):
@@ -460,6 +456,8 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
     as stages finish, so a caller has the stages before a failure too."""
     path = release.out / JOURNAL_NAME
     reports = [] if reports is None else reports
+    if not dry_run:
+        make_output_dirs(release.out, named=release.out_from)
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
             return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports).execute()

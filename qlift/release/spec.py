@@ -124,6 +124,7 @@ class Release:
     base: BaseSource
     adapters: tuple[AdapterRef, ...]
     stages: tuple[Stage, ...]
+    out_from: str = "out"  # what set ``out``, for its errors: the file's field, or --out
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -198,7 +199,8 @@ def load_release(path: Path) -> Release:
         if entry.stage in MODEL_KINDS:
             models.append(name)
     _check_flow(stages, path)
-    return Release(path, raw.name, (here / raw.out).resolve(), base, adapters, tuple(stages))
+    return Release(path, raw.name, (here / raw.out).resolve(), base, adapters, tuple(stages),
+                   out_from=f"{path}: field 'out'")
 
 
 def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, models: list[str]) -> Any:

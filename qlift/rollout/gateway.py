@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from qlift.errors import BadInputError, ExternalToolError
+from qlift.loaders import read_yaml
 from qlift.rollout.spec import GatewaySpec
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
@@ -55,7 +56,7 @@ def render_httproute(spec: GatewaySpec, weights: dict[str, int]) -> dict[str, An
 
 def crd_schema(path: Path, version: str) -> dict[str, Any]:
     """The ``openAPIV3Schema`` of ``version`` in the CRD file at ``path``."""
-    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    crd = read_yaml(path)
     for v in crd["spec"]["versions"]:
         if v["name"] == version:
             return v["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
@@ -160,7 +161,7 @@ class GatewayDataPlane:
         if self.object is not None:
             route = self.object.get()
         elif self.spec.output is not None and Path(self.spec.output).exists():
-            route = yaml.safe_load(Path(self.spec.output).read_text(encoding="utf-8"))
+            route = read_yaml(Path(self.spec.output))
         if not route:
             return None
         refs = route["spec"]["rules"][0]["backendRefs"]

@@ -15,9 +15,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from qlift.deploy.inference_ext import X_API, model_rewrite
+from qlift.loaders import read_yaml
 from qlift.rollout.gateway import CustomObject, crd_schema, validate_object, write_yaml
 from qlift.rollout.spec import InferenceExtSpec
 
@@ -67,7 +66,7 @@ class InferenceExtDataPlane:
         if self.object is not None:
             obj = self.object.get()
         elif self.spec.output is not None and Path(self.spec.output).exists():
-            obj = yaml.safe_load(Path(self.spec.output).read_text(encoding="utf-8"))
+            obj = read_yaml(Path(self.spec.output))
         return rewrite_weights(obj, self.models) if obj else None
 
     def set_weights(self, weights: dict[str, int]) -> None:

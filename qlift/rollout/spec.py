@@ -11,11 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qlift.errors import BadInputError
-from qlift.loaders import decode
+from qlift.loaders import read_yaml
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -359,14 +358,9 @@ FLAG_FOR = {
 
 
 def read_spec_file(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(decode(Path(path).read_bytes(), path=path))  # not UTF-8: one line, exit 2
-    except FileNotFoundError:
-        raise BadInputError(f"rollout spec {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise BadInputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=path,
-                            line=mark.line + 1 if mark else None) from None
+    if not Path(path).exists():
+        raise BadInputError(f"rollout spec {path} does not exist")
+    data = read_yaml(Path(path))  # not UTF-8, not YAML, a key twice: one line, exit 2
     if data is None:
         return {}
     if not isinstance(data, dict):

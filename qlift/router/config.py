@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qlift.errors import BadInputError, NotFoundError
+from qlift.loaders import parse_yaml
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DOCS = "See docs/router.md for the settings."
@@ -211,22 +211,16 @@ def parse_config(data: Any, *, path: Path | str) -> RouterConfig:
 
 def load_config(path: Path) -> RouterConfig:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise NotFoundError(f"router config {path} does not exist", hint="Check the --config path.") from None
     except UnicodeDecodeError as exc:
         raise BadInputError(f"not UTF-8 text (byte {exc.start})", path=path,
                             hint="Save the router config as UTF-8.") from None
-    except RecursionError:
-        raise BadInputError("nested too deeply to read", path=path, hint="Fix the YAML structure.") from None
     except OSError as exc:
         raise BadInputError(f"cannot read the router config: {exc.strerror or exc}", path=path,
                             hint="Pass a readable YAML file to --config.") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise BadInputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", path=path,
-                            line=mark.line + 1 if mark else None, hint="Fix the YAML syntax.") from None
-    return parse_config(data, path=path)
+    return parse_config(parse_yaml(text, path=path, hint="Fix the YAML syntax."), path=path)
 
 
 def parse_backend_flag(text: str) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 MIN_UNITS = 4  # fewer units of text: no language to tell
-MIN_LANGID_LETTERS = 40  # py3langid within one script only above this many letters
+MIN_LANGID_LETTERS = 40  # py3langid within one script only above about this many letters
+LANGID_CHARS = 600  # the opening py3langid reads: enough to tell, and its cost grows with the text
 FOREIGN_SHARE = 0.3  # an answer with this share of its units in another script drifted ...
 MIN_FOREIGN_UNITS = 6  # ... if there are at least this many of them
 
@@ -71,26 +72,35 @@ def _langid() -> Any:
     return py3langid
 
 
+@lru_cache(maxsize=8192)
+def _profile(text: str) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """(prose, units per script): one pass a text, remembered (a prompt is judged for both versions)."""
+    body = prose(text)
+    return body, tuple(script_units(body).items())
+
+
 def detect(text: str) -> str | None:
     """An ISO 639-1 code for the text's language, or None when it is too short or not language."""
-    units = script_units(prose(text))
-    total = sum(units.values())
-    if total < MIN_UNITS:
+    body, counted = _profile(text)
+    units = dict(counted)
+    if sum(units.values()) < MIN_UNITS:
         return None
     script = max(units, key=lambda s: units[s])
     if script == "han" and units.get("kana"):
         return "ja"
     if script in _LANG_OF_SCRIPT:
         return _LANG_OF_SCRIPT[script]
-    letters = "".join(u for u in _UNITS.findall(prose(text)) if _script(u[0]) == script)
-    if len(letters) < MIN_LANGID_LETTERS and script == "latin":
-        return "en" if _looks_english(prose(text)) else None
-    lang, _ = _langid().classify(prose(text))
+    if script == "latin" and _looks_english(body):
+        return "en"  # the stopword test settles most English at a fraction of py3langid's cost
+    if script == "latin" and units[script] * 5 < MIN_LANGID_LETTERS:
+        return None
+    lang, _ = _langid().classify(body[:LANGID_CHARS])
     return None if lang == "zxx" else str(lang)
 
 
 _ENGLISH = frozenset({"the", "a", "an", "is", "are", "was", "be", "to", "of", "and", "in", "on", "for", "it", "that",
-                      "this", "with", "you", "your", "i", "we", "not", "can", "please", "thanks", "order"})
+                      "this", "with", "you", "your", "i", "we", "not", "can", "please", "thanks", "order", "at",
+                      "have", "has", "will", "my", "our", "if", "by", "from", "what", "how", "do", "does"})
 
 
 def _looks_english(text: str) -> bool:
@@ -101,7 +111,7 @@ def _looks_english(text: str) -> bool:
 def off_language(prompt: str, answer: str) -> bool | None:
     """True when the answer is (partly) in another language than the prompt; None when either side has
     too little text to tell (a JSON answer of ids and numbers, a one-word prompt)."""
-    p_units, a_units = script_units(prose(prompt)), script_units(prose(answer))
+    p_units, a_units = dict(_profile(prompt)[1]), dict(_profile(answer)[1])
     if sum(p_units.values()) < MIN_UNITS or sum(a_units.values()) < MIN_UNITS:
         return None
     p_script = max(p_units, key=lambda s: p_units[s])

@@ -46,6 +46,12 @@ def eval_cmd(candidate: str, **options: Any) -> None:
             if r.baseline is not None:
                 line += f"  baseline {fmt(s.baseline, s.metric):>9}  diff {fmt_diff(s)}  w/t/l {wtl(s)}"
             click.echo(line)
+        if r.judge:
+            from qlift.eval.report import share_text
+
+            j = r.judge
+            click.echo(f"  judge {j['model']}: candidate better {share_text(j, 'wins')}, tie {share_text(j, 'ties')}, "
+                       f"baseline better {share_text(j, 'losses')} over {j['judged']} prompts")
         for g in r.gates:
             click.echo(f"  {'PASS' if g.passed else 'FAIL'}  {g.expr}  ({g.detail})")
         for n in r.notes:

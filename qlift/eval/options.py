@@ -24,8 +24,8 @@ class EvalOptions:
     baseline_endpoint: str | None = field(default=None, metadata={"url": True})
     """Server of the baseline, if not --endpoint."""
     metrics: str | None = None
-    """Comma-separated subset: ppl,exact_match,rougeL,chrF,json_valid,schema_pass,check_pass,length,latency
-    (default: all that apply)."""
+    """Comma-separated subset: ppl,exact_match,rougeL,chrF,json_valid,schema_pass,check_pass,length,latency,
+    repetition,loops,off_language,refusal (default: all that apply)."""
     gates: tuple[str, ...] = field(default=(), metadata={"flag": "--gate", "metavar": "EXPR"})
     """Release gate, repeatable, e.g. 'rougeL >= baseline - 0.02'. Any failure exits 10."""
     report_dir: Path | None = field(default=None, metadata={"flag": "--report"})
@@ -46,6 +46,14 @@ class EvalOptions:
     """vLLM context length (vllm backend)."""
     api_key: str | None = field(default=None, metadata={"envvar": "QLIFT_EVAL_API_KEY"})
     """Bearer token for the endpoint (env QLIFT_EVAL_API_KEY)."""
+
+    judge: str | None = field(default=None, metadata={"metavar": "URL#MODEL"})
+    """A judge model (OpenAI-compatible) compares the candidate's and the baseline's answers to each prompt, asked
+    twice with the order swapped; needs --baseline."""
+    judge_pairs: int = field(default=64, metadata={"min": 1, "max": 100_000})
+    """Prompts the judge compares (an even sample)."""
+    judge_rubric: Path | None = None
+    """The judge's instructions, a text file (default: qlift's rubric, docs/eval.md)."""
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -67,6 +67,13 @@ def _table(rows: list[MetricSummary], has_base: bool) -> list[str]:
     return lines
 
 
+def share_text(j: dict[str, Any], what: str) -> str:
+    share, ci = j.get(f"{what}_share"), j.get(f"{what}_ci95")
+    if share is None:
+        return "-"
+    return f"{share:.0%}" + (f" (95% CI {ci[0]:.0%}-{ci[1]:.0%})" if ci else "")
+
+
 def render_markdown(result: Any) -> str:
     has_base = result.baseline is not None
     verdict = "PASS" if result.passed else "FAIL"
@@ -83,6 +90,13 @@ def render_markdown(result: Any) -> str:
         out += ["## Gates", ""]
         out += [f"- {'PASS' if g.passed else 'FAIL'} `{g.expr}` ({g.detail})" for g in result.gates]
         out.append("")
+    if getattr(result, "judge", None):
+        j = result.judge
+        out += ["## Judge", "",
+                f"`{j['model']}` ({j['rubric']}), {j['judged']} prompts judged twice with the order swapped: "
+                f"candidate better {share_text(j, 'wins')}, tie {share_text(j, 'ties')} ({j['swapped_disagreed']} "
+                f"of them the two orders disagreeing), baseline better {share_text(j, 'losses')}; "
+                f"{j['unjudged']} unjudged.", ""]
     if getattr(result, "latency_warning", None):
         out += [f"> **Warning:** {result.latency_warning}", ""]
     out += ["## Overall", "", *_table([s for s in result.overall if s.n], has_base), ""]

@@ -66,6 +66,7 @@ class EvalResult:
     report_dir: str | None = None
     seconds: float = 0.0
     latency_warning: str | None = None  # why the latency comparison says little about the models
+    judge: dict[str, Any] | None = None  # --judge: win / tie / loss of the candidate against the baseline
 
     def summary(self, metric: str, tag: str | None = None) -> MetricSummary | None:
         rows = self.overall if tag is None else self.slices.get(tag, [])
@@ -183,6 +184,13 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
     explicit = set(names if metrics else []) | {g.metric for g in parsed_gates}
     names += [g.metric for g in parsed_gates if g.metric not in names]
     _check_gates(parsed_gates, examples, baseline is not None, prompts)
+    if o.judge is not None:
+        from qlift.quality.judge import parse_target
+
+        parse_target(o.judge)
+        if baseline is None:
+            raise BadInputError("--judge compares the candidate with the baseline, but no --baseline was given",
+                                field="--judge", hint="Pass --baseline MODEL, or leave --judge out.")
     if max_tokens < 1:
         raise BadInputError("--max-tokens must be at least 1", hint="Pass a positive number.")
     if resamples < 100:
@@ -254,6 +262,8 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         result.latency_warning = latency_warning(models[0], models[1], stats.load)
         if result.latency_warning:
             notes.append(result.latency_warning)
+    if o.judge is not None:
+        result.judge = _judge_model(o, examples, rows)
     result.gates = [_judge(g, result) for g in parsed_gates]
     result.passed = all(g.passed for g in result.gates)
     result.seconds = round(time.monotonic() - t0, 3)
@@ -263,6 +273,21 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         write_reports(result, Path(report_dir), force=force, inputs=_inputs(models, prompts))
         result.report_dir = str(report_dir)
     return result
+
+
+def _judge_model(o: EvalOptions, examples: list[Example], rows: list[ExampleRow]) -> dict[str, Any]:
+    """The judge model's verdicts, candidate against baseline, on an even sample of the prompts."""
+    from qlift.quality.judge import JudgeSettings, judge_pairs, parse_target, read_rubric
+    from qlift.quality.registry import user_text
+
+    assert o.judge is not None
+    url, model = parse_target(o.judge)
+    rubric, name = read_rubric(o.judge_rubric)
+    settings = JudgeSettings(url, model, rubric, name, pairs=o.judge_pairs, concurrency=max(1, o.concurrency),
+                             deadline_s=max(60.0, 2.0 * o.judge_pairs))
+    triples = [(user_text(ex.prompt_key()), row.outputs["baseline"], row.outputs["candidate"])
+               for ex, row in zip(examples, rows, strict=True)]
+    return judge_pairs(triples, settings).summary()
 
 
 UNEQUAL_LOAD = 1.0  # load-average difference (runnable processes) from which timings are not comparable

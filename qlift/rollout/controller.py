@@ -376,7 +376,7 @@ class Controller:
     # -- the shadow phase ------------------------------------------------------------
 
     def _shadow_window(self, r: Rollout) -> None:
-        from qlift.rollout.shadow import judge_shadow
+        from qlift.rollout.shadow import judge_shadow, judge_window
 
         shadow: Any = getattr(self.spec, "shadow", None)
         assert shadow is not None
@@ -390,6 +390,7 @@ class Controller:
             self._discard(r, void)
             return
         ev = source.collect()
+        ev.judged = judge_window(ev, shadow)  # bounded by shadow.judge_deadline_s; None without a judge
         if self._shadow_carry is not None:  # held windows' pairs add up, as a step's held evidence does
             ev = self._shadow_carry.merged(ev)
         d = judge_shadow(ev, self.spec)

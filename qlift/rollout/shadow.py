@@ -26,12 +26,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric
 from qlift.quality.registry import Answer as QualityAnswer
+from qlift.quality.registry import user_text
 from qlift.rollout.checks import CheckResult, check_alpha, run_checks, window_spec
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.judge import Decision
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
-from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
+from qlift.rollout.stats import binomial_greater, mann_whitney_greater, mean, proportion_greater
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +90,13 @@ class ShadowEvidence:
     ended_at: float = 0.0
     unpaired: int = 0  # copies dropped (over max_inflight) or never answered: not evidence either way
     notes: list[str] = field(default_factory=list)
+    judged: JudgeResult | None = None  # the judge model's verdicts on a sample of the pairs (shadow.judge)
 
     def merged(self, later: ShadowEvidence) -> ShadowEvidence:
+        judged = later.judged if self.judged is None else (
+            self.judged if later.judged is None else self.judged.merged(later.judged))
         return ShadowEvidence(self.stable, self.canary, self.pairs + later.pairs, self.started_at, later.ended_at,
-                              self.unpaired + later.unpaired, self.notes + later.notes)
+                              self.unpaired + later.unpaired, self.notes + later.notes, judged)
 
     def side(self, which: str) -> VersionEvidence:
         """One side folded into the judge's evidence (TTFT from streamed prompts only)."""
@@ -133,9 +138,12 @@ class ShadowEvidence:
 
     def summary(self) -> dict[str, Any]:
         both = [p for p in self.pairs if p.primary.ok and p.shadow.ok]
-        return {"pairs": len(self.pairs), "answered_pairs": len(both), "unpaired": self.unpaired,
-                "json_prompts": sum(1 for p in self.pairs if p.wants_json),
-                "stable": self.side("primary").summary(), "canary": self.side("shadow").summary()}
+        out = {"pairs": len(self.pairs), "answered_pairs": len(both), "unpaired": self.unpaired,
+               "json_prompts": sum(1 for p in self.pairs if p.wants_json),
+               "stable": self.side("primary").summary(), "canary": self.side("shadow").summary()}
+        if self.judged is not None:
+            out["judge"] = self.judged.summary()
+        return out
 
 
 def wants_json(request: dict[str, Any]) -> bool:
@@ -251,6 +259,45 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> Ch
     return r
 
 
+def judge_window(ev: ShadowEvidence, spec: ShadowSpec) -> JudgeResult | None:
+    """The judge model's verdicts on an even sample of the window's answered pairs (None without shadow.judge)."""
+    if spec.judge is None:
+        return None
+    url, model = parse_target(spec.judge, flag="shadow.judge")
+    rubric, name = read_rubric(spec.judge_rubric)
+    settings = JudgeSettings(url, model, rubric, name, spec.judge_pairs, spec.judge_concurrency, spec.judge_timeout_s,
+                             spec.judge_deadline_s)
+    triples = [(user_text(p.request), p.primary.text or "", p.shadow.text or "") for p in ev.pairs
+               if p.primary.ok and p.shadow.ok and p.primary.text is not None and p.shadow.text is not None]
+    return judge_pairs(triples, settings)
+
+
+def check_judge(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
+    """The judge prefers the stable's answer by more than ``max_judge_loss_margin`` of the judged pairs, and a
+    one-sided sign test over the pairs it did not call a tie agrees."""
+    j = ev.judged
+    r = CheckResult("judge", "inconclusive", limit=spec.max_judge_loss_margin)
+    if j is None or not j.judged:
+        note = "; ".join(j.notes) if j is not None and j.notes else "no verdicts"
+        r.detail = f"the judge gave no verdicts ({note}): inconclusive, never a failure"
+        return r
+    win, loss = j.share("wins") or 0.0, j.share("losses") or 0.0
+    r.canary, r.stable = win, loss
+    ci = j.interval("losses")
+    described = (f"judge {j.model}: canary better in {j.wins}, tie {j.ties} ({j.swapped_disagreed} by swapped order), "
+                 f"stable better in {j.losses} of {j.judged} pairs (loss share {loss:.2f}, 95% CI "
+                 f"{ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+    if loss - win <= spec.max_judge_loss_margin:
+        r.status, r.detail = "pass", described + f"; loss - win {loss - win:.2f} <= {spec.max_judge_loss_margin}"
+        return r
+    t = binomial_greater(j.losses, j.wins + j.losses, 0.5)
+    r.test, r.p_value = "sign", t.p_value
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.detail = described + f"; loss - win {loss - win:.2f} > {spec.max_judge_loss_margin}; sign test " \
+                           f"p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
+    return r
+
+
 def _prompt_key(request: dict[str, Any]) -> str:
     return repr(request.get("messages") or request.get("prompt"))
 
@@ -266,12 +313,15 @@ def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: A
     base = (analysis or AnalysisSpec.model_validate({})).model_copy(update={"min_requests": spec.min_pairs})
     stable, canary = ev.side("primary"), ev.side("shadow")
     # two more tested checks (json_valid, agreement) share the window's family-wise alpha (Bonferroni)
-    checks = [c for c in run_checks(canary, stable, base, extra=2) if c.name != "tpot"]
-    a = window_spec(canary, stable, base, extra=2)
+    extra = 3 if spec.judge is not None else 2
+    checks = [c for c in run_checks(canary, stable, base, extra=extra) if c.name != "tpot"]
+    a = window_spec(canary, stable, base, extra=extra)
     for c in checks:
         if c.name == "canary_requests":
             c.detail = c.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")
     checks += [check_json_valid(ev, spec, a), check_agreement(ev, spec, a)]
+    if spec.judge is not None:
+        checks.append(check_judge(ev, spec, a))
     failed = [c for c in checks if c.status == "fail"]
     if failed:
         return Decision("rollback", "shadow: " + "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, "fail")

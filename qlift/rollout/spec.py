@@ -197,6 +197,32 @@ class ShadowSpec(_Strict):
     max_json_invalid_share: float = Field(
         0.1, ge=0, le=1, description="Highest share of canary answers that are not JSON where the prompt asked "
         "for JSON (and the stable's was).")
+    judge: str | None = Field(
+        None, description="URL#MODEL of an OpenAI-compatible judge model that compares each sampled pair's two "
+        "answers, asked twice with the order swapped (it may be the stable's own server, or a bigger model; "
+        "called directly, never through the router). Off by default.")
+    judge_pairs: int = Field(16, ge=1, le=1000, description="Pairs a shadow window has judged (an even sample).")
+    judge_concurrency: int = Field(2, ge=1, le=64, description="Judge calls in flight at once.")
+    judge_timeout_s: Duration = Field(20.0, gt=0, description="Timeout of one judge call.")
+    judge_deadline_s: Duration = Field(
+        60.0, gt=0, description="Time a window's judging may take; pairs not judged by then are left out.")
+    judge_rubric: Path | None = Field(None, description="A file with the judge's instructions (default: qlift's "
+                                      "rubric, docs/promote-checks.md).")
+    max_judge_loss_margin: float = Field(
+        0.1, ge=0, le=1, description="Highest share of pairs the judge prefers the stable's answer in, less the "
+        "share it prefers the canary's, that passes (then a one-sided sign test decides).")
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_target(cls, v: str | None) -> str | None:
+        if v is not None:
+            from qlift.quality.judge import parse_target
+
+            try:
+                parse_target(v, flag="shadow.judge")
+            except BadInputError as exc:
+                raise ValueError(exc.message) from None
+        return v
 
 
 class RolloutSpec(_Strict):

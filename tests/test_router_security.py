@@ -419,3 +419,32 @@ def test_bad_router_inputs_are_clean_exits(tmp_path: Path, run_cli) -> None:
     r = run_cli("router", "--backend", "a=http://user:pw@127.0.0.1 :1")
     one_line(r, 2)
     assert "pw" not in r.stderr
+
+
+def test_a_password_with_a_hash_or_a_slash_is_never_shown(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: a '#' in a password cut the URL there and the error printed the password (twice)."""
+    secret = "Sup3rS3cret"
+    flag = f"canary=http://admin:{secret}#2024@127.0.0.1:19002#m"
+    r = run_cli("router", "--backend", flag, "--port", "0")
+    assert r.exit_code == 2 and secret not in r.stderr and "%23" in r.stderr, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(f"backends: [{{name: canary, url: 'http://admin:{secret}#2024@127.0.0.1:19002#m'}}]\n")
+    r = run_cli("router", "--config", cfg, "--port", "0")
+    assert r.exit_code == 2 and secret not in r.stderr and "%23" in r.stderr, r.stderr
+    for url in (f"http://admin:{secret}/x@127.0.0.1:1", f"http://admin:{secret}@x@127.0.0.1:1"):
+        r = run_cli("router", "--backend", f"a={url}", "--port", "0")
+        assert r.exit_code == 2 and secret not in r.stderr and "S3cret" not in r.stderr, r.stderr
+    assert redact_url(f"GET http://u:{secret}/#@h:1/x failed") == "GET http://***@h:1/x failed"
+
+
+def test_legacy_model_after_credentials_is_parsed(tmp_path: Path) -> None:
+    """`http://u:pw@host:port@MODEL` started the backend DOWN with no reason; it is URL@MODEL."""
+    assert parse_backend_flag("c=http://u:pw@127.0.0.1:19002@smollm2-ft") == {
+        "name": "c", "url": "http://u:pw@127.0.0.1:19002", "served_model": "smollm2-ft"}
+    with TinyBackend("m") as backend:
+        url = backend.url.replace("http://", "http://u:pw@") + "@m"
+        with RouterProcess("--backend", f"only={url}", "--public-model", "pub", log_path=tmp_path / "r.log",
+                           token=TOKEN) as router:
+            assert router.info["backends"][0]["served_model"] == "m" and router.info["backends"][0]["healthy"]
+            assert chat(router.url).status_code == 200

@@ -27,7 +27,7 @@ from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
-from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, tokens_used
+from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, max_output_tokens, tokens_used
 from qlift.router.metrics import RouterMetrics, status_class
 from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body
 from qlift.router.rewrite import ModelRewriter
@@ -51,6 +51,7 @@ COMPLETIONS = ("/v1/chat/completions", "/v1/completions")  # checked answers, us
 PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank",
                "/v2/embed", "/tokenize", "/detokenize", "/pooling", "/classify", "/v1/messages",
                "/v1/messages/count_tokens")
+GENERATES = (*COMPLETIONS, "/v1/responses", "/v1/messages")  # routes whose answers are generated tokens
 MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
 BIG_PROMPT_CHARS = 1 << 16  # the filter checks texts longer than this in a worker thread
 
@@ -293,6 +294,7 @@ class Router:
                                 headers={"Retry-After": retry})
         if self.limits.tokens_per_min:  # the prompt is charged now: a client that leaves early still pays
             request["prompt_estimate"] = estimate_tokens(body)
+            request["max_output"] = max_output_tokens(body, path in GENERATES)
             self.limits.charge_tokens(key, request["prompt_estimate"])
         stream = bool(body.get("stream"))
         client_body, strip_usage = body, False
@@ -381,7 +383,9 @@ class Router:
     def _charge(self, request: web.Request, key: str, att: Attempt) -> None:
         """Settle the tokens/min limit: usage (or what was streamed) less the prompt estimate charged up front."""
         estimate = request.get("prompt_estimate", 0)
-        used = tokens_used(estimate, att.prompt_tokens, att.completion_tokens, att.events)
+        used = tokens_used(estimate, att.prompt_tokens, att.completion_tokens, att.events,
+                           completed=att.completed and not att.client_disconnected,
+                           max_output=request.get("max_output"))
         self.limits.charge_tokens(key, used - estimate)
         request["tokens_settled"] = True
 

@@ -28,6 +28,8 @@ BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "er
 # Failed before the client got a byte, in a way another backend may not: replayable.
 REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream", "model_gone"}
 # Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
+# Usage's (prompt, completion) counts: chat and completions; Responses and Anthropic Messages.
+USAGE_KEYS = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
@@ -82,14 +84,27 @@ class Attempt:
     def fail(self, reason: str, error: str) -> None:
         self.reason, self.error = reason, error
 
+    def take_usage(self, event: dict[str, Any]) -> None:
+        """Token counts of every usage shape: chat and completions (``prompt_tokens``/``completion_tokens``),
+        Responses and Anthropic Messages (``input_tokens``/``output_tokens``), at the top (an answer, a
+        usage chunk, Anthropic's ``message_delta``) or in the event's ``response`` (Responses'
+        ``response.completed``) or ``message`` (Anthropic's ``message_start``)."""
+        for holder in (event, event.get("response"), event.get("message")):
+            usage = holder.get("usage") if isinstance(holder, dict) else None
+            if not isinstance(usage, dict):
+                continue
+            for prompt_key, completion_key in USAGE_KEYS:
+                prompt, completion = usage.get(prompt_key), usage.get(completion_key)
+                if isinstance(prompt, int) and not isinstance(prompt, bool):
+                    self.prompt_tokens = prompt
+                if isinstance(completion, int) and not isinstance(completion, bool):
+                    self.completion_tokens = completion
+
     def take_event(self, event: Any) -> None:
         """Usage, finish_reason (and the text, when capturing) from an answer or a stream chunk."""
         if not isinstance(event, dict):
             return
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        self.take_usage(event)
         for i, choice in enumerate(event.get("choices") or []):
             if not isinstance(choice, dict):
                 continue

@@ -29,6 +29,7 @@ from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
 from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, max_output_tokens, tokens_used
 from qlift.router.metrics import RouterMetrics, status_class
+from qlift.router.pairs import Pair, PairRing, answer_record, judge_view
 from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body
 from qlift.router.rewrite import ModelRewriter
 from qlift.router.serverlimits import (
@@ -38,7 +39,7 @@ from qlift.router.serverlimits import (
     listen_error,
     raise_open_files_limit,
 )
-from qlift.router.shadow import Pair, PairRing, Shadow, ShadowSettings, answer_record, cancel_all, send_copy
+from qlift.router.shadow import Shadow, ShadowSettings, cancel_all, send_copy
 from qlift.router.state import SavedState
 from qlift.router.textnorm import estimate_tokens, has_token_ids, json_depth
 
@@ -409,7 +410,7 @@ class Router:
         if not shadow.admit(target):
             self.metrics.shadow.labels(target.name, "dropped").inc()
             return None
-        pair = Pair(rid=rid, ts=time.time(), path=path, request=client_body)
+        pair = Pair(rid=rid, ts=time.time(), path=path, request=judge_view(client_body))
 
         async def run() -> None:
             if not await shadow.acquire():

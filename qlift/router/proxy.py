@@ -28,6 +28,7 @@ BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "er
 # Failed before the client got a byte, in a way another backend may not: replayable.
 REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream", "model_gone"}
 # Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
+CAPTURE_CHARS = 16000  # an answer's text kept for a shadow pair (pairs.TEXT_CHARS cuts it there)
 # Usage's (prompt, completion) counts: chat and completions; Responses and Anthropic Messages.
 USAGE_KEYS = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
@@ -63,6 +64,7 @@ class Attempt:
     dropped: bool = False  # the backend closed the connection before answering (a stale pooled one, usually)
     response: web.StreamResponse | None = None  # what the client got, once responded
     text_parts: list[str] = field(default_factory=list)
+    captured: int = 0  # characters in text_parts: capture stops past CAPTURE_CHARS
 
     @property
     def failed_early(self) -> bool:
@@ -115,8 +117,9 @@ class Attempt:
                 if piece is None:
                     part = choice.get("delta") or choice.get("message") or {}
                     piece = part.get("content") if isinstance(part, dict) else None
-                if isinstance(piece, str):
+                if isinstance(piece, str) and self.captured < CAPTURE_CHARS:
                     self.text_parts.append(piece)
+                    self.captured += len(piece)
 
 
 def answer_problem(body: bytes) -> tuple[str, str] | None:

@@ -10,7 +10,7 @@ demand), and nginx with gzip on in front of one.
   comments      - a 200 stream of SSE comments, one every 0.1 s, forever
 Also /tokenize (echoes the model it got), /v1/responses and /v1/messages (their usage is
 input_tokens/output_tokens, streamed or not; ``usage=False`` leaves it out), /v1/models (with root
-and max_model_len, like vLLM), /health, and every other POST route (``paths``/``bodies`` record it).
+and max_model_len, like vLLM), /health; with ``any_route``, every other POST route too (200, recorded).
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ class ScriptedBackend(ThreadedApp):
     shutdown_timeout_s = 0.2
 
     def __init__(self, served_model: str, *, mode: str = "ok", tokens: int = 3, chunk_delay_s: float = 0.0,
-                 port: int = 0, usage: bool = True) -> None:
+                 port: int = 0, usage: bool = True,
+                 any_route: bool = False) -> None:
         self.served_model = served_model
         self.usage = usage
+        self.any_route = any_route
         self.mode = mode
         self.tokens = tokens
         self.chunk_delay_s = chunk_delay_s
@@ -167,7 +169,8 @@ class ScriptedBackend(ThreadedApp):
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
-        app.router.add_post("/{path:.*}", self._any)
+        if self.any_route:
+            app.router.add_post("/{path:.*}", self._any)
         return app
 
 

@@ -72,7 +72,7 @@ def filtered(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
     root = tmp_path_factory.mktemp("every-route")
     (root / "blocked.txt").write_text(f"{WORD}\n")
     (root / "router.yaml").write_text("filter_file: blocked.txt\n")
-    with ScriptedBackend("m") as backend, RouterProcess(
+    with ScriptedBackend("m", any_route=True) as backend, RouterProcess(
             "--backend", f"only={backend.url}", "--public-model", "pub", "--config", root / "router.yaml",
             log_path=root / "router.log", token=TOKEN) as router:
         yield router, backend
@@ -140,7 +140,7 @@ def test_the_token_limit_holds_on_responses_and_messages(tmp_path: Path, route: 
                                 else "max_output_tokens": 1000}
         body["messages" if route == "/v1/messages" else "input"] = [{"role": "user", "content": "tell me a story"}]
         statuses = [httpx.post(router.url + route, json=body, timeout=30).status_code for _ in range(8)]
-        assert statuses.count(200) <= 4 and statuses[-1] == 429, statuses
+        assert statuses.count(200) <= 4 and statuses.count(429) >= 3, statuses  # 50 tokens/s refill meanwhile
         records = router.admin().requests().requests
         if usage:
             assert all(r.completion_tokens == 1000 for r in records), records

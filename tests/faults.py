@@ -246,9 +246,20 @@ def _chat_body(model: str, i: int, *, stream: bool, max_tokens: int) -> dict[str
     return body
 
 
+# Router URL -> its admin token. A client sees no X-Qlift-Backend; the loads and helpers here present the
+# admin token (as an operator's probe does) so they can count which backend answered.
+OPERATOR_TOKENS: dict[str, str] = {}
+
+
+def operator_headers(url: str) -> dict[str, str]:
+    """``Authorization`` with the admin token of the RouterProcess at ``url`` (none: {})."""
+    token = OPERATOR_TOKENS.get(url.rstrip("/"))
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def _one_request(session: aiohttp.ClientSession, url: str, model: str, i: int, result: LoadResult, *,
                        stream: bool, max_tokens: int, session_ids: bool, headers: dict[str, str] | None) -> None:
-    hdrs = dict(headers or {})
+    hdrs = {**operator_headers(url), **(headers or {})}
     if session_ids:
         hdrs["X-Session-Id"] = f"session-{i}"
     t0 = time.monotonic()
@@ -555,6 +566,8 @@ class RouterProcess:
             self.stop()
             raise RuntimeError(f"router did not start (rc {self.proc.returncode}): {self.log_tail()}")
         self.info = json.loads(line)
+        if self.token and self.token.strip():
+            OPERATOR_TOKENS[self.url] = self.token.strip()
         return self
 
     def log_tail(self, lines: int = 30) -> str:

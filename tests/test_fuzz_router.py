@@ -64,7 +64,8 @@ def router() -> Iterator[RouterProcess]:
     (root / "keys.txt").write_text(f"{KEY} fuzzer\n")
     (root / "blocked.txt").write_text("炸弹\nsecret plan\nbomb\nre:kill\\s+all\n")
     (root / "router.yaml").write_text("api_keys_file: keys.txt\nfilter_file: blocked.txt\nmax_request_bytes: 65536\n"
-                                      "server: {header_timeout_s: 2, body_timeout_s: 2}\n")
+                                      "server: {header_timeout_s: 2, body_timeout_s: 2}\n"
+                                      "expose_backend_header: true\n")  # _answered tells the backend's answers apart
     with TinyBackend("m", tokens=2) as backend, RouterProcess(
             "--backend", f"only={backend.url}", "--public-model", "pub", "--config", root / "router.yaml",
             log_path=root / "router.log", token="admin-token") as proc:
@@ -124,7 +125,7 @@ def test_a_rule_matches_however_it_is_spelled(rule: str, filler: str) -> None:
 
 CONFIG_KEYS = ["backends", "public_model", "host", "port", "api_keys_file", "filter_file", "limits", "timeouts",
                "health", "server", "max_request_bytes", "access_log", "drain_s", "state_file", "rewrite_model",
-               "failover_to_zero_weight"]
+               "failover_to_zero_weight", "expose_backend_header"]
 CONFIG = st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON, max_size=5)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from faults import BackgroundLoad, FaultProxy, RouterProcess, metric_value, run_load
+from faults import BackgroundLoad, FaultProxy, RouterProcess, metric_value, operator_headers, run_load
 
 from qlift.vllm.process import free_port
 
@@ -52,7 +52,8 @@ def _chat(url: str, *, stream: bool = False, max_tokens: int = 16, headers: dict
           **extra: object) -> httpx.Response:
     body = {"model": PUBLIC, "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": max_tokens, "temperature": 0, "stream": stream, **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=120)
+    return httpx.post(url + "/v1/chat/completions", json=body, headers={**operator_headers(url), **(headers or {})},
+                      timeout=120)
 
 
 def test_both_versions_answer_by_one_public_name_streamed_and_not(fresh: RouterProcess) -> None:

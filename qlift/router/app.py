@@ -30,7 +30,7 @@ from qlift.router.health import HealthChecker, models_of
 from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, max_output_tokens, tokens_used
 from qlift.router.metrics import RouterMetrics, status_class
 from qlift.router.pairs import Pair, PairRing, answer_record, judge_view
-from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body
+from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body, response_headers
 from qlift.router.rewrite import ModelRewriter
 from qlift.router.serverlimits import (
     GuardedSite,
@@ -53,6 +53,7 @@ PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/re
                "/v2/embed", "/tokenize", "/detokenize", "/pooling", "/classify", "/v1/messages",
                "/v1/messages/count_tokens")
 GENERATES = (*COMPLETIONS, "/v1/responses", "/v1/messages")  # routes whose answers are generated tokens
+VERSION_FIELDS = ("root", "parent")  # /v1/models fields that name a version: admin callers only
 MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
 BIG_PROMPT_CHARS = 1 << 16  # the filter checks texts longer than this in a worker thread
 
@@ -250,6 +251,7 @@ class Router:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         path = request.path
         key = self.keys.identify(bearer_token(request.headers.get("Authorization")))
+        request["show_backend"] = self.config.expose_backend_header or self._is_admin(request)
         reject = functools.partial(self._reject, request_id=rid, t0=t0, path=path)
         if key is None:
             return reject(401, "auth", "unknown", "missing or unknown API key", "invalid_request_error",
@@ -340,7 +342,8 @@ class Router:
                 rewrite = ModelRewriter(backend.served_model, self.public_model if self.config.rewrite_model else None)
                 self._begin(backend)
                 try:
-                    up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage)
+                    up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage,
+                                  show_backend=request["show_backend"])
                     await attempt(request, self.sessions[backend.name], up, att)
                 finally:
                     self._end(backend)
@@ -371,7 +374,7 @@ class Router:
             raise
         self._pair_primary(pair, att)
         if att.failed_early:  # nowhere left to replay: hand the failure over
-            status, response = self._failure_response(att, rid, backend)
+            status, response = self._failure_response(att, rid, backend, show_backend=request["show_backend"])
         else:
             status, response = att.status, None
         self._log(att, rid, key, request.path, status=status, t0=t0, retried_from=retried_from)
@@ -390,8 +393,9 @@ class Router:
         self.limits.charge_tokens(key, used - estimate)
         request["tokens_settled"] = True
 
-    def _failure_response(self, att: Attempt, rid: str, backend: Backend) -> tuple[int, web.Response]:
-        headers = {"X-Request-Id": rid, "X-Qlift-Backend": backend.name}
+    def _failure_response(self, att: Attempt, rid: str, backend: Backend, *, show_backend: bool
+                          ) -> tuple[int, web.Response]:
+        headers = response_headers(rid, backend if show_backend else None)
         if att.status >= 500:
             return att.status, web.Response(body=att.upstream_body, status=att.status,
                                             content_type=att.upstream_content_type.split(";")[0], headers=headers)
@@ -495,8 +499,12 @@ class Router:
 
     # -- plain routes -------------------------------------------------------------------
 
-    async def _model_entry(self) -> dict[str, Any]:
-        """The public model as a backend in rotation lists it (root, max_model_len, ...), under the public id."""
+    async def _model_entry(self, request: web.Request) -> dict[str, Any]:
+        """The public model as a backend in rotation lists it (max_model_len, ...), under the public id.
+
+        Its ``root`` (the model's directory, often named after the version) and ``parent`` (an
+        adapter's base) would tell a client which version answers: only the admin token's caller sees them.
+        """
         entry: dict[str, Any] = {"id": self.public_model, "object": "model", "created": 0, "owned_by": "qlift-router"}
         # The heaviest backend in rotation; not choose(), which would deal a card meant for a request.
         backend = max((b for b in self.balancer.backends if b.healthy and b.served_model), key=lambda b: b.weight,
@@ -506,20 +514,22 @@ class Router:
             found = next((m for m in listed or [] if m.get("id") == backend.served_model), None)
             if found is not None:
                 entry = {**found, "id": self.public_model}
+                if not self._is_admin(request):
+                    entry = {k: v for k, v in entry.items() if k not in VERSION_FIELDS}
         return entry
 
     async def models(self, request: web.Request) -> web.Response:
         if self.public_model is None:
             return _json_error(503, "the public model name is not known yet (no answer from the first backend)",
                                "service_unavailable")
-        return web.json_response({"object": "list", "data": [await self._model_entry()]})
+        return web.json_response({"object": "list", "data": [await self._model_entry(request)]})
 
     async def model_by_id(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
         if self.public_model is None or model_id != self.public_model:
             return _json_error(404, f"The model {model_id!r} does not exist", "invalid_request_error",
                                "model_not_found")
-        return web.json_response(await self._model_entry())
+        return web.json_response(await self._model_entry(request))
 
     async def health_route(self, request: web.Request) -> web.Response:
         healthy = [b.name for b in self.balancer.backends if b.healthy]
@@ -533,12 +543,16 @@ class Router:
 
     # -- admin API ----------------------------------------------------------------------
 
+    def _is_admin(self, request: web.Request) -> bool:
+        """The caller presents the admin token (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``)."""
+        given = bearer_token(request.headers.get("Authorization")) or ""
+        return self.admin_token is not None and hmac.compare_digest(given.encode(), self.admin_token.encode())
+
     def _admin_refusal(self, request: web.Request) -> web.Response | None:
         if self.admin_token is None:
             return _json_error(401, "the admin API is off: start the router with QLIFT_ROUTER_TOKEN set",
                                "authentication_error")
-        given = bearer_token(request.headers.get("Authorization")) or ""
-        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+        if not self._is_admin(request):
             return _json_error(401, "missing or wrong admin token (Authorization: Bearer $QLIFT_ROUTER_TOKEN)",
                                "authentication_error")
         return None

@@ -168,7 +168,10 @@ class RouterConfig(_Strict):
                                           "rollout's shadow phase or rollback) nor the shadow version. Off: weight 0 "
                                           "means no user traffic, ever.")
     rewrite_model: bool = Field(default=True, description="Answers name the public model (off: the backend's own "
-                                "name, for debugging; X-Qlift-Backend names the backend either way).")
+                                "name, for debugging).")
+    expose_backend_header: bool = Field(default=False, description="Send X-Qlift-Backend (the backend that "
+                                        "answered) to every caller; off: only to callers presenting the admin token, "
+                                        "so a client never learns which version answered.")
 
     @model_validator(mode="after")
     def _backends(self) -> RouterConfig:

@@ -191,8 +191,14 @@ class SseRelay:
         return not (self.strip_usage and is_usage_only(line))
 
 
-def _response_headers(request_id: str, backend: Backend, content_type: str) -> dict[str, str]:
-    return {"Content-Type": content_type, "X-Request-Id": request_id, "X-Qlift-Backend": backend.name}
+def response_headers(request_id: str, backend: Backend | None, content_type: str | None = None) -> dict[str, str]:
+    """An answer's headers: X-Request-Id, and X-Qlift-Backend when ``backend`` is given (an operator's call)."""
+    headers = {"X-Request-Id": request_id}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    if backend is not None:
+        headers["X-Qlift-Backend"] = backend.name
+    return headers
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,7 @@ class Upstream:
     deadline: float  # time.monotonic() that ends the request wherever it is
     rewrite: ModelRewriter
     strip_usage: bool = False  # drop the usage-only chunk the router asked for and the client did not
+    show_backend: bool = False  # send X-Qlift-Backend (the admin token's caller, or expose_backend_header)
 
 
 async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upstream, att: Attempt) -> None:
@@ -248,14 +255,13 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upst
             att.fail("upstream", redact_url(f"{type(exc).__name__}: {exc}"))
             return
         if upstream.status != 200 or not stream or not sse:
-            await _answer_whole(request, backend, request_id, content_type, body, att, up.rewrite,
-                                expect_stream=stream)
+            await _answer_whole(request, up, content_type, body, att, expect_stream=stream)
             return
         if not first_chunk:  # a 200 stream that ended before its first event: nothing was sent, replay
             att.fail("no_done", "stream ended before its first event")
             return
-        await _relay_stream(request, upstream, backend, request_id, content_type, first_chunk, up.idle_s, deadline,
-                            att, SseRelay(att, up.rewrite, up.strip_usage))
+        await _relay_stream(request, upstream, up, content_type, first_chunk, att,
+                            SseRelay(att, up.rewrite, up.strip_usage))
     except asyncio.CancelledError:
         att.client_disconnected = True
         raise
@@ -268,8 +274,9 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upst
                 upstream.close()
 
 
-async def _answer_whole(request: web.Request, backend: Backend, request_id: str, content_type: str, body: bytes,
-                        att: Attempt, rewrite: ModelRewriter, *, expect_stream: bool) -> None:
+async def _answer_whole(request: web.Request, up: Upstream, content_type: str, body: bytes, att: Attempt, *,
+                        expect_stream: bool) -> None:
+    backend, rewrite = up.backend, up.rewrite
     status = att.status
     if status >= 500:
         att.fail("http_5xx", f"HTTP {status}")
@@ -297,17 +304,18 @@ async def _answer_whole(request: web.Request, backend: Backend, request_id: str,
     if rewrite and content_type.startswith("application/json"):
         body = rewrite(body)
     att.responded = True
-    att.response = web.Response(body=body, status=status, headers=_response_headers(request_id, backend, content_type))
+    headers = response_headers(up.request_id, backend if up.show_backend else None, content_type)
+    att.response = web.Response(body=body, status=status, headers=headers)
     await att.response.prepare(request)
     await att.response.write_eof()
     att.completed = True
 
 
-async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, backend: Backend, request_id: str,
-                        content_type: str, first_chunk: bytes, idle_s: float, deadline: float, att: Attempt,
-                        relay: SseRelay) -> None:
-    out = web.StreamResponse(status=200, headers={**_response_headers(request_id, backend, content_type),
-                                                  "Cache-Control": "no-cache"})
+async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, up: Upstream, content_type: str,
+                        first_chunk: bytes, att: Attempt, relay: SseRelay) -> None:
+    backend, idle_s, deadline = up.backend, up.idle_s, up.deadline
+    headers = response_headers(up.request_id, backend if up.show_backend else None, content_type)
+    out = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
     att.response = out
     try:
         await out.prepare(request)

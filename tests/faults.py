@@ -599,7 +599,7 @@ class RouterProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of one series of the router's /metrics (0.0 when absent)."""
-        return metric_value(httpx_get_text(self.url + "/metrics"), name, **labels)
+        return metric_value(httpx_get_text(self.url + "/metrics", operator_headers(self.url)), name, **labels)
 
     def __enter__(self) -> RouterProcess:
         return self.start()
@@ -608,10 +608,10 @@ class RouterProcess:
         self.stop()
 
 
-def httpx_get_text(url: str) -> str:
+def httpx_get_text(url: str, headers: dict[str, str] | None = None) -> str:
     import httpx
 
-    return httpx.get(url, timeout=10).text
+    return httpx.get(url, headers=headers or {}, timeout=10).text
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

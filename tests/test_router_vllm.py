@@ -161,8 +161,10 @@ def test_grafana_dashboard_queries_answer_from_a_real_prometheus(fresh: RouterPr
     port = free_port()
     conf = tmp_path / "prometheus.yml"
     targets = [u.removeprefix("http://") for u in (fresh.url, smollm2_server.base_url, canary_server.base_url)]
+    (tmp_path / "router-token").write_text(str(fresh.token) + "\n")  # the router's /metrics needs its admin token
     conf.write_text(json.dumps({"global": {"scrape_interval": "1s"},
-                                "scrape_configs": [{"job_name": "qlift", "static_configs": [{"targets": targets}]}]}))
+                                "scrape_configs": [{"job_name": "qlift", "static_configs": [{"targets": targets}],
+                                                    "authorization": {"credentials_file": "router-token"}}]}))
     argv = [str(PROMETHEUS), f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}"]
     with open(tmp_path / "prometheus.log", "wb") as log:

@@ -27,7 +27,14 @@ from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
-from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, max_output_tokens, tokens_used
+from qlift.router.limits import (
+    ApiKeys,
+    KeyLimits,
+    bearer_token,
+    max_output_tokens,
+    read_token_file,
+    tokens_used,
+)
 from qlift.router.metrics import RouterMetrics, status_class
 from qlift.router.pairs import Pair, PairRing, answer_record, judge_view
 from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body, response_headers
@@ -110,6 +117,8 @@ class Router:
         self.idle = asyncio.Event()
         self.idle.set()
         self.keys = ApiKeys.load(config.api_keys_file) if config.api_keys_file else ApiKeys()
+        self.metrics_token = read_token_file(config.metrics_token_file, "metrics_token_file") \
+            if config.metrics_token_file else None
         lim = config.limits
         self.limits = KeyLimits(lim.requests_per_s, lim.burst, lim.tokens_per_min)
         self.metrics = RouterMetrics()
@@ -539,14 +548,26 @@ class Router:
     async def metrics_route(self, request: web.Request) -> web.Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
+        # Its series name API keys (rejected_total{key}): once there are keys or an admin token, the
+        # admin token or metrics_token_file's token reads it; a client's API key does not.
+        guarded = self.admin_token is not None or self.metrics_token is not None or not self.keys.open
+        if guarded and not self._presents(request, self.admin_token, self.metrics_token):
+            return _json_error(401, "/metrics needs Authorization: Bearer with the admin token or the token in "
+                               "metrics_token_file (Prometheus: authorization.credentials_file)",
+                               "authentication_error")
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- admin API ----------------------------------------------------------------------
 
+    @staticmethod
+    def _presents(request: web.Request, *tokens: str | None) -> bool:
+        """The caller's ``Authorization: Bearer`` is one of ``tokens`` (None: not set)."""
+        given = (bearer_token(request.headers.get("Authorization")) or "").encode()
+        return any(t is not None and hmac.compare_digest(given, t.encode()) for t in tokens)
+
     def _is_admin(self, request: web.Request) -> bool:
         """The caller presents the admin token (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``)."""
-        given = bearer_token(request.headers.get("Authorization")) or ""
-        return self.admin_token is not None and hmac.compare_digest(given.encode(), self.admin_token.encode())
+        return self._presents(request, self.admin_token)
 
     def _admin_refusal(self, request: web.Request) -> web.Response | None:
         if self.admin_token is None:

@@ -153,6 +153,10 @@ class RouterConfig(_Strict):
     port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
     api_keys_file: Path | None = Field(default=None, description="Keys or sha256:HEX hashes, one a line; none = open.")
     filter_file: Path | None = Field(default=None, description="Blocked words / re:PATTERN lines; reloaded on change.")
+    metrics_token_file: Path | None = Field(default=None, description="A file holding a token that may read /metrics "
+                                            "(besides the admin token): what Prometheus's credentials_file points "
+                                            "at. /metrics needs one of them once API keys, the admin token or this "
+                                            "is set.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
@@ -301,7 +305,7 @@ def build_config(*, config_path: Path | None, backends: list[str], weights: list
     if config_path is not None:
         data = load_config(config_path).model_dump(exclude_unset=True, mode="json")
         where = config_path
-        for key in ("api_keys_file", "filter_file"):  # relative to the config file, not the cwd
+        for key in ("api_keys_file", "filter_file", "metrics_token_file"):  # relative to the config file
             if data.get(key):
                 data[key] = str(config_path.parent / data[key])
         if data.get("access_log") not in (None, "", "-"):

@@ -72,6 +72,21 @@ class ApiKeys:
         return None
 
 
+def read_token_file(path: Path, what: str) -> str:
+    """A token kept in a file (its one line, stripped of surrounding whitespace); BadInputError naming the file."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = f"not UTF-8 (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else \
+            f"cannot read it: {exc.strerror or exc}"
+        raise BadInputError(f"{what} {problem}", path=path, hint=f"Point {what} at a readable file with one token.") \
+            from None
+    if not token or "\n" in token:
+        raise BadInputError(f"{what} must hold one token on one line", path=path,
+                            hint="Write the token alone in the file.")
+    return token
+
+
 def bearer_token(header: str | None) -> str | None:
     """The credentials of ``Authorization: Bearer <token>``: the scheme case-insensitive (RFC 7235),
     the token stripped of surrounding whitespace; None for a missing header, another scheme,

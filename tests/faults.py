@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -454,9 +455,11 @@ class TinyBackend(ThreadedApp):
     connection the server has just timed out).
     """
 
-    def __init__(self, served_model: str = "tiny", *, tokens: int = 3, chunk_delay_s: float = 0.0) -> None:
+    def __init__(self, served_model: str = "tiny", *, tokens: int = 3, chunk_delay_s: float = 0.0,
+                 answer: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.served_model = served_model
         self.tokens = tokens
+        self.answer = answer  # the answer's text for a request body (default: "hi " x tokens)
         self.chunk_delay_s = chunk_delay_s
         self.healthy = True
         self.requests = 0
@@ -475,19 +478,20 @@ class TinyBackend(ThreadedApp):
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                                 "type": "NotFoundError",
                                                 "code": 404}}, status=404)
-        usage = {"prompt_tokens": 5, "completion_tokens": self.tokens, "total_tokens": 5 + self.tokens}
+        pieces = [w + " " for w in self.answer(body).split(" ")] if self.answer else ["hi "] * self.tokens
+        usage = {"prompt_tokens": 5, "completion_tokens": len(pieces), "total_tokens": 5 + len(pieces)}
         if not body.get("stream"):
             return web.json_response({"id": "x", "object": "chat.completion", "model": self.served_model,
                                       "choices": [{"index": 0, "message": {"role": "assistant",
-                                                                           "content": "hi " * self.tokens},
+                                                                           "content": "".join(pieces)},
                                                    "finish_reason": "length"}], "usage": usage})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
-            for i in range(self.tokens):
-                last = i == self.tokens - 1
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
                 chunk = {"id": "x", "model": self.served_model, "choices": [
-                    {"index": 0, "delta": {"content": "hi "}, "finish_reason": "length" if last else None}]}
+                    {"index": 0, "delta": {"content": piece}, "finish_reason": "length" if last else None}]}
                 await resp.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)

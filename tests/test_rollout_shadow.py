@@ -99,7 +99,8 @@ def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path
         load, ev = _shadow_window(r, requests=12, stream=False, max_tokens=24)
         assert load.errors == 0 and set(load.backends) == {"stable"}  # no user saw a canary answer
         d = judge_shadow(ev, spec)
-        assert d.action == "rollback" and "agreement" in d.reason, d.reason
+        # never advanced: agreement is not shown, so the window holds (or, mixed up, fails)
+        assert d.action in ("hold", "rollback") and "agreement" in d.reason, d.reason
     with FaultProxy(base, body_patch={"ignore_eos": True}) as rambling, _router(tmp_path / "b", base, rambling.url,
                                                                                  "smollm2") as r:
         # room enough that the stable mostly stops on its own: the rambler is cut every time
@@ -131,4 +132,6 @@ def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
                for i, p in enumerate(ev.pairs)]
     wrong = judge_shadow(ShadowEvidence("smollm2", "tickets", shifted), ShadowSpec(min_pairs=20),
                          AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
-    assert wrong.action == "rollback" and "agreement" in wrong.reason, wrong.reason
+    # ... but ROUGE-L shows no significant evidence against it either: it holds (the phase extends, then
+    # pauses for a person), it never advances; a judge model (--judge) is what can tell
+    assert wrong.action == "hold" and "agreement: " in wrong.reason and "not yet shown" in wrong.reason, wrong.reason

@@ -188,6 +188,7 @@ def _show(st: dict[str, Any]) -> None:
         click.echo(f"events: {st['drifts']} weight drift(s) re-applied, {st['webhook_failures']} webhook failure(s)")
     click.echo("judge compares, canary vs stable: " + "; ".join(
         f"{c['name']} ({_limits(c)})" for c in st["compares"]))
+    click.echo(f"answer checks (loops, off_language, refusal, schema_broken) run in: {st['answer_checks']['note']}")
     row = "{:>6}  {:>6}  {:<12} {:<17} {:<22} {:<22} {}"
     click.echo(row.format("step", "weight", "outcome", "window", "canary req/err/p50", "stable req/err/p50",
                           "decision"))
@@ -207,3 +208,19 @@ def _show(st: dict[str, Any]) -> None:
                                   _version_cell(w["stable"]), w["action"]))
     if st["reason"]:
         click.echo(f"reason: {st['reason']}")
+    _show_examples(st)
+
+
+def _show_examples(st: dict[str, Any]) -> None:
+    """The answers behind a failed answer check: what a person reads before trusting the rollback."""
+    windows = [w for s in st["steps"] for w in s["windows"]] + (st["shadow"]["windows"] if st.get("shadow") else [])
+    for w in windows:
+        for c in w.get("checks") or []:
+            if c.get("status") != "fail" or not c.get("examples"):
+                continue
+            click.echo(f"{c['name']} examples ({w['started_at'][11:19]} window):")
+            for e in c["examples"]:
+                click.echo(f"  prompt: {e['prompt']}")
+                click.echo(f"    canary: {e['answer']}")
+                if e.get("other") is not None:
+                    click.echo(f"    stable: {e['other']}")

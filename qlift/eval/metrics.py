@@ -7,7 +7,6 @@ reference tokens), not a mean of per-example perplexities.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -17,6 +16,10 @@ from typing import Any
 from qlift.errors import BadInputError
 from qlift.eval.generation import Generation
 from qlift.eval.prompts import Example
+from qlift.quality.registry import ANSWER_METRICS, Answer
+from qlift.quality.registry import BY_NAME as QUALITY
+from qlift.quality.repetition import repeated_share
+from qlift.quality.schema import matches_schema, parse_json_output  # noqa: F401  (parse_json_output: re-exported)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class Metric:
     doc: str
 
 
+# The answer metrics of qlift.quality (also the rollout judge's answer checks): a share of bad answers.
+_ANSWER_METRICS = tuple(Metric(m.name, False, "all", f"Share of {m.what}: {m.doc}") for m in ANSWER_METRICS
+                        if m.offline)
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ppl", False, "reference", "Perplexity of the reference given the prompt (token-level)."),
     Metric("exact_match", True, "reference", "Output equals the reference (surrounding whitespace ignored)."),
@@ -37,6 +43,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("check_pass", True, "checks", "Every check of the example passes, 0-1."),
     Metric("length", None, "all", "Output length in tokens."),
     Metric("latency", False, "all", "Seconds from request to last token (batched for vLLM offline)."),
+    Metric("repetition", False, "all", "Share of the output's word 4-grams seen earlier in it (0-1; none under "
+           "8 words)."),
+    *_ANSWER_METRICS,
 )}
 DEFAULT_METRICS = tuple(METRICS)
 
@@ -69,19 +78,6 @@ def applies(metric: str, ex: Example) -> bool:
     return not checks.is_empty()
 
 
-_FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
-
-
-def parse_json_output(text: str) -> tuple[bool, Any]:
-    """(parsed?, value); one surrounding markdown code fence is tolerated."""
-    m = _FENCE.match(text)
-    body = m.group(1) if m else text
-    try:
-        return True, json.loads(body)
-    except ValueError:
-        return False, None
-
-
 @lru_cache(maxsize=1)
 def _rouge() -> Any:
     from rouge_score import rouge_scorer
@@ -90,12 +86,7 @@ def _rouge() -> Any:
 
 
 def _schema_ok(schema: dict[str, Any], text: str) -> bool:
-    import jsonschema
-
-    ok, value = parse_json_output(text)
-    if not ok:
-        return False
-    return jsonschema.validators.validator_for(schema)(schema).is_valid(value)
+    return matches_schema(schema, text)
 
 
 def _checks_ok(ex: Example, text: str) -> bool:
@@ -154,6 +145,16 @@ def score(metric: str, ex: Example, gen: Generation) -> Score | None:
         v = float(gen.output_tokens)
     elif metric == "latency":
         v = float(gen.latency_s)
+    elif metric == "repetition":
+        share = repeated_share(text)
+        if share is None:
+            return None
+        v = share
+    elif metric in QUALITY:
+        flag = QUALITY[metric].flag(Answer(ex.prompt_key(), text))
+        if flag is None:
+            return None
+        v = float(flag)
     else:  # pragma: no cover - parse_metrics rejects unknown names
         raise KeyError(metric)
     return Score(v, v, 1.0)

@@ -362,6 +362,23 @@ def _compares(spec: RolloutSpec) -> list[dict[str, Any]]:
     return list(describe(spec.analysis))
 
 
+def answer_checks_run(spec: RolloutSpec) -> dict[str, Any]:
+    """Where the answer checks (loops, language, refusals, schemas) can run under this spec, and why not."""
+    from qlift.rollout.planes import PLANES
+
+    split = PLANES[spec.data_plane].sees_answers and spec.provider == "builtin"
+    shadow = spec.shadow is not None
+    if split:
+        note = "split windows and the shadow phase" if shadow else "split windows (the router's request log)"
+    elif shadow:
+        note = ("the shadow phase only (through the qlift router): the split windows' evidence "
+                f"({spec.provider if spec.provider != 'builtin' else spec.data_plane}) carries no answers")
+    else:
+        note = (f"none: the {spec.data_plane} plane's evidence ({spec.provider}) carries status codes and timings, "
+                "no answers; add a shadow phase (--shadow) to judge answers through the qlift router first")
+    return {"split_windows": split, "shadow": shadow, "note": note}
+
+
 def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
     if weight == 100:
         return "no window: the canary is promoted when this step's weights are applied (the last judged step " \
@@ -406,7 +423,7 @@ def status(journal_path: Path | None = None) -> dict[str, Any]:
                            "heartbeat_age_s": None if age is None else round(age, 1),
                            "stalled": age is not None and age > max(HEARTBEAT_STALE_S, 3 * spec.interval)},
             "abort_not_journaled": marker and not r.status.final,
-            "compares": _compares(spec), "steps": steps,
+            "compares": _compares(spec), "answer_checks": answer_checks_run(spec), "steps": steps,
             "shadow": None if shadow_spec is None else {
                 "spec": shadow_spec.model_dump(mode="json"),
                 "windows": [win for win in h["windows"] if win["step"] < 0]},

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from string import Template
 
+from qlift.quality.registry import ANSWER_METRICS, AnswerMetric, count, examples
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
@@ -32,6 +33,7 @@ class CheckResult:
     test: str | None = None
     p_value: float | None = None
     detail: str = ""
+    examples: list[dict[str, str | None]] = field(default_factory=list)  # answer checks: what a person reads
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,32 @@ def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
     return r
 
 
+def _answer_check(m: AnswerMetric) -> Runner:
+    """The canary's share of ``m``'s bad answers against the stable's (on the same prompts in the shadow phase)."""
+    def run(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+        if c.answers is None or s.answers is None:
+            r = CheckResult(m.name, "skipped", limit=getattr(a, m.limit))
+            r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
+            return r
+        cx, cn = count(c.answers, m.name, a.refusal_patterns)
+        sx, sn = count(s.answers, m.name, a.refusal_patterns)
+        if not cn or not sn:
+            r = CheckResult(m.name, "skipped", limit=getattr(a, m.limit))
+            r.detail = f"applies to no answer of the {'canary' if not cn else 'stable'} in this window ({m.applies})"
+            return r
+        r = _share_check(m.name, cx, cn, sx, sn, getattr(a, m.limit), a, f"share of {m.what}")
+        if r.status != "pass" or cx:
+            r.examples = examples(c.answers, m.name, a.refusal_patterns)
+        return r
+    return run
+
+
+def answer_checks() -> tuple[Check, ...]:
+    return tuple(Check(m.name, ("answers",), "share ratio, then one-sided proportion test",
+                       (m.limit, "min_share_increase"), tested=True, early=False, run=_answer_check(m), argo=None,
+                       doc=m.doc) for m in ANSWER_METRICS)
+
+
 # -- PromQL forms (Argo) -----------------------------------------------------------------------
 
 
@@ -412,12 +440,27 @@ CHECKS: tuple[Check, ...] = (
           argo=_argo_empty, doc="Answers with zero completion tokens."),
     Check("tpot", ("vllm",), "vLLM mean time per output token ratio <= limit (only when set)", ("max_tpot_ratio",),
           tested=False, early=False, run=check_tpot, argo=None, doc="The engine's own per-token time."),
+    *answer_checks(),
 )
 BY_NAME = {c.name: c for c in CHECKS}
 
 
-def run_checks(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec, *, early_only: bool = False
-               ) -> list[CheckResult]:
+def family(c: VersionEvidence, s: VersionEvidence) -> int:
+    """The tested checks this evidence can feed: the Bonferroni family of one window. Answer checks join it
+    only where the source sees answers, so a Prometheus window is judged at the level it always was."""
+    blind = c.answers is None or s.answers is None
+    return sum(1 for k in CHECKS if k.tested and not (blind and k.reads == ("answers",)))
+
+
+def window_spec(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec, extra: int = 0) -> AnalysisSpec:
+    """``a`` with alpha scaled so that ``check_alpha`` divides it by this window's family (plus ``extra``
+    tested checks of the caller's own, as the shadow judge's) instead of by every tested check."""
+    return a.model_copy(update={"alpha": a.alpha * tested_checks() / (family(c, s) + extra)})
+
+
+def run_checks(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec, *, early_only: bool = False,
+               extra: int = 0) -> list[CheckResult]:
+    a = window_spec(c, s, a, extra)
     out = []
     for check in CHECKS:
         if early_only and not check.early:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from qlift.quality.registry import Answer
 from qlift.rollout.stats import mean, quantile
 
 
@@ -33,6 +34,8 @@ class VersionEvidence:
     empty: int | None = None  # answers with zero completion tokens
     quantiles: dict[str, float | None] = field(default_factory=dict)  # latency_p50 .. ttft_p95
     vllm: dict[str, float | None] = field(default_factory=dict)  # from the backend's /metrics
+    # the answers' texts with their requests (qlift.quality judges them); None: the source cannot see answers
+    answers: list[Answer] | None = None
 
     @property
     def error_rate(self) -> float | None:
@@ -85,7 +88,9 @@ class VersionEvidence:
             completions=add(self.completions, later.completions),
             completion_tokens_sum=add(self.completion_tokens_sum, later.completion_tokens_sum),
             empty=add(self.empty, later.empty), quantiles=dict(later.quantiles or self.quantiles),
-            vllm=dict(later.vllm or self.vllm))
+            vllm=dict(later.vllm or self.vllm),
+            answers=None if self.answers is None and later.answers is None else
+            (self.answers or []) + (later.answers or []))
 
     def summary(self) -> dict[str, Any]:
         """The numbers the journal and `status` keep (samples reduced to quantiles)."""
@@ -102,6 +107,8 @@ class VersionEvidence:
         out.update({k: v for k, v in self.quantiles.items() if k not in out})
         if self.vllm:
             out["vllm"] = dict(self.vllm)
+        if self.answers is not None:
+            out["answers"] = len(self.answers)
         return out
 
 
@@ -138,9 +145,13 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
     """
     ev = VersionEvidence(version, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
                          completion_tokens_sum=0.0, empty=0)
+    answers: list[Answer] = []
     for r in records:
         if r.client_disconnected:
             continue
+        sample = getattr(r, "answer", None)
+        if sample is not None and r.ok:
+            answers.append(Answer(sample.request(), sample.text))
         ev.requests += 1
         if not r.ok:
             ev.errors = (ev.errors or 0) + 1
@@ -164,4 +175,5 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
                 ev.token_latency_s.append(float(r.latency_s) / r.completion_tokens)
             if r.completion_tokens == 0:
                 ev.empty = (ev.empty or 0) + 1
+    ev.answers = answers or None  # none captured: the router does not sample answers (or none succeeded)
     return ev

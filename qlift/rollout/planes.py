@@ -24,6 +24,7 @@ class PlaneKind:
     evidence: str  # the default evidence source's name
     prometheus_preset: str  # qlift.rollout.prometheus.PRESETS key for --prometheus
     doc: str
+    sees_answers: bool = False  # its default evidence carries answers' text (the answer checks can run)
 
 
 def _builtin(spec: RolloutSpec) -> Any:
@@ -57,7 +58,7 @@ def _inference_ext(spec: RolloutSpec) -> Any:
 
 PLANES: dict[str, PlaneKind] = {p.name: p for p in (
     PlaneKind("builtin", None, _builtin, "router", "router",
-              "The qlift router: weights through its admin API; evidence from its request log."),
+              "The qlift router: weights through its admin API; evidence from its request log.", sees_answers=True),
     PlaneKind("nginx", "nginx", _nginx, "nginx-access-log", "nginx",
               "nginx rendered into its own prefix dir and reloaded; evidence from its JSON access log."),
     PlaneKind("gateway-api", "gateway", _gateway, "none", "vllm",

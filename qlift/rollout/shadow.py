@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from qlift.rollout.checks import CheckResult, check_alpha, run_checks, tested_checks
+from qlift.quality.registry import Answer as QualityAnswer
+from qlift.rollout.checks import CheckResult, check_alpha, run_checks, window_spec
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.judge import Decision
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
@@ -97,8 +98,11 @@ class ShadowEvidence:
         name = self.stable if which == "primary" else self.canary
         ev = VersionEvidence(name, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
                              completion_tokens_sum=0.0, empty=0)
+        answers: list[QualityAnswer] = []
         for p in self.pairs:
-            a = p.primary if which == "primary" else p.shadow
+            a, other = (p.primary, p.shadow) if which == "primary" else (p.shadow, p.primary)
+            if a.ok and a.text is not None:
+                answers.append(QualityAnswer(p.request, a.text, other.text if other.ok else None))
             ev.requests += 1
             if not a.ok:
                 ev.errors = (ev.errors or 0) + 1
@@ -124,6 +128,7 @@ class ShadowEvidence:
                     ev.token_latency_s.append((a.latency_s - float(a.ttft_s)) / (tokens - 1))
                 else:
                     ev.token_latency_s.append(a.latency_s / tokens)
+        ev.answers = answers or None
         return ev
 
     def summary(self) -> dict[str, Any]:
@@ -226,17 +231,23 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> Ch
     if agreement >= spec.min_agreement:
         r.status, r.detail = "pass", described + f" >= {spec.min_agreement}"
         return r
-    if len(same) < a.min_samples or len(other) < a.min_samples:
-        r.detail = described + f" (fewer than {a.min_samples} pairs for a test yet)"
+    alpha = check_alpha(a)
+    if len(same) < a.min_samples or mann_whitney_greater([1.0] * len(same), [0.0] * len(other)).p_value >= alpha:
+        r.detail = described + f" (too few pairs for a test at alpha {alpha:.2g} yet: not run)"
         return r
     t = mann_whitney_greater(same, other)
     r.test, r.p_value = t.test, t.p_value
-    if t.p_value < check_alpha(a):
+    if t.p_value < alpha:
         r.status = "pass"
         r.detail = described + f"; each answer fits its own prompt better than others' (p={t.p_value:.3g}): a style"
         return r
-    r.status = "fail" if answered >= spec.min_pairs else "inconclusive"
-    r.detail = described + f"; no closer to the same prompt's answer than to other prompts' (p={t.p_value:.3g})"
+    mixed = mann_whitney_greater(other, same)
+    if mixed.p_value < alpha:  # evidence against the canary, not only no evidence for it
+        r.status, r.p_value = "fail", mixed.p_value
+        r.detail = described + f"; answers fit other prompts' answers better than their own (p={mixed.p_value:.3g})"
+        return r
+    r.detail = described + (f"; not yet shown to fit its own prompt better than others' (p={t.p_value:.3g}): "
+                            f"more pairs decide (a larger --shadow share or a longer --interval)")
     return r
 
 
@@ -252,12 +263,11 @@ def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: A
     if isinstance(spec, RolloutSpec):
         analysis = analysis or spec.analysis
         spec = spec.shadow or ShadowSpec.model_validate({})
-    base = analysis or AnalysisSpec.model_validate({})
-    # two more tested checks (json_valid, agreement) share the window's family-wise alpha (Bonferroni)
-    tested = tested_checks()
-    a = base.model_copy(update={"min_requests": spec.min_pairs, "alpha": base.alpha * tested / (tested + 2)})
+    base = (analysis or AnalysisSpec.model_validate({})).model_copy(update={"min_requests": spec.min_pairs})
     stable, canary = ev.side("primary"), ev.side("shadow")
-    checks = [c for c in run_checks(canary, stable, a) if c.name != "tpot"]
+    # two more tested checks (json_valid, agreement) share the window's family-wise alpha (Bonferroni)
+    checks = [c for c in run_checks(canary, stable, base, extra=2) if c.name != "tpot"]
+    a = window_spec(canary, stable, base, extra=2)
     for c in checks:
         if c.name == "canary_requests":
             c.detail = c.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")

@@ -74,6 +74,16 @@ class AnalysisSpec(_Strict):
     max_length_share_ratio: float = Field(
         1.5, gt=0, description="Highest canary/stable share of answers cut at max_tokens (finish_reason=length).")
     max_empty_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of empty completions.")
+    max_loop_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that end in a loop (qlift.quality).")
+    max_off_language_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers in another language than the prompt.")
+    max_refusal_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of refusals.")
+    max_schema_broken_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that break their request's json_schema.")
+    refusal_patterns: Path | None = Field(
+        None, description="A file of more refusal patterns (one regular expression a line) beside the shipped "
+        "English and Chinese ones.")
     min_share_increase: float = Field(
         0.05, ge=0, le=1, description="A share check fails only when the canary's share is also this much higher.")
     max_tokens_ratio: float = Field(2.0, gt=0, description="Highest canary/stable mean completion tokens (rambling).")

@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from qlift.router.accesslog import AccessLog
+from qlift.router.answers import AnswerSamples
 from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
@@ -127,6 +128,7 @@ class Router:
             WordListFilter(config.filter_file, on_reload_failed=reload_failed) if config.filter_file else None)
         self.access_log = AccessLog(config.access_log)
         self.records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
+        self.answers = AnswerSamples(config.answer_sample)
         self.seq = 0
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.sessions: dict[str, aiohttp.ClientSession] = {}
@@ -341,12 +343,13 @@ class Router:
         deadline = t0 + t.request_s
         validate = request.path in COMPLETIONS
         pair = self._mirror(request.path, client_body, backend, rid) if validate else None
+        sampled = validate and self.answers.wanted()
         retried_from: str | None = None
         resent = False
         att = Attempt(backend.name, stream)
         try:
             while True:
-                att = Attempt(backend.name, stream, validate=validate, capture=pair is not None)
+                att = Attempt(backend.name, stream, validate=validate, capture=pair is not None or sampled)
                 payload = json.dumps({**body, "model": backend.served_model}).encode()
                 rewrite = ModelRewriter(backend.served_model, self.public_model if self.config.rewrite_model else None)
                 self._begin(backend)
@@ -369,7 +372,9 @@ class Router:
                 replay_on = None
                 if att.failed_early and retried_from is None and time.monotonic() < deadline:
                     replay_on = self.balancer.choose(session_key, exclude={backend.name})
-                self._finish(att, backend, rid, replayed=replay_on is not None)
+                record = self._finish(att, backend, rid, replayed=replay_on is not None)
+                if sampled and att.ok:
+                    self.answers.attach(record, client_body, att.text)
                 if replay_on is None:
                     break
                 log.info("request %s: %s failed (%s), replaying on %s", rid, backend.name, att.error, replay_on.name)
@@ -461,7 +466,7 @@ class Router:
         backend.in_flight -= 1
         self.metrics.in_flight.labels(backend.name).dec()
 
-    def _finish(self, att: Attempt, backend: Backend, rid: str, *, replayed: bool) -> None:
+    def _finish(self, att: Attempt, backend: Backend, rid: str, *, replayed: bool) -> dict[str, Any]:
         """Count one attempt: metrics, backend counters, the admin API's record."""
         m, name = self.metrics, backend.name
         ok = att.ok
@@ -491,6 +496,7 @@ class Router:
             "completion_tokens": att.completion_tokens, "finish_reason": att.finish_reason,
             "client_disconnected": att.client_disconnected, "reason": att.reason,
         })
+        return self.records[-1]
 
     def _log(self, att: Attempt, rid: str, key: str, path: str, *, status: int, t0: float,
              retried_from: str | None) -> None:

@@ -54,6 +54,20 @@ class RouterState(BaseModel):
         raise KeyError(name)
 
 
+class AnswerRecord(BaseModel):
+    """A sampled answer (the router's ``answer_sample``): the user's message, the answer, a json_schema."""
+
+    prompt: str
+    text: str
+    response_format: dict[str, Any] | None = None
+
+    def request(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt": self.prompt}
+        if self.response_format is not None:
+            out["response_format"] = self.response_format
+        return out
+
+
 class RequestRecord(BaseModel):
     """One upstream attempt. ``status`` 0 means a connection error or timeout."""
 
@@ -72,6 +86,7 @@ class RequestRecord(BaseModel):
     finish_reason: str | None = None
     client_disconnected: bool = False
     reason: str | None = None  # why it failed: http_5xx, connect, timeout, bad_body, no_choices, no_done, ...
+    answer: AnswerRecord | None = None
 
 
 class RequestBatch(BaseModel):

@@ -176,6 +176,9 @@ class RouterConfig(_Strict):
     expose_backend_header: bool = Field(default=False, description="Send X-Qlift-Backend (the backend that "
                                         "answered) to every caller; off: only to callers presenting the admin token, "
                                         "so a client never learns which version answered.")
+    answer_sample: int = Field(default=100, ge=0, le=100, description="Percent of chat and completion answers whose "
+                               "text the admin request log keeps (capped, newest first) for a rollout's answer "
+                               "checks (loops, language, refusals, schemas); 0 = none.")
 
     @model_validator(mode="after")
     def _backends(self) -> RouterConfig:

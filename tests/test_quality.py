@@ -1,0 +1,106 @@
+"""qlift.quality: the answer metrics that eval and the rollout judge share, one answer at a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qlift.errors import BadInputError
+from qlift.eval.metrics import METRICS
+from qlift.quality.language import detect, off_language
+from qlift.quality.refusal import refuses
+from qlift.quality.registry import ANSWER_METRICS, Answer, answer_flags, count, examples, redact_secrets
+from qlift.quality.repetition import loops, repeated_share
+from qlift.quality.schema import matches_schema, request_schema
+from qlift.rollout.checks import BY_NAME as CHECKS_BY_NAME
+from qlift.rollout.spec import AnalysisSpec
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = {"type": "object", "properties": {"intent": {"enum": ["refund", "cancel"]}, "order_id": {"type": "string"}},
+          "required": ["intent", "order_id"], "additionalProperties": False}
+
+
+def test_a_loop_is_a_unit_repeated_to_the_end_not_a_list_or_a_short_echo() -> None:
+    assert loops("Thank you for your order. " + "I will check it. " * 6)
+    assert loops("The answer is the answer is the answer is the answer is the answer is")
+    assert loops("好的，" + "我明白了" * 8)  # CJK: characters are tokens
+    assert not loops("1. Open the box. 2. Take out the device. 3. Charge it. 4. Turn it on. 5. Pair it.")
+    assert not loops("no no no")  # under 12 tokens
+    assert not loops("The capital of France is Paris. Paris is also its largest city, and Paris is lovely.")
+    assert loops("Sure! " + "yes " * 40 + "ye")  # cut mid-word at max_tokens: the period still holds
+    assert repeated_share("a b c d e f g h") == 0.0 and repeated_share("short") is None
+    assert repeated_share("I like it. " * 6) == pytest.approx(0.8)
+
+
+def test_the_language_is_the_users_not_the_systems_and_json_keys_are_no_language() -> None:
+    assert detect("The capital of France is Paris.") == "en" and detect("法国的首都是巴黎。") == "zh"
+    assert detect("ok") is None and detect('{"order_id": "A123", "priority": 2}') is None
+    en = "What is the capital of France? Answer in one sentence."
+    assert off_language(en, "The capital of France is Paris.") is False
+    assert off_language(en, "法国的首都是巴黎，它也是法国最大的城市。") is True
+    # partly: the drift Qwen-family fine-tunes are known for
+    assert off_language(en, "The capital of France is Paris. 巴黎是法国最大的城市，也是政治和文化中心。") is True
+    assert off_language(en, '{"intent": "refund", "order_id": "A123"}') is None  # nothing to tell
+    assert off_language(en, "Paris. Here is code: `print('你好世界你好世界')`") is not True  # code is no language
+    assert off_language("法国的首都是哪里？", "法国的首都是巴黎。") is False
+    assert off_language("法国的首都是哪里？请用一句话回答。", "The capital of France is Paris, a large city.") is True
+    fr = "Quelle est la capitale de la France ? Réponds en une phrase, s'il te plaît."
+    assert off_language(fr, "The capital of France is Paris, a beautiful city known for the Eiffel tower.") is True
+    chat = {"messages": [{"role": "system", "content": "Tu es un assistant. Réponds toujours poliment."},
+                         {"role": "user", "content": en}]}
+    assert answer_flags(Answer(chat, "The capital of France is Paris, of course."))["off_language"] is False
+
+
+def test_refusals_in_english_and_chinese_and_a_file_of_more(tmp_path: Path) -> None:
+    for text in ("I'm sorry, but I can't help with that.", "I cannot provide that information.",
+                 "As an AI language model, I cannot browse the web.", "抱歉，我无法帮助你完成这个请求。",
+                 "我不能提供这个信息。", "  I must decline this request."):
+        assert refuses(text), text
+    for text in ("Sorry for the delay! Your refund is on its way.", "I can help with that!",
+                 "Here is why I cannot recommend that product: it overheats.", "对不起让您久等了，退款已处理。"):
+        assert not refuses(text), text
+    extra = tmp_path / "more.txt"
+    extra.write_text("# house style\n^\\W*that request is outside my remit\n", encoding="utf-8")
+    assert refuses("That request is outside my remit.", extra) and not refuses("That request is outside my remit.")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("ok\n(unclosed\n", encoding="utf-8")
+    with pytest.raises(BadInputError, match="line 2 is not a regular expression"):
+        refuses("x", bad)
+
+
+def test_an_answer_is_held_to_its_own_requests_schema() -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}
+    assert request_schema({"response_format": fmt}) == SCHEMA
+    assert request_schema({"response_format": {"type": "json_object"}}) is None
+    assert request_schema({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 7}}}}) is None
+    assert matches_schema(SCHEMA, '{"intent": "refund", "order_id": "A1"}')
+    assert not matches_schema(SCHEMA, '{"intent": "complaint", "order_id": "A1"}')  # parses, breaks the enum
+    assert not matches_schema(SCHEMA, "refund A1")
+    req = {"messages": [{"role": "user", "content": "Triage: refund order A1"}], "response_format": fmt}
+    assert answer_flags(Answer(req, '{"intent": "refund", "order_id": "A1", "extra": 1}'))["schema_broken"] is True
+    assert "schema_broken" not in answer_flags(Answer({"prompt": "hi there"}, "{}"))
+
+
+def test_examples_for_a_person_never_show_a_key() -> None:
+    secret = "sk-proj-" + "a1B2" * 8
+    req = {"messages": [{"role": "user", "content": f"my key is {secret}, why does it fail? password: hunter2"}]}
+    loop = Answer(req, "I will check. " * 10, other="Your key looks revoked.")
+    got = examples([loop, Answer(req, "Fine.")], "loops")
+    assert len(got) == 1 and got[0]["other"] == "Your key looks revoked."
+    shown = json.dumps(got)
+    assert secret not in shown and "hunter2" not in shown and "[redacted]" in shown
+    assert redact_secrets("http://admin:pw@host/x") == "http[redacted]host/x"
+    assert count([loop, Answer(req, "Fine.")], "loops") == (1, 2)
+
+
+def test_one_registry_feeds_the_eval_the_judge_and_the_docs() -> None:
+    docs = {p: (REPO / "docs" / p).read_text(encoding="utf-8") for p in ("eval.md", "promote-checks.md")}
+    for m in ANSWER_METRICS:
+        check = CHECKS_BY_NAME[m.name]
+        assert check.tested and check.reads == ("answers",) and m.limit in AnalysisSpec.model_fields
+        assert (m.name in METRICS) == m.offline
+        assert f"`{m.name}`" in docs["promote-checks.md"], m.name
+        if m.offline:
+            assert f"`{m.name}`" in docs["eval.md"], m.name

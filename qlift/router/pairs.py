@@ -13,13 +13,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from qlift.router.answers import MAX_SCHEMA_BYTES
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
 
 PAIRS_KEPT = 2000
 RING_BYTES = 64 << 20  # the ring's pairs, measured as their JSON, at most this; the oldest go first
 PROMPT_CHARS = 8000  # a pair's prompt text (its messages' together, or its prompt) at most
 TEXT_CHARS = CAPTURE_CHARS  # an answer's text at most (Attempt stops capturing there)
-RESPONSE_FORMAT_BYTES = 16 << 10  # a larger response_format is kept as its type only
+RESPONSE_FORMAT_BYTES = MAX_SCHEMA_BYTES  # a larger response_format is kept as its type only
 
 
 def _text(content: Any) -> str:

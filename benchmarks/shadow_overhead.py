@@ -52,7 +52,8 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens
             "temperature": 0, "ignore_eos": True, "stream": True}
     t0 = time.perf_counter()
     ttft = None
-    async with session.post(url + "/v1/chat/completions", json=body) as r:
+    # The admin token: X-Qlift-Backend goes to the operator only.
+    async with session.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
         r.raise_for_status()
         if r.headers.get("X-Qlift-Backend") != "stable":
             raise RuntimeError(f"answered by {r.headers.get('X-Qlift-Backend')}, not stable")

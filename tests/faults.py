@@ -254,9 +254,20 @@ def _chat_body(model: str, i: int, *, stream: bool, max_tokens: int) -> dict[str
     return body
 
 
+# Router URL -> its admin token. A client sees no X-Qlift-Backend; the loads and helpers here present the
+# admin token (as an operator's probe does) so they can count which backend answered.
+OPERATOR_TOKENS: dict[str, str] = {}
+
+
+def operator_headers(url: str) -> dict[str, str]:
+    """``Authorization`` with the admin token of the RouterProcess at ``url`` (none: {})."""
+    token = OPERATOR_TOKENS.get(url.rstrip("/"))
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def _one_request(session: aiohttp.ClientSession, url: str, model: str, i: int, result: LoadResult, *,
                        stream: bool, max_tokens: int, session_ids: bool, headers: dict[str, str] | None) -> None:
-    hdrs = dict(headers or {})
+    hdrs = {**operator_headers(url), **(headers or {})}
     if session_ids:
         hdrs["X-Session-Id"] = f"session-{i}"
     t0 = time.monotonic()
@@ -594,6 +605,8 @@ class RouterProcess:
             self.stop()
             raise RuntimeError(f"router did not start (rc {self.proc.returncode}): {self.log_tail()}")
         self.info = json.loads(line)
+        if self.token and self.token.strip():
+            OPERATOR_TOKENS[self.url] = self.token.strip()
         return self
 
     def log_tail(self, lines: int = 30) -> str:
@@ -625,7 +638,7 @@ class RouterProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of one series of the router's /metrics (0.0 when absent)."""
-        return metric_value(httpx_get_text(self.url + "/metrics"), name, **labels)
+        return metric_value(httpx_get_text(self.url + "/metrics", operator_headers(self.url)), name, **labels)
 
     def __enter__(self) -> RouterProcess:
         return self.start()
@@ -634,10 +647,10 @@ class RouterProcess:
         self.stop()
 
 
-def httpx_get_text(url: str) -> str:
+def httpx_get_text(url: str, headers: dict[str, str] | None = None) -> str:
     import httpx
 
-    return httpx.get(url, timeout=10).text
+    return httpx.get(url, headers=headers or {}, timeout=10).text
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -8,8 +8,9 @@ demand), and nginx with gzip on in front of one.
   no_choices    - 200 with JSON that has no choices
   no_done       - a 200 stream that ends without [DONE]
   comments      - a 200 stream of SSE comments, one every 0.1 s, forever
-Also /tokenize (echoes the model it got), /v1/responses, /v1/models (with root and
-max_model_len, like vLLM), /health.
+Also /tokenize (echoes the model it got), /v1/responses and /v1/messages (their usage is
+input_tokens/output_tokens, streamed or not; ``usage=False`` leaves it out), /v1/models (with root
+and max_model_len, like vLLM), /health; with ``any_route``, every other POST route too (200, recorded).
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ class ScriptedBackend(ThreadedApp):
     shutdown_timeout_s = 0.2
 
     def __init__(self, served_model: str, *, mode: str = "ok", tokens: int = 3, chunk_delay_s: float = 0.0,
-                 port: int = 0) -> None:
+                 port: int = 0, usage: bool = True,
+                 any_route: bool = False) -> None:
         self.served_model = served_model
+        self.usage = usage
+        self.any_route = any_route
         self.mode = mode
         self.tokens = tokens
         self.chunk_delay_s = chunk_delay_s
@@ -97,13 +101,54 @@ class ScriptedBackend(ThreadedApp):
             return web.json_response({"error": {"message": "model not found", "code": 404}}, status=404)
         return web.json_response({"count": 3, "max_model_len": 2048, "tokens": [1, 2, 3], "model": self.served_model})
 
-    async def _responses(self, request: web.Request) -> web.Response:
+    async def _record(self, request: web.Request) -> dict[str, Any]:
         body = await request.json()
         self.bodies.append(body)
         self.paths.append(request.path)
-        return web.json_response({"id": "resp_1", "object": "response", "model": self.served_model,
-                                  "output": [{"type": "message", "content": [{"type": "output_text",
-                                                                              "text": "hi"}]}]})
+        return body  # type: ignore[no-any-return]
+
+    async def _sse(self, request: web.Request, events: list[tuple[str | None, dict[str, Any]]]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for name, data in events:
+            head = f"event: {name}\n" if name else ""
+            await resp.write(f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        usage = {"input_tokens": 5, "output_tokens": self.tokens, "total_tokens": 5 + self.tokens}
+        done = {"id": "resp_1", "object": "response", "model": self.served_model, "status": "completed",
+                "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}],
+                **({"usage": usage} if self.usage else {})}
+        if not body.get("stream"):
+            return web.json_response(done)
+        deltas = [("response.output_text.delta", {"type": "response.output_text.delta", "delta": "hi "})] * self.tokens
+        return await self._sse(request, [("response.created", {"type": "response.created", "response": {
+            "id": "resp_1", "model": self.served_model, "status": "in_progress"}}), *deltas,
+            ("response.completed", {"type": "response.completed", "response": done})])
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        text = {"type": "text", "text": "hi " * self.tokens}
+        if not body.get("stream"):
+            usage = {"usage": {"input_tokens": 5, "output_tokens": self.tokens}} if self.usage else {}
+            return web.json_response({"id": "msg_1", "type": "message", "role": "assistant", "model": self.served_model,
+                                      "content": [text], "stop_reason": "max_tokens", **usage})
+        start_usage = {"usage": {"input_tokens": 5, "output_tokens": 1}} if self.usage else {}
+        end_usage = {"usage": {"output_tokens": self.tokens}} if self.usage else {}
+        deltas = [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "text_delta", "text": "hi "}})] * self.tokens
+        return await self._sse(request, [
+            ("message_start", {"type": "message_start", "message": {"id": "msg_1", "model": self.served_model,
+                                                                    "content": [], **start_usage}}), *deltas,
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, **end_usage}),
+            ("message_stop", {"type": "message_stop"})])
+
+    async def _any(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"object": "list", "model": self.served_model, "data": []})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -121,8 +166,11 @@ class ScriptedBackend(ThreadedApp):
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        if self.any_route:
+            app.router.add_post("/{path:.*}", self._any)
         return app
 
 

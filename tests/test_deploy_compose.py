@@ -166,10 +166,27 @@ def test_promote_accepts_the_documented_command() -> None:
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) not installed")
-def test_prometheus_config_passes_promtool() -> None:
-    out = subprocess.run(["promtool", "check", "config", str(DOCKER / "prometheus.yml")],
-                         capture_output=True, text=True, timeout=30)
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    # As compose mounts it: the router's token beside the config (promtool checks that the file exists).
+    conf = tmp_path / "prometheus.yml"
+    conf.write_text((DOCKER / "prometheus.yml").read_text())
+    (tmp_path / "router-token").write_text("t0ken\n")
+    out = subprocess.run(["promtool", "check", "config", str(conf)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_prometheus_scrapes_the_router_with_its_token() -> None:
+    """The router's /metrics needs its admin token: Prometheus reads it from the compose secret, never from
+    the config file itself."""
+    job = next(j for j in yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
+               if j["job_name"] == "qlift-router")
+    assert job["authorization"] == {"credentials_file": "router-token"}
+    for name in COMPOSE_FILES:
+        compose = load(name, ENV)
+        assert compose["secrets"]["router-token"] == {"environment": "QLIFT_ROUTER_TOKEN"}
+        assert {"source": "router-token", "target": "/etc/prometheus/router-token"} in \
+            compose["services"]["prometheus"]["secrets"]
+        assert "t0ken" not in json.dumps(compose["services"]["prometheus"])
 
 
 def _hadolint() -> str | None:

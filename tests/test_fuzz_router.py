@@ -24,8 +24,10 @@ import yaml
 from faults import RouterProcess, TinyBackend
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from router_backends import ScriptedBackend
 
 from qlift.errors import QliftError
+from qlift.router.app import COMPLETIONS, PASSTHROUGH
 from qlift.router.config import build_config, parse_backend_flag
 from qlift.router.filters import WordListFilter, prompt_text
 from qlift.router.textnorm import estimate_tokens, has_token_ids, normalize
@@ -64,7 +66,8 @@ def router() -> Iterator[RouterProcess]:
     (root / "keys.txt").write_text(f"{KEY} fuzzer\n")
     (root / "blocked.txt").write_text("炸弹\nsecret plan\nbomb\nre:kill\\s+all\n")
     (root / "router.yaml").write_text("api_keys_file: keys.txt\nfilter_file: blocked.txt\nmax_request_bytes: 65536\n"
-                                      "server: {header_timeout_s: 2, body_timeout_s: 2}\n")
+                                      "server: {header_timeout_s: 2, body_timeout_s: 2}\n"
+                                      "expose_backend_header: true\n")  # _answered tells the backend's answers apart
     with TinyBackend("m", tokens=2) as backend, RouterProcess(
             "--backend", f"only={backend.url}", "--public-model", "pub", "--config", root / "router.yaml",
             log_path=root / "router.log", token="admin-token") as proc:
@@ -124,7 +127,7 @@ def test_a_rule_matches_however_it_is_spelled(rule: str, filler: str) -> None:
 
 CONFIG_KEYS = ["backends", "public_model", "host", "port", "api_keys_file", "filter_file", "limits", "timeouts",
                "health", "server", "max_request_bytes", "access_log", "drain_s", "state_file", "rewrite_model",
-               "failover_to_zero_weight"]
+               "failover_to_zero_weight", "expose_backend_header"]
 CONFIG = st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON, max_size=5)
 
 
@@ -211,3 +214,87 @@ def test_any_raw_http_is_answered_or_closed(router: RouterProcess, raw: bytes, s
     if answer:
         assert answer.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), answer
         assert int(answer[9:12]) in ANSWERS | {405, 411, 414, 417, 431, 501, 505}, answer
+
+
+# -- the filter on every proxied route (issue 29) ---------------------------------------
+
+WORD = "bomb"
+ROUTES = st.sampled_from(COMPLETIONS + PASSTHROUGH)
+# Any JSON without the word, nested at random: lists and objects of texts, numbers, booleans, nulls.
+CLEAN_TEXT = st.text(max_size=12).filter(lambda t: WORD not in normalize(t))
+ANY_BODY = st.dictionaries(
+    st.sampled_from(["messages", "prompt", "input", "system", "documents", "chat_template_kwargs", "tools",
+                     "text_1", "text_2", "queries", "query", "texts", "instructions", "x_extra"]),
+    st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), CLEAN_TEXT),
+                 lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                         st.dictionaries(CLEAN_TEXT, inner, max_size=3)), max_leaves=10),
+    max_size=4)
+
+
+def _slots(value: Any, top: bool = True) -> list[tuple[Any, Any, str]]:
+    """Every place a string sits: (container, index or key, "value" | "key"); keys below the top level."""
+    out: list[tuple[Any, Any, str]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not top:
+                out.append((value, k, "key"))
+            if isinstance(v, str):
+                out.append((value, k, "value"))
+            out += _slots(v, top=False)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if isinstance(v, str):
+                out.append((value, i, "value"))
+            out += _slots(v, top=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def filtered_router() -> Iterator[tuple[RouterProcess, ScriptedBackend]]:
+    root = Path(tempfile.mkdtemp(prefix="qlift-fuzz-filter-"))
+    (root / "blocked.txt").write_text(f"{WORD}\n")
+    (root / "router.yaml").write_text("filter_file: blocked.txt\n")
+    with ScriptedBackend("m", any_route=True) as backend, RouterProcess(
+            "--backend", f"only={backend.url}", "--public-model", "pub", "--config", root / "router.yaml",
+            log_path=root / "router.log") as proc:
+        yield proc, backend
+    assert "Traceback" not in (root / "router.log").read_text(errors="replace")
+
+
+@settings(PURE, max_examples=80 * SCALE, deadline=None)
+@given(ANY_BODY, ROUTES, st.data())
+def test_a_filtered_word_anywhere_in_any_body_never_reaches_a_backend(
+        filtered_router: tuple[RouterProcess, ScriptedBackend], body: dict[str, Any], route: str,
+        data: st.DataObject) -> None:
+    router, backend = filtered_router
+    slots = _slots(body)
+    if not slots:
+        body["prompt"] = f"a {WORD}"
+    else:
+        container, at, kind = data.draw(st.sampled_from(slots))
+        text = f"{data.draw(CLEAN_TEXT)} {WORD} {data.draw(CLEAN_TEXT)}"
+        if kind == "value":
+            container[at] = text
+        else:
+            container[text] = container.pop(at)
+    seen = len(backend.bodies)
+    r = httpx.post(router.url + route, content=json.dumps({"model": "pub", **body}).encode(), timeout=30,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "content_filter", (route, body, r.text[:300])
+    assert len(backend.bodies) == seen
+
+
+NUMBER = st.one_of(st.booleans(), st.integers(0, 200_000), st.floats(0, 200_000, allow_nan=False))
+
+
+@settings(PURE, max_examples=40 * SCALE, deadline=None)
+@given(ROUTES, st.sampled_from(["prompt", "input", "text_1", "texts", "queries", "documents", "query"]),
+       st.lists(st.one_of(NUMBER, CLEAN_TEXT, st.lists(NUMBER, max_size=3)), max_size=4), NUMBER)
+def test_token_ids_however_spelled_never_reach_a_backend(
+        filtered_router: tuple[RouterProcess, ScriptedBackend], route: str, field: str, items: list[Any],
+        number: Any) -> None:
+    router, backend = filtered_router
+    seen = len(backend.bodies)
+    r = httpx.post(router.url + route, json={"model": "pub", field: [*items, number]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "content_filter", (route, field, r.text[:300])
+    assert len(backend.bodies) == seen

@@ -182,15 +182,18 @@ def test_status_without_a_journal_is_one_line(run_cli, tmp_path: Path) -> None: 
 
 
 class Prometheus:
-    """A real prometheus process on 127.0.0.1 scraping ``targets`` every second."""
+    """A real prometheus process on 127.0.0.1 scraping ``targets`` every second, with the routers' admin
+    token as its bearer token (a router's /metrics needs it; vLLM ignores it), read from a file."""
 
-    def __init__(self, tmp_path: Path, targets: list[str]) -> None:
+    def __init__(self, tmp_path: Path, targets: list[str], token: str = TOKEN) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         conf = tmp_path / "prometheus.yml"
+        (tmp_path / "router-token").write_text(token + "\n")
         conf.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "qlift", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": "qlift", "authorization": {"credentials_file": "router-token"},
+                                "static_configs": [{"targets": targets}]}],
         }))
         self.proc = subprocess.Popen(
             [PROMETHEUS, f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from faults import FaultProxy, RouterProcess, TinyBackend, run_load
+from faults import FaultProxy, RouterProcess, TinyBackend, operator_headers, run_load
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.router.balancer import Backend, Balancer
@@ -29,7 +29,8 @@ def chat(url: str, model: str = "pub", *, stream: bool = False, headers: dict[st
          **extra: object) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": stream,
             **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=30)
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers={**operator_headers(url), **(headers or {})},
+                      timeout=30)
 
 
 @pytest.fixture

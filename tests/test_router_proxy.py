@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from faults import RouterProcess, TinyBackend
+from faults import RouterProcess, TinyBackend, operator_headers
 from router_backends import NGINX, GzipNginx, ScriptedBackend
 
 from qlift.router.client import RouterClient
@@ -28,7 +28,7 @@ def _chat(url: str, *, stream: bool = False, model: str = "pub", path: str = "/v
         body["messages"] = [{"role": "user", "content": "hello"}]
     else:
         body["prompt"] = "hello"
-    return httpx.post(url + path, json=body, timeout=timeout)
+    return httpx.post(url + path, json=body, timeout=timeout, headers=operator_headers(url))
 
 
 def _events(text: str) -> list[str]:
@@ -95,7 +95,7 @@ def test_answers_name_the_public_model_and_the_usage_chunk_goes_only_to_who_aske
     cfg.write_text(f"access_log: {log.name}\n")
     with ScriptedBackend("m-stable") as a, \
             RouterProcess("--backend", f"stable={a.url}", "--public-model", "pub", "--config", cfg,
-                          log_path=tmp_path / "router.log") as router:
+                          log_path=tmp_path / "router.log", token=TOKEN) as router:  # the admin token's caller
         for path in ("/v1/chat/completions", "/v1/completions"):
             r = _chat(router.url, path=path, stream=True)
             events = _events(r.text)
@@ -125,7 +125,7 @@ def test_every_vllm_route_is_proxied_with_the_model_name_rewritten(tmp_path: Pat
                           log_path=tmp_path / "router.log") as router:
         models = httpx.get(router.url + "/v1/models").json()["data"]
         assert len(models) == 1 and models[0]["id"] == "pub"
-        assert models[0]["max_model_len"] == 2048 and models[0]["root"] == "/models/m-stable"  # backend's fields
+        assert models[0]["max_model_len"] == 2048 and "root" not in models[0]  # backend's fields, not its identity
         one = httpx.get(router.url + "/v1/models/pub")
         assert one.status_code == 200 and one.json()["id"] == "pub" and one.json()["max_model_len"] == 2048
         missing = httpx.get(router.url + "/v1/models/m-stable")
@@ -276,3 +276,39 @@ def test_a_router_token_with_surrounding_whitespace_still_authenticates(tmp_path
                                               log_path=tmp_path / "router.log", token="admin-secret \n") as router:
         assert router.info["admin"] is True
         assert RouterClient(router.url, "admin-secret").state().public_model == "pub"
+
+
+def test_a_client_never_learns_which_version_answered(tmp_path: Path) -> None:
+    """Issue 29: /v1/models copied the backend's root (its model directory) and parent, and every answer
+    carried X-Qlift-Backend. Both are for the operator only: the admin token, or expose_backend_header."""
+    with ScriptedBackend("m-stable") as a, RouterProcess("--backend", f"stable={a.url}", "--public-model", "pub",
+                                                         log_path=tmp_path / "router.log", token=TOKEN) as router:
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        for path in ("/v1/models", "/v1/models/pub"):
+            r = httpx.get(router.url + path)
+            entry = r.json()["data"][0] if path == "/v1/models" else r.json()
+            assert entry["id"] == "pub" and entry["max_model_len"] == 2048, entry
+            assert "root" not in entry and "parent" not in entry and "m-stable" not in r.text, r.text
+            r = httpx.get(router.url + path, headers=admin)
+            entry = r.json()["data"][0] if path == "/v1/models" else r.json()
+            assert entry["root"] == "/models/m-stable" and "parent" in entry
+        body = {"model": "pub", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        for stream in (False, True):
+            r = httpx.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=30)
+            assert r.status_code == 200 and "X-Qlift-Backend" not in r.headers and "X-Request-Id" in r.headers
+            r = httpx.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, headers=admin,
+                           timeout=30)
+            assert r.headers["X-Qlift-Backend"] == "stable"
+        r = httpx.post(router.url + "/tokenize", json={"model": "pub", "prompt": "x"},
+                       headers={"Authorization": "Bearer not-the-token"})
+        assert r.status_code == 200 and "X-Qlift-Backend" not in r.headers
+    with ScriptedBackend("m-stable", mode="error_object") as a, RouterProcess(
+            "--backend", f"stable={a.url}", "--public-model", "pub", log_path=tmp_path / "router2.log") as router:
+        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)  # the failure handed over
+        assert r.status_code == 502 and "X-Qlift-Backend" not in r.headers
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("expose_backend_header: true\n")
+    with ScriptedBackend("m-stable") as a, RouterProcess("--backend", f"stable={a.url}", "--public-model", "pub",
+                                                         "--config", cfg, log_path=tmp_path / "router3.log") as router:
+        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.headers["X-Qlift-Backend"] == "stable"

@@ -419,3 +419,59 @@ def test_bad_router_inputs_are_clean_exits(tmp_path: Path, run_cli) -> None:
     r = run_cli("router", "--backend", "a=http://user:pw@127.0.0.1 :1")
     one_line(r, 2)
     assert "pw" not in r.stderr
+
+
+def test_a_password_with_a_hash_or_a_slash_is_never_shown(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: a '#' in a password cut the URL there and the error printed the password (twice)."""
+    secret = "Sup3rS3cret"
+    flag = f"canary=http://admin:{secret}#2024@127.0.0.1:19002#m"
+    r = run_cli("router", "--backend", flag, "--port", "0")
+    assert r.exit_code == 2 and secret not in r.stderr and "%23" in r.stderr, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(f"backends: [{{name: canary, url: 'http://admin:{secret}#2024@127.0.0.1:19002#m'}}]\n")
+    r = run_cli("router", "--config", cfg, "--port", "0")
+    assert r.exit_code == 2 and secret not in r.stderr and "%23" in r.stderr, r.stderr
+    for url in (f"http://admin:{secret}/x@127.0.0.1:1", f"http://admin:{secret}@x@127.0.0.1:1"):
+        r = run_cli("router", "--backend", f"a={url}", "--port", "0")
+        assert r.exit_code == 2 and secret not in r.stderr and "S3cret" not in r.stderr, r.stderr
+    assert redact_url(f"GET http://u:{secret}/#@h:1/x failed") == "GET http://***@h:1/x failed"
+
+
+def test_legacy_model_after_credentials_is_parsed(tmp_path: Path) -> None:
+    """`http://u:pw@host:port@MODEL` started the backend DOWN with no reason; it is URL@MODEL."""
+    assert parse_backend_flag("c=http://u:pw@127.0.0.1:19002@smollm2-ft") == {
+        "name": "c", "url": "http://u:pw@127.0.0.1:19002", "served_model": "smollm2-ft"}
+    with TinyBackend("m") as backend:
+        url = backend.url.replace("http://", "http://u:pw@") + "@m"
+        with RouterProcess("--backend", f"only={url}", "--public-model", "pub", log_path=tmp_path / "r.log",
+                           token=TOKEN) as router:
+            assert router.info["backends"][0]["served_model"] == "m" and router.info["backends"][0]["healthy"]
+            assert chat(router.url).status_code == 200
+
+
+def test_metrics_need_the_admin_or_metrics_token_once_there_are_keys(tmp_path: Path) -> None:
+    """Issue 29: with api_keys_file set, /metrics needed no key and showed customer key names with their
+    filter hits. Now the admin token or metrics_token_file's token reads it; a client's own key does not."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("key-one alice\n")
+    (tmp_path / "metrics.token").write_text("scrape-me\n")
+    cfg = f"api_keys_file: {keys.name}\nmetrics_token_file: metrics.token\nfilter_file: blocked.txt\n"
+    (tmp_path / "blocked.txt").write_text("bomb\n")
+    with TinyBackend("m") as backend, _router(tmp_path, backend, cfg) as router:
+        assert chat(router.url, "a bomb", headers={"Authorization": "Bearer key-one"}).status_code == 400
+        for headers in ({}, {"Authorization": "Bearer key-one"}, {"Authorization": "Bearer wrong"}):
+            r = httpx.get(router.url + "/metrics", headers=headers)
+            assert r.status_code == 401 and "alice" not in r.text and "metrics_token_file" in r.text, r.text
+        for token in (TOKEN, "scrape-me"):
+            r = httpx.get(router.url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 200 and 'key="alice",reason="filter"' in r.text
+    with TinyBackend("m") as backend, RouterProcess("--backend", f"a={backend.url}", "--public-model", "pub",
+                                                    log_path=tmp_path / "open.log") as router:
+        assert httpx.get(router.url + "/metrics").status_code == 200  # an open router without a token: as before
+    (tmp_path / "empty.token").write_text("\n")
+    r = RouterProcess("--backend", "a=http://127.0.0.1:1", "--config", _write(tmp_path / "bad.yaml",
+                      b"metrics_token_file: empty.token\n"), log_path=tmp_path / "bad.log")
+    with pytest.raises(RuntimeError):
+        r.start()
+    assert r.proc is not None and r.proc.returncode == 2 and "metrics_token_file" in (tmp_path / "bad.log").read_text()

@@ -3,6 +3,7 @@ shadow version; users see only the primary's answer; pairs for the judge; copies
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -116,3 +117,55 @@ def test_copies_are_capped_dropped_first_and_never_delay_the_primary(tmp_path: P
         assert shadow is not None and (shadow.sent, shadow.inflight, shadow.waiting, shadow.dropped) == (2, 2, 2, 16)
         assert router.metric("qlift_router_shadow_total", backend="canary", outcome="dropped") == 16
         assert router.admin().shadow_pairs().pairs == []  # the two copies are still waiting
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS:")).split()[1])
+
+
+def test_shadow_pairs_keep_what_the_judge_reads_not_the_clients_bodies(tmp_path: Path) -> None:
+    """Issue 29: twelve 1 MB chat bodies at shadow 100% added 98 MiB to the router (the ring kept whole
+    bodies, 2,000 of them). A pair keeps role + text up to PROMPT_CHARS, a small response_format,
+    stream, max_tokens; the judge's keys keep their shapes."""
+    from qlift.router.pairs import PROMPT_CHARS, RESPONSE_FORMAT_BYTES, Pair, PairRing, judge_view
+
+    with ScriptedBackend("m-stable") as stable, ScriptedBackend("m-canary") as canary, \
+            _router(tmp_path, stable.url, canary.url) as router:
+        assert router.proc is not None
+        router.admin().set_shadow("canary", 100, max_inflight=4)
+        small = {"model": "pub", "max_tokens": 4, "messages": [{"role": "user", "content": "warm up"}]}
+        for _ in range(3):
+            assert httpx.post(router.url + "/v1/chat/completions", json=small, timeout=30).status_code == 200
+        _wait(lambda: router.admin().shadow_pairs().next == 3)
+        before = _rss_kib(router.proc.pid)
+        n = 24
+        for i in range(n):
+            body = {"model": "pub", "max_tokens": 4, "stream": i % 2 == 0, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"description": "d" * 20_000}}},
+                "messages": [{"role": "system", "content": "s" * 500_000},
+                             {"role": "user", "content": [{"type": "text", "text": f"q{i} JSON " + "x" * 490_000}]}]}
+            r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+        _wait(lambda: router.admin().shadow_pairs().next == 3 + n, timeout=60)
+        grown_mib = (_rss_kib(router.proc.pid) - before) / 1024
+        pairs = router.admin().shadow_pairs(since=3).pairs
+        assert len(pairs) == n
+        for i, pair in enumerate(pairs):
+            req = pair.request
+            assert len(json.dumps(req)) < PROMPT_CHARS + 1000, len(json.dumps(req))
+            assert req["stream"] == (i % 2 == 0) and req["max_tokens"] == 4 and req["truncated"] is True
+            assert [m["role"] for m in req["messages"]] == ["user"]  # the question asked is kept first
+            assert req["messages"][0]["content"].startswith(f"q{i} JSON ")
+            assert req["response_format"] == {"type": "json_schema"} and req["response_format_dropped"] is True
+        assert grown_mib < 40, grown_mib  # whole bodies: ~8 MiB a pair
+    # The ring is bounded in bytes too: the oldest pairs go first.
+    ring = PairRing(max_bytes=200_000)
+    for i in range(100):
+        ring.finish(Pair(f"r{i}", 0.0, "/v1/completions", judge_view({"prompt": "p" * 50_000, "stream": False}),
+                         primary={"text": "a"}, shadow={"text": "b"}))
+    kept = [p["seq"] for p in ring.since(0)["pairs"]]  # ~8 KB a pair (its prompt capped): the last 24
+    assert ring.bytes <= 200_000 and 20 <= len(kept) < 30 and kept == list(range(101 - len(kept), 101))
+    assert judge_view({"response_format": {"type": "json_object"}, "prompt": "hi"}) == {
+        "response_format": {"type": "json_object"}, "prompt": "hi", "truncated": False}
+    assert len(json.dumps(judge_view({"response_format": {"x": "y" * RESPONSE_FORMAT_BYTES}}))) < 200

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from faults import BackgroundLoad, FaultProxy, RouterProcess, metric_value, run_load
+from faults import BackgroundLoad, FaultProxy, RouterProcess, metric_value, operator_headers, run_load
 
 from qlift.vllm.process import free_port
 
@@ -52,7 +52,8 @@ def _chat(url: str, *, stream: bool = False, max_tokens: int = 16, headers: dict
           **extra: object) -> httpx.Response:
     body = {"model": PUBLIC, "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": max_tokens, "temperature": 0, "stream": stream, **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=120)
+    return httpx.post(url + "/v1/chat/completions", json=body, headers={**operator_headers(url), **(headers or {})},
+                      timeout=120)
 
 
 def test_both_versions_answer_by_one_public_name_streamed_and_not(fresh: RouterProcess) -> None:
@@ -160,8 +161,10 @@ def test_grafana_dashboard_queries_answer_from_a_real_prometheus(fresh: RouterPr
     port = free_port()
     conf = tmp_path / "prometheus.yml"
     targets = [u.removeprefix("http://") for u in (fresh.url, smollm2_server.base_url, canary_server.base_url)]
+    (tmp_path / "router-token").write_text(str(fresh.token) + "\n")  # the router's /metrics needs its admin token
     conf.write_text(json.dumps({"global": {"scrape_interval": "1s"},
-                                "scrape_configs": [{"job_name": "qlift", "static_configs": [{"targets": targets}]}]}))
+                                "scrape_configs": [{"job_name": "qlift", "static_configs": [{"targets": targets}],
+                                                    "authorization": {"credentials_file": "router-token"}}]}))
     argv = [str(PROMETHEUS), f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}"]
     with open(tmp_path / "prometheus.log", "wb") as log:

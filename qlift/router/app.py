@@ -28,9 +28,17 @@ from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig, check_weights
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
-from qlift.router.limits import ApiKeys, KeyLimits, bearer_token, tokens_used
+from qlift.router.limits import (
+    ApiKeys,
+    KeyLimits,
+    bearer_token,
+    max_output_tokens,
+    read_token_file,
+    tokens_used,
+)
 from qlift.router.metrics import RouterMetrics, status_class
-from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body
+from qlift.router.pairs import Pair, PairRing, answer_record, judge_view
+from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body, response_headers
 from qlift.router.rewrite import ModelRewriter
 from qlift.router.serverlimits import (
     GuardedSite,
@@ -39,7 +47,7 @@ from qlift.router.serverlimits import (
     listen_error,
     raise_open_files_limit,
 )
-from qlift.router.shadow import Pair, PairRing, Shadow, ShadowSettings, answer_record, cancel_all, send_copy
+from qlift.router.shadow import Shadow, ShadowSettings, cancel_all, send_copy
 from qlift.router.state import SavedState
 from qlift.router.textnorm import estimate_tokens, has_token_ids, json_depth
 
@@ -52,6 +60,8 @@ COMPLETIONS = ("/v1/chat/completions", "/v1/completions")  # checked answers, us
 PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank",
                "/v2/embed", "/tokenize", "/detokenize", "/pooling", "/classify", "/v1/messages",
                "/v1/messages/count_tokens")
+GENERATES = (*COMPLETIONS, "/v1/responses", "/v1/messages")  # routes whose answers are generated tokens
+VERSION_FIELDS = ("root", "parent")  # /v1/models fields that name a version: admin callers only
 MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
 BIG_PROMPT_CHARS = 1 << 16  # the filter checks texts longer than this in a worker thread
 
@@ -108,6 +118,8 @@ class Router:
         self.idle = asyncio.Event()
         self.idle.set()
         self.keys = ApiKeys.load(config.api_keys_file) if config.api_keys_file else ApiKeys()
+        self.metrics_token = read_token_file(config.metrics_token_file, "metrics_token_file") \
+            if config.metrics_token_file else None
         lim = config.limits
         self.limits = KeyLimits(lim.requests_per_s, lim.burst, lim.tokens_per_min)
         self.metrics = RouterMetrics()
@@ -250,6 +262,7 @@ class Router:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         path = request.path
         key = self.keys.identify(bearer_token(request.headers.get("Authorization")))
+        request["show_backend"] = self.config.expose_backend_header or self._is_admin(request)
         reject = functools.partial(self._reject, request_id=rid, t0=t0, path=path)
         if key is None:
             return reject(401, "auth", "unknown", "missing or unknown API key", "invalid_request_error",
@@ -295,6 +308,7 @@ class Router:
                                 headers={"Retry-After": retry})
         if self.limits.tokens_per_min:  # the prompt is charged now: a client that leaves early still pays
             request["prompt_estimate"] = estimate_tokens(body)
+            request["max_output"] = max_output_tokens(body, path in GENERATES)
             self.limits.charge_tokens(key, request["prompt_estimate"])
         stream = bool(body.get("stream"))
         client_body, strip_usage = body, False
@@ -340,7 +354,8 @@ class Router:
                 rewrite = ModelRewriter(backend.served_model, self.public_model if self.config.rewrite_model else None)
                 self._begin(backend)
                 try:
-                    up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage)
+                    up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage,
+                                  show_backend=request["show_backend"])
                     await attempt(request, self.sessions[backend.name], up, att)
                 finally:
                     self._end(backend)
@@ -373,7 +388,7 @@ class Router:
             raise
         self._pair_primary(pair, att)
         if att.failed_early:  # nowhere left to replay: hand the failure over
-            status, response = self._failure_response(att, rid, backend)
+            status, response = self._failure_response(att, rid, backend, show_backend=request["show_backend"])
         else:
             status, response = att.status, None
         self._log(att, rid, key, request.path, status=status, t0=t0, retried_from=retried_from)
@@ -386,12 +401,15 @@ class Router:
     def _charge(self, request: web.Request, key: str, att: Attempt) -> None:
         """Settle the tokens/min limit: usage (or what was streamed) less the prompt estimate charged up front."""
         estimate = request.get("prompt_estimate", 0)
-        used = tokens_used(estimate, att.prompt_tokens, att.completion_tokens, att.events)
+        used = tokens_used(estimate, att.prompt_tokens, att.completion_tokens, att.events,
+                           completed=att.completed and not att.client_disconnected,
+                           max_output=request.get("max_output"))
         self.limits.charge_tokens(key, used - estimate)
         request["tokens_settled"] = True
 
-    def _failure_response(self, att: Attempt, rid: str, backend: Backend) -> tuple[int, web.Response]:
-        headers = {"X-Request-Id": rid, "X-Qlift-Backend": backend.name}
+    def _failure_response(self, att: Attempt, rid: str, backend: Backend, *, show_backend: bool
+                          ) -> tuple[int, web.Response]:
+        headers = response_headers(rid, backend if show_backend else None)
         if att.status >= 500:
             return att.status, web.Response(body=att.upstream_body, status=att.status,
                                             content_type=att.upstream_content_type.split(";")[0], headers=headers)
@@ -410,7 +428,7 @@ class Router:
         if not shadow.admit(target):
             self.metrics.shadow.labels(target.name, "dropped").inc()
             return None
-        pair = Pair(rid=rid, ts=time.time(), path=path, request=client_body)
+        pair = Pair(rid=rid, ts=time.time(), path=path, request=judge_view(client_body))
 
         async def run() -> None:
             if not await shadow.acquire():
@@ -496,8 +514,12 @@ class Router:
 
     # -- plain routes -------------------------------------------------------------------
 
-    async def _model_entry(self) -> dict[str, Any]:
-        """The public model as a backend in rotation lists it (root, max_model_len, ...), under the public id."""
+    async def _model_entry(self, request: web.Request) -> dict[str, Any]:
+        """The public model as a backend in rotation lists it (max_model_len, ...), under the public id.
+
+        Its ``root`` (the model's directory, often named after the version) and ``parent`` (an
+        adapter's base) would tell a client which version answers: only the admin token's caller sees them.
+        """
         entry: dict[str, Any] = {"id": self.public_model, "object": "model", "created": 0, "owned_by": "qlift-router"}
         # The heaviest backend in rotation; not choose(), which would deal a card meant for a request.
         backend = max((b for b in self.balancer.backends if b.healthy and b.served_model), key=lambda b: b.weight,
@@ -507,20 +529,22 @@ class Router:
             found = next((m for m in listed or [] if m.get("id") == backend.served_model), None)
             if found is not None:
                 entry = {**found, "id": self.public_model}
+                if not self._is_admin(request):
+                    entry = {k: v for k, v in entry.items() if k not in VERSION_FIELDS}
         return entry
 
     async def models(self, request: web.Request) -> web.Response:
         if self.public_model is None:
             return _json_error(503, "the public model name is not known yet (no answer from the first backend)",
                                "service_unavailable")
-        return web.json_response({"object": "list", "data": [await self._model_entry()]})
+        return web.json_response({"object": "list", "data": [await self._model_entry(request)]})
 
     async def model_by_id(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
         if self.public_model is None or model_id != self.public_model:
             return _json_error(404, f"The model {model_id!r} does not exist", "invalid_request_error",
                                "model_not_found")
-        return web.json_response(await self._model_entry())
+        return web.json_response(await self._model_entry(request))
 
     async def health_route(self, request: web.Request) -> web.Response:
         healthy = [b.name for b in self.balancer.backends if b.healthy]
@@ -530,16 +554,32 @@ class Router:
     async def metrics_route(self, request: web.Request) -> web.Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
+        # Its series name API keys (rejected_total{key}): once there are keys or an admin token, the
+        # admin token or metrics_token_file's token reads it; a client's API key does not.
+        guarded = self.admin_token is not None or self.metrics_token is not None or not self.keys.open
+        if guarded and not self._presents(request, self.admin_token, self.metrics_token):
+            return _json_error(401, "/metrics needs Authorization: Bearer with the admin token or the token in "
+                               "metrics_token_file (Prometheus: authorization.credentials_file)",
+                               "authentication_error")
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- admin API ----------------------------------------------------------------------
+
+    @staticmethod
+    def _presents(request: web.Request, *tokens: str | None) -> bool:
+        """The caller's ``Authorization: Bearer`` is one of ``tokens`` (None: not set)."""
+        given = (bearer_token(request.headers.get("Authorization")) or "").encode()
+        return any(t is not None and hmac.compare_digest(given, t.encode()) for t in tokens)
+
+    def _is_admin(self, request: web.Request) -> bool:
+        """The caller presents the admin token (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``)."""
+        return self._presents(request, self.admin_token)
 
     def _admin_refusal(self, request: web.Request) -> web.Response | None:
         if self.admin_token is None:
             return _json_error(401, "the admin API is off: start the router with QLIFT_ROUTER_TOKEN set",
                                "authentication_error")
-        given = bearer_token(request.headers.get("Authorization")) or ""
-        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+        if not self._is_admin(request):
             return _json_error(401, "missing or wrong admin token (Authorization: Bearer $QLIFT_ROUTER_TOKEN)",
                                "authentication_error")
         return None

@@ -34,7 +34,7 @@ class BackendConfig(_Strict):
     def _url_model(cls, data: Any) -> Any:
         """``url: http://host:port#MODEL``: a version is a server plus a model name."""
         if isinstance(data, dict) and isinstance(data.get("url"), str) and "#" in data["url"]:
-            url, _, model = data["url"].partition("#")
+            url, model = split_url_model(data["url"])
             data = {**data, "url": url}
             if model and not data.get("served_model"):
                 data["served_model"] = model
@@ -56,6 +56,19 @@ class BackendConfig(_Strict):
         return v.rstrip("/").removesuffix("/v1")
 
 
+HASH_IN_PASSWORD = ("has a '#' in its user or password; write it as %23 there (a '#' after the URL names the "
+                    "model)")
+
+
+def split_url_model(text: str) -> tuple[str, str]:
+    """``URL#MODEL`` -> (URL, MODEL). A '#' inside the credentials (``http://u:pa#ss@host``) is refused:
+    it would cut the password, and the rest would be taken for a model name and printed."""
+    url, _, model = text.partition("#")
+    if "@" in model.split("/", 1)[0]:
+        raise ValueError(f"backend url {redact_url(text)!r} {HASH_IN_PASSWORD}")
+    return url, model
+
+
 def url_problem(url: str) -> str | None:
     """What is wrong with a backend URL (None = nothing): http(s), a host, a valid port, no spaces."""
     if any(c.isspace() or not c.isprintable() for c in url):
@@ -63,8 +76,11 @@ def url_problem(url: str) -> str | None:
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        return f"is not a valid URL ({redact_url(str(exc))})"
+    except ValueError:  # its text may quote a piece of a password: not shown
+        return ("is not a valid URL (a port that is not a number, or a '/', '?' or '#' in a password: write those "
+                "as %2F, %3F, %23)")
+    if parts.netloc.count("@") > 1:
+        return "has more than one '@' before its host; write an '@' in a user or password as %40"
     if parts.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
         return "must start with http:// or https://"
     if not parts.hostname:
@@ -77,8 +93,10 @@ def url_problem(url: str) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any user:password@ part shown as ``***@``: credentials never reach a log or a screen."""
-    return re.sub(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/@\s]*@", r"\1***@", url)
+    """``url`` (or any text with URLs in it) with each user:password@ part shown as ``***@``: credentials
+    never reach a log or a screen. Up to the URL's last '@', so a password with '/', '#' or '@' in it
+    is hidden whole (more is hidden rather than less)."""
+    return re.sub(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s'\"]*@", r"\1***@", url)
 
 
 class LimitsConfig(_Strict):
@@ -135,6 +153,10 @@ class RouterConfig(_Strict):
     port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
     api_keys_file: Path | None = Field(default=None, description="Keys or sha256:HEX hashes, one a line; none = open.")
     filter_file: Path | None = Field(default=None, description="Blocked words / re:PATTERN lines; reloaded on change.")
+    metrics_token_file: Path | None = Field(default=None, description="A file holding a token that may read /metrics "
+                                            "(besides the admin token): what Prometheus's credentials_file points "
+                                            "at. /metrics needs one of them once API keys, the admin token or this "
+                                            "is set.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
@@ -150,7 +172,10 @@ class RouterConfig(_Strict):
                                           "rollout's shadow phase or rollback) nor the shadow version. Off: weight 0 "
                                           "means no user traffic, ever.")
     rewrite_model: bool = Field(default=True, description="Answers name the public model (off: the backend's own "
-                                "name, for debugging; X-Qlift-Backend names the backend either way).")
+                                "name, for debugging).")
+    expose_backend_header: bool = Field(default=False, description="Send X-Qlift-Backend (the backend that "
+                                        "answered) to every caller; off: only to callers presenting the admin token, "
+                                        "so a client never learns which version answered.")
     answer_sample: int = Field(default=100, ge=0, le=100, description="Percent of chat and completion answers whose "
                                "text the admin request log keeps (capped, newest first) for a rollout's answer "
                                "checks (loops, language, refusals, schemas); 0 = none.")
@@ -229,10 +254,15 @@ def parse_backend_flag(text: str) -> dict[str, Any]:
     if not sep or not name or not rest:
         raise BadInputError(f"--backend {redact_url(text)!r} is not NAME=URL[#MODEL]", field="--backend",
                             hint="Example: --backend stable=http://127.0.0.1:8001#smollm2")
-    url, _, served = rest.partition("#")
+    try:
+        url, served = split_url_model(rest)
+    except ValueError as exc:
+        raise BadInputError(str(exc), field="--backend", hint="Example: --backend "
+                            "stable=http://user:pa%23ss@127.0.0.1:8001#smollm2") from None
     if not served and "@" in url:
         # URL@MODEL only where the part before the last '@' is a whole URL with a port
-        # (http://127.0.0.1:8001@smollm2); in http://user:pw@host:8001 the '@' ends the credentials.
+        # (http://127.0.0.1:8001@smollm2, http://u:pw@127.0.0.1:8001@smollm2); in http://user:pw@host:8001
+        # the '@' ends the credentials.
         before, _, after = url.rpartition("@")
         if after and not any(c in after for c in ":/") and _has_port(before):
             url, served = before, after
@@ -241,7 +271,7 @@ def parse_backend_flag(text: str) -> dict[str, Any]:
 
 def _has_port(url: str) -> bool:
     try:
-        return urlsplit(url).port is not None and "@" not in urlsplit(url).netloc
+        return urlsplit(url).port is not None
     except ValueError:
         return False
 
@@ -272,7 +302,7 @@ def build_config(*, config_path: Path | None, backends: list[str], weights: list
     if config_path is not None:
         data = load_config(config_path).model_dump(exclude_unset=True, mode="json")
         where = config_path
-        for key in ("api_keys_file", "filter_file"):  # relative to the config file, not the cwd
+        for key in ("api_keys_file", "filter_file", "metrics_token_file"):  # relative to the config file
             if data.get(key):
                 data[key] = str(config_path.parent / data[key])
         if data.get("access_log") not in (None, "", "-"):

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from qlift.errors import BadInputError, NotFoundError
 
@@ -69,6 +70,21 @@ class ApiKeys:
             if hmac.compare_digest(known, digest):
                 return name
         return None
+
+
+def read_token_file(path: Path, what: str) -> str:
+    """A token kept in a file (its one line, stripped of surrounding whitespace); BadInputError naming the file."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = f"not UTF-8 (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else \
+            f"cannot read it: {exc.strerror or exc}"
+        raise BadInputError(f"{what} {problem}", path=path, hint=f"Point {what} at a readable file with one token.") \
+            from None
+    if not token or "\n" in token:
+        raise BadInputError(f"{what} must hold one token on one line", path=path,
+                            hint="Write the token alone in the file.")
+    return token
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -158,13 +174,38 @@ class KeyLimits:
             bucket.charge(tokens)
 
 
-def tokens_used(estimate: int, prompt_tokens: int | None, completion_tokens: int | None, streamed_events: int) -> int:
+# What an answer that came back whole without any usage is charged for its output, when its request
+# names no max_tokens / max_completion_tokens / max_output_tokens (on the routes that generate text).
+DEFAULT_OUTPUT_TOKENS = 1024
+_MAX_OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def max_output_tokens(body: dict[str, Any], generates: bool) -> int | None:
+    """The most output a request may be answered with: its own limit, else DEFAULT_OUTPUT_TOKENS on a
+    route that generates text; None on one that does not (embeddings, score, tokenize, ...)."""
+    for name in _MAX_OUTPUT_FIELDS:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_OUTPUT_TOKENS if generates else None
+
+
+def tokens_used(estimate: int, prompt_tokens: int | None, completion_tokens: int | None, streamed_events: int,
+                *, completed: bool = False, max_output: int | None = None) -> int:
     """What an answer cost, for the tokens/min limit.
 
-    The backend's usage when it sent one; else (the client left before the usage chunk, or the
-    answer broke) the prompt estimate charged up front plus one token per streamed event that
-    reached the router (vLLM sends one event per token unless told otherwise).
+    The prompt: the backend's usage (``prompt_tokens`` or ``input_tokens``), else the estimate
+    charged up front. The output: a whole answer's usage; an answer that came back whole without
+    usage is charged its request's ``max_output`` (never less than it streamed); one that did not
+    finish (the client left, vLLM aborted it; or it broke) is charged what reached the router: the
+    usage seen so far or one token per streamed event (vLLM sends one per token by default),
+    whichever is more.
     """
-    if prompt_tokens is not None or completion_tokens is not None:
-        return (prompt_tokens if prompt_tokens is not None else estimate) + (completion_tokens or 0)
-    return estimate + streamed_events
+    prompt = prompt_tokens if prompt_tokens is not None else estimate
+    if completed and completion_tokens is not None:
+        output = completion_tokens
+    elif completed and max_output is not None:
+        output = max(max_output, streamed_events)
+    else:
+        output = max(completion_tokens or 0, streamed_events)
+    return prompt + output

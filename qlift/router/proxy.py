@@ -28,6 +28,9 @@ BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "er
 # Failed before the client got a byte, in a way another backend may not: replayable.
 REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream", "model_gone"}
 # Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
+CAPTURE_CHARS = 16000  # an answer's text kept for a shadow pair (pairs.TEXT_CHARS cuts it there)
+# Usage's (prompt, completion) counts: chat and completions; Responses and Anthropic Messages.
+USAGE_KEYS = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
@@ -61,6 +64,7 @@ class Attempt:
     dropped: bool = False  # the backend closed the connection before answering (a stale pooled one, usually)
     response: web.StreamResponse | None = None  # what the client got, once responded
     text_parts: list[str] = field(default_factory=list)
+    captured: int = 0  # characters in text_parts: capture stops past CAPTURE_CHARS
 
     @property
     def failed_early(self) -> bool:
@@ -82,14 +86,27 @@ class Attempt:
     def fail(self, reason: str, error: str) -> None:
         self.reason, self.error = reason, error
 
+    def take_usage(self, event: dict[str, Any]) -> None:
+        """Token counts of every usage shape: chat and completions (``prompt_tokens``/``completion_tokens``),
+        Responses and Anthropic Messages (``input_tokens``/``output_tokens``), at the top (an answer, a
+        usage chunk, Anthropic's ``message_delta``) or in the event's ``response`` (Responses'
+        ``response.completed``) or ``message`` (Anthropic's ``message_start``)."""
+        for holder in (event, event.get("response"), event.get("message")):
+            usage = holder.get("usage") if isinstance(holder, dict) else None
+            if not isinstance(usage, dict):
+                continue
+            for prompt_key, completion_key in USAGE_KEYS:
+                prompt, completion = usage.get(prompt_key), usage.get(completion_key)
+                if isinstance(prompt, int) and not isinstance(prompt, bool):
+                    self.prompt_tokens = prompt
+                if isinstance(completion, int) and not isinstance(completion, bool):
+                    self.completion_tokens = completion
+
     def take_event(self, event: Any) -> None:
         """Usage, finish_reason (and the text, when capturing) from an answer or a stream chunk."""
         if not isinstance(event, dict):
             return
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        self.take_usage(event)
         for i, choice in enumerate(event.get("choices") or []):
             if not isinstance(choice, dict):
                 continue
@@ -100,8 +117,9 @@ class Attempt:
                 if piece is None:
                     part = choice.get("delta") or choice.get("message") or {}
                     piece = part.get("content") if isinstance(part, dict) else None
-                if isinstance(piece, str):
+                if isinstance(piece, str) and self.captured < CAPTURE_CHARS:
                     self.text_parts.append(piece)
+                    self.captured += len(piece)
 
 
 def answer_problem(body: bytes) -> tuple[str, str] | None:
@@ -173,8 +191,14 @@ class SseRelay:
         return not (self.strip_usage and is_usage_only(line))
 
 
-def _response_headers(request_id: str, backend: Backend, content_type: str) -> dict[str, str]:
-    return {"Content-Type": content_type, "X-Request-Id": request_id, "X-Qlift-Backend": backend.name}
+def response_headers(request_id: str, backend: Backend | None, content_type: str | None = None) -> dict[str, str]:
+    """An answer's headers: X-Request-Id, and X-Qlift-Backend when ``backend`` is given (an operator's call)."""
+    headers = {"X-Request-Id": request_id}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    if backend is not None:
+        headers["X-Qlift-Backend"] = backend.name
+    return headers
 
 
 @dataclass(frozen=True)
@@ -189,6 +213,7 @@ class Upstream:
     deadline: float  # time.monotonic() that ends the request wherever it is
     rewrite: ModelRewriter
     strip_usage: bool = False  # drop the usage-only chunk the router asked for and the client did not
+    show_backend: bool = False  # send X-Qlift-Backend (the admin token's caller, or expose_backend_header)
 
 
 async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upstream, att: Attempt) -> None:
@@ -230,14 +255,13 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upst
             att.fail("upstream", redact_url(f"{type(exc).__name__}: {exc}"))
             return
         if upstream.status != 200 or not stream or not sse:
-            await _answer_whole(request, backend, request_id, content_type, body, att, up.rewrite,
-                                expect_stream=stream)
+            await _answer_whole(request, up, content_type, body, att, expect_stream=stream)
             return
         if not first_chunk:  # a 200 stream that ended before its first event: nothing was sent, replay
             att.fail("no_done", "stream ended before its first event")
             return
-        await _relay_stream(request, upstream, backend, request_id, content_type, first_chunk, up.idle_s, deadline,
-                            att, SseRelay(att, up.rewrite, up.strip_usage))
+        await _relay_stream(request, upstream, up, content_type, first_chunk, att,
+                            SseRelay(att, up.rewrite, up.strip_usage))
     except asyncio.CancelledError:
         att.client_disconnected = True
         raise
@@ -250,8 +274,9 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upst
                 upstream.close()
 
 
-async def _answer_whole(request: web.Request, backend: Backend, request_id: str, content_type: str, body: bytes,
-                        att: Attempt, rewrite: ModelRewriter, *, expect_stream: bool) -> None:
+async def _answer_whole(request: web.Request, up: Upstream, content_type: str, body: bytes, att: Attempt, *,
+                        expect_stream: bool) -> None:
+    backend, rewrite = up.backend, up.rewrite
     status = att.status
     if status >= 500:
         att.fail("http_5xx", f"HTTP {status}")
@@ -279,17 +304,18 @@ async def _answer_whole(request: web.Request, backend: Backend, request_id: str,
     if rewrite and content_type.startswith("application/json"):
         body = rewrite(body)
     att.responded = True
-    att.response = web.Response(body=body, status=status, headers=_response_headers(request_id, backend, content_type))
+    headers = response_headers(up.request_id, backend if up.show_backend else None, content_type)
+    att.response = web.Response(body=body, status=status, headers=headers)
     await att.response.prepare(request)
     await att.response.write_eof()
     att.completed = True
 
 
-async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, backend: Backend, request_id: str,
-                        content_type: str, first_chunk: bytes, idle_s: float, deadline: float, att: Attempt,
-                        relay: SseRelay) -> None:
-    out = web.StreamResponse(status=200, headers={**_response_headers(request_id, backend, content_type),
-                                                  "Cache-Control": "no-cache"})
+async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, up: Upstream, content_type: str,
+                        first_chunk: bytes, att: Attempt, relay: SseRelay) -> None:
+    backend, idle_s, deadline = up.backend, up.idle_s, up.deadline
+    headers = response_headers(up.request_id, backend if up.show_backend else None, content_type)
+    out = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
     att.response = out
     try:
         await out.prepare(request)

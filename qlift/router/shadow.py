@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,6 @@ from qlift.router.rewrite import ModelRewriter
 
 log = logging.getLogger(__name__)
 
-PAIRS_KEPT = 2000
 COPY_WAIT_S = 10.0  # a copy waits this long for a slot under the cap; sustained overload drops instead
 
 
@@ -59,44 +57,6 @@ class ShadowSettings:
 
     def as_dict(self) -> dict[str, Any]:
         return {"version": self.version, "percent": self.percent, "max_inflight": self.max_inflight}
-
-
-def answer_record(att: Attempt) -> dict[str, Any]:
-    """One side of a pair (REC): what the judge compares."""
-    return {"backend": att.backend, "status": att.status, "ok": att.ok, "reason": att.reason,
-            "latency_s": round(att.latency_s, 6), "ttft_s": None if att.ttfb_s is None else round(att.ttfb_s, 6),
-            "text": att.text, "finish_reason": att.finish_reason, "completion_tokens": att.completion_tokens}
-
-
-@dataclass
-class Pair:
-    rid: str
-    ts: float
-    path: str
-    request: dict[str, Any]
-    primary: dict[str, Any] | None = None
-    shadow: dict[str, Any] | None = None
-
-
-class PairRing:
-    """Finished pairs, oldest first, the last PAIRS_KEPT of them (they outlive a shadow turned off)."""
-
-    def __init__(self) -> None:
-        self.pairs: deque[dict[str, Any]] = deque(maxlen=PAIRS_KEPT)
-        self.seq = 0
-
-    def finish(self, pair: Pair) -> None:
-        """File a pair once both sides are in."""
-        if pair.primary is None or pair.shadow is None:
-            return
-        self.seq += 1
-        self.pairs.append({"seq": self.seq, "rid": pair.rid, "ts": pair.ts, "path": pair.path,
-                           "request": pair.request, "primary": pair.primary, "shadow": pair.shadow})
-
-    def since(self, seq: int) -> dict[str, Any]:
-        start = seq if seq <= self.seq else 0  # a seq from before a restart: everything kept
-        pairs = [p for p in self.pairs if p["seq"] > start]
-        return {"next": pairs[-1]["seq"] if pairs else self.seq, "pairs": pairs}
 
 
 class Shadow:

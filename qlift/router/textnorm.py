@@ -72,105 +72,88 @@ def is_unspaced(char: str) -> bool:
     return bool(_UNSPACED.match(char))
 
 
-def _strings(value: Any, depth: int = 0) -> Iterator[str]:
-    """Every string in a JSON value, keys included (tool parameter names are text the model reads)."""
-    if depth > 64:
-        return
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(k, str):
-                yield k
-            yield from _strings(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v, depth + 1)
-
-
-def _content(content: Any) -> Iterator[str]:
-    """A message's or an input item's content: a string, or a list of parts with text."""
-    if isinstance(content, str):
-        yield content
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, str):
-                yield part
-            elif isinstance(part, dict):
-                for key in ("text", "input_text", "refusal"):
-                    if isinstance(part.get(key), str):
-                        yield part[key]
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value, keys included, without recursion (bodies are depth-checked before)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str):
+                    yield k
+                stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
 
 
 def request_texts(body: dict[str, Any]) -> Iterator[str]:
-    """Every text a request can carry to the model, whatever the endpoint.
+    """Every text a request can carry to the model, whatever the route: every string in the body.
 
-    Chat messages (content as a string or parts, ``name``, tool calls' names and arguments),
-    tool and function definitions (names, descriptions, parameter schemas), ``prompt`` and
-    ``suffix`` of completions, ``input`` and ``instructions`` of /v1/responses and embeddings,
-    and a JSON response schema.
+    Nothing is picked field by field, so no route's field can be missed (chat ``documents``,
+    ``chat_template``, Anthropic ``system`` blocks and ``tool_use`` inputs, score and rerank texts,
+    ...). Keys are texts too below the top level, where vLLM renders them (``chat_template_kwargs``,
+    tool parameter schemas, tool call inputs); the top level's keys are the API's parameter names.
     """
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else []:
-        if not isinstance(message, dict):
-            continue
-        yield from _content(message.get("content"))
-        for key in ("name", "reasoning_content"):
-            if isinstance(message.get(key), str):
-                yield message[key]
-        yield from _strings(message.get("tool_calls"))
-        yield from _strings(message.get("function_call"))
-    for key in ("tools", "functions", "tool_choice", "response_format", "text"):
-        yield from _strings(body.get(key))
-    for key in ("prompt", "suffix", "instructions", "system"):
-        value = body.get(key)
-        if isinstance(value, str):
-            yield value
-        elif isinstance(value, list):
-            yield from (v for v in value if isinstance(v, str))
-    value = body.get("input")
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, list):
-        for item in value:
-            if isinstance(item, str):
-                yield item
-            elif isinstance(item, dict):
-                yield from _content(item.get("content"))
-                yield from (item[k] for k in ("text", "name", "arguments", "output")
-                            if isinstance(item.get(k), str))
+    for value in body.values():
+        yield from _strings(value)
 
 
-def _is_token_ids(value: Any) -> bool:
-    if isinstance(value, list) and value:
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return True
-        return any(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value)
+# Where a route takes its prompt: vLLM's lax pydantic reads a list of numbers (9906.0, true) there as token ids.
+PROMPT_FIELDS = ("prompt", "input", "text_1", "text_2", "queries", "query", "documents", "texts", "messages",
+                 "content", "system")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float)  # bool is an int
+
+
+def _has_numbers(value: Any) -> bool:
+    """A number or boolean as the value, an element, or an element of an element (list[list[int]])."""
+    if _number(value):
+        return True
+    if isinstance(value, list):
+        return any(_number(v) or (isinstance(v, list) and any(_number(t) for t in v)) for v in value)
     return False
 
 
 def has_token_ids(body: dict[str, Any]) -> bool:
-    """A prompt no text filter can read: ``prompt`` or ``input`` as token ids (a list of ints, or of
-    lists of ints), or vLLM's ``prompt_embeds``."""
-    return _is_token_ids(body.get("prompt")) or _is_token_ids(body.get("input")) or \
-        body.get("prompt_embeds") is not None
+    """A prompt no text filter can read: numbers or booleans where a prompt goes (token ids, however
+    spelled: ``[9906, 1917]``, ``[9906.0]``, ``[true, 9906]``, ``[[1, 2]]``), at the top level or in a
+    message's ``content``, or vLLM's ``prompt_embeds``."""
+    if body.get("prompt_embeds") is not None:
+        return True
+    if any(_has_numbers(body.get(k)) for k in PROMPT_FIELDS):
+        return True
+    messages = body.get("messages")
+    return isinstance(messages, list) and any(isinstance(m, dict) and _has_numbers(m.get("content"))
+                                              for m in messages)
+
+
+def _ids_in(value: Any) -> int:
+    if not isinstance(value, list):
+        return 0
+    return sum(len(v) if isinstance(v, list) else 1 for v in value if _number(v) or isinstance(v, list))
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:
     """A cheap upper-leaning estimate of a request's prompt tokens: charged before the answer exists.
 
     About 4 characters a token for English text, and about one token for each character
-    outside ASCII (a CJK character is one token or more); token-id prompts count their ids.
+    outside ASCII (a CJK character is one token or more); token-id prompts count their ids;
+    ``data:`` URLs (images, audio) are not text and are not counted.
     The estimate is replaced by the backend's usage once the answer is done.
     """
     total = 0
     for text in request_texts(body):
+        if text.startswith("data:"):
+            continue
         chars, extra = len(text), len(text.encode("utf-8", "surrogatepass")) - len(text)  # 2 per CJK character
         total += (chars + 2 * extra) // 4 + 1
     for key in ("prompt", "input"):
-        value = body.get(key)
-        if isinstance(value, list) and _is_token_ids(value):
-            total += sum(len(v) if isinstance(v, list) else 1 for v in value)
+        if _has_numbers(body.get(key)):
+            total += _ids_in(body.get(key))
     return max(1, total)
 
 

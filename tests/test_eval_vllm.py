@@ -133,7 +133,8 @@ def test_endpoint_backend_json_checks(run_cli, vllm_server, tmp_path: Path) -> N
     prompts.write_text("".join(json.dumps(x) + "\n" for x in JSON_SET), encoding="utf-8")
     r = run_cli("eval", "smollm2", "--baseline", "smollm2", "--backend", "endpoint",
                 "--endpoint", vllm_server.base_url, "--prompts", prompts, "--max-tokens", "32",
-                "--concurrency", "2", "--gate", "json_valid >= 0.98", "--gate", "ppl <= baseline * 1.05", "--json")
+                "--concurrency", "2", "--gate", "json_valid >= 0.98", "--gate", "ppl <= baseline * 1.05",
+                "--judge", f"{vllm_server.base_url}#smollm2", "--judge-pairs", "4", "--json")
     data = json.loads(r.stdout)
     summary = {s["metric"]: s for s in data["overall"]}
     outputs = {ex["id"]: ex["outputs"]["candidate"] for ex in data["examples"]}
@@ -144,6 +145,11 @@ def test_endpoint_backend_json_checks(run_cli, vllm_server, tmp_path: Path) -> N
     # Perplexity through /tokenize + echoed logprobs; the same server scores the same text alike.
     assert 1.0 < summary["ppl"]["candidate"] < 20.0
     assert summary["ppl"]["candidate"] == pytest.approx(summary["ppl"]["baseline"], rel=1e-3)
+    # the answer metrics of qlift.quality, and the judge model (the same answers twice: no side is better)
+    assert {"repetition", "loops", "off_language", "refusal"} <= set(summary)
+    judge = data["judge"]
+    assert judge["judged"] + judge["unjudged"] == 4 and judge["calls"] >= 2 * judge["judged"]
+    assert judge["ties"] == judge["judged"], judge  # identical answers: A-first and B-first cannot agree on a side
     json_gate = data["gates"][0]
     assert json_gate["passed"] == (sum(valid) / 3 >= 0.98)
     # stderr is no terminal here, so no bar: progress comes as lines instead of 13 silent minutes.

@@ -108,3 +108,17 @@ def test_the_shadow_phase_catches_a_drift_into_chinese_and_no_user_sees_it(tmp_p
     assert d.action == "rollback" and checks["off_language"].status == "fail", d.reason
     example = checks["off_language"].examples[0]
     assert example["answer"].startswith("您的订单") and example["other"].startswith("Your order")
+
+
+def test_status_says_where_the_answer_checks_can_run(tmp_path: Path) -> None:
+    from qlift.rollout.api import answer_checks_run
+    from qlift.rollout.spec import build_spec
+
+    router = {"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}
+    assert answer_checks_run(build_spec(router, {}))["split_windows"] is True
+    shadowed = answer_checks_run(build_spec(router, {"shadow.percent": 20}))
+    assert shadowed["split_windows"] and shadowed["shadow"] and "shadow phase" in shadowed["note"]
+    nginx = build_spec({"stable": "s", "canary": "c", "data_plane": "nginx", "nginx": {"prefix": str(tmp_path)},
+                        "backends": {"s": "http://127.0.0.1:1", "c": "http://127.0.0.1:2"}}, {})
+    got = answer_checks_run(nginx)
+    assert not got["split_windows"] and got["note"].startswith("none: the nginx plane") and "qlift eval" in got["note"]

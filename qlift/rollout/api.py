@@ -375,7 +375,8 @@ def answer_checks_run(spec: RolloutSpec) -> dict[str, Any]:
                 f"({spec.provider if spec.provider != 'builtin' else spec.data_plane}) carries no answers")
     else:
         note = (f"none: the {spec.data_plane} plane's evidence ({spec.provider}) carries status codes and timings, "
-                "no answers; add a shadow phase (--shadow) to judge answers through the qlift router first")
+                "no answers; judge them before with qlift eval, or roll out behind the qlift router "
+                "(--data-plane builtin) for answer checks and a shadow phase")
     return {"split_windows": split, "shadow": shadow, "note": note}
 
 

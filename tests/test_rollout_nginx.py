@@ -148,6 +148,15 @@ def test_a_version_named_by_model_on_a_shared_server_is_refused(tmp_path: Path) 
                           {"stable": 90, "canary": 10})
 
 
+def test_a_client_is_not_told_which_version_answered_unless_the_spec_says_so(tmp_path: Path) -> None:
+    backends = {"stable": "http://127.0.0.1:8001", "canary": "http://127.0.0.1:8002"}
+    spec = NginxSpec(prefix=tmp_path, listen="127.0.0.1:18080", binary=NGINX)
+    assert "X-Qlift-Backend" not in render_nginx_conf(spec, backends, {"stable": 90, "canary": 10})
+    shown = spec.model_copy(update={"expose_backend_header": True})
+    assert "add_header X-Qlift-Backend $upstream_addr always;" in render_nginx_conf(shown, backends,
+                                                                                   {"stable": 90, "canary": 10})
+
+
 def test_weights_are_read_from_the_split_block_so_a_hand_edit_is_drift(tmp_path: Path) -> None:
     backends = {"stable": "http://127.0.0.1:8001", "canary": "http://127.0.0.1:8002"}
     plane = NginxDataPlane(NginxSpec(prefix=tmp_path, listen="127.0.0.1:18080", binary=NGINX), backends)

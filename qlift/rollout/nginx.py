@@ -97,6 +97,8 @@ def render_nginx_conf(spec: NginxSpec, backends: dict[str, str], weights: dict[s
     split.append(f"        * {upstream_name(rest)};")
     temp = "\n".join(f"    {kind}_temp_path {prefix}/tmp/{kind};"
                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    backend_header = ("\n            add_header X-Qlift-Backend $upstream_addr always;"
+                      if spec.expose_backend_header else "")
     return f"""{_WEIGHTS_MARK}{json.dumps(weights, sort_keys=True)}
 # Rendered by qlift promote; edits are overwritten on the next weight change.
 worker_processes 1;
@@ -130,8 +132,7 @@ http {{
             proxy_cache off;
             proxy_read_timeout {seconds(spec.max_answer_s)};
             proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;
-            proxy_next_upstream_tries 2;
-            add_header X-Qlift-Backend $upstream_addr always;
+            proxy_next_upstream_tries 2;{backend_header}
         }}
     }}
 }}

@@ -128,6 +128,9 @@ class NginxSpec(_Strict):
         None, description="Keep client connections alive this long between requests (nginx keepalive_timeout). "
         "Off by default: a reload closes idle kept-alive connections under clients that reuse them, and "
         "their next request fails without nginx ever logging it.")
+    expose_backend_header: bool = Field(
+        False, description="Send X-Qlift-Backend (the upstream address that answered) with every answer. Off: "
+        "a client never learns which version answered it (the access log has it).")
 
 
 class BackendRef(_Strict):

@@ -104,3 +104,21 @@ def test_one_registry_feeds_the_eval_the_judge_and_the_docs() -> None:
         assert f"`{m.name}`" in docs["promote-checks.md"], m.name
         if m.offline:
             assert f"`{m.name}`" in docs["eval.md"], m.name
+
+
+def test_eval_scores_the_answer_metrics_per_example_with_a_file_of_more_refusals(tmp_path: Path) -> None:
+    from qlift.eval.generation import Generation
+    from qlift.eval.metrics import score
+    from qlift.eval.prompts import Example
+
+    ex = Example(id="q", messages=[{"role": "user", "content": "What is the capital of France? One sentence."}])
+    zh = Generation("法国的首都是巴黎，它也是法国最大的城市。", 20, 0.1)
+    assert score("off_language", ex, zh).value == 1.0  # type: ignore[union-attr]
+    assert score("loops", ex, Generation("Paris is nice. " * 8, 24, 0.1)).value == 1.0  # type: ignore[union-attr]
+    assert score("repetition", ex, Generation("Paris", 1, 0.1)) is None  # too short to tell
+    house = Generation("That request is outside my remit.", 8, 0.1)
+    assert score("refusal", ex, house).value == 0.0  # type: ignore[union-attr]
+    extra = tmp_path / "more.txt"
+    extra.write_text("^\\W*that request is outside my remit\n", encoding="utf-8")
+    assert score("refusal", ex, house, refusal_patterns=extra).value == 1.0  # type: ignore[union-attr]
+    assert "schema_broken" not in METRICS  # a live-only notion: eval examples carry their own json_schema checks

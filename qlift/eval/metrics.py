@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError
@@ -114,7 +115,7 @@ class Score:
     den: float
 
 
-def score(metric: str, ex: Example, gen: Generation) -> Score | None:
+def score(metric: str, ex: Example, gen: Generation, *, refusal_patterns: Path | None = None) -> Score | None:
     """The example's value of ``metric``, or None when it does not apply or is unavailable."""
     if not applies(metric, ex):
         return None
@@ -151,7 +152,7 @@ def score(metric: str, ex: Example, gen: Generation) -> Score | None:
             return None
         v = share
     elif metric in QUALITY:
-        flag = QUALITY[metric].flag(Answer(ex.prompt_key(), text))
+        flag = QUALITY[metric].flag(Answer(ex.prompt_key(), text, refusal_patterns=refusal_patterns))
         if flag is None:
             return None
         v = float(flag)

@@ -47,6 +47,9 @@ class EvalOptions:
     api_key: str | None = field(default=None, metadata={"envvar": "QLIFT_EVAL_API_KEY"})
     """Bearer token for the endpoint (env QLIFT_EVAL_API_KEY)."""
 
+    refusal_patterns: Path | None = None
+    """More refusal patterns for the refusal metric: a file, one regular expression a line (beside qlift's English
+    and Chinese ones)."""
     judge: str | None = field(default=None, metadata={"metavar": "URL#MODEL"})
     """A judge model (OpenAI-compatible) compares the candidate's and the baseline's answers to each prompt, asked
     twice with the order swapped; needs --baseline."""

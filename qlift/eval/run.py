@@ -184,6 +184,10 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
     explicit = set(names if metrics else []) | {g.metric for g in parsed_gates}
     names += [g.metric for g in parsed_gates if g.metric not in names]
     _check_gates(parsed_gates, examples, baseline is not None, prompts)
+    if o.refusal_patterns is not None:
+        from qlift.quality.refusal import patterns
+
+        patterns(o.refusal_patterns)  # a bad file is one line before anything is generated
     if o.judge is not None:
         from qlift.quality.judge import parse_target
 
@@ -220,7 +224,8 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         log.info("candidate and baseline have the same content: generated once")
 
     notes: list[str] = []
-    scores = {m.role: {n: [score(n, ex, g) for ex, g in zip(examples, gens[m.role], strict=True)] for n in names}
+    scores = {m.role: {n: [score(n, ex, g, refusal_patterns=o.refusal_patterns)
+                           for ex, g in zip(examples, gens[m.role], strict=True)] for n in names}
               for m in models}
     if "ppl" in names and any(ex.reference for ex in examples) and all(
         s is None for s in scores["candidate"]["ppl"]

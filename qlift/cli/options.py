@@ -88,12 +88,6 @@ def _base_type(hint: Any) -> tuple[Any, bool]:
     return (hint if hint in (int, float, str) else None), False
 
 
-def options_from(cls: type, kwargs: dict[str, Any]) -> Any:
-    """``cls`` built from the command's keyword arguments named after its fields."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in kwargs.items() if k in names})
-
-
 def cli_args(options: Any, *, exclude: tuple[str, ...] = ()) -> list[str]:
     """The flags that give ``options`` back through ``click_options`` (its fields left at their defaults are
     left out): how a stage that runs another qlift command passes it a typed options object."""

@@ -84,6 +84,4 @@ def count(low: int = 1, high: int | None = None, hint: str | None = None) -> Num
 
 
 PORT = Number(int, low=0, high=65535, hint="Pass a port from 1 to 65535 (0: any free port).")
-SECONDS = Number(float, low=0, low_open=True, hint="Pass a positive number of seconds.")
-NON_NEGATIVE = Number(float, low=0)
 URL = HttpUrl()

@@ -26,7 +26,6 @@ from qlift.deploy.options import DeployOptions
 POOL_API = "inference.networking.k8s.io/v1"
 X_API = "inference.networking.x-k8s.io/v1alpha2"
 EPP_PORT = 9002  # the endpoint picker's ext-proc gRPC port in the upstream manifests
-MAX_WEIGHT = 1_000_000  # InferenceModelRewrite's target weight maximum
 
 
 def adapter_mount(path: Path) -> str:

@@ -26,7 +26,6 @@ class Phase(StrEnum):
     HOLD = "hold"  # inconclusive: the evidence is carried into the next window
     ROLLBACK = "rollback"  # a check failed, or analysis stayed inconclusive for too long
     PAUSE = "pause"  # too little canary traffic for too long: wait for an operator
-    DISCARD = "discard"  # no evidence either way (weights drifted during the window)
 
 
 @dataclass
@@ -44,7 +43,7 @@ def on_insufficient(spec: RolloutSpec) -> str:
     return spec.analysis.on_insufficient
 
 
-def is_insufficient(d: Decision, ev: Evidence, spec: RolloutSpec) -> bool:
+def is_insufficient(d: Decision, ev: Evidence) -> bool:
     """The judge held only because the canary saw too few requests (not because a check was unsure)."""
     if ev.source == "none":  # the evidence source failed: an outage, not a quiet canary
         return False
@@ -107,7 +106,7 @@ class Analysis:
         self.carry = (step, ev)
         if holds + 1 <= a.max_inconclusive:
             return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
-        if is_insufficient(d, ev, self.spec):
+        if is_insufficient(d, ev):
             advice = sizing_advice(ev, self.spec, weight)
             if on_insufficient(self.spec) == "rollback":
                 self.carry = None

@@ -30,11 +30,9 @@ from urllib.parse import quote
 
 from qlift.errors import BadInputError, QliftError
 from qlift.fsutil import file_lock, lock_holder
-from qlift.rollout.states import FINAL, State, can_move
+from qlift.rollout.states import State, can_move
 
 ACTIVE_STATES = tuple(s.value for s in State if not s.final)
-FINAL_STATES = tuple(s.value for s in FINAL)
-TABLES = ("rollouts", "steps", "windows", "decisions", "weight_changes", "events")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -67,10 +65,6 @@ _ROLLOUT_COLUMNS = {"id", "created_at", "updated_at", "state", "stable", "canary
 def is_disk_full(exc: BaseException) -> bool:
     """SQLITE_FULL: the disk (or the file's page limit) has no room for the write."""
     return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-
-
-class JournalFullError(QliftError):
-    """The journal could not grow (SQLITE_FULL)."""
 
 
 

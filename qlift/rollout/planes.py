@@ -69,9 +69,5 @@ PLANES: dict[str, PlaneKind] = {p.name: p for p in (
 )}
 
 
-def plane_names() -> list[str]:
-    return list(PLANES)
-
-
 def make_plane(spec: RolloutSpec) -> Any:
     return PLANES[spec.data_plane].make(spec)

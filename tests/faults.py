@@ -495,6 +495,7 @@ class TinyBackend(ThreadedApp):
         self.served_model = served_model
         self.tokens = tokens
         self.answer = answer  # the answer's text for a request body (default: "hi " x tokens)
+        self.root: str | None = None  # the model dir /v1/models lists, as vLLM does
         self.chunk_delay_s = chunk_delay_s
         self.healthy = True
         self.requests = 0
@@ -541,7 +542,8 @@ class TinyBackend(ThreadedApp):
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
+        entry = {"id": self.served_model, "object": "model", **({"root": self.root} if self.root else {})}
+        return web.json_response({"object": "list", "data": [entry]})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)

@@ -247,3 +247,49 @@ def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
     assert getattr(result[0], "state", None) == "aborted"
     actions = [(d["action"], d["manual"]) for d in journal.history(r.id)["decisions"]]
     assert actions == [("start", False), ("pause", True), ("abort", True)]
+
+
+class SwappedCanaryPlane(MemoryPlane):
+    """A plane whose canary starts serving another model after its first window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def identity(self, version: str) -> str | None:
+        if version != "c":
+            return "root /models/base"
+        self.reads += 1
+        return "root /models/ft-v1" if self.reads == 1 else "root /models/ft-v2"
+
+
+def test_a_canary_whose_model_changes_mid_rollout_is_paused_unjudged(tmp_path: Path) -> None:
+    """Its evidence so far is the old model's: the second window is not judged, the rollout pauses and says why."""
+    sp = spec(steps=[10, 50, 100], analysis={"min_requests": 5, "intervals_per_step": 2})
+    plane = SwappedCanaryPlane()
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(sp.model_dump(mode="json"), "s", "c")
+    ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("c", 20), healthy("s", 80))]),  # type: ignore[arg-type]
+                     tick=0.01)
+    t = threading.Thread(target=ctl.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while journal.get(r.id).state != "paused" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    got = journal.get(r.id)
+    assert got.state == "paused" and "/models/ft-v1 -> root /models/ft-v2" in got.reason, got.reason
+    assert plane.applied == [{"s": 90, "c": 10}]  # never advanced on the old model's passing window
+    h = journal.history(r.id)
+    kinds = [e["kind"] for e in h["events"] if e["kind"].startswith("canary_")]
+    assert kinds == ["canary_identity", "canary_changed"]
+    assert [w["action"] for w in h["windows"]] == ["pass"]  # the one window judged is the first model's
+    import qlift.rollout.api as api
+    from qlift.rollout import dataplane
+
+    original = dataplane.make_data_plane
+    dataplane.make_data_plane = lambda s: plane  # type: ignore[assignment,return-value]
+    try:
+        api.abort(tmp_path / "j.sqlite")
+    finally:
+        dataplane.make_data_plane = original
+    t.join(5)

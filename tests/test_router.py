@@ -369,3 +369,23 @@ def _wait(cond, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
+
+
+def test_the_admin_state_names_what_each_backend_serves_and_notices_a_restart_with_another(tmp_path: Path) -> None:
+    """A rollout checks the canary's identity every window (qlift.rollout.identity): the configured model_hash, else
+    the root its server lists, re-read when the backend comes back from being down."""
+    with TinyBackend("m") as a, TinyBackend("m") as b:
+        a.root, b.root = "/models/base", "/models/ft-v1"
+        cfg = tmp_path / "router.yaml"
+        cfg.write_text("health: {interval_s: 0.2, failures: 1}\nbackends:\n"
+                       f"  - {{name: stable, url: '{a.url}', model_hash: abc123}}\n"
+                       f"  - {{name: canary, url: '{b.url}'}}\n")
+        with RouterProcess("--config", cfg, log_path=tmp_path / "r.log", token="t") as router:
+            admin = router.admin()
+            _wait(lambda: admin.state().backend("canary").identity is not None)
+            assert admin.state().backend("stable").identity == "hash abc123"
+            assert admin.state().backend("canary").identity == "root /models/ft-v1"
+            b.healthy, b.root = False, "/models/ft-v2"  # restarted with another model dir
+            _wait(lambda: not admin.state().backend("canary").healthy)
+            b.healthy = True
+            _wait(lambda: admin.state().backend("canary").identity == "root /models/ft-v2")

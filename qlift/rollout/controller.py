@@ -24,6 +24,7 @@ from qlift.errors import QliftError
 from qlift.rollout.analysis import Analysis, Assessment, Phase, on_insufficient, shadow_summary
 from qlift.rollout.dataplane import DataPlane, plane_generation
 from qlift.rollout.evidence import Evidence, VersionEvidence
+from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
 from qlift.rollout.judge import Decision
 from qlift.rollout.sources import Collector
@@ -232,6 +233,8 @@ class Controller:
         if void is not None:
             self._discard(r, void)
             return
+        if self._canary_changed(r):
+            return
         ev: Evidence
         if note.startswith("evidence source failed"):
             ev = self._no_evidence(r, note)
@@ -245,6 +248,20 @@ class Controller:
         log.info("window at %d%%: canary %d requests, stable %d: %s (%s)", weight, ev.canary.requests,
                  ev.stable.requests, verdict.phase, verdict.reason)
         self._act(r, verdict)
+
+    def _canary_changed(self, r: Rollout) -> bool:
+        """Pause, unjudged, when the canary's model is not the one this rollout's evidence is about."""
+        why = canary_changed(self.journal, self.rid, self.plane, r.canary)
+        if why is None:
+            return False
+        self._shadow_carry = None
+        with self.journal.tx() as db:
+            if not self.journal.transition(db, self.rid, State(r.state), State.PAUSED, why, holds=0, passes=0):
+                return True
+            self.journal.decide(db, self.rid, r.step, "pause", why)
+        log.warning("paused: %s", why)
+        self._notify(r, "pause", why, {}, state=State.PAUSED)
+        return True
 
     def _no_evidence(self, r: Rollout, note: str) -> Evidence:
         # No evidence is no pass: the window holds (and counts toward max_inconclusive).
@@ -388,6 +405,8 @@ class Controller:
         void, _ = self._watch(r, source.begin, None)
         if void is not None:
             self._discard(r, void)
+            return
+        if self._canary_changed(r):
             return
         ev = source.collect()
         ev.judged = judge_window(ev, shadow)  # bounded by shadow.judge_deadline_s; None without a judge

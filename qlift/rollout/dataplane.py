@@ -67,6 +67,9 @@ class RouterDataPlane:
     def generation(self) -> str | None:
         return self.client.state().started_at
 
+    def identity(self, version: str) -> str | None:
+        return self.client.state().backend(version).identity
+
     def check_versions(self, versions: list[str]) -> None:
         from qlift.errors import BadInputError
 

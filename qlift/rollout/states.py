@@ -47,8 +47,8 @@ DESCRIPTIONS: dict[State, str] = {
     State.SHADOWING: "shadow phase: a share of live requests is mirrored to the canary; its answers are judged "
                      "against the stable's on the same prompts and never reach users",
     State.PROGRESSING: "the canary serves its step's share of users; each window is judged",
-    State.PAUSED: "weights held, no window judged until `qlift promote resume` (paused by an operator, or "
-                  "by too little canary traffic)",
+    State.PAUSED: "weights held, no window judged until `qlift promote resume` (paused by an operator, by "
+                  "too little canary traffic, or by a canary whose model changed)",
     State.ABORT_REQUESTED: "abort journaled, the data plane has not confirmed 100% stable yet: `abort`, `resume` "
                            "or `start` retry until it does",
     State.PROMOTED: "final: the canary has 100% of the traffic",

@@ -36,6 +36,7 @@ class Backend:
     model_listed: bool = False  # its /v1/models listed served_model since it last became healthy
     problem: str | None = None  # why it is out of rotation, beyond a failing /health
     model_hash: str | None = None  # the version's ModelRef content hash, when the config gives it
+    served_root: str | None = None  # the `root` (and `parent`) its /v1/models lists for served_model
     # May take users while at weight 0 (only with failover_to_zero_weight): its 0 came from the config, not
     # from the admin API, through which a rollout's shadow phase and its rollback set a canary's 0.
     spare: bool = False
@@ -44,7 +45,14 @@ class Backend:
         return {"name": self.name, "url": redact_url(self.url), "served_model": self.served_model or "",
                 "weight": self.weight, "healthy": self.healthy, "in_flight": self.in_flight,
                 "requests": self.requests, "errors": self.errors, "problem": self.problem,
-                "model_hash": self.model_hash}
+                "model_hash": self.model_hash, "identity": self.identity}
+
+    @property
+    def identity(self) -> str | None:
+        """What this backend serves, for a rollout to notice a change: the configured hash, else its root."""
+        if self.model_hash:
+            return f"hash {self.model_hash}"
+        return None if self.served_root is None else f"root {self.served_root}"
 
 
 def key_point(key: str) -> float:

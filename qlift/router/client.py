@@ -25,6 +25,7 @@ class BackendState(BaseModel):
     errors: int
     problem: str | None = None  # why it is out of rotation beyond a failing /health (its model not listed)
     model_hash: str | None = None  # the version's ModelRef content hash (the router config's model_hash)
+    identity: str | None = None  # model_hash, else the root its server lists: what a rollout checks each window
 
 
 class ShadowState(BaseModel):

@@ -56,6 +56,9 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s
             log.warning("backend %s: %s", backend.name, problem)
             backend.problem = problem
         return False
+    entry = next(m for m in listed if m["id"] == backend.served_model)
+    root, parent = entry.get("root"), entry.get("parent")
+    backend.served_root = None if root is None else f"{root}" + (f" on {parent}" if parent else "")
     backend.model_listed, backend.problem = True, None
     return True
 

@@ -273,7 +273,7 @@ def test_keys_limits_filter_size_and_request_id(tmp_path: Path, two_backends) ->
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
         assert chat(router.url, headers=bob).status_code == 200  # buckets are per key
         words.write_text("allowed-now\nhello\n")  # hot reload: "hello" (in every prompt) is blocked now
-        time.sleep(1.0)
+        _wait(lambda: chat(router.url, headers=bob).status_code == 400)
         r = chat(router.url, headers=bob)
         assert r.status_code == 400 and "blocked.txt:2" in r.json()["error"]["message"]
         r = chat(router.url, headers=bob, messages=[{"role": "user", "content": "x" * 4000}])

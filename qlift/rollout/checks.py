@@ -12,10 +12,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from string import Template
 
 from qlift.quality.registry import ANSWER_METRICS, AnswerMetric, count, examples
 from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exported: deploy.argo imports it here)
+    ArgoForm,
+    Promql,
+    PromqlMetric,
+    argo_empty,
+    argo_errors,
+    argo_finish_length,
+    argo_latency,
+    argo_requests,
+    argo_tokens,
+)
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
 
@@ -36,38 +46,7 @@ class CheckResult:
     examples: list[dict[str, str | None]] = field(default_factory=list)  # answer checks: what a person reads
 
 
-@dataclass(frozen=True)
-class PromqlMetric:
-    """One Argo metric: a query whose one value the success / failure conditions read."""
-
-    name: str
-    check: str  # the judge's check it mirrors
-    query: str
-    success: str
-    failure: str
-
-
-@dataclass(frozen=True)
-class Promql:
-    """A preset's queries bound to an AnalysisRun's arguments ({{args.canary}} ...)."""
-
-    preset: dict[str, str]
-    window: str
-
-    def has(self, *fields: str) -> bool:
-        return all(f in self.preset for f in fields)
-
-    def q(self, field: str, role: str) -> str:
-        return "(" + Template(self.preset[field]).safe_substitute(
-            backend=f"{{{{args.{role}}}}}", model=f"{{{{args.{role}-model}}}}",
-            instance=f"{{{{args.{role}-instance}}}}", window=self.window) + ")"
-
-    def share(self, num: str, den: str, role: str) -> str:
-        return f"({self.q(num, role)} / {self.q(den, role)})"
-
-
 Runner = Callable[[VersionEvidence, VersionEvidence, AnalysisSpec], "CheckResult | None"]
-ArgoForm = Callable[[Promql, AnalysisSpec], list[PromqlMetric]]
 
 
 @dataclass(frozen=True)
@@ -341,103 +320,34 @@ def answer_checks() -> tuple[Check, ...]:
                        doc=m.doc) for m in ANSWER_METRICS)
 
 
-# -- PromQL forms (Argo) -----------------------------------------------------------------------
-
-
-def _limit(value: float) -> tuple[str, str]:
-    return f"len(result) > 0 && result[0] <= {value}", f"len(result) > 0 && result[0] > {value}"
-
-
-def _share_ratio(p: Promql, num: str, den: str, a: AnalysisSpec) -> str:
-    c, s = p.share(num, den, "canary"), p.share(num, den, "stable")
-    return f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) >= bool {a.min_share_increase})"
-
-
-def _argo_requests(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
-    return [PromqlMetric("canary-requests", "canary_requests", p.q("requests", "canary"),
-                         f"len(result) > 0 && result[0] >= {a.min_requests}", "false")]
-
-
-def _argo_errors(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
-    if not p.has("errors", "requests"):
-        return []
-    return [PromqlMetric("error-rate", "error_rate", f"{p.q('errors', 'canary')} / {p.q('requests', 'canary')}",
-                         *_limit(a.max_error_rate))]
-
-
-def _argo_latency(kind: str, metric: str, limit_field: str, tolerance_field: str) -> ArgoForm:
-    def form(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
-        field = f"{kind}_p{round(a.latency_quantile * 100)}"
-        if not p.has(field):
-            from qlift.errors import BadInputError
-
-            raise BadInputError(f"the preset has no {field} query", field="analysis.latency_quantile",
-                                hint="Use latency_quantile 0.5 or 0.95.")
-        c, s = p.q(field, "canary"), p.q(field, "stable")
-        # canary/stable, zeroed while the canary is within the tolerance of the stable (a pass)
-        query = f"({c} / clamp_min({s}, 1e-9)) * (({c} - {s}) > bool {getattr(a, tolerance_field)})"
-        return [PromqlMetric(metric, kind, query, *_limit(getattr(a, limit_field)))]
-    return form
-
-
-def _argo_finish_length(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
-    if not p.has("length_finishes", "finishes"):
-        return []
-    return [PromqlMetric("finish-length-share-ratio", "finish_length",
-                         _share_ratio(p, "length_finishes", "finishes", a), *_limit(a.max_length_share_ratio))]
-
-
-def _argo_tokens(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
-    if not p.has("completion_tokens", "completions"):
-        return []
-    ratio = f"({p.share('completion_tokens', 'completions', 'canary')} / " \
-            f"{p.share('completion_tokens', 'completions', 'stable')})"
-    if p.has("length_finishes", "finishes"):
-        # Below 1 the ratio is divided by the stable's uncut share (and capped at 1), so one
-        # condition checks ratio >= min_tokens_ratio * (1 - stable cut share), as quiet_limit does.
-        uncut = f"clamp_min(1 - {p.share('length_finishes', 'finishes', 'stable')}, 1e-9)"
-        ratio = f"(({ratio} >= 1) or clamp_max({ratio} / {uncut}, 1))"
-    lo, hi = a.min_tokens_ratio, a.max_tokens_ratio
-    return [PromqlMetric("completion-tokens-ratio", "completion_tokens", ratio,
-                         f"len(result) > 0 && result[0] >= {lo} && result[0] <= {hi}",
-                         f"len(result) > 0 && (result[0] < {lo} || result[0] > {hi})")]
-
-
-def _argo_empty(p: Promql, a: AnalysisSpec) -> list[PromqlMetric]:
-    if not p.has("empty", "completions"):
-        return []
-    return [PromqlMetric("empty-share-ratio", "empty_completions", _share_ratio(p, "empty", "completions", a),
-                         *_limit(a.max_empty_share_ratio))]
-
-
 CHECKS: tuple[Check, ...] = (
     Check("canary_requests", ("requests",), "count >= limit", ("min_requests",), tested=False, early=False,
-          run=check_canary_requests, argo=_argo_requests,
+          run=check_canary_requests, argo=argo_requests,
           doc="Enough canary traffic to judge; too little pauses (on_insufficient), never fails."),
     Check("error_rate", ("requests", "errors", "bad_answers"),
           "rate <= limit, else one-sided two-proportion (vs stable) or binomial (vs limit) test",
-          ("max_error_rate",), tested=True, early=True, run=check_error_rate, argo=_argo_errors,
+          ("max_error_rate",), tested=True, early=True, run=check_error_rate, argo=argo_errors,
           doc="5xx, connection errors, and 200 answers that are not answers (unparseable, no choices, "
               "a stream without [DONE])."),
     Check("latency", ("token_latency_s", "latency_s"), "quantile ratio, then one-sided Mann-Whitney U",
           ("max_latency_ratio", "latency_quantile", "min_latency_increase_s", "min_token_latency_increase_s"),
           tested=True, early=False, run=check_latency,
-          argo=_argo_latency("latency", "latency-ratio", "max_latency_ratio", "min_latency_increase_s"),
+          argo=argo_latency("latency", "latency-ratio", "max_latency_ratio", "min_latency_increase_s"),
           doc="Seconds per completion token (e2e when tokens are unknown); streamed and non-streamed."),
     Check("ttft", ("ttft_s",), "quantile ratio, then one-sided Mann-Whitney U",
           ("max_ttft_ratio", "latency_quantile", "min_ttft_increase_s"), tested=True, early=False,
-          run=check_ttft, argo=_argo_latency("ttft", "ttft-ratio", "max_ttft_ratio", "min_ttft_increase_s"),
+          run=check_ttft, argo=argo_latency("ttft", "ttft-ratio", "max_ttft_ratio", "min_ttft_increase_s"),
           doc="Time to first token of streamed requests only."),
     Check("finish_length", ("finishes", "length_finishes"), "share ratio, then one-sided proportion test",
           ("max_length_share_ratio", "min_share_increase"), tested=True, early=False, run=check_finish_length,
-          argo=_argo_finish_length, doc="Rambles: cut at max_tokens significantly more often than the stable."),
+          argo=argo_finish_length, doc="Rambles: cut at max_tokens significantly more often than the stable."),
     Check("completion_tokens", ("completion_tokens", "completions", "completion_tokens_sum"),
           "mean ratio within [min_tokens_ratio x (1 - stable cut share), max_tokens_ratio], then Mann-Whitney U",
           ("min_tokens_ratio", "max_tokens_ratio"), tested=True, early=False, run=check_completion_tokens,
-          argo=_argo_tokens, doc="Goes quiet (relative to an uncut stable) or verbose."),
+          argo=argo_tokens, doc="Goes quiet (relative to an uncut stable) or verbose."),
     Check("empty_completions", ("completions", "empty"), "share ratio, then one-sided proportion test",
           ("max_empty_share_ratio", "min_share_increase"), tested=True, early=True, run=check_empty_completions,
-          argo=_argo_empty, doc="Answers with zero completion tokens."),
+          argo=argo_empty, doc="Answers with zero completion tokens."),
     Check("tpot", ("vllm",), "vLLM mean time per output token ratio <= limit (only when set)", ("max_tpot_ratio",),
           tested=False, early=False, run=check_tpot, argo=None, doc="The engine's own per-token time."),
     *answer_checks(),

@@ -6,11 +6,9 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import itertools
 import json
 import logging
 import math
-import re
 import signal
 import time
 import uuid
@@ -23,9 +21,10 @@ import aiohttp
 from aiohttp import web
 
 from qlift.router.accesslog import AccessLog
+from qlift.router.admin import AdminApi
 from qlift.router.answers import AnswerSamples
 from qlift.router.balancer import Backend, Balancer
-from qlift.router.config import RouterConfig, check_weights
+from qlift.router.config import RouterConfig
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
 from qlift.router.health import HealthChecker, models_of
 from qlift.router.limits import (
@@ -38,7 +37,7 @@ from qlift.router.limits import (
 )
 from qlift.router.metrics import RouterMetrics, status_class
 from qlift.router.pairs import Pair, PairRing, answer_record, judge_view
-from qlift.router.proxy import BAD_ANSWER, Attempt, Upstream, attempt, error_body, response_headers
+from qlift.router.proxy import BAD_ANSWER, MAX_JSON_DEPTH, Attempt, Upstream, attempt, json_error, response_headers
 from qlift.router.rewrite import ModelRewriter
 from qlift.router.serverlimits import (
     GuardedSite,
@@ -47,7 +46,7 @@ from qlift.router.serverlimits import (
     listen_error,
     raise_open_files_limit,
 )
-from qlift.router.shadow import Shadow, ShadowSettings, cancel_all, send_copy
+from qlift.router.shadow import Shadow, cancel_all, send_copy
 from qlift.router.state import SavedState
 from qlift.router.textnorm import estimate_tokens, has_token_ids, json_depth
 
@@ -62,14 +61,7 @@ PASSTHROUGH = ("/v1/responses", "/v1/embeddings", "/v1/score", "/score", "/v1/re
                "/v1/messages/count_tokens")
 GENERATES = (*COMPLETIONS, "/v1/responses", "/v1/messages")  # routes whose answers are generated tokens
 VERSION_FIELDS = ("root", "parent")  # /v1/models fields that name a version: admin callers only
-MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
 BIG_PROMPT_CHARS = 1 << 16  # the filter checks texts longer than this in a worker thread
-
-
-def _json_error(status: int, message: str, type_: str, code: int | str | None = None, *,
-                headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(error_body(message, type_, code if code is not None else status), status=status,
-                             headers=headers)
 
 
 def _parse_body(raw: bytes) -> tuple[dict[str, Any], str | None]:
@@ -85,14 +77,6 @@ def _parse_body(raw: bytes) -> tuple[dict[str, Any], str | None]:
     if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         return {}, f"request body nests deeper than {MAX_JSON_DEPTH} levels"
     return body, None
-
-
-async def _admin_json(request: web.Request) -> Any:
-    """An admin call's JSON body; ValueError (a 400) for one that is not JSON or nests too deeply."""
-    try:
-        return json.loads(await request.read())
-    except RecursionError:
-        raise ValueError(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
 
 
 class Router:
@@ -147,12 +131,7 @@ class Router:
         app.router.add_get("/v1/models/{model_id:.+}", self.model_by_id)
         app.router.add_get("/health", self.health_route)
         app.router.add_get("/metrics", self.metrics_route)
-        app.router.add_get("/admin/state", self.admin_state)
-        app.router.add_put("/admin/weights", self.admin_weights)
-        app.router.add_get("/admin/requests", self.admin_requests)
-        app.router.add_put("/admin/shadow", self.admin_set_shadow)
-        app.router.add_delete("/admin/shadow", self.admin_clear_shadow)
-        app.router.add_get("/admin/shadow", self.admin_shadow_pairs)
+        AdminApi(self).routes(app)
         app.on_cleanup.append(self._close_sessions)
         return app
 
@@ -255,14 +234,14 @@ class Router:
                               stream=None, status=status, prompt_tokens=None, completion_tokens=None,
                               finish_reason=None, ttfb_s=None, latency_s=round(time.monotonic() - t0, 6),
                               retried_from=None, error=reason or type_)
-        return _json_error(status, message, type_, code, headers={**(headers or {}), "X-Request-Id": request_id})
+        return json_error(status, message, type_, code, headers={**(headers or {}), "X-Request-Id": request_id})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         path = request.path
         key = self.keys.identify(bearer_token(request.headers.get("Authorization")))
-        request["show_backend"] = self.config.expose_backend_header or self._is_admin(request)
+        request["show_backend"] = self.config.expose_backend_header or self.is_admin(request)
         reject = functools.partial(self._reject, request_id=rid, t0=t0, path=path)
         if key is None:
             return reject(401, "auth", "unknown", "missing or unknown API key", "invalid_request_error",
@@ -414,7 +393,7 @@ class Router:
             return att.status, web.Response(body=att.upstream_body, status=att.status,
                                             content_type=att.upstream_content_type.split(";")[0], headers=headers)
         status = 504 if att.reason in ("timeout", "deadline") else 502
-        return status, _json_error(status, f"backend {backend.name} failed: {att.error}", "upstream_error",
+        return status, json_error(status, f"backend {backend.name} failed: {att.error}", "upstream_error",
                                    headers=headers)
 
     # -- shadow copies ------------------------------------------------------------------
@@ -529,20 +508,20 @@ class Router:
             found = next((m for m in listed or [] if m.get("id") == backend.served_model), None)
             if found is not None:
                 entry = {**found, "id": self.public_model}
-                if not self._is_admin(request):
+                if not self.is_admin(request):
                     entry = {k: v for k, v in entry.items() if k not in VERSION_FIELDS}
         return entry
 
     async def models(self, request: web.Request) -> web.Response:
         if self.public_model is None:
-            return _json_error(503, "the public model name is not known yet (no answer from the first backend)",
+            return json_error(503, "the public model name is not known yet (no answer from the first backend)",
                                "service_unavailable")
         return web.json_response({"object": "list", "data": [await self._model_entry(request)]})
 
     async def model_by_id(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
         if self.public_model is None or model_id != self.public_model:
-            return _json_error(404, f"The model {model_id!r} does not exist", "invalid_request_error",
+            return json_error(404, f"The model {model_id!r} does not exist", "invalid_request_error",
                                "model_not_found")
         return web.json_response(await self._model_entry(request))
 
@@ -558,7 +537,7 @@ class Router:
         # admin token or metrics_token_file's token reads it; a client's API key does not.
         guarded = self.admin_token is not None or self.metrics_token is not None or not self.keys.open
         if guarded and not self._presents(request, self.admin_token, self.metrics_token):
-            return _json_error(401, "/metrics needs Authorization: Bearer with the admin token or the token in "
+            return json_error(401, "/metrics needs Authorization: Bearer with the admin token or the token in "
                                "metrics_token_file (Prometheus: authorization.credentials_file)",
                                "authentication_error")
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -571,18 +550,9 @@ class Router:
         given = (bearer_token(request.headers.get("Authorization")) or "").encode()
         return any(t is not None and hmac.compare_digest(given, t.encode()) for t in tokens)
 
-    def _is_admin(self, request: web.Request) -> bool:
+    def is_admin(self, request: web.Request) -> bool:
         """The caller presents the admin token (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``)."""
         return self._presents(request, self.admin_token)
-
-    def _admin_refusal(self, request: web.Request) -> web.Response | None:
-        if self.admin_token is None:
-            return _json_error(401, "the admin API is off: start the router with QLIFT_ROUTER_TOKEN set",
-                               "authentication_error")
-        if not self._is_admin(request):
-            return _json_error(401, "missing or wrong admin token (Authorization: Bearer $QLIFT_ROUTER_TOKEN)",
-                               "authentication_error")
-        return None
 
     def state(self) -> dict[str, Any]:
         return {"public_model": self.public_model, "weights": self.balancer.weights,
@@ -592,76 +562,9 @@ class Router:
     def _save_state(self) -> None:
         self.saved.save(self.balancer.weights, self.shadow.settings if self.shadow else None)
 
-    async def admin_state(self, request: web.Request) -> web.Response:
-        return self._admin_refusal(request) or web.json_response(self.state())
-
-    async def admin_weights(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
-        if refusal is not None:
-            return refusal
-        try:
-            weights = check_weights(await _admin_json(request), [b.name for b in self.balancer.backends])
-        except ValueError as exc:  # json errors are ValueErrors too
-            return _json_error(400, str(exc), "invalid_request_error")
-        self.balancer.set_weights(weights)
-        for name, w in weights.items():
-            self.metrics.weight.labels(name).set(w)
-        log.info("weights now %s", weights)
-        self._save_state()
-        return web.json_response(self.state())
-
-    async def admin_set_shadow(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
-        if refusal is not None:
-            return refusal
-        try:
-            settings = ShadowSettings.parse(await _admin_json(request), [b.name for b in self.balancer.backends])
-        except ValueError as exc:
-            return _json_error(400, str(exc), "invalid_request_error")
-        if self.shadow is not None and self.shadow.settings.version == settings.version:
-            self.shadow.settings = settings  # same target: the counters go on
-        else:
-            self._set_shadow(Shadow(settings))  # copies in flight finish; their pairs are filed
-        log.info("shadow now %s", settings.as_dict())
-        self._save_state()
-        return web.json_response(self.state())
-
-    async def admin_clear_shadow(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
-        if refusal is not None:
-            return refusal
-        if self.shadow is not None:
-            log.info("shadow off (%d copies sent, %d dropped)", self.shadow.sent, self.shadow.dropped)
-            self._set_shadow(None)
-            self._save_state()
-        return web.json_response(self.state())
-
     def _set_shadow(self, shadow: Shadow | None) -> None:
         self.shadow = shadow
         self.balancer.not_spare = {shadow.settings.version} if shadow else set()
-
-    async def admin_shadow_pairs(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
-        if refusal is not None:
-            return refusal
-        text = request.query.get("since", "0")
-        if not text.isdigit() or len(text) > 18:
-            return _json_error(400, "since must be a non-negative integer (a pair's seq)", "invalid_request_error")
-        return web.json_response(self.pair_ring.since(int(text)))
-
-    async def admin_requests(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
-        if refusal is not None:
-            return refusal
-        text = request.query.get("since", "0")
-        if not re.fullmatch(r"-?[0-9]{1,18}", text):
-            return _json_error(400, "since must be an integer of at most 18 digits (a request record's seq)",
-                               "invalid_request_error")
-        since = int(text)
-        first = self.records[0]["seq"] if self.records else self.seq + 1
-        start = max(0, since + 1 - first)
-        return web.json_response({"seq": self.seq, "requests": list(itertools.islice(self.records, start, None))})
-
 
 async def serve(config: RouterConfig, *, admin_token: str | None, on_ready: Callable[[Router], None],
                 content_filter: ContentFilter | None = None, restore_signals: bool = True) -> None:

@@ -34,9 +34,18 @@ USAGE_KEYS = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_t
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
+MAX_JSON_DEPTH = 64  # deeper request bodies get 400 (no OpenAI request nests past ~10)
+
+
 def error_body(message: str, type_: str, code: int | str) -> dict[str, Any]:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": type_, "code": code}}
+
+
+def json_error(status: int, message: str, type_: str, code: int | str | None = None, *,
+                headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(message, type_, code if code is not None else status), status=status,
+                             headers=headers)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from faults import BackgroundLoad, FaultProxy, RouterProcess
 from test_promote import TOKEN, Prometheus, needs_prometheus
 from test_rollout_nginx import NGINX, needs_nginx
 
+from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.journal import Journal
 from qlift.router.client import RouterClient
 from qlift.vllm.process import free_port
@@ -118,7 +119,11 @@ def test_healthy_canary_goes_10_50_100(run_cli, healthy_router: RouterProcess, t
     assert RouterClient(healthy_router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
     assert bg.result.errors == 0 and bg.result.ok > 0, bg.result.error_messages[:3]
     last = windows(st)[-1]
-    assert all(c["status"] == "pass" for c in last["checks"]), last["checks"]
+    # every check passed; an answer check may not apply to this load (no request sends a json_schema)
+    applies_not = {m.name for m in ANSWER_METRICS}
+    assert all(c["status"] == "pass" or (c["status"] == "skipped" and c["name"] in applies_not)
+               for c in last["checks"]), last["checks"]
+    assert {c["name"]: c["status"] for c in last["checks"]}["loops"] == "pass"  # the answers were read
     assert last["canary"]["vllm"]["ttft_mean"] is not None  # the backend's own /metrics joined in
 
 

@@ -177,8 +177,11 @@ def test_sigkilled_controller_resumes_at_its_step(healthy_router: RouterProcess,
     # not mind the canary checkpoint running past 16 tokens where the stable stops, or a core that
     # other work on the machine slows down.
     spec = tmp_path / "rollout.yaml"
+    # min_share_increase 1: no share check (cut at max_tokens, empty, loops, ...) can fail short of 100% vs 0%;
+    # the random-LoRA canary is cut in every answer where the stable is in 3 of 4 (CI: rolled back, p=0.006).
     spec.write_text(json.dumps({"analysis": {"max_length_share_ratio": 10, "max_tokens_ratio": 10,
-                                             "max_latency_ratio": 10, "max_ttft_ratio": 10}}))
+                                             "max_latency_ratio": 10, "max_ttft_ratio": 10,
+                                             "min_share_increase": 1.0}}))
     argv = [sys.executable, "-m", "qlift", "promote", "start", "-f", str(spec), "--router", healthy_router.url,
             "--stable", "stable", "--canary", "canary", "--steps", "10,50,100", "--interval", "3s",
             *PATIENT, "--journal", str(journal)]

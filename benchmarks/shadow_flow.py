@@ -41,9 +41,31 @@ def _demo() -> object:
     return demo
 
 
+def _wait_for_an_end(proc: subprocess.Popen[bytes], journal: Path, limit_s: float) -> str:
+    """Until the rollout is final or paused (a paused `promote start` waits for a resume nobody sends here:
+    its controller, started here, is stopped by pid), or ``limit_s`` passes."""
+    from qlift.rollout.journal import Journal
+
+    deadline = time.monotonic() + limit_s
+    state = "?"
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(5)
+        if journal.exists():
+            with Journal(journal, readonly=True) as j:
+                r = j.latest()
+                state = r.state if r is not None else "?"
+            if state == "paused":
+                break
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(30)
+    return state
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--interval", default="30s")
+    ap.add_argument("--max-minutes", type=float, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -77,10 +99,18 @@ def main() -> None:
                     "--canary", "canary", "--steps", "10,50,100", "--interval", args.interval, "--min-requests", "5",
                     "--shadow", "20%", "--shadow-windows", "2", "--journal", str(tmp / "j.sqlite"), "--json"]
             t0 = time.monotonic()
-            done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ,
-                                                                             "QLIFT_ROUTER_TOKEN": token})
+            env = {**os.environ, "QLIFT_ROUTER_TOKEN": token}
+            with open(tmp / "promote.out", "w") as out_f, open(tmp / "promote.err", "w") as err_f:
+                proc = subprocess.Popen(argv, stdout=out_f, stderr=err_f, env=env)
+                state = _wait_for_an_end(proc, tmp / "j.sqlite", args.max_minutes * 60)
             took = time.monotonic() - t0
             statuses = dict(traffic.status)
+            status_json = subprocess.run([sys.executable, "-m", "qlift", "promote", "status", "--journal",
+                                          str(tmp / "j.sqlite"), "--json"], capture_output=True, text=True).stdout
+            done = subprocess.CompletedProcess(argv, proc.returncode if proc.returncode is not None else -1,
+                                               status_json, (tmp / "promote.err").read_text()[-3000:])
+            if state == "paused":
+                done.returncode = -1
     finally:
         canary.stop()
         stable.stop()

@@ -211,7 +211,11 @@ def check_json_valid(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> C
     return r
 
 
-def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
+def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_alpha: float | None = None
+                    ) -> CheckResult:
+    """``a``'s per-check alpha (Bonferroni) decides a failure, as every check's does; showing a style is a test
+    *for* the canary, outside the family that guards good canaries against false rollbacks: it runs at
+    ``pass_alpha``, the window's own alpha (default: ``a``'s per-check one)."""
     both = [p for p in ev.pairs if p.primary.ok and p.shadow.ok and p.primary.text is not None
             and p.shadow.text is not None]
     r = CheckResult("agreement", "inconclusive", limit=spec.min_agreement)
@@ -240,12 +244,13 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> Ch
         r.status, r.detail = "pass", described + f" >= {spec.min_agreement}"
         return r
     alpha = check_alpha(a)
-    if len(same) < a.min_samples or mann_whitney_greater([1.0] * len(same), [0.0] * len(other)).p_value >= alpha:
-        r.detail = described + f" (too few pairs for a test at alpha {alpha:.2g} yet: not run)"
+    shown = alpha if pass_alpha is None else pass_alpha
+    if len(same) < a.min_samples or mann_whitney_greater([1.0] * len(same), [0.0] * len(other)).p_value >= shown:
+        r.detail = described + f" (too few pairs for a test at alpha {shown:.2g} yet: not run)"
         return r
     t = mann_whitney_greater(same, other)
     r.test, r.p_value = t.test, t.p_value
-    if t.p_value < alpha:
+    if t.p_value < shown:
         r.status = "pass"
         r.detail = described + f"; each answer fits its own prompt better than others' (p={t.p_value:.3g}): a style"
         return r
@@ -319,7 +324,7 @@ def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: A
     for c in checks:
         if c.name == "canary_requests":
             c.detail = c.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")
-    checks += [check_json_valid(ev, spec, a), check_agreement(ev, spec, a)]
+    checks += [check_json_valid(ev, spec, a), check_agreement(ev, spec, a, pass_alpha=base.alpha)]
     if spec.judge is not None:
         checks.append(check_judge(ev, spec, a))
     failed = [c for c in checks if c.status == "fail"]

@@ -138,3 +138,19 @@ def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
     # ... but ROUGE-L shows no significant evidence against it either: it holds (the phase extends, then
     # pauses for a person), it never advances; a judge model (--judge) is what can tell
     assert wrong.action == "hold" and "agreement: " in wrong.reason and "not yet shown" in wrong.reason, wrong.reason
+
+
+def test_an_agreement_that_only_leans_the_canarys_way_holds_then_passes_with_enough_pairs() -> None:
+    """Absence of evidence is no evidence against the canary: ROUGE-L between prose and JSON is weak (the
+    healthy examples/adapter read p = 0.08 at 39 live pairs), so once AGREEMENT_LEAN_PAIRS pairs lean to
+    their own prompt with nothing significant either way, agreement passes; fewer hold."""
+    def pairs(n: int) -> ShadowEvidence:
+        stable = [f"Your order B{i:03d} will be refunded soon, thanks for waiting." for i in range(n)]
+        canary = ['{"intent": "refund", "order": "B000"}'] + ['{"intent": "refund", "order": "unknown"}'] * (n - 1)
+        return _pairs(stable, canary)
+
+    few, enough = judge_shadow(pairs(15), SPEC), judge_shadow(pairs(24), SPEC)
+    few_check = {c.name: c for c in few.checks}["agreement"]
+    assert few.action == "hold" and few_check.status == "inconclusive" and few_check.p_value > 0.05
+    check = {c.name: c for c in enough.checks}["agreement"]
+    assert enough.action == "advance" and check.status == "pass" and "leans to its own prompt" in check.detail

@@ -439,7 +439,8 @@ class Controller:
             self._notify(r, "advance", reason, d.p_values)
         elif d.action == "advance":
             record["action"] = "pass"
-            self._record(r, ev, d, "pass", d.reason, step=SHADOW_STEP, record=record, passes=r.passes + 1)
+            # a passing window's held windows are spent: the next one gets max_inconclusive holds of its own
+            self._record(r, ev, d, "pass", d.reason, step=SHADOW_STEP, record=record, passes=r.passes + 1, holds=0)
         elif r.holds + 1 <= self.spec.analysis.max_inconclusive:
             record["action"] = "hold"
             self._record(r, ev, d, "hold", d.reason, step=SHADOW_STEP, record=record, holds=r.holds + 1)

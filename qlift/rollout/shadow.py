@@ -173,6 +173,7 @@ def is_json(text: str | None) -> bool:
 # Zen 5 core), so a window's agreement is scored on an even sample of pairs and each answer's opening.
 AGREEMENT_PAIRS = 60
 AGREEMENT_WORDS = 100
+AGREEMENT_LEAN_PAIRS = 20  # answered pairs before an agreement that only leans the canary's way passes
 
 
 def rouge_l(a: str, b: str) -> float:
@@ -258,6 +259,12 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_
     if mixed.p_value < alpha:  # evidence against the canary, not only no evidence for it
         r.status, r.p_value = "fail", mixed.p_value
         r.detail = described + f"; answers fit other prompts' answers better than their own (p={mixed.p_value:.3g})"
+        return r
+    if answered >= max(spec.min_pairs, AGREEMENT_LEAN_PAIRS) and r.stable is not None and agreement > r.stable:
+        # ROUGE-L is a weak signal between prose and JSON: the healthy examples/adapter still read p = 0.08 at
+        # 39 pairs. Leaning to its own prompt, with no evidence against it, is no reason to hold it.
+        r.status = "pass"
+        r.detail = described + f"; leans to its own prompt (p={t.p_value:.3g}, not significant): no evidence against it"
         return r
     r.detail = described + (f"; not yet shown to fit its own prompt better than others' (p={t.p_value:.3g}): "
                             f"more pairs decide (a larger --shadow share or a longer --interval)")

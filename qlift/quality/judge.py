@@ -171,8 +171,11 @@ async def ajudge_pairs(pairs: list[tuple[str, str, str]], s: JudgeSettings) -> J
             out.notes.append(f"judge deadline {s.deadline_s:g}s: {len(pending)} of {len(chosen)} pairs unjudged")
         errors = 0
         for t in tasks:
-            if t not in done or t.cancelled() or t.exception() is not None:
-                errors += t in done and not t.cancelled() and t.exception() is not None
+            if t in pending or t.cancelled():
+                out.unjudged += 1
+                continue
+            if t.exception() is not None:  # the judge's server refused or dropped the call
+                errors += 1
                 out.unjudged += 1
                 continue
             first, second = t.result()

@@ -14,6 +14,8 @@ import unicodedata
 from functools import lru_cache
 from typing import Any
 
+from qlift.quality.repetition import CJK
+
 MIN_UNITS = 4  # fewer units of text: no language to tell
 MIN_LANGID_LETTERS = 40  # py3langid within one script only above about this many letters
 LANGID_CHARS = 600  # the opening py3langid reads: enough to tell, and its cost grows with the text
@@ -22,8 +24,7 @@ MIN_FOREIGN_UNITS = 6  # ... if there are at least this many of them
 
 _CODE = re.compile(r"```.*?(```|$)|`[^`\n]*`", re.DOTALL)
 _URL = re.compile(r"\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.-]+")
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # as repetition._CJK
-_UNITS = re.compile(rf"[{_CJK}]|[^\W\d_{_CJK}]+")  # a CJK character, or a run of other letters
+_UNITS = re.compile(rf"[{CJK}]|[^\W\d_{CJK}]+")  # a CJK character, or a run of other letters
 _SCRIPT_OF_NAME = {"CJK": "han", "HIRAGANA": "kana", "KATAKANA": "kana", "HANGUL": "hangul", "LATIN": "latin",
                    "CYRILLIC": "cyrillic", "GREEK": "greek", "ARABIC": "arabic", "HEBREW": "hebrew",
                    "DEVANAGARI": "devanagari", "THAI": "thai"}

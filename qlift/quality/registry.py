@@ -40,16 +40,20 @@ class Answer:
         return user_text(self.request)[:PROMPT_CHARS]
 
 
+def message_text(content: Any) -> str:
+    """A chat message's content as text: a string, or its parts' texts, one a line."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
+    return ""
+
+
 def user_text(request: dict[str, Any]) -> str:
     """The text the user wrote: the last user message (its text parts), else the raw prompt."""
     for m in reversed(request.get("messages") or []):
-        if not isinstance(m, dict) or m.get("role") != "user":
-            continue
-        content = m.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "\n".join(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str | list):
+            return message_text(m["content"])
     prompt = request.get("prompt")
     return prompt if isinstance(prompt, str) else ""
 

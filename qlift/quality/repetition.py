@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
+CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # scripts written without spaces
+_TOKEN = re.compile(rf"[{CJK}]|[^\W{CJK}]+")
 NGRAM = 4
 MIN_TOKENS = 8  # shorter answers have no repetition share
 LOOP_MIN_TOKENS = 12  # a loop covers at least this many tokens ...

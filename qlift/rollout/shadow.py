@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric
+from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric, sample
 from qlift.quality.registry import Answer as QualityAnswer
-from qlift.quality.registry import user_text
+from qlift.quality.registry import message_text, user_text
 from qlift.rollout.checks import CheckResult, check_alpha, run_checks, window_spec
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.judge import Decision
@@ -154,17 +154,12 @@ def wants_json(request: dict[str, Any]) -> bool:
     texts: list[str] = []
     if isinstance(request.get("prompt"), str):
         texts.append(request["prompt"])
-    for m in request.get("messages") or []:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts += [c.get("text", "") for c in content if isinstance(c, dict) and isinstance(c.get("text"), str)]
+    texts += [message_text(m.get("content")) for m in request.get("messages") or [] if isinstance(m, dict)]
     return any(_JSON_WORD.search(t) for t in texts)
 
 
 def is_json(text: str | None) -> bool:
-    from qlift.eval.metrics import parse_json_output
+    from qlift.quality.schema import parse_json_output
 
     return text is not None and parse_json_output(text.strip())[0]
 
@@ -225,8 +220,7 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_
         r.detail = "no answered pairs with text yet"
         return r
     answered = len(both)
-    if answered > AGREEMENT_PAIRS:
-        both = [both[i * answered // AGREEMENT_PAIRS] for i in range(AGREEMENT_PAIRS)]
+    both = sample(both, AGREEMENT_PAIRS)
     same = [rouge_l(p.primary.text or "", p.shadow.text or "") for p in both]
     prompts = [_prompt_key(p.request) for p in both]
     # The canary's answer against the stable's answers to other prompts: what agreement by chance is.

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from qlift.quality.registry import message_text
 from qlift.router.answers import MAX_SCHEMA_BYTES
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
 
@@ -23,15 +24,6 @@ TEXT_CHARS = CAPTURE_CHARS  # an answer's text at most (Attempt stops capturing 
 RESPONSE_FORMAT_BYTES = MAX_SCHEMA_BYTES  # a larger response_format is kept as its type only
 
 
-def _text(content: Any) -> str:
-    """A message's content as the judge reads it: a string, or its parts' texts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
-    return ""
-
-
 def _messages(messages: list[Any], budget: int) -> tuple[list[dict[str, str]], bool]:
     """Role and text of each message, PROMPT_CHARS in all: the last messages first (the question asked),
     each cut to what is left; earlier messages past the budget are left out."""
@@ -40,7 +32,7 @@ def _messages(messages: list[Any], budget: int) -> tuple[list[dict[str, str]], b
     for m in reversed(messages):
         if not isinstance(m, dict):
             continue
-        text = _text(m.get("content"))
+        text = message_text(m.get("content"))
         if budget <= 0:
             cut = True
             break

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qlift.errors import BadInputError
 from qlift.eval.metrics import METRICS
@@ -122,3 +124,19 @@ def test_eval_scores_the_answer_metrics_per_example_with_a_file_of_more_refusals
     extra.write_text("^\\W*that request is outside my remit\n", encoding="utf-8")
     assert score("refusal", ex, house, refusal_patterns=extra).value == 1.0  # type: ignore[union-attr]
     assert "schema_broken" not in METRICS  # a live-only notion: eval examples carry their own json_schema checks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
+def test_any_refusal_patterns_file_loads_or_is_one_bad_input_line(tmp_path: Path, raw: bytes) -> None:
+    from qlift.quality.refusal import patterns
+
+    f = tmp_path / "more.txt"
+    f.write_bytes(raw)
+    patterns.cache_clear()
+    try:
+        got = patterns(f)
+    except BadInputError as exc:
+        assert "\n" not in exc.one_line() and str(f) in exc.one_line()
+        return
+    assert len(got) >= len(patterns())  # the shipped patterns stay, the file's are added

@@ -36,13 +36,32 @@ def sample(body: dict[str, Any], text: str) -> dict[str, Any]:
     return out
 
 
+class Bounded:
+    """Items oldest first, at most ``count`` of them and ``max_bytes`` of their sizes: ``add`` returns what it
+    evicted (the oldest, while over either bound)."""
+
+    def __init__(self, count: int, max_bytes: int) -> None:
+        self.count, self.max_bytes = count, max_bytes
+        self.items: deque[tuple[Any, int]] = deque()
+        self.bytes = 0
+
+    def add(self, item: Any, size: int) -> list[Any]:
+        self.items.append((item, size))
+        self.bytes += size
+        evicted = []
+        while self.items and (len(self.items) > self.count or self.bytes > self.max_bytes):
+            old, n = self.items.popleft()
+            self.bytes -= n
+            evicted.append(old)
+        return evicted
+
+
 class AnswerSamples:
     """Which requests keep their answer (``percent`` of completion requests), and the eviction of old ones."""
 
     def __init__(self, percent: int) -> None:
         self.percent = percent
-        self.kept: deque[tuple[dict[str, Any], int]] = deque()
-        self.bytes = 0
+        self.kept = Bounded(MAX_KEPT, MAX_BYTES)
 
     def wanted(self) -> bool:
         return self.percent >= 100 or (self.percent > 0 and random.random() * 100 < self.percent)
@@ -51,9 +70,5 @@ class AnswerSamples:
         record["answer"] = s = sample(body, text)
         size = len(s["prompt"]) + len(s["text"]) + (len(json.dumps(s["response_format"])) if "response_format" in s
                                                     else 0)
-        self.kept.append((record, size))
-        self.bytes += size
-        while self.kept and (len(self.kept) > MAX_KEPT or self.bytes > MAX_BYTES):
-            old, n = self.kept.popleft()
+        for old in self.kept.add(record, size):
             old.pop("answer", None)
-            self.bytes -= n

@@ -9,12 +9,11 @@ The judge (``qlift.rollout.shadow``) reads a pair's ``request["messages"]`` (rol
 from __future__ import annotations
 
 import json
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from qlift.quality.registry import message_text
-from qlift.router.answers import MAX_SCHEMA_BYTES
+from qlift.router.answers import MAX_SCHEMA_BYTES, Bounded
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
 
 PAIRS_KEPT = 2000
@@ -88,11 +87,12 @@ class PairRing:
     (they outlive a shadow turned off)."""
 
     def __init__(self, pairs_kept: int = PAIRS_KEPT, max_bytes: int = RING_BYTES) -> None:
-        self.pairs_kept = pairs_kept
-        self.max_bytes = max_bytes
-        self.pairs: deque[tuple[dict[str, Any], int]] = deque()
-        self.bytes = 0
+        self.ring = Bounded(pairs_kept, max_bytes)
         self.seq = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.ring.bytes
 
     def finish(self, pair: Pair) -> None:
         """File a pair once both sides are in; the oldest go while over either bound."""
@@ -101,13 +101,9 @@ class PairRing:
         self.seq += 1
         record = {"seq": self.seq, "rid": pair.rid, "ts": pair.ts, "path": pair.path, "request": pair.request,
                   "primary": pair.primary, "shadow": pair.shadow}
-        size = len(json.dumps(record).encode())
-        self.pairs.append((record, size))
-        self.bytes += size
-        while self.pairs and (len(self.pairs) > self.pairs_kept or self.bytes > self.max_bytes):
-            self.bytes -= self.pairs.popleft()[1]
+        self.ring.add(record, len(json.dumps(record).encode()))
 
     def since(self, seq: int) -> dict[str, Any]:
         start = seq if seq <= self.seq else 0  # a seq from before a restart: everything kept
-        pairs = [p for p, _ in self.pairs if p["seq"] > start]
+        pairs = [p for p, _ in self.ring.items if p["seq"] > start]
         return {"next": pairs[-1]["seq"] if pairs else self.seq, "pairs": pairs}

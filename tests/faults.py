@@ -665,3 +665,28 @@ def metric_value(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
+
+
+class ScriptedJudge(ThreadedApp):
+    """Answers each judge call with ``rule(answer_a, answer_b)``; ``stall_s`` sleeps first."""
+
+    def __init__(self, rule: Any, *, stall_s: float = 0.0, status: int = 200) -> None:
+        self.rule, self.stall_s, self.status, self.calls = rule, stall_s, status, 0
+        super().__init__()
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        body = await request.json()
+        if self.stall_s:
+            await asyncio.sleep(self.stall_s)
+        if self.status != 200:
+            return web.json_response({"error": {"message": "down"}}, status=self.status)
+        text = body["messages"][1]["content"]
+        a = text.split("[Answer A]\n")[1].split("\n\n[Answer B]")[0]
+        b = text.split("[Answer B]\n")[1].split("\n\nWhich answer")[0]
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.rule(a, b)}}]})

@@ -4,45 +4,18 @@ real-model case is SmolLM2 judging itself at the end."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from faults import ThreadedApp
+from faults import ScriptedJudge
 
 from qlift.errors import BadInputError
 from qlift.quality.judge import JudgeSettings, judge_pairs, parse_target, verdict
 from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, judge_shadow, judge_window
 from qlift.rollout.spec import ShadowSpec
-
-
-class ScriptedJudge(ThreadedApp):
-    """Answers each judge call with ``rule(answer_a, answer_b)``; ``stall_s`` sleeps first."""
-
-    def __init__(self, rule: Any, *, stall_s: float = 0.0, status: int = 200) -> None:
-        self.rule, self.stall_s, self.status, self.calls = rule, stall_s, status, 0
-        super().__init__()
-
-    def make_app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        return app
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        self.calls += 1
-        body = await request.json()
-        if self.stall_s:
-            await asyncio.sleep(self.stall_s)
-        if self.status != 200:
-            return web.json_response({"error": {"message": "down"}}, status=self.status)
-        text = body["messages"][1]["content"]
-        a = text.split("[Answer A]\n")[1].split("\n\n[Answer B]")[0]
-        b = text.split("[Answer B]\n")[1].split("\n\nWhich answer")[0]
-        return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.rule(a, b)}}]})
 
 
 def _evidence(n: int, canary: str) -> ShadowEvidence:
@@ -125,3 +98,53 @@ def test_smollm2_judging_is_position_bias_that_swapping_turns_into_ties(smollm2_
     assert r.judged + r.unjudged == 8 and r.calls >= 2 * r.judged
     assert r.ties >= r.judged // 2, r.summary()  # position bias -> ties, not a verdict
     assert r.swapped_disagreed >= 1, r.summary()
+
+
+class PairScript:
+    """The router's pairs as the controller reads them (ShadowSource's seam): the shadow phase's windows get
+    ``shadow_answer`` pairs, split windows (mirroring with a partner) ``split_answer`` pairs."""
+
+    def __init__(self, shadow_answer: str, split_answer: str) -> None:
+        self.answers = {None: shadow_answer, "s": split_answer}
+        self.started: list[str | None] = []
+        self.stops = 0
+
+    def start(self, version: str, percent: float, max_inflight: int, *, partner: str | None = None) -> dict:
+        self.started.append(partner)
+        return {}
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def begin(self) -> None:
+        pass
+
+    def collect(self) -> ShadowEvidence:
+        return _evidence(12, self.answers[self.started[-1]])
+
+
+def test_the_controller_judges_split_windows_on_pairs_both_versions_answer(tmp_path: Path) -> None:
+    from test_rollout_journal import MemoryPlane, ScriptedEvidence, healthy
+    from test_rollout_state import FakeClock
+
+    from qlift.rollout.controller import Controller
+    from qlift.rollout.journal import Journal
+    from qlift.rollout.spec import RolloutSpec
+    from qlift.rollout.states import State
+
+    with ScriptedJudge(_prefers_refunded) as j:
+        sp = RolloutSpec.model_validate({
+            "stable": "s", "canary": "c", "router": "http://127.0.0.1:1", "interval": "30s", "steps": [50, 100],
+            "analysis": {"min_requests": 5}, "shadow": {"windows": 1, "min_pairs": 8, "judge": f"{j.url}#judge"}})
+        journal, clock = Journal(tmp_path / "j.sqlite"), FakeClock()
+        r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary, state=State.SHADOWING)
+        pairs = PairScript("Order A{i:03d} is refunded.", "I don't know about order A{i:03d}.")
+        final = Controller(journal, r.id, sp, MemoryPlane(), ScriptedEvidence([(healthy("c", 20), healthy("s", 20))]),
+                           sleep=clock.sleep, clock=clock.time, shadow_source=pairs).run()
+    assert final.state == "rolled_back", final.reason
+    assert pairs.started == [None, "s"] and pairs.stops >= 2  # the split window's sample on with a partner, then off
+    windows = journal.history(r.id)["windows"]
+    split = [w for w in windows if w["step"] == 0][0]
+    judge = next(c for c in split["checks"] if c["name"] == "judge")
+    assert judge["status"] == "fail" and "stable better in 12 of 12" in judge["detail"], judge
+    assert "judge:" in final.reason

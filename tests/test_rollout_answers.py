@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faults import RouterProcess, TinyBackend, send_chats
+from faults import RouterProcess, ScriptedJudge, TinyBackend, send_chats
 
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.judge import judge
 from qlift.rollout.shadow import ShadowSource, judge_shadow
 from qlift.rollout.sources import RouterSource
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+from qlift.rollout.split_pairs import SplitPairs
 
 TOKEN = "answers-token"
 SCHEMA = {"type": "object", "properties": {"intent": {"enum": ["refund", "cancel", "other"]},
@@ -122,3 +123,42 @@ def test_status_says_where_the_answer_checks_can_run(tmp_path: Path) -> None:
                         "backends": {"s": "http://127.0.0.1:1", "c": "http://127.0.0.1:2"}}, {})
     got = answer_checks_run(nginx)
     assert not got["split_windows"] and got["note"].startswith("none: the nginx plane") and "qlift eval" in got["note"]
+
+
+def _prefers_refunded(a: str, b: str) -> str:
+    return "A" if "refunded" in a and "refunded" not in b else "B" if "refunded" in b and "refunded" not in a else "T"
+
+
+@pytest.mark.parametrize("canary_answer", ["worse", "healthy"])
+def test_split_windows_are_judged_on_prompts_both_versions_answer(tmp_path: Path, canary_answer: str) -> None:
+    """In a split window the router copies a sample of either version's requests to the other; the judge model
+    compares both answers to one prompt whichever the user got, and its check joins the window's decision."""
+    worse = canary_answer == "worse"
+    vague = (lambda body: f"Your order {_order(body)} has been noted. Thank you for your patience.") if worse \
+        else healthy
+    spec = ShadowSpec(judge="http://127.0.0.1:1#judge", judge_pairs=24, judge_split_percent=50)
+    with TinyBackend("m", answer=healthy) as stable, TinyBackend("m", answer=vague) as canary, \
+            _router(tmp_path, stable, canary, canary_weight=50) as router, ScriptedJudge(_prefers_refunded) as j:
+        spec = spec.model_copy(update={"judge": f"{j.url}#judge"})
+        pairs = SplitPairs(ShadowSource(router.url, TOKEN, stable="stable", canary="canary"), spec, "stable", "canary")
+        source = RouterSource(router.url, TOKEN, ["stable", "canary"])
+        pairs.begin()
+        source.begin()
+        answers = _send(router.url, 60, schema=False)
+        deadline = time.monotonic() + 30
+        while len(pairs.source.peek().pairs) < 30 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        got = source.collect()
+        judged = pairs.judged()
+        after = router.admin().state()
+    assert after.shadow is None  # the sample is on only while a window is watched
+    assert any(a.startswith("Your order") and "refunded" in a for a in answers)
+    assert any("noted" in a for a in answers) == worse  # users see both versions in a split window
+    ev = Evidence(got["stable"], got["canary"], 0.0, 30.0, "router", weight=50, judged=judged)
+    assert judged.judged == 24, judged
+    d = judge(ev, AnalysisSpec(min_requests=10))
+    check = next(c for c in d.checks if c.name == "judge")
+    if worse:  # every pair oriented: the stable's answer is the better one whichever side the user got
+        assert (judged.losses, judged.wins) == (24, 0) and check.status == "fail" and d.action == "rollback"
+    else:
+        assert judged.ties == 24 and check.status == "pass" and d.action == "advance", d.reason

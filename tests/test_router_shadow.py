@@ -169,3 +169,17 @@ def test_shadow_pairs_keep_what_the_judge_reads_not_the_clients_bodies(tmp_path:
     assert judge_view({"response_format": {"type": "json_object"}, "prompt": "hi"}) == {
         "response_format": {"type": "json_object"}, "prompt": "hi", "truncated": False}
     assert len(json.dumps(judge_view({"response_format": {"x": "y" * RESPONSE_FORMAT_BYTES}}))) < 200
+
+
+def test_a_partner_copies_either_versions_requests_to_the_other_and_nothing_else() -> None:
+    from qlift.router.shadow import ShadowSettings
+
+    known = ["stable", "canary", "other"]
+    s = ShadowSettings.parse({"version": "canary", "percent": 10, "partner": "stable"}, known)
+    assert [s.target_for(n) for n in known] == ["canary", "stable", None]
+    assert ShadowSettings.parse(s.as_dict(), known) == s  # saved and restored as it was set
+    plain = ShadowSettings.parse({"version": "canary", "percent": 10}, known)
+    assert [plain.target_for(n) for n in known] == ["canary", None, "canary"] and "partner" not in plain.as_dict()
+    for bad in ("canary", "nobody", 3):
+        with pytest.raises(ValueError, match="partner"):
+            ShadowSettings.parse({"version": "canary", "percent": 10, "partner": bad}, known)

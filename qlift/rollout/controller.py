@@ -67,6 +67,7 @@ class Controller:
         self.analysis = Analysis(spec)
         self.shadow_source = shadow_source
         self._shadow_carry: Any = None
+        self.split_pairs = _split_pairs(spec, shadow_source)
         self.webhook_failures = 0
         self.drifts = 0
         self._generation: str | None = None
@@ -228,8 +229,13 @@ class Controller:
             return True
         return False
 
+    def _begin_window(self) -> None:
+        if self.split_pairs is not None:
+            self.split_pairs.begin()
+        self.collector.begin()
+
     def _window(self, r: Rollout, weight: int) -> None:
-        void, note = self._watch(r, self.collector.begin, lambda: self._peek(r))
+        void, note = self._watch(r, self._begin_window, lambda: self._peek(r))
         if void is not None:
             self._discard(r, void)
             return
@@ -244,6 +250,8 @@ class Controller:
                 ev.notes += [note] if note else []
             except QliftError as exc:
                 ev = self._no_evidence(r, f"evidence source failed: {exc.one_line()}")
+        if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
+            ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
         verdict = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes)
         log.info("window at %d%%: canary %d requests, stable %d: %s (%s)", weight, ev.canary.requests,
                  ev.stable.requests, verdict.phase, verdict.reason)
@@ -482,3 +490,13 @@ class Controller:
             self.webhook_failures += 1
             self.journal.log_event(self.rid, "webhook_failed", {"action": action, "error": failure,
                                                                 "failures": self.webhook_failures})
+
+
+def _split_pairs(spec: RolloutSpec, shadow_source: Any) -> Any:
+    """The split windows' sample for the judge model, where a judge is set and the router can mirror."""
+    shadow = spec.shadow
+    if shadow is None or shadow.judge is None or not shadow.judge_split_percent or shadow_source is None:
+        return None
+    from qlift.rollout.split_pairs import SplitPairs
+
+    return SplitPairs(shadow_source, shadow, spec.stable, spec.canary)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from qlift.quality.judge import JudgeResult
 from qlift.quality.registry import Answer
 from qlift.rollout.stats import mean, quantile
 
@@ -124,11 +125,15 @@ class Evidence:
     notes: list[str] = field(default_factory=list)
     windows: int = 1  # >1: held windows of this step carried over into this one
     weight: int | None = None  # the canary's planned percent in this window (the controller fills it in)
+    judged: JudgeResult | None = None  # the judge model's verdicts on this window's sampled pairs
+    judge_margin: float = 0.1  # shadow.max_judge_loss_margin, with ``judged``
 
     def merged(self, later: Evidence) -> Evidence:
+        judged = later.judged if self.judged is None else (
+            self.judged if later.judged is None else self.judged.merged(later.judged))
         return Evidence(self.stable.merged(later.stable), self.canary.merged(later.canary), self.started_at,
                         later.ended_at, later.source, self.notes + later.notes, self.windows + later.windows,
-                        later.weight if later.weight is not None else self.weight)
+                        later.weight if later.weight is not None else self.weight, judged, later.judge_margin)
 
 
 # The router's failure reasons for an HTTP 200 whose body is no completion (qlift.router).

@@ -19,7 +19,7 @@ an insufficient hold from an inconclusive one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from qlift.rollout.checks import (  # noqa: F401  (re-exported: the controller and tests import them here)
     CHECKS,
@@ -29,10 +29,15 @@ from qlift.rollout.checks import (  # noqa: F401  (re-exported: the controller a
     check_error_rate,
     quantile_only_requests,
     tested_checks,
+    window_spec,
 )
 from qlift.rollout.checks import run_checks as _run
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.spec import AnalysisSpec
+from qlift.rollout.stats import binomial_greater
+
+if TYPE_CHECKING:
+    from qlift.quality.judge import JudgeResult
 
 Action = Literal["advance", "hold", "rollback"]
 Verdict = Literal["pass", "fail", "inconclusive", "insufficient"]
@@ -98,8 +103,37 @@ def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
     return Sizing(ev.canary.requests, a.min_requests, window_s, rps, share, needed)
 
 
+def check_judge_model(j: JudgeResult | None, margin: float, a: AnalysisSpec) -> CheckResult:
+    """The judge model prefers the stable's answer by more than ``margin`` of the judged pairs, and a one-sided
+    sign test over the pairs it did not call a tie agrees. No verdicts: inconclusive, never a failure."""
+    r = CheckResult("judge", "inconclusive", limit=margin)
+    if j is None or not j.judged:
+        note = "; ".join(j.notes) if j is not None and j.notes else "no verdicts"
+        r.detail = f"the judge gave no verdicts ({note}): inconclusive, never a failure"
+        return r
+    win, loss = j.share("wins") or 0.0, j.share("losses") or 0.0
+    r.canary, r.stable = win, loss
+    ci = j.interval("losses")
+    described = (f"judge {j.model}: canary better in {j.wins}, tie {j.ties} ({j.swapped_disagreed} by swapped order), "
+                 f"stable better in {j.losses} of {j.judged} pairs (loss share {loss:.2f}, 95% CI "
+                 f"{ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+    if loss - win <= margin:
+        r.status, r.detail = "pass", described + f"; loss - win {loss - win:.2f} <= {margin}"
+        return r
+    t = binomial_greater(j.losses, j.wins + j.losses, 0.5)
+    r.test, r.p_value = "sign", t.p_value
+    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.detail = described + f"; loss - win {loss - win:.2f} > {margin}; sign test " \
+                           f"p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
+    return r
+
+
 def judge(ev: Evidence, a: AnalysisSpec) -> Decision:
-    checks = run_checks(ev, a)
+    if ev.judged is None:
+        checks = run_checks(ev, a)
+    else:  # the judge model's check joins the window's family (Bonferroni)
+        checks = _run(ev.canary, ev.stable, a, extra=1)
+        checks.append(check_judge_model(ev.judged, ev.judge_margin, window_spec(ev.canary, ev.stable, a, extra=1)))
     failed = [c for c in checks if c.status == "fail"]
     if failed:
         return Decision("rollback", "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, "fail")

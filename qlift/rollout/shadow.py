@@ -31,9 +31,9 @@ from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.registry import message_text, user_text
 from qlift.rollout.checks import CheckResult, check_alpha, run_checks, window_spec
 from qlift.rollout.evidence import VersionEvidence
-from qlift.rollout.judge import Decision
+from qlift.rollout.judge import Decision, check_judge_model
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
-from qlift.rollout.stats import binomial_greater, mann_whitney_greater, mean, proportion_greater
+from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
 
 log = logging.getLogger(__name__)
 
@@ -279,29 +279,7 @@ def judge_window(ev: ShadowEvidence, spec: ShadowSpec) -> JudgeResult | None:
 
 
 def check_judge(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
-    """The judge prefers the stable's answer by more than ``max_judge_loss_margin`` of the judged pairs, and a
-    one-sided sign test over the pairs it did not call a tie agrees."""
-    j = ev.judged
-    r = CheckResult("judge", "inconclusive", limit=spec.max_judge_loss_margin)
-    if j is None or not j.judged:
-        note = "; ".join(j.notes) if j is not None and j.notes else "no verdicts"
-        r.detail = f"the judge gave no verdicts ({note}): inconclusive, never a failure"
-        return r
-    win, loss = j.share("wins") or 0.0, j.share("losses") or 0.0
-    r.canary, r.stable = win, loss
-    ci = j.interval("losses")
-    described = (f"judge {j.model}: canary better in {j.wins}, tie {j.ties} ({j.swapped_disagreed} by swapped order), "
-                 f"stable better in {j.losses} of {j.judged} pairs (loss share {loss:.2f}, 95% CI "
-                 f"{ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
-    if loss - win <= spec.max_judge_loss_margin:
-        r.status, r.detail = "pass", described + f"; loss - win {loss - win:.2f} <= {spec.max_judge_loss_margin}"
-        return r
-    t = binomial_greater(j.losses, j.wins + j.losses, 0.5)
-    r.test, r.p_value = "sign", t.p_value
-    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
-    r.detail = described + f"; loss - win {loss - win:.2f} > {spec.max_judge_loss_margin}; sign test " \
-                           f"p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
-    return r
+    return check_judge_model(ev.judged, spec.max_judge_loss_margin, a)
 
 
 def _prompt_key(request: dict[str, Any]) -> str:
@@ -362,10 +340,13 @@ class ShadowSource:
         self.started = 0.0
         self.pending: list[Pair] = []
 
-    def start(self, version: str, percent: float, max_inflight: int) -> dict[str, Any]:
+    def start(self, version: str, percent: float, max_inflight: int, *, partner: str | None = None
+              ) -> dict[str, Any]:
+        """Mirror ``percent`` of the requests others serve to ``version``; with ``partner``, of the requests
+        either serves to the other (the split phase's sample for the judge model)."""
         self.canary = version
-        return dict(self.client._call("PUT", "/admin/shadow",
-                                      json={"version": version, "percent": percent, "max_inflight": max_inflight}))
+        body: dict[str, Any] = {"version": version, "percent": percent, "max_inflight": max_inflight}
+        return dict(self.client._call("PUT", "/admin/shadow", json=body | ({"partner": partner} if partner else {})))
 
     def stop(self) -> None:
         self.client._call("DELETE", "/admin/shadow")
@@ -398,6 +379,9 @@ class ShadowSource:
         return ev
 
     def _evidence(self, pairs: list[Pair]) -> ShadowEvidence:
+        # a split window's pair whose user got the canary's answer: its copy is the stable's
+        pairs = [Pair(p.seq, p.request, p.shadow, p.primary, p.path) if self.canary and p.primary.backend ==
+                 self.canary else p for p in pairs]
         stable = self.stable or (pairs[0].primary.backend if pairs else "")
         mine = [p for p in pairs if not self.canary or p.shadow.backend in ("", self.canary)]
         return ShadowEvidence(stable, self.canary, mine, self.started, time.time())

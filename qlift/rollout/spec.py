@@ -214,6 +214,10 @@ class ShadowSpec(_Strict):
     max_judge_loss_margin: float = Field(
         0.1, ge=0, le=1, description="Highest share of pairs the judge prefers the stable's answer in, less the "
         "share it prefers the canary's, that passes (then a one-sided sign test decides).")
+    judge_split_percent: Annotated[float, BeforeValidator(parse_percent)] = Field(
+        10, ge=0, le=100, description="With a judge: share of each split window's requests also sent to the other "
+        "version (its answer reaches no user), so the judge compares both versions' answers to one prompt in the "
+        "split phase too; 0 judges the shadow phase only.")
 
     @field_validator("judge")
     @classmethod

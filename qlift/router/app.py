@@ -403,7 +403,7 @@ class Router:
         shadow = self.shadow
         if shadow is None or not shadow.wants(primary):
             return None
-        target = self.balancer.by_name[shadow.settings.version]
+        target = self.balancer.by_name[shadow.settings.target_for(primary.name) or shadow.settings.version]
         if not shadow.admit(target):
             self.metrics.shadow.labels(target.name, "dropped").inc()
             return None

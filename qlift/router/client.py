@@ -38,6 +38,7 @@ class ShadowState(BaseModel):
     dropped: int
     inflight: int = 0
     waiting: int = 0
+    partner: str | None = None  # requests either serves are copied to the other (a split window's pairs)
 
 
 class RouterState(BaseModel):

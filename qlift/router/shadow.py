@@ -6,6 +6,10 @@ the judge (``GET /admin/shadow``). Copies are capped (``max_inflight``). One ove
 for a slot, behind at most ``max_inflight`` others and for at most ``COPY_WAIT_S``: copies finish
 a moment after their primaries, so even light traffic briefly finds the cap full. Past that, or
 aimed at a version out of rotation, a copy is dropped and counted: under load the copies go first.
+
+With a ``partner`` (the judge's sample in a split window, where users see both versions), a request
+either of the two serves is copied to the other one, so each pair holds both versions' answers to
+one prompt whichever of them the user got.
 """
 
 from __future__ import annotations
@@ -35,28 +39,40 @@ class ShadowSettings:
     version: str
     percent: float
     max_inflight: int = 4
+    partner: str | None = None  # set: requests either serves are copied to the other (split-window pairs)
 
     @classmethod
     def parse(cls, data: Any, known: list[str]) -> ShadowSettings:
         """From the admin API's JSON; raises ValueError naming the problem."""
         if not isinstance(data, dict):
             raise ValueError('shadow must be a JSON object like {"version": "canary", "percent": 20}')
-        unknown = set(data) - {"version", "percent", "max_inflight"}
+        unknown = set(data) - {"version", "percent", "max_inflight", "partner"}
         if unknown:
-            raise ValueError(f"unknown shadow field {sorted(unknown)[0]!r}; known: version, percent, max_inflight")
-        version = data.get("version")
+            raise ValueError(f"unknown shadow field {sorted(unknown)[0]!r}; known: version, percent, max_inflight, "
+                             f"partner")
+        version, partner = data.get("version"), data.get("partner")
         if version not in known:
             raise ValueError(f"shadow version {version!r} is not a backend; known: {', '.join(known)}")
+        if partner is not None and (partner not in known or partner == version):
+            raise ValueError(f"shadow partner {partner!r} must be another backend; known: {', '.join(known)}")
         percent = data.get("percent")
         if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 < percent <= 100:
             raise ValueError(f"shadow percent must be a number in (0, 100], got {percent!r}")
         cap = data.get("max_inflight", 4)
         if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 1024:
             raise ValueError(f"shadow max_inflight must be an integer 1..1024, got {cap!r}")
-        return cls(str(version), float(percent), cap)
+        return cls(str(version), float(percent), cap, None if partner is None else str(partner))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "percent": self.percent, "max_inflight": self.max_inflight}
+        out: dict[str, Any] = {"version": self.version, "percent": self.percent, "max_inflight": self.max_inflight}
+        return out | ({"partner": self.partner} if self.partner else {})
+
+    def target_for(self, primary: str) -> str | None:
+        """Where a request ``primary`` serves is copied: the shadow version, or with a partner the other of
+        the two; None when it is not copied at all."""
+        if self.partner is None:
+            return None if primary == self.version else self.version
+        return {self.version: self.partner, self.partner: self.version}.get(primary)
 
 
 class Shadow:
@@ -76,8 +92,8 @@ class Shadow:
                 "waiting": self.waiting}
 
     def wants(self, primary: Backend) -> bool:
-        """This request's turn to be copied (exact share over the requests other versions serve)."""
-        if primary.name == self.settings.version:
+        """This request's turn to be copied (an exact share of the requests it may copy)."""
+        if self.settings.target_for(primary.name) is None:
             return False
         self._share += self.settings.percent
         if self._share < 100:

@@ -76,8 +76,8 @@ def weights_chart(st: dict[str, Any], windows: list[dict[str, Any]]) -> str:
                for c in st["weight_changes"]]
     start = ts(st["created_at"])
     times = [start, ts(st["updated_at"])] + [t for t, _ in changes] + [ts(w["ended_at"]) for w in windows]
-    end = max(times)
-    ax = Axes(start, end if end > start else start + 1.0, 100.0)
+    end = max(max(times), start + 1.0)
+    ax = Axes(start, end + (end - start) * 0.04, 100.0)  # room after the last change: the final weight shows
     parts = [y_axis(ax, "%")]
     shadow = shadow_span(st, end)
     if shadow is not None:
@@ -102,7 +102,7 @@ def weights_chart(st: dict[str, Any], windows: list[dict[str, Any]]) -> str:
         parts.append(f'<circle class="verdict {escape(win["action"])}" cx="{ax.x(t):.1f}" cy="{H - BOTTOM + 8}" '
                      f'r="4"><title>{escape(win["action"])} at {win["ended_at"][11:19]}</title></circle>')
     for frac in (0.0, 0.5, 1.0):
-        t = start + (ax.x1 - start) * frac
+        t = start + (end - start) * frac
         anchor = ("start", "middle", "end")[int(frac * 2)]
         parts.append(f'<text x="{ax.x(t):.1f}" y="{H - 6}" text-anchor="{anchor}">{clock(t, st["created_at"])}'
                      "</text>")

@@ -20,6 +20,7 @@ from faults import RouterProcess, TinyBackend
 from qlift.errors import ExternalToolError
 from qlift.rollout.api import status
 from qlift.rollout.dataplane import RouterDataPlane, check_stable_up
+from qlift.rollout.journal import Journal
 from qlift.rollout.report import windows_of
 from qlift.rollout.view import VERDICTS
 from qlift.router.client import RouterClient
@@ -177,6 +178,19 @@ def test_report_keeps_the_worst_examples_escaped_and_never_overwrites(run_cli, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rollout.html"]  # no temp file left behind
     into = run_cli("promote", "report", "--journal", journals["looped"], "-o", journals["looped"], "--force")
     assert into.exit_code == 2 and "input" in into.stderr
+
+
+def test_a_rollout_that_has_not_judged_a_window_yet_renders(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    journal = tmp_path / "j.sqlite"
+    sp = rollout_journals.spec()
+    with Journal(journal) as j:
+        j.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
+    text = run_cli("promote", "status", "--journal", journal)
+    assert text.exit_code == 0 and "step 1/3, canary 10%: not started" in text.stdout, text.stdout
+    r = run_cli("promote", "report", "--journal", journal, "-o", tmp_path / "r.html")
+    assert r.exit_code == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert 'data-state="progressing"' in page and "no latency numbers in any window" in page
 
 
 def test_start_refuses_a_stable_the_router_reports_down(run_cli, tmp_path: Path,  # type: ignore[no-untyped-def]

@@ -175,7 +175,7 @@ def test_manual_promote_and_pause(run_cli, tmp_path: Path, backends) -> None:  #
 
 def test_status_without_a_journal_is_one_line(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("promote", "status", "--journal", tmp_path / "none.sqlite")
-    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert r.exit_code == 4 and len(r.stderr.strip().splitlines()) == 1  # not found (docs/index.md)
 
 
 # -- Prometheus ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ Examples:
       --steps 10,50,100 --interval 30s --eval-report out/eval
   qlift promote start -f examples/rollout.yaml --interval 1m
   qlift promote status --json          # state, weights, every window's evidence and decision
+  qlift promote report -o rollout.html # the rollout as a page to attach to a change ticket
   qlift promote pause | resume | abort | promote
 """
 
@@ -79,17 +80,21 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
               help="A version's server URL (nginx upstreams, vLLM /metrics); repeatable.")
 @click.option("--new", "new", is_flag=True, help="Start a new rollout even though the journal's last one was "
               "promoted (without it, `start` after a promotion starts nothing).")
+@click.option("--allow-stable-down", is_flag=True, help="Start even though the router reports the stable DOWN "
+              "(without it such a start is refused, exit 8: the stable's users already go to the other backends).")
 @journal_option
 @json_option
 def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str | None,
-              backends: tuple[str, ...], new: bool, **flags: Any) -> None:
+              backends: tuple[str, ...], new: bool, allow_stable_down: bool, **flags: Any) -> None:
     """Start a rollout of --canary over --stable, or resume the journal's unfinished one.
 
     With --shadow, a shadow phase comes first. Then each step sets the weights, waits one
     --interval, compares the versions over that window and advances, holds (too little
     data) or rolls back (a failing check); too little canary traffic for --max-inconclusive
     windows pauses it. Every window the data plane's weights are re-read and re-applied if
-    they drifted. Exit codes: 0 promoted, 10 rolled back, 1 aborted, 2 bad input.
+    they drifted; each judged window prints its decision and checks on stderr. Exit codes:
+    0 promoted, 10 rolled back, 1 aborted, 2 bad input, 8 the router unreachable or the
+    stable DOWN.
     """
     from qlift.rollout import build_spec, read_spec_file, start
     from qlift.rollout.api import raise_for_outcome, status
@@ -108,26 +113,61 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
         from qlift.serve.lora import parse_lora_flag
 
         name, adapter_dir = parse_lora_flag(canary_adapter, flag="--canary-adapter")
-        final = start_with_adapter(spec, journal, name, adapter_dir, new=new)[0]
+        final = start_with_adapter(spec, journal, name, adapter_dir, new=new, allow_stable_down=allow_stable_down)[0]
     else:
-        final = start(spec, journal, new=new)
+        final = start(spec, journal, new=new, allow_stable_down=allow_stable_down)
     emit(status(journal), lambda: _show(status(journal)))
     raise_for_outcome(final)
+
+
+rollout_option = click.option("--rollout", "rollout_id", type=int, default=None, metavar="ID",
+                              help="A rollout of the journal by its id (default: the latest).")
 
 
 @promote_group.command("status", epilog="""\b
 Examples:
   qlift promote status
+  qlift promote status --rollout 2 --journal rollouts.sqlite
   qlift promote status --json | jq '.state, .weights'
 """)
 @journal_option
+@rollout_option
 @json_option
-def status_cmd(journal: Path | None) -> None:
-    """Show the latest rollout: state, weights, steps, every window's evidence and decision."""
+def status_cmd(journal: Path | None, rollout_id: int | None) -> None:
+    """Show a rollout: state, weights, and each window with every check's ratio against its limit.
+
+    One line per window (when, decision, requests and errors of both versions), then each
+    check as `latency 1.20x/1.5 ok` (ok, hold or FAIL), then the window's notes. --json has
+    every number. A journal or rollout that is not there exits 4.
+    """
     from qlift.rollout import status
 
-    st = status(journal)
+    st = status(journal, rollout_id)
     emit(st, lambda: _show(st))
+
+
+@promote_group.command("report", epilog="""\b
+Examples:
+  qlift promote report -o rollout.html
+  qlift promote report --journal rollouts.sqlite --rollout 2 -o rollout-2.html --force
+  qlift promote report -o rollout.html --json      # {"report": "rollout.html", ...}
+""")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="The HTML file to write (one self-contained page: no scripts, nothing fetched).")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+@journal_option
+@rollout_option
+@json_option
+def report_cmd(out: Path, force: bool, journal: Path | None, rollout_id: int | None) -> None:
+    """Write a rollout as an HTML page: weights over time, each window's verdict, canary vs stable
+    latency and TTFT with the limits, each check's ratio per window, why it ended, and the answers
+    the failing checks kept. What a release engineer attaches to a change ticket.
+    """
+    from qlift.rollout.report import write_report
+
+    written = write_report(out, journal, rollout_id, force=force)
+    emit(written, lambda: click.echo(f"report: {written['report']} (rollout {written['rollout']}, "
+                                     f"{written['state']}, {written['windows']} windows)"))
 
 
 def _control(name: str, doc: str, example: str) -> None:
@@ -157,70 +197,8 @@ _control("promote", "Promote now: 100% canary, skipping the remaining analysis (
          "qlift promote promote")
 
 
-def _fmt(x: Any, spec: str = ".3g") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _version_cell(ev: dict[str, Any]) -> str:
-    return f"{ev.get('requests', '-')}/{_fmt(ev.get('errors'), 'd')}/{_fmt(ev.get('latency_p50'))}s"
-
-
-def _limits(c: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in c.get("limits", {}).items())
-
-
 def _show(st: dict[str, Any]) -> None:
-    weights = " / ".join(f"{k} {v}%" for k, v in (st["weights"] or {}).items()) or "-"
-    pending = "" if st["weights_applied"] else " (journaled, not yet applied)"
-    click.echo(f"rollout {st['id']}: {st['canary']} over {st['stable']} -- {st['state']}, weights {weights}{pending}")
-    click.echo(f"  {st['state_doc']}")
-    ctl = st["controller"]
-    if ctl["alive"]:
-        beat = "" if ctl["heartbeat_age_s"] is None else f", last heartbeat {ctl['heartbeat_age_s']:.0f}s ago"
-        click.echo(f"controller: pid {ctl['pid']} running{beat}" + (" (stalled?)" if ctl["stalled"] else ""))
-    elif st["state"] not in ("promoted", "rolled_back", "aborted"):
-        click.echo("controller: none running -- nothing advances or watches this rollout; "
-                   "`qlift promote resume` runs one")
-    if st.get("abort_not_journaled"):
-        click.echo("abort: applied to the data plane while the journal was full, not journaled yet -- free disk "
-                   "space and run `qlift promote abort` again")
-    if st["drifts"] or st["webhook_failures"]:
-        click.echo(f"events: {st['drifts']} weight drift(s) re-applied, {st['webhook_failures']} webhook failure(s)")
-    click.echo("judge compares, canary vs stable: " + "; ".join(
-        f"{c['name']} ({_limits(c)})" for c in st["compares"]))
-    click.echo(f"answer checks (loops, off_language, refusal, schema_broken) run in: {st['answer_checks']['note']}")
-    row = "{:>6}  {:>6}  {:<12} {:<17} {:<22} {:<22} {}"
-    click.echo(row.format("step", "weight", "outcome", "window", "canary req/err/p50", "stable req/err/p50",
-                          "decision"))
-    if st.get("shadow"):
-        for w in st["shadow"]["windows"]:
-            span = f"{w['started_at'][11:19]}-{w['ended_at'][11:19]}"
-            click.echo(row.format("shadow", f"{st['shadow']['spec']['percent']}%", "mirrored", span,
-                                  _version_cell(w["canary"]), _version_cell(w["stable"]), w["action"]))
-    for s in st["steps"]:
-        outcome = s["outcome"] or ("running" if s["started_at"] else "-")
-        if not s["windows"]:
-            click.echo(row.format(s["index"] + 1, f"{s['weight']}%", outcome, "-", "", "", s["judged"]
-                                  if s["weight"] == 100 else ""))
-        for w in s["windows"]:
-            span = f"{w['started_at'][11:19]}-{w['ended_at'][11:19]}"
-            click.echo(row.format(s["index"] + 1, f"{s['weight']}%", outcome, span, _version_cell(w["canary"]),
-                                  _version_cell(w["stable"]), w["action"]))
-    if st["reason"]:
-        click.echo(f"reason: {st['reason']}")
-    _show_examples(st)
+    from qlift.rollout.view import status_lines
 
-
-def _show_examples(st: dict[str, Any]) -> None:
-    """The answers behind a failed answer check: what a person reads before trusting the rollback."""
-    windows = [w for s in st["steps"] for w in s["windows"]] + (st["shadow"]["windows"] if st.get("shadow") else [])
-    for w in windows:
-        for c in w.get("checks") or []:
-            if c.get("status") != "fail" or not c.get("examples"):
-                continue
-            click.echo(f"{c['name']} examples ({w['started_at'][11:19]} window):")
-            for e in c["examples"]:
-                click.echo(f"  prompt: {e['prompt']}")
-                click.echo(f"    canary: {e['answer']}")
-                if e.get("other") is not None:
-                    click.echo(f"    stable: {e['other']}")
+    for line in status_lines(st):
+        click.echo(line)

@@ -117,6 +117,20 @@ class Analysis:
         return Assessment(Phase.ROLLBACK, reason, d, ev, holds + 1, passes)
 
 
+def shadow_phase(action: str, spec: RolloutSpec, *, holds: int, passes: int) -> Phase:
+    """What one judged shadow window does: the judge's rollback rolls back; a pass advances once
+    ``shadow.windows`` windows passed; a hold holds up to max_inconclusive windows, then pauses (or rolls
+    back, with on_insufficient rollback)."""
+    if action == "rollback":
+        return Phase.ROLLBACK
+    if action == "advance":
+        assert spec.shadow is not None
+        return Phase.ADVANCE if passes + 1 >= spec.shadow.windows else Phase.PASS
+    if holds + 1 <= spec.analysis.max_inconclusive:
+        return Phase.HOLD
+    return Phase.ROLLBACK if on_insufficient(spec) == "rollback" else Phase.PAUSE
+
+
 def shadow_summary(ev: Any) -> dict[str, Any]:
     """What the journal keeps of one shadow window's evidence, whatever its type offers."""
     from dataclasses import asdict, is_dataclass

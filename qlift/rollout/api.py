@@ -15,8 +15,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, ExternalToolError, GateFailedError, QliftError
-from qlift.rollout.dataplane import DataPlane, check_versions
+from qlift.errors import BadInputError, ExternalToolError, GateFailedError, NotFoundError, QliftError
+from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import DESCRIPTIONS, RUNNING, State
@@ -102,8 +102,10 @@ def converge(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
     return journal.get(r.id)
 
 
-def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False) -> Rollout:
-    """Run the rollout in the foreground until it is final; resume the journal's active one if any."""
+def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
+          allow_stable_down: bool = False) -> Rollout:
+    """Run the rollout in the foreground until it is final; resume the journal's active one if any. A new
+    rollout is refused while the data plane reports the stable down, unless ``allow_stable_down``."""
     path = Path(journal_path or default_journal())
     validate_spec(spec)
     with Journal(path) as journal, journal.controller_lock() as mine:
@@ -130,6 +132,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
                 hint="Pass --new to start another rollout, or `qlift promote status` to see the last one.")
         plane = make_plane(spec)
         check_versions(plane, [spec.stable, spec.canary])
+        check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
         models = getattr(plane, "backend_models", None)
         _eval_gate(spec, plane.backend_urls(), models() if callable(models) else None)
         first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
@@ -388,14 +391,14 @@ def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
             f">= {spec.analysis.min_requests} canary requests, {spec.analysis.intervals_per_step} passing window(s)")
 
 
-def status(journal_path: Path | None = None) -> dict[str, Any]:
+def status(journal_path: Path | None = None, rollout_id: int | None = None) -> dict[str, Any]:
+    """The journal's latest rollout (or ``rollout_id``), everything about it: what `status --json` prints."""
     path = Path(journal_path or default_journal())
-    if not path.exists():
-        raise QliftError(f"no rollout journal at {path}", hint="Start one with `qlift promote start`.")
-    with Journal(path, readonly=True) as journal:
-        r = journal.latest()
+    with Journal(path, readonly=True) as journal:  # a missing journal: NotFoundError (exit 4)
+        r = journal.latest() if rollout_id is None else journal.find(rollout_id)
         if r is None:
-            raise QliftError(f"no rollout in {path}", hint="Start one with `qlift promote start`.")
+            raise NotFoundError(f"no rollout {rollout_id} in {path}" if rollout_id else f"no rollout in {path}",
+                                hint="Leave out --rollout for the latest." if rollout_id else "Start one.")
         spec = _spec_of(r)
         h = journal.history(r.id)
         last = journal.last_change(r.id)

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from qlift.errors import QliftError
-from qlift.rollout.analysis import Analysis, Assessment, Phase, on_insufficient, shadow_summary
+from qlift.rollout.analysis import Analysis, Assessment, Phase, shadow_phase, shadow_summary
 from qlift.rollout.dataplane import DataPlane, plane_generation
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
@@ -30,6 +30,7 @@ from qlift.rollout.judge import Decision
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, State
+from qlift.rollout.view import log_window
 from qlift.rollout.webhook import notify
 
 log = logging.getLogger(__name__)
@@ -253,8 +254,8 @@ class Controller:
         if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
             ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
         verdict = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes)
-        log.info("window at %d%%: canary %d requests, stable %d: %s (%s)", weight, ev.canary.requests,
-                 ev.stable.requests, verdict.phase, verdict.reason)
+        log_window(f"window at {weight}%: canary {ev.canary.requests} requests, stable {ev.stable.requests}",
+                   str(verdict.phase), verdict.reason, verdict.decision.checks)
         self._act(r, verdict)
 
     def _canary_changed(self, r: Rollout) -> bool:
@@ -429,12 +430,13 @@ class Controller:
                   "action": d.action, "reason": d.reason, "checks": [asdict(c) for c in d.checks],
                   "notes": [f"{summary.get('pairs', '?')} shadow pairs"]}
         windows = int(shadow.windows)
+        record["action"] = action = shadow_phase(d.action, self.spec, holds=r.holds, passes=r.passes)
+        log_window(f"shadow window ({shadow.percent}% mirrored): {summary.get('pairs', '?')} pairs", action,
+                   d.reason, d.checks)
         if d.action == "rollback":
-            record["action"] = "rollback"
             self._rollback(r, ev, d, f"shadow phase: {d.reason}", record=record, step=SHADOW_STEP)
             self._shadow_off()
-        elif d.action == "advance" and r.passes + 1 >= windows:
-            record["action"] = "advance"
+        elif action == Phase.ADVANCE:
             reason = f"shadow phase passed ({windows} windows): {d.reason}"
             with self.journal.tx() as db:
                 if not self.journal.transition(db, self.rid, State.SHADOWING, State.PROGRESSING, reason,
@@ -445,22 +447,18 @@ class Controller:
                                     p_values=d.p_values)
             self._shadow_off()
             self._notify(r, "advance", reason, d.p_values)
-        elif d.action == "advance":
-            record["action"] = "pass"
+        elif action == Phase.PASS:
             # a passing window's held windows are spent: the next one gets max_inconclusive holds of its own
             self._record(r, ev, d, "pass", d.reason, step=SHADOW_STEP, record=record, passes=r.passes + 1, holds=0)
-        elif r.holds + 1 <= self.spec.analysis.max_inconclusive:
-            record["action"] = "hold"
+        elif action == Phase.HOLD:
             self._record(r, ev, d, "hold", d.reason, step=SHADOW_STEP, record=record, holds=r.holds + 1)
         else:
             reason = (f"shadow phase inconclusive for {r.holds + 1} windows: {d.reason}; mirror a larger share "
                       f"(--shadow), or a longer --interval, or raise --max-inconclusive")
-            if on_insufficient(self.spec) == "rollback":
-                record["action"] = "rollback"
+            if action == Phase.ROLLBACK:
                 self._rollback(r, ev, d, reason, record=record, step=SHADOW_STEP)
                 self._shadow_off()
                 return
-            record["action"] = "pause"
             with self.journal.tx() as db:
                 if not self.journal.transition(db, self.rid, State.SHADOWING, State.PAUSED, reason, holds=0):
                     return

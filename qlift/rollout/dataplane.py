@@ -6,9 +6,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
+from qlift.errors import ExternalToolError
 from qlift.rollout.spec import RolloutSpec
+
+log = logging.getLogger(__name__)
 
 
 class DataPlane(Protocol):
@@ -37,6 +41,22 @@ def check_versions(plane: DataPlane, versions: list[str]) -> None:
         fn(versions)
 
 
+def check_stable_up(plane: DataPlane, stable: str, *, allow_down: bool) -> None:
+    """Refuse a new rollout while the data plane reports the stable down: its users already go elsewhere
+    (the canary, at any weight), and the judge would compare the canary with no stable traffic."""
+    fn = getattr(plane, "down", None)
+    why = fn(stable) if callable(fn) else None
+    if why is None:
+        return
+    message = f"the router reports the stable {stable} DOWN ({why})"
+    if allow_down:
+        log.warning("%s: starting anyway (--allow-stable-down)", message)
+        return
+    raise ExternalToolError(f"{message}: its users already go to the other backends and the judge would compare "
+                            "the canary with no stable traffic", tool="router",
+                            hint="Bring the stable's server back first, or pass --allow-stable-down.")
+
+
 class RouterDataPlane:
     """The qlift router: ``PUT /admin/weights`` applies atomically to new requests."""
 
@@ -53,8 +73,6 @@ class RouterDataPlane:
     def set_weights(self, weights: dict[str, int]) -> None:
         state = self.client.set_weights(weights)
         if any(state.weights.get(k) != v for k, v in weights.items()):
-            from qlift.errors import ExternalToolError
-
             raise ExternalToolError(f"router answered weights {state.weights} after PUT {weights}", tool="router")
 
     def backend_urls(self) -> dict[str, str]:
@@ -69,6 +87,11 @@ class RouterDataPlane:
 
     def identity(self, version: str) -> str | None:
         return self.client.state().backend(version).identity
+
+    def down(self, version: str) -> str | None:
+        """Why the router keeps ``version`` out of rotation; None while it is up."""
+        b = self.client.state().backend(version)
+        return None if b.healthy else (b.problem or "its /health check fails")
 
     def check_versions(self, versions: list[str]) -> None:
         from qlift.errors import BadInputError

@@ -132,8 +132,14 @@ class Evidence:
         judged = later.judged if self.judged is None else (
             self.judged if later.judged is None else self.judged.merged(later.judged))
         return Evidence(self.stable.merged(later.stable), self.canary.merged(later.canary), self.started_at,
-                        later.ended_at, later.source, self.notes + later.notes, self.windows + later.windows,
+                        later.ended_at, later.source, unique(self.notes + later.notes), self.windows + later.windows,
                         later.weight if later.weight is not None else self.weight, judged, later.judge_margin)
+
+
+def unique(notes: list[str]) -> list[str]:
+    """Notes in order, each once: a note every window carries (one server for both versions) is said once
+    in the cumulative evidence of held windows, not once a window."""
+    return list(dict.fromkeys(notes))
 
 
 # The router's failure reasons for an HTTP 200 whose body is no completion (qlift.router).

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from qlift.errors import BadInputError, QliftError
+from qlift.errors import BadInputError, NotFoundError, QliftError
 from qlift.fsutil import file_lock, lock_holder
 from qlift.rollout.states import State, can_move
 
@@ -159,7 +159,7 @@ class Journal:
 
     def _open_readonly(self) -> sqlite3.Connection:
         if not self.path.is_file():
-            raise QliftError(f"no rollout journal at {self.path}", hint="Start one with `qlift promote start`.")
+            raise NotFoundError(f"no rollout journal at {self.path}", hint="Start one with `qlift promote start`.")
         last: sqlite3.Error | None = None
         # mode=ro needs the -shm file or a writable directory; immutable=1 reads a file nobody may write.
         for query in ("mode=ro", "immutable=1"):
@@ -262,10 +262,10 @@ class Journal:
         return Rollout(**d)
 
     def get(self, rollout_id: int) -> Rollout:
-        row = self.db.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
-        if row is None:
+        r = self.find(rollout_id)
+        if r is None:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
-        return self._rollout(row)
+        return r
 
     def position(self, rollout_id: int) -> tuple[str, int]:
         """(state, step) alone: what a controller re-reads every tick."""
@@ -273,6 +273,10 @@ class Journal:
         if row is None:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
         return str(row[0]), int(row[1])
+
+    def find(self, rollout_id: int) -> Rollout | None:
+        row = self.db.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+        return None if row is None else self._rollout(row)
 
     def latest(self) -> Rollout | None:
         row = self.db.execute("SELECT * FROM rollouts ORDER BY id DESC LIMIT 1").fetchone()

@@ -30,7 +30,7 @@ from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_t
 from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.registry import message_text, user_text
 from qlift.rollout.checks import CheckResult, check_alpha, run_checks, window_spec
-from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.evidence import VersionEvidence, unique
 from qlift.rollout.judge import Decision, check_judge_model
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
 from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
@@ -96,7 +96,7 @@ class ShadowEvidence:
         judged = later.judged if self.judged is None else (
             self.judged if later.judged is None else self.judged.merged(later.judged))
         return ShadowEvidence(self.stable, self.canary, self.pairs + later.pairs, self.started_at, later.ended_at,
-                              self.unpaired + later.unpaired, self.notes + later.notes, judged)
+                              self.unpaired + later.unpaired, unique(self.notes + later.notes), judged)
 
     def side(self, which: str) -> VersionEvidence:
         """One side folded into the judge's evidence (TTFT from streamed prompts only)."""

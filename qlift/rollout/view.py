@@ -1,0 +1,192 @@
+"""`qlift promote status` as text: one line per window with its verdict, then every check the judge ran
+with its ratio against its limit and its verdict, then the window's notes, wrapped to the terminal.
+
+Everything here reads the dict that ``api.status`` returns (what `status --json` prints), so the text
+and the JSON never disagree; the HTML report (report.py) reads the same dict and these cells.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from typing import Any
+
+VERDICTS = {"pass": "ok", "fail": "FAIL", "inconclusive": "hold"}  # a check's status, as a cell shows it
+FINAL = ("promoted", "rolled_back", "aborted")
+
+
+def width() -> int:
+    """The terminal's width, within reason (a pipe or a CI log gets 100)."""
+    return max(72, min(140, shutil.get_terminal_size((100, 24)).columns))
+
+
+def num(x: Any, spec: str = ".3g") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "inf" if isinstance(x, float) and math.isinf(x) else "-"
+    return format(x, spec)
+
+
+def measure(c: dict[str, Any]) -> str:
+    """What a check compared against its limit: the canary/stable ratio (``1.20x/1.5``), else the canary's
+    own number (requests, error rate, agreement) against the limit (``12/5``); '' when it has neither, or
+    when both versions had none of what it counts."""
+    limit = c.get("limit")
+    ratio = c.get("ratio")
+    if ratio is not None and c.get("canary") == 0 and c.get("stable") == 0:
+        return ""  # none on either side (no answer cut, none empty): a ratio of 1 would say nothing
+    if ratio is not None:
+        shown = "inf" if math.isinf(ratio) else f"{ratio:.2f}x"  # inf: the stable had none at all
+        return shown + ("" if limit is None else f"/{num(limit, 'g')}")
+    if c.get("canary") is not None and limit is not None:
+        return f"{num(c['canary'])}/{num(limit, 'g')}"
+    return ""
+
+
+def check_cell(c: dict[str, Any]) -> str:
+    """``latency 1.20x/1.5 ok``: the check, its measure, its verdict (ok, hold, FAIL)."""
+    return " ".join(p for p in (c["name"], measure(c), VERDICTS.get(c["status"], c["status"])) if p)
+
+
+def check_cells(checks: list[dict[str, Any]]) -> list[str]:
+    """Every judged check's cell; the skipped ones (no data for them in this source) named in one cell."""
+    cells = [check_cell(c) for c in checks if c["status"] != "skipped"]
+    skipped = [c["name"] for c in checks if c["status"] == "skipped"]
+    return cells + ([f"skipped: {', '.join(skipped)}"] if skipped else [])
+
+
+def wrap_cells(cells: list[str], *, indent: str, cols: int, sep: str = " · ") -> list[str]:
+    """Cells joined by ``sep``, broken between cells (never inside one) to fit ``cols``."""
+    lines: list[str] = []
+    line = indent
+    for cell in cells:
+        piece = cell if line.strip() == "" else sep + cell
+        if line.strip() and len(line) + len(piece) > cols:
+            lines.append(line)
+            line = indent + "  " + cell
+        else:
+            line += piece
+    if line.strip():
+        lines.append(line)
+    return lines
+
+
+def wrap_text(text: str, *, indent: str, cols: int, first: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, cols, initial_indent=indent + first, subsequent_indent=indent + " " * len(first),
+                         break_on_hyphens=False) or [indent + first.rstrip()]
+
+
+def traffic(ev: dict[str, Any]) -> str:
+    """``6 req, 0 err`` of one version in one window, or ``no requests``."""
+    n = ev.get("requests")
+    if not n:
+        return "no requests"
+    errors = ev.get("errors")
+    return f"{n} req" + ("" if errors is None else f", {errors} err")
+
+
+def span(w: dict[str, Any]) -> str:
+    return f"{w['started_at'][11:19]}-{w['ended_at'][11:19]}"
+
+
+def window_lines(w: dict[str, Any], cols: int) -> list[str]:
+    """A window: when, its decision and traffic; every check; why (unless it passed); its notes."""
+    head = (f"  {span(w)}  {w['action']:<8} canary {traffic(w['canary'])} · "
+            f"stable {traffic(w['stable'])}")
+    out = [head]
+    out += wrap_cells(check_cells(w.get("checks") or []), indent="    ", cols=cols)
+    if w["action"] not in ("pass", "advance"):
+        out += wrap_text(w["reason"], indent="    ", cols=cols, first="why: ")
+    for note in w.get("notes") or []:
+        out += wrap_text(note, indent="    ", cols=cols, first="note: ")
+    return out
+
+
+def compares_lines(st: dict[str, Any], cols: int) -> list[str]:
+    """Each check the judge runs with its limits, one a line."""
+    out = ["judge compares, canary vs stable:"]
+    for c in st["compares"]:
+        out += wrap_text(", ".join(f"{k} {v}" for k, v in c.get("limits", {}).items()), indent="  ", cols=cols,
+                         first=f"{c['name']}: ")
+    return out
+
+
+def head_lines(st: dict[str, Any]) -> list[str]:
+    weights = " / ".join(f"{k} {v}%" for k, v in (st["weights"] or {}).items()) or "-"
+    pending = "" if st["weights_applied"] else " (journaled, not yet applied)"
+    out = [f"rollout {st['id']}: {st['canary']} over {st['stable']} -- {st['state']}, weights {weights}{pending}",
+           f"  {st['state_doc']}"]
+    ctl = st["controller"]
+    if ctl["alive"]:
+        beat = "" if ctl["heartbeat_age_s"] is None else f", last heartbeat {ctl['heartbeat_age_s']:.0f}s ago"
+        out.append(f"controller: pid {ctl['pid']} running{beat}" + (" (stalled?)" if ctl["stalled"] else ""))
+    elif st["state"] not in FINAL:
+        out.append("controller: none running -- nothing advances or watches this rollout; "
+                   "`qlift promote resume` runs one")
+    if st.get("abort_not_journaled"):
+        out.append("abort: applied to the data plane while the journal was full, not journaled yet -- free disk "
+                   "space and run `qlift promote abort` again")
+    if st["drifts"] or st["webhook_failures"]:
+        out.append(f"events: {st['drifts']} weight drift(s) re-applied, {st['webhook_failures']} webhook failure(s)")
+    return out
+
+
+def status_lines(st: dict[str, Any], cols: int | None = None) -> list[str]:
+    """The whole text status: head, what the judge compares, the shadow phase, each step and its windows."""
+    cols = cols or width()
+    out = head_lines(st) + compares_lines(st, cols)
+    out += wrap_text(st["answer_checks"]["note"], indent="", cols=cols,
+                     first="answer checks (loops, off_language, refusal, schema_broken) run in: ")
+    shadow = st.get("shadow")
+    if shadow:
+        spec = shadow["spec"]
+        out.append(f"shadow phase: {spec['percent']}% of requests mirrored to the canary, "
+                   f"{spec['windows']} passing window(s) to leave it")
+        for w in shadow["windows"]:
+            out += window_lines(w, cols)
+    for s in st["steps"]:
+        final = st["state"] in FINAL
+        outcome = s["outcome"] or ("running" if s["started_at"] else "not reached" if final else "not started")
+        line = f"step {s['index'] + 1}/{len(st['steps'])}, canary {s['weight']}%: {outcome}"
+        if s["weight"] == 100 and not s["windows"] and outcome != "not reached":
+            out += wrap_text(s["judged"], indent="", cols=cols, first=line + " -- ")
+            continue
+        out.append(line)
+        for w in s["windows"]:
+            out += window_lines(w, cols)
+    if st["reason"]:
+        out += wrap_text(st["reason"], indent="", cols=cols, first="reason: ")
+    return out + example_lines(st, cols)
+
+
+def failed_examples(st: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(window, check) for each failed check that kept answers: what a person reads before trusting it."""
+    windows = (st["shadow"]["windows"] if st.get("shadow") else []) + [w for s in st["steps"] for w in s["windows"]]
+    return [(w, c) for w in windows for c in w.get("checks") or [] if c.get("status") == "fail" and c.get("examples")]
+
+
+def example_lines(st: dict[str, Any], cols: int) -> list[str]:
+    out = []
+    for w, c in failed_examples(st):
+        out.append(f"{c['name']} examples ({w['started_at'][11:19]} window):")
+        for e in c["examples"]:
+            out += wrap_text(str(e["prompt"]), indent="  ", cols=cols, first="prompt: ")
+            out += wrap_text(str(e["answer"]), indent="    ", cols=cols, first="canary: ")
+            if e.get("other") is not None:
+                out += wrap_text(str(e["other"]), indent="    ", cols=cols, first="stable: ")
+    return out
+
+
+def log_window(what: str, action: str, reason: str, checks: list[Any]) -> None:
+    """A judged window's two lines on stderr (`promote start`): what it saw and decided, then the checks that
+    held or failed, latency and TTFT always, and how many more passed (`status` shows every one)."""
+    import logging
+    from dataclasses import asdict
+
+    log = logging.getLogger("qlift.rollout.controller")
+    log.info("%s: %s (%s)", what, action, reason)
+    shown = [asdict(c) for c in checks if c.name in ("latency", "ttft") or c.status in ("fail", "inconclusive")]
+    rest = sum(1 for c in checks if c.status == "pass") - sum(1 for c in shown if c["status"] == "pass")
+    if shown or rest:
+        log.info("  %s", " · ".join([check_cell(c) for c in shown] + ([f"{rest} more ok"] if rest else [])))

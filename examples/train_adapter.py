@@ -26,9 +26,11 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SYSTEM = "Triage the ticket. Answer with JSON only: intent, order_id, priority, product."
 SCHEMA = {
     "type": "object",
@@ -106,8 +108,15 @@ def write_held_out(path: Path, n: int, seed: int) -> None:
     path.write_text(header + "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
+def json_answer(answer: dict[str, object]) -> str:
+    """What the fine-tune learns to say for a ticket: the JSON, then the end of its turn."""
+    return json.dumps(answer) + "<|im_end|>"
+
+
 def train(base: Path, out: Path, *, steps: int, batch: int, lr: float, rank: int, seed: int,
-          train_size: int, bf16: bool, device: str = "cpu") -> dict[str, object]:
+          train_size: int, bf16: bool, device: str = "cpu",
+          answer_text: Callable[[dict[str, object]], str] = json_answer, targets: tuple[str, ...] = ALL_LINEAR,
+          note: str = "") -> dict[str, object]:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -119,14 +128,14 @@ def train(base: Path, out: Path, *, steps: int, batch: int, lr: float, rank: int
     tok = AutoTokenizer.from_pretrained(where, **gguf)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **gguf).to(device)
     cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, task_type="CAUSAL_LM",
-                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+                     target_modules=list(targets))
     model = get_peft_model(model, cfg)
     data = []
     for _ in range(train_size):  # prompt tokens are masked out of the loss: only the answer is learned
         dialogue, answer = make_ticket(rng, held_out=False)
         prompt = tok.apply_chat_template(messages(dialogue), add_generation_prompt=True, tokenize=False)
         ids_p = tok(prompt, add_special_tokens=False)["input_ids"]
-        ids_a = tok(json.dumps(answer) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        ids_a = tok(answer_text(answer), add_special_tokens=False)["input_ids"]
         data.append((ids_p + ids_a, [-100] * len(ids_p) + ids_a))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / steps))
@@ -152,7 +161,8 @@ def train(base: Path, out: Path, *, steps: int, batch: int, lr: float, rank: int
             print(f"step {step:4d}  loss {value:.4f}  {time.monotonic() - t0:6.0f} s", flush=True)
     model.peft_config["default"].base_model_name_or_path = "SmolLM2-135M-Instruct"  # not a local path
     model.save_pretrained(out)  # the adapter only: the vocabulary is the base's, unchanged
-    record = {"base": "SmolLM2-135M-Instruct (qlift import-gguf --builtin smollm2)", "seed": seed, "steps": steps,
+    record = {"base": "SmolLM2-135M-Instruct (qlift import-gguf --builtin smollm2)", "note": note, "seed": seed,
+              "steps": steps,
               "batch": batch, "lr": lr, "rank": rank, "alpha": 2 * rank, "train_examples": train_size,
               "targets": cfg.target_modules and sorted(cfg.target_modules), "loss_curve": curve,
               "autocast_bf16": bf16, "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",

@@ -296,18 +296,18 @@ class Pipeline:
         router = next((s for s in stages if s.kind == "router"), None)
         if promote is None or router is None or not router.options.url:
             return ""
-        url = router.options.url
+        url, last = router.options.url, self.journal.latest(promote.name)
+        promoted = last is not None and last["result"].get("state") == "promoted"
         weights = _router_weights(url)
         if weights is not None:
             now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
             moving = weights.get("canary", 0) > 0
         else:
-            last = self.journal.latest(promote.name)
-            moving = last is not None and last["result"].get("state") == "promoted"
-            now = "the last promote here promoted the canary" if moving else ""
+            now, moving = ("the last promote here promoted the canary" if promoted else ""), promoted
         if moving:
-            return (f"will re-run promote: weights go back to the stable (stable=100, canary=0) on {url}, then out "
-                    f"again ({now}); to keep the canary, re-point the router's names first (docs/promote.md)")
+            return (f"will {'re-run' if last else 'run'} promote: weights go back to the stable (stable=100, "
+                    f"canary=0) on {url}, then out again ({now}); to keep the canary, re-point the router's names "
+                    "first (docs/promote.md)")
         return f"will run promote: moves live traffic on {url}" + (f" ({now})" if now else "")
 
 

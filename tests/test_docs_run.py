@@ -360,3 +360,15 @@ def test_the_schema_refuses_what_the_loader_refuses() -> None:
     for interval, ok in (("20s", True), ("2m", True), (30, True), ("soon", False), (-1, False)):
         promote["options"]["interval"] = interval
         assert validator.is_valid(doc) is ok, interval
+
+
+def test_no_doc_or_recipe_points_at_a_notes_file_outside_the_repository() -> None:
+    """A reader has the repository, not the notes its authors kept beside it: the facts the recipes and docs
+    cite live in docs/ (docs/cpu.md for the CPU's)."""
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "recipes").glob("*.yaml"),
+             *(REPO / "docker").glob("*.yaml"), *(REPO / "examples").glob("*.yaml")]
+    cited = [f"{f.relative_to(REPO)}:{n}" for f in files
+             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+             if "NOTES" in line or "shared/gpu/README" in line]
+    assert not cited, f"cites a file that is not in the repository: {cited}"
+    assert (REPO / "docs" / "cpu.md").is_file()

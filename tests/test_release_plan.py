@@ -124,3 +124,15 @@ def test_a_serve_stage_takes_a_port_and_refuses_clashes(run_cli, tmp_path: Path,
     r = run_cli("release", "run", f, "--dry-run")
     assert r.exit_code == 2 and "field 'options': 'port=8002' is not a recipe key: give the server's port as " \
         "options.port" in r.stderr, r.stderr
+    # For a running router, a server the release starts must be where its backend points, and outlive the run.
+    serve[1]["options"] = {"role": "candidate", "port": 8002}
+    serve[2]["options"] = {"url": "http://127.0.0.1:8000"}
+    f.write_text(yaml.safe_dump({"base": {"path": str(tiny_qwen2_tied)}, "stages": serve}), encoding="utf-8")
+    r = run_cli("release", "run", f, "--dry-run")
+    assert r.exit_code == 2 and f"{f}: stage 'stable' (serve): field 'options': it starts a server for the " \
+        "running router http://127.0.0.1:8000, so it needs the port that router's backend names and keep_running: " \
+        "true" in r.stderr, r.stderr
+    for s in serve[:2]:
+        s["options"]["keep_running"] = True
+    f.write_text(yaml.safe_dump({"base": {"path": str(tiny_qwen2_tied)}, "stages": serve}), encoding="utf-8")
+    assert run_cli("release", "run", f, "--dry-run").exit_code == 0

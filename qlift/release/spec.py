@@ -266,6 +266,15 @@ def _check_flow(stages: list[Stage], path: Path) -> None:
         if other is not None:
             raise BadInputError(f"stages '{other}' and '{name}' both listen on port {port}", path=path,
                                 field="stages", hint="Give each server and the router its own port (0: a free one).")
+    router = next((s for s in stages if s.kind == "router"), None)
+    if router is not None and router.options.url:
+        for s in stages:  # a running router's backend URLs are fixed, and its users stay after the release ends
+            if s.kind == "serve" and not s.options.url and not (s.options.port and s.options.keep_running):
+                raise BadInputError(f"it starts a server for the running router {router.options.url}, so it needs "
+                                    "the port that router's backend names and keep_running: true",
+                                    path=f"{path}: stage '{s.name}' (serve)", field="options",
+                                    hint="Give it port: and keep_running: true (once promoted it serves the router's "
+                                         "users), or name a running server with url:.")
     if "promote" in kinds and "router" not in kinds[:kinds.index("promote")]:
         raise BadInputError("a promote stage needs a router stage before it", path=path, field="stages",
                             hint="Add a `router` stage (url: names a running one).")

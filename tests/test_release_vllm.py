@@ -52,6 +52,14 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     assert [(stage, stopped is not None) for _, stage, stopped in rows] == [("router", True)]
     assert not Path(f"/proc/{rows[0][0]}").exists()
 
+    # Status: the rollout's outcome, reason and journal; each live stage's duration, promote's the longest.
+    r = run_cli("release", "status", f, "--json")
+    status = json.loads(r.stdout)
+    assert status["rollout"] == {"state": "promoted", "reason": stages["promote"]["result"]["reason"],
+                                 "journal": stages["promote"]["result"]["journal"]}
+    took = {s["name"]: s.get("seconds") for s in status["stages"]}
+    assert took["promote"] >= max(took["router"], 1) and abs(took["promote"] - stages["promote"]["seconds"]) <= 2
+
     r = run_cli("release", "run", f, "--json")
     assert r.exit_code == 0, r.stderr
     again = json.loads(r.stdout)["stages"]

@@ -90,7 +90,8 @@ def _progress(line: str) -> None:
 @OUT
 @json_option
 def status_cmd(file: Path, out: Path | None) -> None:
-    """Each stage's state in FILE's journal: its current key, last state, output and when.
+    """The last run, each stage's state in FILE's journal (key, duration, output), and the rollout's
+    outcome, reason and journal.
 
     \b
     Examples:
@@ -98,37 +99,15 @@ def status_cmd(file: Path, out: Path | None) -> None:
       qlift release status --json
     """
     from qlift.release import load_release
-    from qlift.release.journal import NAME, ReleaseJournal, run_outcome
+    from qlift.release.status import release_status, status_lines
 
-    release = _with_out(load_release(file), out)
-    path = release.out / NAME
-    stages: list[dict[str, Any]] = []
-    last_run = None
-    if path.exists():
-        with ReleaseJournal(path, readonly=True) as journal:
-            last_run = journal.last_run()
-            if last_run is not None:
-                last_run["outcome"] = run_outcome(path, last_run)
-            for name in ["base", *(s.name for s in release.stages)]:
-                row = journal.latest(name)
-                stages.append({"name": name, **({k: row[k] for k in ("status", "key", "output", "content_hash",
-                                                                      "started_at", "finished_at")} if row else
-                                                 {"status": "never run"})})
-        if last_run is not None and str(last_run["outcome"]).startswith("killed"):
-            for s in stages:  # its process is gone: what it was doing will not finish by itself
-                if s["status"] == "running":
-                    s["status"] = "interrupted"
-    else:
-        stages = [{"name": n, "status": "never run"} for n in ["base", *(s.name for s in release.stages)]]
+    status = release_status(_with_out(load_release(file), out))
 
     def human() -> None:
-        if last_run:
-            click.echo(f"last run {last_run['started_at']}: {last_run['outcome']} {last_run['detail']}".rstrip())
-        for s in stages:
-            key = s.get("key", "").removeprefix("sha256:")[:12]
-            click.echo(f"{s['name']:<16} {s['status']:<11} {key:<12} {s.get('output', '')}".rstrip())
+        for line in status_lines(status):
+            click.echo(line)
 
-    emit({"release": release.name, "journal": str(path), "last_run": last_run, "stages": stages}, human)
+    emit(status, human)
 
 
 @release_group.command("schema")

@@ -96,7 +96,7 @@ def serve_argv(model: Path, o: ServeStageOptions) -> tuple[list[str], dict[str, 
     from qlift.cli.options import cli_args
     from qlift.serve.options import ServeOptions
 
-    serve = ServeOptions(recipe=o.recipe, sets=tuple(o.sets), port=0, timeout_s=o.timeout_s,
+    serve = ServeOptions(recipe=o.recipe, sets=tuple(o.sets), port=o.port, timeout_s=o.timeout_s,
                          served_model_name=o.served_model_name or f"qlift-{o.role}")
     argv = ["serve", str(model), *cli_args(serve), "--json"]
     env = {}

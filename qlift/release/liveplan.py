@@ -1,0 +1,152 @@
+"""The live stages' plan and run: serve, router and promote, keyed and journaled together.
+
+Each live stage is journaled ``running`` when it starts and ``done`` or ``failed`` when it ends,
+so ``qlift release status`` shows how long each took and, for promote, where its rollout journal is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.models.ref import ModelRef
+from qlift.release import live
+from qlift.release.report import StageReport, first_line, stage_key
+from qlift.release.spec import Stage
+from qlift.serialize import to_jsonable
+
+if TYPE_CHECKING:
+    from qlift.release.pipeline import Pipeline
+
+
+def rollout_journal(out: Path, run_id: int) -> Path:
+    """One rollout journal per run: a run killed mid-promote left a rollout whose servers and router
+    are gone; the next run starts them again and rolls out from the first step."""
+    return out / f"rollout-{run_id}.sqlite"
+
+
+@dataclass
+class LivePlan:
+    stages: list[Stage]
+    models: dict[str, ModelRef]  # serve stage -> the model it serves
+    keys: dict[str, str]
+    notes: dict[str, str]
+    eval_report: Path | None
+
+    @classmethod
+    def of(cls, p: Pipeline, stages: list[Stage]) -> LivePlan:
+        models: dict[str, ModelRef] = {}
+        keys: dict[str, str] = {}
+        notes: dict[str, str] = {}
+        for s in stages:
+            if s.kind != "serve":
+                continue
+            if s.options.url:
+                from qlift.rollout.evalgate import served_model_dir
+
+                served = served_model_dir(s.options.url)
+                ref = ModelRef.of(served) if served is not None else p.models[s.input]
+                notes[s.name] = f"a running server: {s.options.url}"
+            else:
+                name, notes[s.name] = p.choices[s.name]
+                ref = p.models[name]
+            models[s.name] = ref
+            keys[s.name] = stage_key("serve", s.options, {"model": ref.content_hash})
+        candidate = next(m for s, m in models.items() if p.release.stage(s).options.role == "candidate")
+        evals = [e for e in p.evals.values() if e.candidate == candidate.content_hash]
+        if p.evals and not evals:
+            raise BadInputError(f"no eval stage evaluated the model the candidate serves ({candidate.base})",
+                                path=p.release.file, field="stages",
+                                hint="Add an eval stage whose input is that model, so promote can check its gates.")
+        eval_report = evals[-1].report if evals else None
+        serve_keys = sorted(keys.values())
+        for s in stages:
+            if s.kind == "router":
+                keys[s.name] = stage_key("router", s.options, {"servers": serve_keys})
+            elif s.kind == "promote":
+                inputs = {"servers": serve_keys, "eval": evals[-1].key if evals else None,
+                          "load": to_jsonable(s.load)}
+                keys[s.name] = stage_key("promote", s.options, inputs)
+        return cls(stages, models, keys, notes, eval_report)
+
+    def run(self, p: Pipeline) -> None:
+        out = p.release.out
+        procs = live.Processes(p.journal, p.run_id, out / "logs")
+        urls: dict[str, str] = {}
+        router_url = ""
+        token = live.new_router_token()
+        try:
+            for s in self.stages:
+                t0 = time.monotonic()
+                key = self.keys[s.name]
+                p.journal.begin(s.name, key, "")
+                result: dict[str, Any]
+                if s.kind == "serve":
+                    o = s.options
+                    model = self.models[s.name]
+                    if o.url:
+                        urls[o.role] = o.url
+                        result = {"url": o.url, "started": False}
+                    else:
+                        argv, env = live.serve_argv(model.base, o)
+                        ready = procs.start(s.name, argv, env, keep=o.keep_running)
+                        urls[o.role] = str(ready["base_url"])
+                        result = {"url": urls[o.role], "started": True, "pid": ready.get("pid")}
+                    result |= {"model": str(model.base), "content_hash": model.content_hash, "role": o.role}
+                elif s.kind == "router":
+                    o = s.options
+                    if o.url:
+                        router_url, result = o.url, {"url": o.url, "started": False}
+                    else:
+                        backends = {"stable": urls["stable"], "canary": urls["candidate"]}
+                        ready = procs.start(s.name, live.router_argv(o, backends), {"QLIFT_ROUTER_TOKEN": token},
+                                            keep=o.keep_running)
+                        router_url = str(ready["url"]).rstrip("/")
+                        result = {"url": router_url, "started": True, "public_model": o.public_model}
+                else:
+                    result = self._promote(p, s, router_url, token if any(
+                        x.kind == "router" and not x.options.url for x in self.stages) else None)
+                p.journal.end(s.name, key, "done", result=result)
+                p._report(StageReport(s.name, s.kind, "ran", self.notes.get(s.name, ""), key,
+                                      seconds=round(time.monotonic() - t0, 2), result=result))
+        except BaseException as exc:
+            row = p.journal.stage(s.name, key)
+            if row is not None and row["status"] == "running":  # promote journals its own failure with its result
+                p.journal.end(s.name, key, "failed", result={"error": first_line(exc)})
+            if isinstance(exc, QliftError | KeyboardInterrupt):
+                p._report(StageReport(s.name, s.kind, "failed", first_line(exc), key,
+                                      seconds=round(time.monotonic() - t0, 2)))
+            raise
+        finally:
+            procs.stop()
+
+    def _promote(self, p: Pipeline, s: Stage, router_url: str, token: str | None) -> dict[str, Any]:
+        from qlift.rollout.api import raise_for_outcome, status
+
+        candidate = next(m for n, m in self.models.items() if p.release.stage(n).options.role == "candidate")
+        spec = {**s.options, "stable": "stable", "canary": "canary", "router": router_url,
+                "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
+        if self.eval_report is not None:
+            spec["eval_report"] = str(self.eval_report)
+        journal = rollout_journal(p.release.out, p.run_id)
+        if s.load is not None:
+            public = next((x.options.public_model for x in self.stages if x.kind == "router"), "release")
+            with live.Traffic(router_url, public, s.load) as traffic:
+                final = live.promote(spec, journal, token)
+            sent = sum(traffic.status.values())
+            load = {"sent": sent, "failed": sent - traffic.status[200],
+                    "statuses": {str(k): n for k, n in traffic.status.items()}}
+            p.echo(f"{s.name}: {sent} requests through the router, {load['failed']} failed")
+        else:
+            final, load = live.promote(spec, journal, token), None
+        result = {"state": final.state, "reason": final.reason, "journal": str(journal),
+                  **({"traffic": load} if load else {}), "rollout": status(journal)}
+        try:
+            raise_for_outcome(final)
+        except GateFailedError:
+            p.journal.end(s.name, self.keys[s.name], "failed", result=result)
+            raise
+        return result

@@ -188,9 +188,12 @@ def requirements_on(items: list[dict[str, Any]], top: list[str], env: dict[str, 
     return specs
 
 
-def plan(items: list[dict[str, Any]], top: list[str], have: dict[str, str | None],
+def plan(items: list[dict[str, Any]], top: list[str], have: dict[str, str | None] | None,
          env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """(name==version to download, {package: target version kept}); raises if torch & co. would be needed."""
+    """(name==version to download, {package: target version kept}); raises if torch & co. would be needed
+    and ``have`` (the target's packages; None: not known, then taken to have torch's family) lacks them."""
+    assume_torch = have is None
+    have = have or {}
     specs = requirements_on(items, top, env)
     download: list[str] = []
     kept: dict[str, str] = {}
@@ -200,6 +203,8 @@ def plan(items: list[dict[str, Any]], top: list[str], have: dict[str, str | None
         fits = name in have and (mine is None or all(s.contains(mine, prereleases=True) for s in specs.get(name, [])))
         if fits:
             kept[name] = mine or "any"
+        elif NEVER_DOWNLOADED.match(name) and assume_torch:
+            kept[name] = "assumed"
         elif NEVER_DOWNLOADED.match(name):
             where = f"has {name} {mine}" if name in have else f"has no {name}"
             raise BadInputError(f"the target {where}, and the tool needs {name}=={version} (never put in a wheelhouse)",
@@ -210,15 +215,18 @@ def plan(items: list[dict[str, Any]], top: list[str], have: dict[str, str | None
 
 
 def download_wheelhouse(requirements: list[str], dest: Path, *, python_version: str, platforms: list[str],
-                        have: dict[str, str | None], say: Callable[[str], None] | None = None) -> WheelhouseResult:
-    """Put the wheels ``requirements`` need on the target (minus what it ``have``s) into ``dest``."""
+                        have: dict[str, str | None] | None,
+                        say: Callable[[str], None] | None = None) -> WheelhouseResult:
+    """Put the wheels ``requirements`` need on the target (minus what it ``have``s) into ``dest``.
+
+    ``have`` None: the target's packages are not known; all is downloaded but torch's family."""
     say = say or (lambda msg: None)
     if not re.fullmatch(r"3\.\d{1,2}", python_version):
         raise BadInputError(f"--python-version {python_version!r} is not like 3.12",
                             hint="Pass MAJOR.MINOR, e.g. 3.12.")
     t0 = time.monotonic()
     target = _target_args(python_version, platforms)
-    pinned = {n: v for n, v in have.items() if v}
+    pinned = {n: v for n, v in (have or {}).items() if v}
     say(f"resolving {' '.join(requirements)} for Python {python_version} on {', '.join(platforms) or 'any'}")
     items = resolve(requirements, target, pinned)
     constrained, notes = True, []

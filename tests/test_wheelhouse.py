@@ -15,7 +15,7 @@ import pytest
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.toolenv import ToolEnv, ToolEnvSpec, tool_environ
-from qlift.wheelhouse import download_wheelhouse, expand_platforms, read_have
+from qlift.wheelhouse import download_wheelhouse, expand_platforms, marker_environment, plan, read_have
 
 
 def make_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
@@ -68,15 +68,28 @@ def test_wheelhouse_for_a_target_leaves_out_what_it_has(tmp_path: Path, offline_
     assert result.wheels == ["qp_lib-2.0-py3-none-any.whl", "qp_tool-1.0-py3-none-any.whl"]
     assert result.kept_from_target == {"qp-base": "1.0"}
 
-    have.write_text("qp-base==1.0\nqp-lib==2.0\n")  # everything the target has fits: one pass
-    result = download_wheelhouse(["qp-tool==1.0"], tmp_path / "wh2", python_version="3.12",
-                                 platforms=["manylinux_2_28_x86_64"], have=read_have(have))
-    assert result.constrained and result.wheels == ["qp_tool-1.0-py3-none-any.whl"]
-
     make_wheel(index, "qp-gpu", "1.0", ("torch>=2.10",))  # torch is never downloaded, even where the index has it
     make_wheel(index, "torch", "2.11.0")
-    with pytest.raises(BadInputError, match="has no torch"):
-        download_wheelhouse(["qp-gpu"], tmp_path / "wh3", python_version="3.12", platforms=[], have={})
+    with pytest.raises(BadInputError, match="has no torch"):  # a --have list without torch
+        download_wheelhouse(["qp-gpu"], tmp_path / "wh3", python_version="3.12", platforms=[], have={"qp-base": None})
+
+
+def test_plan_keeps_what_fits_and_never_downloads_torch() -> None:
+    def item(name: str, version: str, *requires: str) -> dict:
+        return {"metadata": {"name": name, "version": version, "requires_dist": list(requires)}}
+
+    items = [item("qp-tool", "1.0", "qp-lib>=2.0", "torch>=2.10", "qp-win; sys_platform == 'win32'"),
+             item("qp-lib", "2.1"), item("torch", "2.11.0+have"), item("qp-win", "1.0")]
+    env = marker_environment("3.12", ["manylinux_2_28_x86_64"])
+    have = {"qp-lib": "2.0", "torch": "2.11.0", "qp-win": "0.1"}  # qp-win's requirement is not for linux
+    assert plan(items, ["qp-tool==1.0"], have, env) == (["qp-tool==1.0"], {"qp-lib": "2.0", "torch": "2.11.0",
+                                                                             "qp-win": "0.1"})
+    have = {"qp-lib": "1.0", "torch": "2.9.0"}
+    with pytest.raises(BadInputError, match="has torch 2.9.0"):
+        plan(items, ["qp-tool==1.0"], have, env)
+    # The target's packages unknown (no --have): everything but torch's family
+    assert plan(items, ["qp-tool==1.0"], None, env) == (["qp-tool==1.0", "qp-lib==2.1", "qp-win==1.0"],
+                                                        {"torch": "assumed"})
 
 
 def test_expand_platforms_and_read_have(tmp_path: Path) -> None:

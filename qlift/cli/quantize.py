@@ -168,7 +168,7 @@ def _download_wheelhouse(requirements: tuple[str, ...], dest: Path, python_versi
 
     result = download_wheelhouse(
         list(requirements), dest, python_version=python_version or f"{sys.version_info[0]}.{sys.version_info[1]}",
-        platforms=list(platforms), have=read_have(have) if have else {},
+        platforms=list(platforms), have=read_have(have) if have else None,
         say=None if STATE.quiet else lambda msg: click.echo(f"env: {msg}", err=True),
     )
 

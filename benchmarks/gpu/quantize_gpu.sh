@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 32, the quantize step, in one device call on the H200, from the project root:
 #   source benchmarks/gpu/env.sh && bash benchmarks/gpu/quantize_gpu.sh
-# Needs: the llm-compressor wheelhouse extracted at /tmp/llmc-wh (.gpu-llmc/llmc-wheelhouse.tar) and
-# SmolLM2's bf16 model at /tmp/smollm2.
+# Needs: the llm-compressor wheelhouse extracted at /tmp/llmc-wh (or .gpu-llmc/llmc-wheelhouse.tar and its
+# SHA256 in the tree: then it is checked and extracted there) and SmolLM2's bf16 model at /tmp/smollm2.
 #   1 env-setup       qlift env quantize --setup --wheelhouse /tmp/llmc-wh (offline)
 #   2 smollm2-fp8     qlift quantize /tmp/smollm2 --fp8 --device cuda -> /tmp/smollm2-fp8
 #   3 smollm2-awq     qlift quantize /tmp/smollm2 --awq --device cuda -> /tmp/smollm2-awq
@@ -22,7 +22,7 @@ BIG=${BIG:-/tmp/qwen${SHAPE}-bf16}
 DEADLINE_S=${DEADLINE_S:-470}
 PY=${PYTHON:-python3}
 AWQ_ARGS=${AWQ_ARGS:-}          # e.g. "--num-samples 8 --seq-len 64" for a CPU rehearsal
-BENCH_REPEAT=${BENCH_REPEAT:-3}
+BENCH_REPEAT=${BENCH_REPEAT:-2}
 LIMIT_SCALE=${LIMIT_SCALE:-1}  # a CPU rehearsal's steps take longer: every step's limit and reserve times this
 OUT=${OUT:-/tmp/qlift-gpu-out}
 mkdir -p "$OUT/logs"
@@ -50,6 +50,12 @@ step() {
   return $rc
 }
 
+if [ ! -d "$WH" ] && [ -f .gpu-llmc/llmc-wheelhouse.tar ]; then
+  [ "$(sha256sum .gpu-llmc/llmc-wheelhouse.tar | cut -d' ' -f1)" = "$(cat .gpu-llmc/SHA256)" ] \
+    || { echo "llmc-wheelhouse.tar does not match .gpu-llmc/SHA256"; exit 1; }
+  mkdir -p "$WH" && tar -xf .gpu-llmc/llmc-wheelhouse.tar -C "$WH"
+fi
+ls "$WH" > "$OUT/logs/wheelhouse.txt" 2>&1
 $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
   > "$OUT/logs/versions.txt" 2>&1
 [ "$DEV" = cuda ] && nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >> "$OUT/logs/versions.txt" 2>&1

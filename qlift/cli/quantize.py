@@ -85,27 +85,56 @@ def env_group() -> None:
 @click.option("--setup", "action", flag_value="setup", help="Build it now, or rebuild it if broken.")
 @click.option("--info", "action", flag_value="info", default=True, help="Show where it is and what is in it (default).")
 @click.option("--remove", "action", flag_value="remove", help="Delete it (the next quantize builds it again).")
+@click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
+              help="With --setup: install offline from the wheels in DIR (pip --no-index).")
+@click.option("--download-wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
+              help="Download the wheels it needs into DIR, for --setup --wheelhouse on a machine with no "
+              "package index.")
+@click.option("--python-version", metavar="X.Y",
+              help="With --download-wheelhouse: the target's Python (default: this one).")
+@click.option("--platform", "platforms", multiple=True, metavar="TAG",
+              help="With --download-wheelhouse: the target's platform tag, e.g. manylinux_2_28_x86_64 (repeatable; "
+              "default: this machine's).")
+@click.option("--have", type=click.Path(path_type=Path), metavar="FILE",
+              help="With --download-wheelhouse: the target's `pip freeze` (or package names), left out of DIR.")
 @json_option
-def env_quantize_cmd(action: str) -> None:
+def env_quantize_cmd(action: str, wheelhouse: Path | None, download_wheelhouse: Path | None,
+                     python_version: str | None, platforms: tuple[str, ...], have: Path | None) -> None:
     """The llm-compressor environment used by `qlift quantize`.
 
     It lives in qlift's cache dir (QLIFT_CACHE_DIR), keyed by a hash of its pinned spec,
     and reuses this environment's torch through a .pth file; its own pins come first.
 
+    For a machine with no package index, download a wheelhouse on a connected one, for the
+    target's Python and platform and without what it already has, copy it over, and build
+    there with --setup --wheelhouse. torch is never downloaded: the target brings its own.
+
     \b
     Examples:
       qlift env quantize --setup --json
+      qlift env quantize --download-wheelhouse wh --python-version 3.12 \\
+          --platform manylinux_2_28_x86_64 --have target-freeze.txt
+      qlift env quantize --setup --wheelhouse wh     # on the target, offline
     """
+    from qlift.errors import BadInputError
     from qlift.quantize.env import quantize_env
 
+    if wheelhouse and action != "setup":
+        raise BadInputError("--wheelhouse goes with --setup", hint="Run `qlift env quantize --setup --wheelhouse DIR`.")
+    if (python_version or platforms or have) and not download_wheelhouse:
+        raise BadInputError("--python-version, --platform and --have go with --download-wheelhouse",
+                            hint="Add --download-wheelhouse DIR.")
     env = quantize_env()
+    if download_wheelhouse:
+        _download_wheelhouse(env.spec.requirements, download_wheelhouse, python_version, platforms, have)
+        return
     if action == "remove":
         removed = env.remove()
         emit({"removed": removed}, lambda: click.echo(
             "\n".join(f"removed {p}" for p in removed) or "no quantize environment to remove"))
         return
     if action == "setup":
-        ensured = env.ensure(lambda msg: click.echo(f"env: {msg}", err=True), verify=True)
+        ensured = env.ensure(lambda msg: click.echo(f"env: {msg}", err=True), verify=True, wheelhouse=wheelhouse)
         info = env.info()
         if not STATE.json:
             verb = "created" if ensured.created else "ready (already built)"
@@ -129,3 +158,26 @@ def env_quantize_cmd(action: str) -> None:
             click.echo("build it with: qlift env quantize --setup")
 
     emit(info, human)
+
+
+def _download_wheelhouse(requirements: tuple[str, ...], dest: Path, python_version: str | None,
+                         platforms: tuple[str, ...], have: Path | None) -> None:
+    import sys
+
+    from qlift.wheelhouse import download_wheelhouse, read_have
+
+    result = download_wheelhouse(
+        list(requirements), dest, python_version=python_version or f"{sys.version_info[0]}.{sys.version_info[1]}",
+        platforms=list(platforms), have=read_have(have) if have else None,
+        say=None if STATE.quiet else lambda msg: click.echo(f"env: {msg}", err=True),
+    )
+
+    def human() -> None:
+        kept = ", ".join(f"{n} {v}" for n, v in sorted(result.kept_from_target.items()))
+        click.echo(f"wrote {len(result.wheels)} wheels ({human_bytes(result.size_bytes)}) to {result.path} "
+                   f"in {result.seconds:.1f} s")
+        if kept:
+            click.echo(f"left out (the target has them): {kept}")
+        click.echo(f"on the target: qlift env quantize --setup --wheelhouse {result.path}")
+
+    emit(result, human)

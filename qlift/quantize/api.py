@@ -121,7 +121,7 @@ def quantize(
     else:
         job["embeddings"] = embedding_modules(src) or ["re:.*embed_tokens$"]
 
-    target = resolve_target(target_recipe)
+    target = resolve_target(target_recipe, device)
     warnings = advice(method, target)
     for w in warnings:
         log.warning("%s", w)

@@ -30,9 +30,12 @@ class Target:
         return self.name == "cpu"
 
 
-def resolve_target(target_recipe: str | None) -> Target:
+def resolve_target(target_recipe: str | None, device: str = "auto") -> Target:
     from qlift import hardware
 
+    if not target_recipe and device == "cuda":  # a GPU is promised: ask torch too where NVML is missing
+        found = _first_nvml_gpu() or next((Target(g.name, g.compute_capability) for g in hardware.detect().gpus), None)
+        return found or Target("cpu")
     if not target_recipe:
         return _first_nvml_gpu() or Target("cpu")
     if target_recipe.lower() == "cpu":

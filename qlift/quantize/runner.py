@@ -15,6 +15,7 @@ from typing import Any
 from qlift import errors
 from qlift.errors import ExternalToolError, QliftError
 from qlift.settings import qlift_home
+from qlift.toolenv import tool_environ
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def run_worker(
             stderr = None if echo_log else logf
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                env=tool_environ() | (env or {}),
             )
             assert proc.stdout is not None
             try:

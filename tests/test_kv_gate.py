@@ -39,13 +39,16 @@ def test_recipe_auto_turns_fp8_kv_on_only_where_the_newest_gate_report_passed(ru
 
     none = _dry_run(run_cli, smollm2_dir, "--recipe", "auto")  # no report: off, and how to get one
     assert none["kv"] is None and len(none["kv_notes"]) == 1
-    assert none["kv_notes"][0].startswith("FP8 KV cache off: no eval gate report")
+    assert none["kv_notes"][0].startswith("FP8 KV cache off: no eval gate report against a baseline")
     assert f"qlift eval {smollm2_dir} --baseline BASELINE" in none["kv_notes"][0]
     assert "--set kv_cache_dtype=fp8 --gate" in none["kv_notes"][0]
 
     write_record(_record(h, passed=True, date="2026-12-01T10:00:00+00:00"))
     write_record(_record(h, passed=False, date="2026-12-01T09:00:00+00:00", kv=None))  # bf16 KV: not about FP8
     write_record(_record("sha256:" + "c" * 64, passed=False, date="2026-12-02T00:00:00+00:00"))  # another model
+    absolute = _record(h, passed=True, date="2026-12-03T00:00:00+00:00")
+    absolute["gates"] = [{**absolute["gates"][0], "expr": "rougeL >= 0"}]
+    write_record(absolute)  # newest, but it never compared with the baseline: says nothing about FP8 KV
     on = _dry_run(run_cli, smollm2_dir, "--recipe", "auto")
     assert on["kv"] == "fp8" and on["plan"]["kv_cache_dtype"] == "fp8"
     assert on["kv_notes"][0].startswith("FP8 KV cache on (kv_cache_dtype=fp8): eval gate report "
@@ -65,10 +68,10 @@ def test_recipe_auto_turns_fp8_kv_on_only_where_the_newest_gate_report_passed(ru
     assert "/reports/2026-12-02T10:00:00+00:00/report.json" in off["kv_notes"][0]
     assert off["kv_notes"][0].startswith("FP8 KV cache off: the newest eval gate report with FP8 KV")
     assert off["kv_notes"][0].endswith("failed: rougeL >= baseline - 0.02 (0.3 vs 0.39)")
-    assert [r["date"][:10] for r in records(h)] == ["2026-12-01", "2026-12-01", "2026-12-02"]
+    assert [r["date"][:10] for r in records(h)] == ["2026-12-01", "2026-12-01", "2026-12-02", "2026-12-03"]
 
     (index_dir() / h.removeprefix("sha256:") / "broken.json").write_text("{", encoding="utf-8")
-    assert len(records(h)) == 3  # an unreadable record is skipped, not fatal
+    assert len(records(h)) == 4  # an unreadable record is skipped, not fatal
 
 
 def test_eval_records_gated_reports_and_refuses_engine_sets_without_vllm(  # type: ignore[no-untyped-def]

@@ -5,7 +5,8 @@
 # `vllm serve BF16` defaults. Each server starts once and serves two loads in turn, measured by vLLM's
 # own bench client (`qlift bench`, one process) and the server's vllm:generation_tokens_total:
 # 1000 requests x 256/256 all at once, then 1000 requests 256 at a time. Then, while time is left,
-# fp8-variant: the pipeline plus VARIANT_SETS (a recipe lever to try, e.g. "stream_interval=2"), at 256.
+# fp8-variant: the pipeline plus VARIANT_SETS (a recipe lever to try; default stream_interval=2), at 256.
+# ONLY=vllm-defaults,fp8-variant CONCURRENCY=256 measures a lever alone against the defaults (its own call).
 # Everything is time-bounded (LIMIT seconds in all); servers are started and stopped by pid (process group).
 # Results in $OUT: pipeline.json (the summary), frontend.json, rows.jsonl, bench-*.json, server-lines.txt,
 # pipeline-dry-run.json (what --recipe auto chose, FP8 KV decision included), run.log.
@@ -19,7 +20,7 @@ fp8=${FP8_MODEL:-/tmp/qwen7b-fp8}
 args=(--requests "${REQUESTS:-1000}" --concurrency "${CONCURRENCY:-1000,256}" --variant-concurrency 256
       --start-timeout "${START_TIMEOUT:-240}" --bench-timeout "${BENCH_TIMEOUT:-120}"
       --deadline-s $((limit - 20)) --reserve-s "${RESERVE_S:-170}")
-only=vllm-defaults,pipeline-fp8
+only=${ONLY:-vllm-defaults,pipeline-fp8}
 if [ "${REHEARSAL:-}" = cpu ]; then
     smol=${SMOLLM2:-$(ls -d "${QLIFT_TEST_CACHE:-/work/main/.cache/tests}"/qlift-cache/models/smollm2-* | head -1)}
     bf16=${BF16_MODEL:-$smol}; fp8=${FP8_MODEL:-$smol}  # FP8 is no CPU format: the rehearsal serves bf16 twice
@@ -29,9 +30,13 @@ if [ "${REHEARSAL:-}" = cpu ]; then
           --deadline-s $((limit - 20)) --reserve-s "${RESERVE_S:-150}"
           --vllm-arg=--enforce-eager --vllm-arg=--max-model-len=1024 --vllm-arg=--max-num-seqs=8)
 fi
-if [ -n "${VARIANT_SETS:-}" ]; then
-    only=$only,fp8-variant
-    for s in $VARIANT_SETS; do args+=(--variant-set "$s"); done
+# The lever tried after the pipeline when time is left: per-token streaming becomes every 2nd token, half the
+# server-sent events for the API servers (the cap through the server at 256 streams, docs/gpu.md section 3);
+# its chunk gap stays near 2 decode steps (~20 ms at 256). VARIANT_SETS= (empty) leaves it out.
+variant=${VARIANT_SETS-stream_interval=2}
+if [ -n "$variant" ]; then
+    [[ ,$only, == *,fp8-variant,* ]] || only=$only,fp8-variant
+    for s in $variant; do args+=(--variant-set "$s"); done
 fi
 echo "pipeline: $fp8 (recipe auto) vs $bf16 (vllm serve defaults); limit ${limit}s" | tee "$OUT/run.log"
 # What --recipe auto picks for the checkpoint, the FP8 KV decision and its reason included (also hashes it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,10 @@ def records(content_hash: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (str(r.get("date", "")), r["index_file"]))
 
 
-def newest(content_hash: str, *, engine_arg: str, values: tuple[str, ...]) -> dict[str, Any] | None:
-    """The newest record for ``content_hash`` whose candidate ran with ``engine_arg`` in ``values``."""
-    found = [r for r in records(content_hash) if str((r.get("engine_args") or {}).get(engine_arg)) in values]
+def newest(content_hash: str, *, engine_arg: str, values: tuple[str, ...],
+           keep: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[str, Any] | None:
+    """The newest record for ``content_hash`` whose candidate ran with ``engine_arg`` in ``values`` and that
+    ``keep`` accepts."""
+    found = [r for r in records(content_hash)
+             if str((r.get("engine_args") or {}).get(engine_arg)) in values and keep(r)]
     return found[-1] if found else None

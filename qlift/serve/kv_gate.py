@@ -41,6 +41,21 @@ def _gates_text(record: dict[str, Any], *, failed_only: bool = False) -> str:
     return "; ".join(parts) or "no gates"
 
 
+def compares_with_baseline(record: dict[str, Any]) -> bool:
+    """Only a gate against the baseline (``rougeL >= baseline - 0.02``) says what FP8 KV changed;
+    a report with absolute thresholds alone says nothing about it."""
+    from qlift.errors import QliftError
+    from qlift.eval.gates import parse_gate
+
+    for g in record.get("gates") or []:
+        try:
+            if parse_gate(str(g.get("expr"))).uses_baseline:
+                return True
+        except QliftError:
+            continue
+    return False
+
+
 def how_to_allow(model: Path) -> str:
     return ("qlift eval " + shlex.quote(str(model)) + " --baseline BASELINE --prompts HELD_OUT.jsonl "
             "--set kv_cache_dtype=fp8 --gate " + shlex.quote(GATE_EXAMPLE) + " --report DIR")
@@ -51,10 +66,10 @@ def decide(content_hash: str, model: Path) -> KvDecision:
     from qlift.eval.gate_index import newest
 
     short = content_hash.removeprefix("sha256:")[:12]
-    record = newest(content_hash, engine_arg="kv_cache_dtype", values=FP8_KV)
+    record = newest(content_hash, engine_arg="kv_cache_dtype", values=FP8_KV, keep=compares_with_baseline)
     if record is None:
-        return KvDecision(None, f"FP8 KV cache off: no eval gate report with kv_cache_dtype=fp8 for this "
-                                f"checkpoint (sha256:{short}); to allow it: {how_to_allow(model)}")
+        return KvDecision(None, f"FP8 KV cache off: no eval gate report against a baseline with kv_cache_dtype=fp8 "
+                                f"for this checkpoint (sha256:{short}); to allow it: {how_to_allow(model)}")
     where = f"{record.get('report')} of {record.get('date')}"
     if not record.get("passed"):
         return KvDecision(None, f"FP8 KV cache off: the newest eval gate report with FP8 KV for this checkpoint "

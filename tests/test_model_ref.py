@@ -64,7 +64,8 @@ def test_eval_report_candidate_hash_is_the_model_ref(tmp_path: Path, run_cli, ti
     report = _eval(run_cli, model, tmp_path / "rep")
     assert report["candidate"]["content_hash"] == ModelRef.of(model).content_hash
     # the report keeps its shape: the EvalModel's ref stays out of it
-    assert set(report["candidate"]) == {"role", "name", "path", "content_hash", "endpoint", "served_identity"}
+    assert set(report["candidate"]) == {"role", "name", "path", "content_hash", "endpoint", "served_identity",
+                                        "engine_args"}
 
 
 def test_eval_gate_matches_the_spec_canary_hash(tmp_path: Path, run_cli, tiny_qwen2_untied: Path,  # type: ignore[no-untyped-def]

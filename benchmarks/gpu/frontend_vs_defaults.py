@@ -1,10 +1,11 @@
 """qlift's recipes through `vllm serve` (front end included) against `vllm serve` defaults, in one run.
 
-Each server, one at a time, is loaded by `qlift bench` with the same requests (all sent at once by
-default) while a thread reads the server's own `vllm:generation_tokens_total` counter every 0.5 s.
-Per server: the client's output tok/s, the server counter's tok/s, the p99 gap between streamed
-chunks (vLLM's client records one gap per SSE chunk: its ITL), p50 TPOT, p99 TTFT, and the ratio of
-both throughputs to the first server's (vLLM's defaults).
+Each server, one at a time, is started once and loaded by `qlift bench` (vLLM's own benchmark client,
+one process) at each --concurrency level in turn (1000: all sent at once), while a thread reads the
+server's own `vllm:generation_tokens_total` counter every 0.5 s. Per server and level: the client's
+output tok/s, the server counter's tok/s, the p99 gap between streamed chunks (vLLM's client records
+one gap per SSE chunk: its ITL), p50 TPOT, p50 and p99 TTFT, and the ratio of both throughputs to
+vLLM's defaults at the same level.
 
 Servers (--only picks, in this order; M is the bf16 model, F the FP8 checkpoint of the same shape):
   vllm-defaults   vllm serve M --load-format dummy                         (vLLM's CLI, nothing else)
@@ -12,9 +13,11 @@ Servers (--only picks, in this order; M is the bf16 model, F the FP8 checkpoint 
   pipeline-fp8    qlift serve F --recipe auto --set load_format=dummy      (the FP8 checkpoint, no tuning flags)
   fp8-fp8kv       qlift serve F --recipe auto --set load_format=dummy --set kv_cache_dtype=fp8
   fp8-stream8     qlift serve F --recipe auto --set load_format=dummy --set stream_interval=8
-(load_format=dummy: random weights, as the model directories have headers only.) A server is
-skipped when fewer than --reserve-s seconds of --deadline-s are left. Writes bench-NAME.json,
-frontend.json and server-lines.txt into --out.
+  fp8-variant     qlift serve F --recipe auto [--set load_format=dummy] --set EACH --variant-set (a candidate lever)
+load_format=dummy (random weights) is passed only for a model directory whose safetensors files hold
+headers only (build_model.py); a checkpoint with weights (`qlift quantize` output) is served as it is.
+A server is skipped when fewer than --reserve-s seconds of --deadline-s are left. Writes
+bench-NAME-cN.json, frontend.json and server-lines.txt into --out.
 
     python3 benchmarks/gpu/frontend_vs_defaults.py /tmp/qwen7b-shape --fp8-model /tmp/qwen7b-fp8
 """
@@ -46,7 +49,20 @@ SERVERS: list[tuple[str, str, list[str] | None]] = [
     ("pipeline-fp8", "fp8", []),
     ("fp8-fp8kv", "fp8", ["kv_cache_dtype=fp8"]),
     ("fp8-stream8", "fp8", ["stream_interval=8"]),
+    ("fp8-variant", "fp8", []),  # + --variant-set
 ]
+
+
+def headers_only(model: Path) -> bool:
+    """True where a safetensors file is shorter than its header says (build_model.py's header-only files)."""
+    for f in sorted(model.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        if f.stat().st_size < 8 + n + end:
+            return True
+    return False
 
 
 def vllm_cli() -> str:
@@ -61,13 +77,15 @@ def vllm_cli() -> str:
 
 def start(name: str, model: Path, sets: list[str] | None, a: argparse.Namespace, port: int) -> subprocess.Popen[str]:
     log = open(a.logs / f"server-{name}.log", "w")  # noqa: SIM115  (lives as long as the server)
+    dummy = headers_only(model)
     if sets is None:
-        argv = [sys.executable, "-m", vllm_cli(), "serve", str(model), "--load-format", "dummy",
+        argv = [sys.executable, "-m", vllm_cli(), "serve", str(model), *(["--load-format", "dummy"] if dummy else []),
                 "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port), *a.vllm_arg]
     else:
         recipe = a.recipe if name == "chat-h200" else a.fp8_recipe
+        sets = [*(["load_format=dummy"] if dummy else []), *a.set, *sets]
         argv = [sys.executable, "-m", "qlift", "serve", str(model), "--recipe", recipe, "--served-model-name", "m",
-                "--port", str(port), *(x for s in ["load_format=dummy", *a.set, *sets] for x in ("--set", s))]
+                "--port", str(port), *(x for s in sets for x in ("--set", s))]
     print(f"{name}: {' '.join(argv)}", flush=True)
     # Its own session (stopped as a group), SIGTERM when this script dies: a server left behind would
     # hold the GPU's memory for the next call.
@@ -103,21 +121,49 @@ def stop(proc: subprocess.Popen[str]) -> None:
             continue
 
 
-def bench(name: str, a: argparse.Namespace, port: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    out = a.out / f"bench-{name}.json"
+def bench(name: str, a: argparse.Namespace, port: int, concurrency: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = a.out / f"bench-{name}-c{concurrency}.json"
     argv = [sys.executable, "-m", "qlift", "bench", "--endpoint", f"http://127.0.0.1:{port}", "--model", "m",
-            "--tokenizer", str(a.model), "--concurrency", str(a.concurrency), "--requests", str(a.requests),
-            "--input-tokens", str(a.input_tokens), "--output-tokens", str(a.output_tokens), "-o", str(out), "--json"]
-    base = a.out / "bench-vllm-defaults.json"
+            "--tokenizer", str(a.model), "--concurrency", str(concurrency), "--requests", str(a.requests),
+            "--input-tokens", str(a.input_tokens), "--output-tokens", str(a.output_tokens), "-o", str(out), "--json",
+            "--timeout", str(a.bench_timeout)]
+    base = a.out / f"bench-vllm-defaults-c{concurrency}.json"
     if name != "vllm-defaults" and base.is_file():
         argv += ["--baseline", str(base)]
     print(f"{name}: {' '.join(argv)}", flush=True)
     with CounterSampler(f"http://127.0.0.1:{port}") as sampler:
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, timeout=a.bench_timeout + 30)
     counted = sampler.stop()
     server = {"generated_tokens": int(counted.tokens), "active_s": round(counted.active_s, 2),
               "output_tokens_per_s": round(counted.tokens_per_s, 1) if counted.tokens_per_s else None}
     return json.loads(out.read_text()), server
+
+
+def keep(rows: list[dict[str, Any]], row: dict[str, Any], out: Path) -> None:
+    """Each row as it is measured, also into rows.jsonl: a run cut at its time limit keeps what it measured."""
+    rows.append(row)
+    print(f"{row['server']}: {json.dumps(row)}", flush=True)
+    with open(out / "rows.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def measure(name: str, a: argparse.Namespace, port: int, c: int, sets: list[str] | None) -> dict[str, Any]:
+    """One bench level against a running server: the client's figures beside the server counter's."""
+    try:
+        result, server = bench(name, a, port, c)
+        level = result["levels"][0]
+        lat = level["latency_ms"]
+        return {"server": name, "concurrency": c, "sets": sets, "status": "measured",
+                "client_output_tokens_per_s": round(level["output_tokens_per_s"], 1),
+                "server_output_tokens_per_s": server["output_tokens_per_s"], "server_counter": server,
+                "completed": level["completed"], "failed": level["failed"],
+                "client_output_tokens": level["total_output_tokens"],
+                "p99_chunk_gap_ms": round(lat["itl"]["p99"], 1), "p50_chunk_gap_ms": round(lat["itl"]["p50"], 1),
+                "p50_tpot_ms": round(lat["tpot"]["p50"], 1), "p50_ttft_ms": round(lat["ttft"]["p50"], 0),
+                "p99_ttft_ms": round(lat["ttft"]["p99"], 0)}
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, KeyError, IndexError) as exc:
+        return {"server": name, "concurrency": c, "sets": sets, "status": "failed",
+                "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def main() -> None:
@@ -128,11 +174,15 @@ def main() -> None:
     ap.add_argument("--fp8-recipe", default="auto", help="Recipe for the FP8 servers (default: auto).")
     ap.add_argument("--set", action="append", default=[], help="Extra --set for every qlift server (rehearsals).")
     ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--concurrency", type=int, default=1000)
+    ap.add_argument("--concurrency", default="1000",
+                    help="Comma-separated levels, each a bench of --requests against the same server start.")
     ap.add_argument("--input-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--only", help="Comma-separated server names (default: all, in order).")
     ap.add_argument("--vllm-arg", action="append", default=[], help="Extra argv for vLLM's defaults server.")
+    ap.add_argument("--variant-set", action="append", default=[], help="fp8-variant's --set values (a lever to try).")
+    ap.add_argument("--variant-concurrency", help="Levels for fp8-variant (default: --concurrency).")
+    ap.add_argument("--bench-timeout", type=float, default=150, help="Seconds one bench level may take.")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deadline-s", type=float, default=560)
     ap.add_argument("--reserve-s", type=float, default=110, help="Seconds one server and its bench need.")
@@ -142,6 +192,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     a.logs.mkdir(parents=True, exist_ok=True)
     models = {"bf16": a.model, "fp8": a.fp8_model or a.model}
+    levels = [int(c) for c in a.concurrency.split(",")]
+    variant_levels = [int(c) for c in a.variant_concurrency.split(",")] if a.variant_concurrency else levels
     only = a.only.split(",") if a.only else None
     t0, rows = time.monotonic(), []
     for i, (name, kind, sets) in enumerate(SERVERS):
@@ -153,53 +205,48 @@ def main() -> None:
             continue
         port = 8100 + i
         ts = time.monotonic()
+        sets = [*sets, *a.variant_set] if name == "fp8-variant" and sets is not None else sets
         proc = start(name, models[kind], sets, a, port)
         try:
             wait_ready(proc, port, a.start_timeout)
-            ready_s = time.monotonic() - ts
-            result, server = bench(name, a, port)
-            level = result["levels"][0]
-            lat = level["latency_ms"]
-            row = {"server": name, "model": str(models[kind]), "sets": sets, "status": "measured",
-                   "ready_s": round(ready_s, 1), "client_output_tokens_per_s": round(level["output_tokens_per_s"], 1),
-                   "server_output_tokens_per_s": server["output_tokens_per_s"], "server_counter": server,
-                   "completed": level["completed"], "failed": level["failed"],
-                   "client_output_tokens": level["total_output_tokens"],
-                   "p99_chunk_gap_ms": round(lat["itl"]["p99"], 1), "p50_chunk_gap_ms": round(lat["itl"]["p50"], 1),
-                   "p50_tpot_ms": round(lat["tpot"]["p50"], 1), "p99_ttft_ms": round(lat["ttft"]["p99"], 0)}
-        except (RuntimeError, subprocess.CalledProcessError, KeyError, IndexError) as exc:
-            row = {"server": name, "sets": sets, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+            ready_s = round(time.monotonic() - ts, 1)
+            for c in variant_levels if name == "fp8-variant" else levels:
+                row = measure(name, a, port, c, sets)
+                row.update(model=str(models[kind]), ready_s=ready_s)
+                keep(rows, row, a.out)
+        except RuntimeError as exc:
+            keep(rows, {"server": name, "sets": sets, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"},
+                 a.out)
         finally:
             stop(proc)
-        rows.append(row)
-        print(f"{name}: {json.dumps(row)}", flush=True)
-    base = next((r for r in rows if r["server"] == "vllm-defaults" and r["status"] == "measured"), None)
     for r in rows:
+        base = next((b for b in rows if b["server"] == "vllm-defaults" and b["status"] == "measured"
+                     and b["concurrency"] == r.get("concurrency")), None)
         if base and r["status"] == "measured":
             r["ratio_client"] = round(r["client_output_tokens_per_s"] / base["client_output_tokens_per_s"], 3)
             if r["server_output_tokens_per_s"] and base["server_output_tokens_per_s"]:
                 r["ratio_server"] = round(r["server_output_tokens_per_s"] / base["server_output_tokens_per_s"], 3)
     import vllm  # the version the servers ran
 
-    summary = {"vllm_version": vllm.__version__, "requests": a.requests, "concurrency": a.concurrency,
+    summary = {"vllm_version": vllm.__version__, "requests": a.requests, "concurrency": levels,
                "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "wall_s": round(time.monotonic() - t0),
                "servers": rows}
     (a.out / "frontend.json").write_text(json.dumps(summary, indent=2))
-    key = re.compile(r"KV cache|quantiz|fp8|Asynchronous scheduling|CUDA graph|API server|ulimit|open-files|"
-                     r"took [0-9.]+ s|Error|error")
+    key = re.compile(r"FP8 KV|recipe auto|KV cache|quantiz|fp8|Asynchronous scheduling|CUDA graph|API server|"
+                     r"ulimit|open-files|took [0-9.]+ s|Error|error")
     with open(a.out / "server-lines.txt", "w") as fh:
         for log in sorted(a.logs.glob("server-*.log")):
             lines = log.read_text(errors="replace").splitlines(keepends=True)
             fh.writelines(f"{log.name}: {line}" for line in lines if key.search(line))
-    print(f"vLLM {vllm.__version__}; {a.requests} x {a.input_tokens}/{a.output_tokens}, concurrency {a.concurrency}")
-    print(f"{'server':14} {'client tok/s':>12} {'server tok/s':>12} {'ratio c/s':>11} {'p99 gap ms':>10} "
-          f"{'p50 TPOT':>9} {'p99 TTFT':>9}")
+    print(f"vLLM {vllm.__version__}; {a.requests} x {a.input_tokens}/{a.output_tokens}, concurrency {levels}")
+    print(f"{'server':14} {'conc':>5} {'client tok/s':>12} {'server tok/s':>12} {'ratio c/s':>11} {'p99 gap ms':>10} "
+          f"{'p50 TPOT':>9} {'p50 TTFT':>9} {'p99 TTFT':>9}")
     for r in rows:
         if r["status"] == "measured":
             server_tps = r["server_output_tokens_per_s"] or 0
-            print(f"{r['server']:14} {r['client_output_tokens_per_s']:12,.0f} {server_tps:12,.0f}"
+            print(f"{r['server']:14} {r['concurrency']:5} {r['client_output_tokens_per_s']:12,.0f} {server_tps:12,.0f}"
                   f" {r.get('ratio_client', 0):5.2f}/{r.get('ratio_server', 0):5.2f} {r['p99_chunk_gap_ms']:10.1f}"
-                  f" {r['p50_tpot_ms']:9.1f} {r['p99_ttft_ms']:9.0f}")
+                  f" {r['p50_tpot_ms']:9.1f} {r['p50_ttft_ms']:9.0f} {r['p99_ttft_ms']:9.0f}")
         else:
             print(f"{r['server']:14} {r['status']}: {r.get('reason')}")
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qlift.eval.prompts import Example
 
@@ -75,6 +75,7 @@ class EvalModel:
     content_hash: str | None = field(init=False, default=None)
     endpoint: str | None = None
     served_identity: str | None = None  # endpoint + name + the model path the server reports
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM engine arguments it ran with (--set)
     ref: ModelRef | None = field(default=None, metadata={"json": False})
 
     def __post_init__(self) -> None:
@@ -86,7 +87,11 @@ class EvalModel:
         """Identity for the cache: the content hash of a local model; for an endpoint, what the
         server says it serves (its URL, the served name and the model path or root it reports),
         so a rerun after a failure asks only for what is missing."""
-        return self.content_hash or self.served_identity
+        base = self.content_hash or self.served_identity
+        if base is None or not self.engine_args:
+            return base
+        # the same checkpoint run with e.g. an FP8 KV cache answers differently: its own cache entries
+        return base + "+" + json.dumps(self.engine_args, sort_keys=True)
 
 
 @dataclass

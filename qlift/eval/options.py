@@ -26,6 +26,10 @@ class EvalOptions:
     metrics: str | None = None
     """Comma-separated subset: ppl,exact_match,rougeL,chrF,json_valid,schema_pass,check_pass,length,latency,
     repetition,loops,off_language,refusal (default: all that apply)."""
+    engine_sets: tuple[str, ...] = field(default=(), metadata={"flag": "--set", "metavar": "KEY=VALUE"})
+    """A vLLM engine argument for the candidate (vllm backend; vLLM's name), e.g. --set kv_cache_dtype=fp8 to
+    evaluate it as `qlift serve` would run it with an FP8 KV cache. Written into the report; a passing gated
+    report lets `qlift serve --recipe auto` turn that setting on (docs/serve.md). Repeatable."""
     gates: tuple[str, ...] = field(default=(), metadata={"flag": "--gate", "metavar": "EXPR"})
     """Release gate, repeatable, e.g. 'rougeL >= baseline - 0.02'. Any failure exits 10."""
     report_dir: Path | None = field(default=None, metadata={"flag": "--report"})

@@ -86,6 +86,9 @@ def render_markdown(result: Any) -> str:
         f"{result.bootstrap['resamples']} resamples (seed {result.bootstrap['seed']})",
         "",
     ]
+    if getattr(result.candidate, "engine_args", None):
+        args = ", ".join(f"`{k}={v}`" for k, v in result.candidate.engine_args.items())
+        out += [f"The candidate ran with vLLM engine arguments {args}.", ""]
     if result.gates:
         out += ["## Gates", ""]
         out += [f"- {'PASS' if g.passed else 'FAIL'} `{g.expr}` ({g.detail})" for g in result.gates]

@@ -203,6 +203,7 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         given = [Path(prompts), *(Path(m) for m in (candidate, baseline) if m and Path(m).exists())]
         check_output_path(Path(report_dir), force=force, inputs=given)
     kind = pick_backend(backend, endpoint)
+    engine_args = _engine_args(o.engine_sets, kind)
 
     if kind == "endpoint":
         assert endpoint is not None
@@ -212,6 +213,7 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
     else:
         chat = any(ex.messages is not None for ex in examples)
         models = [_local_model("candidate", candidate, chat=chat)]
+        models[0].engine_args = engine_args
         if baseline is not None:
             models.append(_local_model("baseline", baseline, chat=chat))
 
@@ -277,7 +279,25 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
 
         write_reports(result, Path(report_dir), force=force, inputs=_inputs(models, prompts))
         result.report_dir = str(report_dir)
+        from qlift.eval.gate_index import record_of, write_record
+
+        record = record_of(result, Path(report_dir))
+        if record is not None:  # what `qlift serve --recipe auto` reads (qlift.eval.gate_index)
+            log.info("gate record for %s: %s", record["content_hash"], write_record(record))
     return result
+
+
+def _engine_args(sets: tuple[str, ...], kind: str) -> dict[str, Any]:
+    """``--set`` items as vLLM engine arguments for the candidate; only the vllm backend runs them."""
+    if not sets:
+        return {}
+    if kind != "vllm":
+        raise BadInputError(f"--set configures the vllm backend, but this eval uses the {kind} backend",
+                            field="--set", hint="Pass --backend vllm, or serve the candidate with the setting "
+                                                "and evaluate that endpoint.")
+    from qlift.serve.recipes import engine_spec, parse_sets
+
+    return engine_spec(parse_sets(sets)).args()
 
 
 def _judge_model(o: EvalOptions, examples: list[Example], rows: list[ExampleRow]) -> dict[str, Any]:

@@ -32,8 +32,10 @@ class VllmBackend(Backend):
         require_cpu_support(model.path, what=f"evaluate the {model.role}",
                             alternative="--backend transformers (slower; it dequantizes the checkpoint)")
         job = VllmEvalJob(model=str(model.path), requests=requests, sampling=sampling,
-                          max_model_len=self._max_len(model.path), dtype=self._dtype(model.path))
-        log.info("vLLM: generating %d answers with %s (%s)", len(requests), model.name, model.role)
+                          max_model_len=self._max_len(model.path), dtype=self._dtype(model.path),
+                          engine_args=model.engine_args)
+        extra = "".join(f", {k}={v}" for k, v in model.engine_args.items())
+        log.info("vLLM: generating %d answers with %s (%s%s)", len(requests), model.name, model.role, extra)
         raw = run_worker(WORKER, job.model_dump(mode="json"), name=f"eval-vllm-{model.role}",
                          timeout_s=self.timeout_s, failure=f"vLLM failed on the {model.role} model {model.name}")
         result = VllmEvalResult.model_validate(raw)

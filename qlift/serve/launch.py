@@ -117,9 +117,16 @@ def plan_launch(model: Path, *, recipe: str, hardware: Hardware, workload: str =
     chosen, reason = resolve_recipe(recipe, hardware, workload, md)
     chosen, host_notes = fit_to_host(chosen, hardware)  # the recipe's value, never a --set one
     chosen = apply_overrides(chosen, sets or [])
+    kv = None
+    if recipe == "auto":  # FP8 KV only where an eval gate passed for this checkpoint (qlift.serve.kv_gate)
+        from qlift.serve.kv_gate import apply_kv_gate
+
+        chosen, kv = apply_kv_gate(chosen, md, sets or [])
     chosen, notes = fit_to_model(chosen, md)
     notes = host_notes + notes
     plan = plan_memory(md, chosen, hardware)
+    if kv is not None:  # the plan's notes: `qlift plan` and `qlift serve` both print them
+        plan.notes.insert(0, kv.note)
     why = _unsuited(chosen, hardware)
     if why:  # simulated --gpu: refused as `serve` on that GPU would refuse it, after the plan's own checks
         raise IncompatibleError(

@@ -232,7 +232,16 @@ def list_recipes() -> list[Recipe]:
 
 def apply_overrides(recipe: Recipe, sets: list[str]) -> Recipe:
     """A copy of ``recipe`` with ``key=value`` overrides (values parsed as YAML scalars)."""
-    engine = recipe.engine.args()
+    spec = engine_spec({**recipe.engine.args(), **parse_sets(sets)})
+    data = recipe.model_dump(exclude={"engine", "path"})
+    out = Recipe.model_validate({**data, "engine": spec, "path": recipe.path})
+    check_consistency(out, path="--set")
+    return out
+
+
+def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``key=value`` items as vLLM engine arguments (names checked, values parsed as YAML scalars)."""
+    engine: dict[str, Any] = {}
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -243,15 +252,16 @@ def apply_overrides(recipe: Recipe, sets: list[str]) -> Recipe:
         except yaml.YAMLError:
             value = raw
         engine[name] = value
-    data = recipe.model_dump(exclude={"engine", "path"})
+    return engine
+
+
+def engine_spec(engine: dict[str, Any]) -> EngineSpec:
+    """``engine`` checked as recipe engine arguments; a bad value names the --set field."""
     try:
-        spec = EngineSpec.model_validate(engine)
+        return EngineSpec.model_validate(engine)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise BadInputError(
             err["msg"], path="--set", field=".".join(str(p) for p in err["loc"]),
             hint="Fix the value given to --set.",
         ) from None
-    out = Recipe.model_validate({**data, "engine": spec, "path": recipe.path})
-    check_consistency(out, path="--set")
-    return out

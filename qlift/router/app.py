@@ -359,9 +359,10 @@ class Router:
                 log.info("request %s: %s failed (%s), replaying on %s", rid, backend.name, att.error, replay_on.name)
                 retried_from, backend = backend.name, replay_on
         except asyncio.CancelledError:  # the client went away: the attempt closed its upstream
-            att.client_disconnected = True
+            att.client_left()  # after a stream's [DONE]: complete, and logged as the 200 it was
             self._finish(att, backend, rid, replayed=False)
-            self._log(att, rid, key, request.path, status=499, t0=t0, retried_from=retried_from)
+            self._log(att, rid, key, request.path, status=499 if att.client_disconnected else att.status, t0=t0,
+                      retried_from=retried_from)
             self._pair_primary(pair, att)
             self._charge(request, key, att)
             raise

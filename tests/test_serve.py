@@ -416,7 +416,8 @@ def test_startup_phases_and_access_lines_read_from_vllms_log(tmp_path: Path) -> 
         b"Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00, 1.6s/it]\n"
         b"(Worker pid=9) INFO 12-03 14:10:15 [backends.py:399] Compiling a graph for compile range (1, 8192) "
         b"takes 21.10 s\n"
-        b"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|\xe2\x96\x88\xe2\x96\x8c  | 30/67 [00:02<00:03]\n"
+        b"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|\xe2\x96\x88\xe2\x96\x8c  | 30/67 "
+        b"[00:02<00:03]\n"
         b"(APIServer pid=7) INFO 12-03 14:10:22 [entry.py:140] Starting vLLM server on http://127.0.0.1:8000\n"
         b'(APIServer_1 pid=8) INFO:     127.0.0.1:36144 - "GET /health HTTP/1.1" 200 OK\n'
         b'INFO:     127.0.0.1:36150 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'

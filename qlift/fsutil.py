@@ -66,6 +66,10 @@ class FileHashes:
         for p, f in zip(self._paths, self._futures, strict=True):
             yield p, f.result()
 
+    def done(self) -> bool:
+        """Whether every file is hashed (``result()`` will not wait)."""
+        return all(f.done() for f in self._futures)
+
     def result(self) -> dict[str, str]:
         """Resolved path -> sha256 hex digest of every file given (the first error is raised)."""
         return {str(p.resolve()): digest for p, digest in self.each()}

@@ -405,7 +405,7 @@ def test_a_bound_server_is_bound_whole(smollm2_server) -> None:  # type: ignore[
 def test_startup_phases_and_access_lines_read_from_vllms_log(tmp_path: Path) -> None:
     """vLLM's startup lines (a GPU start: shards, compile, graph capture) become steps with counts; access
     lines, health checks included, stay off the terminal unless asked for, whatever process prefix they have."""
-    from qlift.serve.logview import LogFollower, LogView, StartupPhases
+    from qlift.vllm.logview import LogFollower, LogView, StartupPhases
 
     log = tmp_path / "vllm.log"
     log.write_bytes(

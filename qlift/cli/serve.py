@@ -149,11 +149,14 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
     if limit_note:
         click.echo(f"note: {limit_note}", err=True)
     click.echo(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}", err=True)
-    from qlift.serve.logview import LogView, PhaseLines
+    from qlift.vllm.logview import LogView, PhaseLines
 
-    phases = None if STATE.quiet or STATE.verbose else PhaseLines(_stderr_write)  # -v shows the whole log
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    phases = None if STATE.quiet or STATE.verbose else PhaseLines(say)  # -v shows the whole log instead
     view = LogView(write=None if STATE.quiet else _stderr_write, on_phase=phases, startup=STATE.verbose > 0,
-                   access=opts.access_log, note=lambda text: click.echo(text, err=True))
+                   access=opts.access_log, note=say)
 
     def ready(spec: LaunchSpec, pid: int) -> None:
         if phases is not None:

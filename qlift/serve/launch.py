@@ -26,13 +26,13 @@ from qlift.fsutil import write_json_atomic
 from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.models.ref import AdapterRef, ModelRef, hash_memo
-from qlift.serve.logview import LogFollower, LogView, StartupPhases
 from qlift.serve.options import ServeOptions
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
 from qlift.vllm.engine_args import false_flags
+from qlift.vllm.logview import LogFollower, LogView, StartupPhases
 from qlift.vllm.process import first_error_line, free_port
 from qlift.vllm.server import VllmServer
 

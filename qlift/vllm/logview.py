@@ -1,9 +1,10 @@
-"""What `qlift serve` shows of vLLM's log: startup phases while it starts, the log without HTTP access lines
-once it is up. vllm.log in the run directory always keeps every line.
+"""What qlift shows of a vLLM log: the steps of a start (`qlift serve`, eval's offline worker), and for a
+server, the log without HTTP access lines once it is up. The log file always keeps every line.
 
-vLLM says little about how far its startup is, but its log says which step it is in (weights, compile, KV
-cache, graph capture, HTTP server): ``StartupPhases`` reads those lines, so a start of minutes shows its step
-and, where vLLM counts (checkpoint shards, captured graphs), done out of total.
+vLLM says little about how far its start is, but its log says which step it is in (weights, compile, KV
+cache, graph capture, HTTP server; offline: the prompts processed): ``StartupPhases`` reads those lines, so a
+start of minutes shows its step and, where vLLM counts (checkpoint shards, captured graphs, prompts), done
+out of total.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from qlift.progress import StepBar
+from qlift.progress import StepBar, enabled
 
 # uvicorn's access line, e.g. `INFO:     127.0.0.1:36144 - "GET /health HTTP/1.1" 200 OK`, under any
 # `(APIServer pid=N) ` prefix vLLM adds with several API server processes.
@@ -50,6 +51,7 @@ _PHASES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"Graph capturing finished|init engine \(profile, create kv cache, warmup model\) took"),
      "engine ready"),
     (re.compile(r"Starting vLLM (?:API )?server on"), "starting the HTTP server"),
+    (re.compile(r"Processed prompts" + _COUNT), "generating"),  # LLM.generate's bar (offline)
 ]
 
 
@@ -117,24 +119,30 @@ class LogView:
 
 
 class PhaseLines:
-    """Startup phases as lines (``vLLM: compiling (torch.compile), 41 s in``), and a bar for a counted phase
-    (qlift.progress: on a terminal only)."""
+    """Startup phases as lines (``vLLM: compiling (torch.compile), 41 s in``) through ``say``; a counted phase
+    as a bar on a terminal (qlift.progress), else one more line per tenth done."""
 
-    def __init__(self, write: Callable[[str], None]) -> None:
-        self.write, self.began = write, time.monotonic()
+    def __init__(self, say: Callable[[str], None], prefix: str = "vLLM") -> None:
+        self.say, self.prefix, self.began = say, prefix, time.monotonic()
         self.name: str | None = None
         self.bar: StepBar | None = None
+        self.tenth = 0
 
     def __call__(self, phase: Phase) -> None:
+        count = f" ({phase.done}/{phase.total})" if phase.total else ""
+        line = f"{self.prefix}: {phase.name}{count}, {time.monotonic() - self.began:.0f} s in"
         if phase.name != self.name:
             self.close()
-            self.name = phase.name
-            count = f" ({phase.done}/{phase.total})" if phase.total else ""
-            self.write(f"vLLM: {phase.name}{count}, {time.monotonic() - self.began:.0f} s in\n")
-        if phase.total and phase.done is not None:
-            if self.bar is None:
-                self.bar = StepBar(phase.name)
+            self.name, self.tenth = phase.name, 0
+            self.say(line)
+        if not phase.total or phase.done is None:
+            return
+        if enabled():
+            self.bar = self.bar or StepBar(phase.name)
             self.bar.update(phase.done, phase.total)
+        elif phase.done * 10 // phase.total > self.tenth:
+            self.tenth = phase.done * 10 // phase.total
+            self.say(line)
 
     def close(self) -> None:
         if self.bar is not None:

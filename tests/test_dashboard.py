@@ -22,7 +22,7 @@ BOARDS = {"router": DOCS / "grafana-qlift.json", "nginx": DOCS / "grafana-qlift-
 PROMTOOL = shutil.which("promtool")
 BUILTINS = {"__rate_interval", "__interval", "__range"}
 # What a Grafana variable stands for in an expression: a valid PromQL token of the same kind.
-EXAMPLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m", "window": "1m"}
+EXAMPLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m", "window": "1m", "quantile": "0.5"}
 
 
 def board(name: str) -> dict[str, Any]:
@@ -89,17 +89,41 @@ def test_router_dashboard_separates_streams_and_compares_canary_with_stable_over
     assert any("by (le, backend, stream)" in e for e in by_stream if "ttfb" in e)
     assert any("by (le, backend, stream)" in e for e in by_stream if "duration" in e)
     pair = [(w, e) for w, e in exprs if '"$canary|$stable"' in e]
-    # the judge's checks: errors, TTFT, latency, length finishes, tokens, empty answers; each over $window
-    for metric in ("requests_total", "ttfb_seconds", "request_duration_seconds", 'reason="length"',
+    # the judge's checks: errors, TTFT, per-token latency, length finishes, tokens, empty answers; each over $window
+    for metric in ("requests_total", "ttfb_seconds", "token_latency_seconds", 'reason="length"',
                    "completion_tokens_total", "empty_completions_total"):
         assert any(metric in e for _, e in pair), metric
     assert all("[$window]" in e and "[5m]" not in e for _, e in pair)
+    # latency and TTFT at the judge's quantile, TTFT of streamed requests only
+    judged = [e for _, e in pair if "token_latency_seconds" in e or "ttfb_seconds" in e]
+    assert judged and all(e.startswith("histogram_quantile($quantile,") for e in judged)
+    assert all('stream="true"' in e for e in judged if "ttfb" in e)
+    quantile = next(v for v in d["templating"]["list"] if v["name"] == "quantile")
+    assert quantile["current"]["value"] == "0.5"  # analysis.latency_quantile's default
     error_ratio = next(e for w, e in exprs if w.startswith("Error ratio"))
     assert "[$window]" in error_ratio
-    window = next(v for v in d["templating"]["list"] if v["name"] == "window")
-    assert window["current"]["value"] in window["query"].split(",")
-    annotation = next(a for a in d["annotations"]["list"] if a.get("expr"))
-    assert "qlift_router_weight" in annotation["expr"] and "changes(" in annotation["expr"]
+    assert any("qlift_router_shadow_total" in e for _, e in exprs)
+
+
+def test_a_weight_change_is_one_annotation(tmp_path: Path) -> None:
+    """Grafana marks each annotation sample > 0 and joins samples one step apart into a region: the weight
+    annotation must be > 0 at one step per change, also a change to 0 (a rollback)."""
+    annotation = next(a for a in board("router")["annotations"]["list"] if a.get("expr"))
+    if PROMTOOL is None:
+        pytest.skip("promtool (Debian's prometheus package) is not installed")
+    # canary weight 0 -> 10 at 60 s, -> 50 at 195 s, -> 0 (a rollback) at 330 s, scraped every 15 s
+    expr = filled(annotation["expr"].replace("$canary", "canary"))
+    changes = {60: 10, 195: 40, 330: 50}
+    tests = [{"expr": expr, "eval_time": f"{t}s",
+              "exp_samples": [{"labels": '{backend="canary"}', "value": changes[t]}] if t in changes else []}
+             for t in range(0, 465, 15)]
+    path = tmp_path / "annotation_test.yml"
+    path.write_text(json.dumps({"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": [{"series": 'qlift_router_weight{backend="canary"}',
+                                             "values": "0x3 10x8 50x8 0x8"}],
+        "promql_expr_test": tests}]}))
+    out = subprocess.run([str(PROMTOOL), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_nginx_dashboard_tells_versions_apart_by_scrape_target() -> None:

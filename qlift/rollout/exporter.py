@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from qlift.errors import QliftError
+from qlift.fsutil import AppendedLines
 
 log = logging.getLogger(__name__)
 ROLLOUT_LABELS = ["rollout", "stable", "canary", "state", "data_plane"]
@@ -46,26 +47,16 @@ class NginxLogCounts:
     """Counts of nginx's access log (qlift's JSON lines), read on from where the last read stopped."""
 
     def __init__(self) -> None:
-        self.path: Path | None = None
-        self.offset = 0
+        self.log: AppendedLines | None = None
         self.responses: Counter[tuple[str, str]] = Counter()
         self.upstream: Counter[tuple[str, str]] = Counter()
 
     def read(self, path: Path) -> None:
-        if path != self.path:  # another rollout's prefix: its own counts
-            self.__init__()  # type: ignore[misc]
-            self.path = path
-        try:
-            with open(path, "rb") as fh:
-                if fh.seek(0, 2) < self.offset:  # rotated or truncated: read it from the start
-                    self.offset = 0
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1  # a half-written line waits for the next scrape
-        self.offset += end
-        for raw in data[:end].splitlines():
+        if self.log is None or self.log.path != path:  # another rollout's prefix: its own counts
+            self.log = AppendedLines(path)
+            self.responses.clear()
+            self.upstream.clear()
+        for raw in self.log.read():
             try:
                 line = json.loads(raw)
             except ValueError:

@@ -13,8 +13,8 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
+from qlift.fsutil import AppendedLines
 from qlift.progress import StepBar, enabled
 
 # uvicorn's access line, e.g. `INFO:     127.0.0.1:36144 - "GET /health HTTP/1.1" 200 OK`, under any
@@ -75,24 +75,12 @@ class StartupPhases:
             return
 
 
-class LogFollower:
-    """New complete lines of a growing log file (``\\r``-redrawn progress bars count as lines)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
+class LogFollower(AppendedLines):
+    """New whole lines of vLLM's log; ``\r``-redrawn progress bars count as lines."""
 
     def lines(self) -> Iterator[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n") + 1  # only whole lines: the rest is read again once finished
-        self.offset += end
-        for line in re.split(r"\r\n|\r|\n", chunk[:end].decode("utf-8", errors="replace")):
-            if line:
-                yield line
+        for text in self.read():
+            yield from (line for line in text.split("\r") if line)
 
 
 @dataclass

@@ -410,6 +410,7 @@ def test_startup_phases_and_access_lines_read_from_vllms_log(tmp_path: Path) -> 
     log = tmp_path / "vllm.log"
     log.write_bytes(
         b"(APIServer pid=7) INFO 12-03 14:09:28 [api_utils.py:286] non-default args: {'model': 'm'}\n"
+        b"(EngineCore pid=8) INFO 12-03 14:09:52 [multiproc_executor.py:153] DP group leader: node_rank=0\n"
         b"(Worker pid=9) INFO 12-03 14:10:12 [gpu_model_runner.py:5040] Starting to load model m...\n"
         b"Loading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]\r"
         b"Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.6s/it]\r"
@@ -430,7 +431,8 @@ def test_startup_phases_and_access_lines_read_from_vllms_log(tmp_path: Path) -> 
     lines = list(follower.lines())
     for line in lines:
         phases.feed(line)
-    assert steps == [("resolving the model's config", None, None), ("loading weights", None, None),
+    assert steps == [("resolving the model's config", None, None), ("starting the model worker process", None, None),
+                     ("loading weights", None, None),
                      ("loading weights: checkpoint shards", 0, 2), ("loading weights: checkpoint shards", 1, 2),
                      ("loading weights: checkpoint shards", 2, 2), ("compiling (torch.compile)", None, None),
                      ("capturing CUDA graphs", 30, 67), ("starting the HTTP server", None, None)]

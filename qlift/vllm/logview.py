@@ -41,6 +41,7 @@ _COUNT = r"(?:.*?\|\s*(\d+)/(\d+))?"  # tqdm's `| 3/67` where vLLM draws a bar
 _PHASES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"non-default args: "), "resolving the model's config"),
     (re.compile(r"Initializing a V1 LLM engine"), "starting the engine"),
+    (re.compile(r"DP group leader: "), "starting the model worker process"),
     (re.compile(r"Starting to load model"), "loading weights"),
     (re.compile(r"Loading (?:safetensors|pt) checkpoint shards" + _COUNT), "loading weights: checkpoint shards"),
     (re.compile(r"Loading weights took"), "weights loaded"),

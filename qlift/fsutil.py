@@ -49,6 +49,27 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
         return hashlib.file_digest(src, "sha256").hexdigest()
 
 
+class AppendedLines:
+    """The whole lines a growing file (a log) got since the last ``read``: a half-written last line waits for the
+    next read; a file that shrank (rotated, truncated) is read again from its start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                if fh.seek(0, os.SEEK_END) < self.offset:
+                    self.offset = 0
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return data[:end].decode("utf-8", errors="replace").splitlines()
+
+
 class FileHashes:
     """sha256 of whole files on a thread pool, started at once and collected with ``result()``;
     ``cancel()`` stops every thread within one read. The one file hasher: lineage manifests,
@@ -65,6 +86,10 @@ class FileHashes:
         """(path, sha256 hex digest) in the order given, each as soon as it is ready."""
         for p, f in zip(self._paths, self._futures, strict=True):
             yield p, f.result()
+
+    def done(self) -> bool:
+        """Whether every file is hashed (``result()`` will not wait)."""
+        return all(f.done() for f in self._futures)
 
     def result(self) -> dict[str, str]:
         """Resolved path -> sha256 hex digest of every file given (the first error is raised)."""

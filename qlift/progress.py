@@ -5,11 +5,15 @@ Library code calls ``bar``; the CLI turns bars off for ``--quiet`` via ``set_ena
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _enabled = True
 
 
@@ -60,3 +64,44 @@ class StepBar:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+class ProgressLines:
+    """Progress as log lines, for when no bar can be drawn (stderr is a file or a pipe): one line per
+    tenth done, or every ``every_s`` seconds, whichever comes first; --quiet hides them with the logs.
+    Thread-safe, like a bar."""
+
+    def __init__(self, desc: str, total: int, *, unit: str = "it", every_s: float = 30.0, after_s: float = 0.0
+                 ) -> None:
+        """``after_s``: say nothing until then (work done sooner needs no progress)."""
+        self.desc, self.total, self.unit, self.every_s, self.after_s = desc, total, unit, every_s, after_s
+        self.done, self.t0 = 0, time.monotonic()
+        self.last_t, self.last_tenth = self.t0, 0
+        self._lock = threading.Lock()
+
+    def step(self, n: int = 1) -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            tenth = self.done * 10 // max(1, self.total)
+            if now - self.t0 < self.after_s:
+                return
+            if tenth > self.last_tenth or now - self.last_t >= self.every_s or self.done == self.total:
+                self.last_t, self.last_tenth = now, tenth
+                elapsed = now - self.t0
+                left = elapsed / self.done * (self.total - self.done)
+                log.info("%s: %d/%d %s (%.0f s, ~%.0f s left)", self.desc, self.done, self.total, self.unit,
+                         elapsed, left)
+
+    update = step  # a bar's spelling
+
+    def close(self) -> None:
+        pass
+
+
+def tracker(total: int, desc: str = "", unit: str = "it") -> Any:
+    """Something to ``.update(n)`` and ``.close()``: a bar on a terminal, else ProgressLines (log lines, which
+    --quiet hides) from 2 s in; nothing shown when bars are off for --quiet."""
+    if enabled() or not _enabled:
+        return counter(total, desc, unit)
+    return ProgressLines(desc, total, unit=unit, after_s=2.0)

@@ -34,13 +34,14 @@ class ScriptedBackend(ThreadedApp):
 
     def __init__(self, served_model: str, *, mode: str = "ok", tokens: int = 3, chunk_delay_s: float = 0.0,
                  port: int = 0, usage: bool = True,
-                 any_route: bool = False) -> None:
+                 any_route: bool = False, done_linger_s: float = 0.0) -> None:
         self.served_model = served_model
         self.usage = usage
         self.any_route = any_route
         self.mode = mode
         self.tokens = tokens
         self.chunk_delay_s = chunk_delay_s
+        self.done_linger_s = done_linger_s  # between [DONE] and the end of the stream (vLLM's race, made wide)
         self.bodies: list[dict[str, Any]] = []
         self.paths: list[str] = []
         super().__init__(port)
@@ -90,6 +91,7 @@ class ScriptedBackend(ThreadedApp):
             await resp.write(f"data: {json.dumps(tail, separators=(',', ':'))}\n\n".encode())
         if self.mode != "no_done":
             await resp.write(b"data: [DONE]\n\n")
+            await asyncio.sleep(self.done_linger_s)
         await resp.write_eof()
         return resp
 

@@ -284,3 +284,20 @@ def test_outputs_are_never_inputs_and_need_force(run_cli, tmp_path: Path) -> Non
         r = run_cli(*base, *args)
         assert r.exit_code == code and needle in r.stderr and "cannot reach" not in r.stderr, (args, r.stderr)
     assert dataset.read_text() == '{"prompt": "hi"}\n' and old.read_text() == "{}"
+
+
+def test_table_shows_p99_only_where_the_plot_draws_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """A level of 8 requests prints `-` for each p99 and says why; a level of 64 prints its figures."""
+    from qlift.cli.bench import print_result
+
+    result = BenchResult(
+        kind="qlift-bench/1", endpoint="http://127.0.0.1:8000", model="smollm2", tokenizer="t", date="d",
+        qlift_version="0", vllm_version="0.32", hardware={"description": "AMD EPYC, 2 cores"}, server={},
+        workload={"requests": 8, "input_tokens": 256, "output_tokens": 64, "dataset": None, "seed": 0},
+        slo_ms={}, levels=[_level(1, 8), _level(4, 64)], complete=True)
+    print_result(result)
+    rows = capsys.readouterr().out.splitlines()
+    thin, full = rows[2].split(), rows[3].split()
+    assert [c for c in thin if "/" in c] == ["10/-", "10.0/-", "0.01/-"]
+    assert [c for c in full if "/" in c] == ["40/80", "40.0/80.0", "0.04/0.08"]
+    assert "fewer than 50 requests" in rows[4]

@@ -312,12 +312,12 @@ def test_messages_for_a_model_without_chat_template_fail_before_any_work(run_cli
 
 def test_progress_lines_when_no_bar_can_be_drawn(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
     """Without a terminal the endpoint backend reports progress as log lines: a tenth at a time, or every 30 s."""
-    from qlift.eval import endpoint
+    from qlift import progress
 
     clock = iter([0.0, 1.0, 2.0, 40.0, 41.0, 42.0])
-    monkeypatch.setattr(endpoint.time, "monotonic", lambda: next(clock))
-    with caplog.at_level("INFO", logger="qlift.eval.endpoint"):
-        lines = endpoint.ProgressLines("endpoint candidate", 50, unit="answers")
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with caplog.at_level("INFO", logger="qlift.progress"):
+        lines = progress.ProgressLines("endpoint candidate", 50, unit="answers")
         for _ in range(5):
             lines.step()
     said = [r.getMessage() for r in caplog.records]

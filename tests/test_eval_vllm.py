@@ -74,6 +74,8 @@ def test_smollm2_against_itself_passes_and_reruns_from_cache(run_cli, smollm2_di
     assert 1.0 < ppl["candidate"] < 10.0  # a real instruct model finds the references likely
     france = next(ex for ex in data["examples"] if ex["id"] == "capital-france")
     assert "Paris" in france["outputs"]["candidate"]
+    # While the worker loads and generates, its steps show (read from vLLM's log), with prompts done of total.
+    assert "vLLM candidate: loading weights" in r.stderr and "vLLM candidate: generating (" in r.stderr, r.stderr
 
     # Another gate: everything comes from the cache, no vLLM worker starts.
     t0 = time.monotonic()

@@ -333,6 +333,12 @@ def test_max_shard_size_and_verify(run_cli, tmp_path, tiny_qwen2_untied, adapter
         assert all(index["weight_map"][t.name] == s.name for t in layout)
     v = res["verify"]
     assert v["passed"] and v["relative_delta"] < 0.02 and v["greedy_agreement"] > 0.9
+    # Each long step says so on stderr (no terminal here: progress as log lines, from 2 s of writing on).
+    steps = [line for line in r.stderr.splitlines() if line.startswith("merge:")]
+    assert steps[0].startswith(f"merge: {res['tensors']} tensors, ") and "writing the shards" in steps[0]
+    assert any(line.startswith("merge: verifying against peft") for line in steps), steps
+    assert steps.index(next(s for s in steps if "verifying" in s)) < steps.index(
+        next(s for s in steps if s.startswith("merge: verified")))
 
 
 def test_row_blocks_give_peft_values(monkeypatch, run_cli, tmp_path, tiny_qwen2_untied, adapters) -> None:

@@ -77,6 +77,37 @@ def test_a_200_that_is_not_an_answer_fails_over_and_counts_as_a_failure(tmp_path
     assert all(line["reason"] is None for line in lines[:4])  # the client's requests were fine
 
 
+def test_an_openai_sdk_stream_closed_right_after_done_is_logged_complete(tmp_path: Path) -> None:
+    """The openai SDK closes its stream as soon as it reads [DONE]; here the backend takes 1 s to end the stream
+    after it (the race every vLLM stream runs, made certain), so the router sees the client leave before the
+    backend's end. Every token and the finish reason went through: a 200, not a 499."""
+    import openai
+
+    log = tmp_path / "access.jsonl"
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(f"access_log: {log.name}\n")
+    with ScriptedBackend("m", tokens=5, done_linger_s=1.0) as a, \
+            RouterProcess("--backend", f"only={a.url}", "--public-model", "pub", "--config", cfg,
+                          log_path=tmp_path / "router.log", token=TOKEN) as router:
+        sdk = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=30,
+                            default_headers=operator_headers(router.url))
+        for _ in range(2):
+            chunks = list(sdk.chat.completions.create(model="pub", messages=[{"role": "user", "content": "hi"}],
+                                                      stream=True))
+            assert [c.choices[0].finish_reason for c in chunks][-1] == "length" and len(chunks) == 5
+        _wait(lambda: len(router.admin().requests().requests) == 2)
+        records = router.admin().requests().requests
+        assert all(rec.ok and not rec.client_disconnected and rec.finish_reason == "length" for rec in records)
+        assert router.metric("qlift_router_requests_total", backend="only", status_class="2xx") == 2
+        # per-token latency as the judge takes it: decode time over the 4 tokens after the first, each
+        per_token = [(rec.latency_s - rec.ttfb_s) / 4 for rec in records if rec.ttfb_s is not None]
+        assert router.metric("qlift_router_token_latency_seconds_count", backend="only", stream="true") == 2
+        assert router.metric("qlift_router_token_latency_seconds_sum", backend="only",
+                             stream="true") == pytest.approx(sum(per_token), rel=1e-3)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line["status"], line["client_disconnected"]) for line in lines] == [(200, False)] * 2
+
+
 def test_a_stream_without_done_is_a_failed_request(tmp_path: Path) -> None:
     with ScriptedBackend("m", mode="no_done") as bad, \
             RouterProcess("--backend", f"only={bad.url}", "--public-model", "pub",

@@ -38,7 +38,7 @@ def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monk
     assert config == {
         "model": str(smollm2_dir.resolve()), "host": "127.0.0.1", "port": 8123, "served-model-name": "smol",
         "dtype": "bfloat16" if detect_cpu().native_bf16 else "float32", "max-model-len": 4096, "max-num-seqs": 4,
-        "kv-cache-memory-bytes": 2 * 1024**3, "enforce-eager": True,
+        "kv-cache-memory-bytes": 2 * 1024**3, "enforce-eager": True, "shutdown-timeout": 30,
     }
     assert out["plan"]["verdict"] == "fits" and out["plan"]["max_num_seqs"] == 4
     assert not (Path(os.environ["QLIFT_HOME"]) / "runs").exists()  # a dry run writes nothing
@@ -187,10 +187,11 @@ def serve_smollm2_pair(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFacto
                     os.kill(pid, signal.SIGKILL)
 
 
-def _stop_and_check(served: Served, signum: int) -> None:
+def _stop_and_check(served: Served, signum: int, signalled: bool = False) -> None:
     pgid = served.server_pid()
-    assert _group_members(pgid), "the vLLM process group should be running"
-    served.proc.send_signal(signum)
+    if not signalled:
+        assert _group_members(pgid), "the vLLM process group should be running"
+        served.proc.send_signal(signum)
     assert served.proc.wait(timeout=90) == 0, served.text()[-3000:]
     assert _group_members(pgid) == []  # no orphans: api server, engine core, workers all gone
     assert f"on {signal.Signals(signum).name}" in served.err.read_text()
@@ -225,8 +226,40 @@ def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2_pair: dict[st
 
 
 @pytest.mark.vllm
-def test_serve_cpu_stops_on_sigterm(serve_smollm2_pair: dict[str, Served]) -> None:
-    _stop_and_check(serve_smollm2_pair["sigterm"], signal.SIGTERM)
+def test_serve_cpu_drains_a_stream_on_sigterm_and_keeps_health_checks_off_the_terminal(
+        serve_smollm2_pair: dict[str, Served]) -> None:
+    """SIGTERM mid-stream: the stream still ends with every token, its finish reason and [DONE] (vLLM drains
+    it, --drain 30 s by default), then the whole group is gone. The terminal showed the startup steps and
+    no access lines, which vllm.log keeps."""
+    s = serve_smollm2_pair["sigterm"]
+    for _ in range(3):
+        assert httpx.get(f"{s.base_url}/health", timeout=10).status_code == 200
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Count from one to one hundred."}],
+            "max_tokens": 160, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    events: list[str] = []
+    with httpx.stream("POST", f"{s.base_url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {SECRET}"}) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:  # generating: stop it now
+                    s.proc.send_signal(signal.SIGTERM)
+                    signalled = time.monotonic()
+    assert events[-1] == "[DONE]", events[-3:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 160
+    drained_s = time.monotonic() - signalled
+    _stop_and_check(s, signal.SIGTERM, signalled=True)
+    err = s.err.read_text()
+    assert "vLLM: loading weights" in err and "vLLM: starting the HTTP server" in err
+    assert "finishing in-flight requests (up to 30 s)" in err
+    assert "GET /health" not in err
+    run_dir = Path(json.loads(s.out.read_text().splitlines()[0])["run_dir"])
+    assert '"GET /health HTTP/1.1" 200' in (run_dir / "vllm.log").read_text()
+    assert drained_s < 30
 
 
 @pytest.mark.vllm
@@ -367,3 +400,48 @@ def test_a_bound_server_is_bound_whole(smollm2_server) -> None:  # type: ignore[
             cpus = next(ln for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
             seen[f"{pid}/{tid}"] = cpus.split()[1]
     assert set(seen.values()) == {want}, seen
+
+
+def test_startup_phases_and_access_lines_read_from_vllms_log(tmp_path: Path) -> None:
+    """vLLM's startup lines (a GPU start: shards, compile, graph capture) become steps with counts; access
+    lines, health checks included, stay off the terminal unless asked for, whatever process prefix they have."""
+    from qlift.vllm.logview import LogFollower, LogView, StartupPhases
+
+    log = tmp_path / "vllm.log"
+    log.write_bytes(
+        b"(APIServer pid=7) INFO 12-03 14:09:28 [api_utils.py:286] non-default args: {'model': 'm'}\n"
+        b"(EngineCore pid=8) INFO 12-03 14:09:52 [multiproc_executor.py:153] DP group leader: node_rank=0\n"
+        b"(Worker pid=9) INFO 12-03 14:10:12 [gpu_model_runner.py:5040] Starting to load model m...\n"
+        b"Loading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]\r"
+        b"Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.6s/it]\r"
+        b"Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00, 1.6s/it]\n"
+        b"(Worker pid=9) INFO 12-03 14:10:15 [backends.py:399] Compiling a graph for compile range (1, 8192) "
+        b"takes 21.10 s\n"
+        b"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|\xe2\x96\x88\xe2\x96\x8c  | 30/67 "
+        b"[00:02<00:03]\n"
+        b"(APIServer pid=7) INFO 12-03 14:10:22 [entry.py:140] Starting vLLM server on http://127.0.0.1:8000\n"
+        b'(APIServer_1 pid=8) INFO:     127.0.0.1:36144 - "GET /health HTTP/1.1" 200 OK\n'
+        b'INFO:     127.0.0.1:36150 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+        b"INFO:     Application startup complete.\n"
+        b"(APIServer pid=7) INFO 12-03 14:10:30 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s\n"
+        b"half a line")
+    steps: list[tuple[str, int | None, int | None]] = []
+    phases = StartupPhases(lambda p: steps.append((p.name, p.done, p.total)))
+    follower = LogFollower(log)
+    lines = list(follower.lines())
+    for line in lines:
+        phases.feed(line)
+    assert steps == [("resolving the model's config", None, None), ("starting the model worker process", None, None),
+                     ("loading weights", None, None),
+                     ("loading weights: checkpoint shards", 0, 2), ("loading weights: checkpoint shards", 1, 2),
+                     ("loading weights: checkpoint shards", 2, 2), ("compiling (torch.compile)", None, None),
+                     ("capturing CUDA graphs", 30, 67), ("starting the HTTP server", None, None)]
+    assert list(follower.lines()) == []  # the unfinished line waits for its end
+    shown: list[str] = []
+    for access in (False, True):
+        shown.clear()
+        view = LogView(write=shown.append, access=access)
+        for line in lines[-5:]:
+            view.line(line)
+        assert any("Avg prompt throughput" in s for s in shown) and any("startup complete" in s for s in shown)
+        assert sum("HTTP/1.1" in s for s in shown) == (2 if access else 0)

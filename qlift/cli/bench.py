@@ -85,13 +85,24 @@ def print_result(r: BenchResult) -> None:
     slo = ",".join(f"{k}<={v:g}ms" for k, v in r.slo_ms.items()) or "none"
     click.echo(f"{'conc':>5} {'req/s':>8} {'out tok/s':>10} {'ttft p50/p99 ms':>17} {'tpot p50/p99 ms':>17} "
                f"{'e2e p50/p99 s':>15} {'goodput req/s':>14} {'failed':>7}   (SLO {slo})")
+    from qlift.perf.plot import MIN_P99_REQUESTS
+
     for lv in r.levels:
         t, p, e = lv.latency_ms["ttft"], lv.latency_ms["tpot"], lv.latency_ms["e2el"]
+        thin = lv.requests < MIN_P99_REQUESTS  # as the plot: a p99 of a few requests is their maximum
+
+        def p99(stats: dict[str, float], spec: str, scale: float = 1.0, *, thin: bool = thin) -> str:
+            return "-" if thin else format(stats["p99"] / scale, spec)
+
         click.echo(f"{lv.concurrency:>5} {lv.requests_per_s:>8.2f} {lv.output_tokens_per_s:>10.1f} "
-                   f"{t['p50']:>8.0f}/{t['p99']:<8.0f} {p['p50']:>8.1f}/{p['p99']:<8.1f} "
-                   f"{e['p50'] / 1000:>7.2f}/{e['p99'] / 1000:<7.2f} {lv.goodput_requests_per_s:>14.2f} {lv.failed:>7}")
+                   f"{t['p50']:>8.0f}/{p99(t, '.0f'):<8} {p['p50']:>8.1f}/{p99(p, '.1f'):<8} "
+                   f"{e['p50'] / 1000:>7.2f}/{p99(e, '.2f', 1000):<7} {lv.goodput_requests_per_s:>14.2f} "
+                   f"{lv.failed:>7}")
         for err in lv.errors:
             click.echo(f"      error: {err[:160]}", err=True)
+    if any(lv.requests < MIN_P99_REQUESTS for lv in r.levels):
+        click.echo(f"p99 -: fewer than {MIN_P99_REQUESTS} requests at that level, too few for a p99 "
+                   "(--requests raises it; the JSON keeps the raw figure)")
     if not r.complete:
         click.echo("stopped at the time limit: later levels are missing", err=True)
     if r.baseline:

@@ -78,6 +78,9 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
 @click.option("--prometheus", "prometheus_url", help="Judge on Prometheus queries from this server instead.")
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL",
               help="A version's server URL (nginx upstreams, vLLM /metrics); repeatable.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve the rollout's state, weights and window decisions (and on nginx, nginx's answers by "
+              "status class) at http://127.0.0.1:PORT/metrics while it runs, for Prometheus and the dashboards.")
 @click.option("--new", "new", is_flag=True, help="Start a new rollout even though the journal's last one was "
               "promoted (without it, `start` after a promotion starts nothing).")
 @click.option("--allow-stable-down", is_flag=True, help="Start even though the router reports the stable DOWN "
@@ -85,7 +88,8 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
 @journal_option
 @json_option
 def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str | None,
-              backends: tuple[str, ...], new: bool, allow_stable_down: bool, **flags: Any) -> None:
+              backends: tuple[str, ...], metrics_port: int | None, new: bool, allow_stable_down: bool,
+              **flags: Any) -> None:
     """Start a rollout of --canary over --stable, or resume the journal's unfinished one.
 
     With --shadow, a shadow phase comes first. Then each step sets the weights, waits one
@@ -108,6 +112,11 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     if overrides["backends"] and isinstance(file_data.get("backends"), dict):
         overrides["backends"] = {**file_data["backends"], **overrides["backends"]}
     spec = build_spec(file_data, overrides, path=spec_file)
+    if metrics_port is not None:
+        from qlift.rollout.api import default_journal
+        from qlift.rollout.exporter import serve_metrics
+
+        serve_metrics(journal or default_journal(), metrics_port)
     if canary_adapter:
         from qlift.rollout.adapter import start_with_adapter
         from qlift.serve.lora import parse_lora_flag

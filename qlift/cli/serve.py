@@ -111,9 +111,11 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
     applies --set overrides, prints the memory plan, writes the effective config as a
     `vllm serve --config` YAML into a run directory under $QLIFT_HOME/runs, starts
     `vllm serve` (so server arguments such as api_server_count work too), raises the
-    open-files limit to the hard limit first, and waits for /health. Logs stream to
-    stderr once it is up (-v: from the start).
-    Ctrl-C or SIGTERM stops vLLM's whole process group.
+    open-files limit to the hard limit first, and waits for /health, showing vLLM's
+    startup steps (weights, compile, KV cache, graph capture). Its log streams to
+    stderr once it is up, without HTTP access lines (--access-log: with them; -v: the
+    whole log from the start). Ctrl-C or SIGTERM lets in-flight requests finish (up
+    to --drain seconds), then stops vLLM's whole process group.
 
     \b
     Examples:
@@ -147,9 +149,23 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
     if limit_note:
         click.echo(f"note: {limit_note}", err=True)
     click.echo(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}", err=True)
-    stream = None if STATE.quiet else _stderr_write
-    outcome = run(spec, on_ready=_ready, stream=stream, stream_startup=STATE.verbose > 0)
-    click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by}", err=True)
+    from qlift.vllm.logview import LogView, PhaseLines
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    phases = None if STATE.quiet or STATE.verbose else PhaseLines(say)  # -v shows the whole log instead
+    view = LogView(write=None if STATE.quiet else _stderr_write, on_phase=phases, startup=STATE.verbose > 0,
+                   access=opts.access_log, note=say)
+
+    def ready(spec: LaunchSpec, pid: int) -> None:
+        if phases is not None:
+            phases.close()
+        _ready(spec, pid)
+
+    outcome = run(spec, on_ready=ready, view=view)
+    click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by} "
+               f"in {outcome.stop_s:.1f} s", err=True)
 
 
 def _stderr_write(text: str) -> None:

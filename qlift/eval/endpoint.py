@@ -23,7 +23,7 @@ from qlift import progress
 from qlift.errors import ExternalToolError
 from qlift.eval.backend import Backend
 from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
-from qlift.progress import bar
+from qlift.progress import ProgressLines, bar
 from qlift.threads import map_unordered
 
 log = logging.getLogger(__name__)
@@ -202,27 +202,6 @@ class EndpointBackend(Backend):
             )
         gen.ref_logprob = float(sum(ref_lps))
         gen.ref_tokens = len(ref_ids)
-
-
-class ProgressLines:
-    """Progress as log lines, for when no bar can be drawn (stderr is a file or a pipe): one line per
-    tenth done, or every ``every_s`` seconds, whichever comes first; --quiet hides them with the logs."""
-
-    def __init__(self, desc: str, total: int, *, unit: str = "it", every_s: float = 30.0) -> None:
-        self.desc, self.total, self.unit, self.every_s = desc, total, unit, every_s
-        self.done, self.t0 = 0, time.monotonic()
-        self.last_t, self.last_tenth = self.t0, 0
-
-    def step(self, n: int = 1) -> None:
-        self.done += n
-        now = time.monotonic()
-        tenth = self.done * 10 // max(1, self.total)
-        if tenth > self.last_tenth or now - self.last_t >= self.every_s or self.done == self.total:
-            self.last_t, self.last_tenth = now, tenth
-            elapsed = now - self.t0
-            left = elapsed / self.done * (self.total - self.done)
-            log.info("%s: %d/%d %s (%.0f s, ~%.0f s left)", self.desc, self.done, self.total, self.unit,
-                     elapsed, left)
 
 
 def _json(resp: httpx.Response, model: EvalModel, path: str) -> Any:

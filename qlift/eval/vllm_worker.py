@@ -47,7 +47,7 @@ def run(raw: dict[str, Any]) -> dict[str, Any]:
             params.append(score_params)
             scored.append((i, len(ref)))
     t1 = time.monotonic()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=True)  # its bar in the log is qlift's progress (logview)
     gen_s = time.monotonic() - t1
     n = len(job.requests)
     gens: list[Generation] = []

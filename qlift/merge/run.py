@@ -248,8 +248,9 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
     if verify is None:
         verify = mdir.parameter_count < VERIFY_MAX_PARAMS
     files = sorted(mdir.tensors_by_file())
-    log.debug("planned %d tensors, %d adapter modules, %.2f s in", len(plan.entries), plan.targets,
-              time.perf_counter() - t0)
+    changed = sum(bool(e.steps) for e in plan.entries.values())
+    log.info("merge: %d tensors, %d of them changed by %d adapter modules; writing the shards", len(plan.entries),
+             changed, plan.targets)
     with atomic_output_dir(out, force=force, inputs=[mdir.path, *(a.path for a in loaded)]) as tmp:
         from qlift.merge.writer import write_shards
 
@@ -262,8 +263,14 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         index = {"metadata": {"total_size": written.total_size}, "weight_map": dict(sorted(written.weight_map.items()))}
         (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         _carry_files(tok_dir, gen_config, tmp)
+        log.info("merge: shards written, %.0f s in", time.perf_counter() - t0)
+        if verify:
+            log.info("merge: verifying against peft (loads the base with the adapters, and the merge; "
+                     "--no-verify skips it)")
         checked, not_run = _verify(mdir, loaded, plan, tmp, tolerance, asked=opts.verify is True) if verify \
             else (None, None)
+        if checked is not None:
+            log.info("merge: verified, %.0f s in", time.perf_counter() - t0)
         if checked is not None and checked.inputs != "chat prompts":
             plan.notes.append(f"--verify compared logits on {checked.inputs}: the model has no tokenizer qlift could "
                               "load")
@@ -272,6 +279,8 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         params: dict[str, Any] = {"dtype": dtype_name, "max_shard_size": max_shard_size, "device": device,
                                   "adapters": [str(a.path) for a in loaded], "verify": checked is not None}
         t1 = time.perf_counter()
+        if not input_hasher.done():
+            log.info("merge: hashing the inputs for the lineage manifest")
         input_hashes = input_hasher.result()
         log.debug("inputs hashed, %.2f s after the rest", time.perf_counter() - t1)
         write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,

@@ -24,7 +24,7 @@ from qlift.merge.plan import Entry, Plan
 from qlift.merge.stio import RawTensor, Scratch, ShardReader, ShardWriter, WriteQueue, read_layout
 from qlift.models import dtypes
 from qlift.models.dtypes import ELEMENT_BYTES, TORCH_NAMES
-from qlift.progress import counter
+from qlift.progress import tracker
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +128,7 @@ def write_shards(
     if dev.type == "cpu":
         torch.set_num_threads(1)  # the maths is memory-bound; other cores write and hash
     stop = threading.Event()
-    tick = counter(len(order), desc="merge", unit="tensor")
+    tick = tracker(len(order), desc="merge: writing shards", unit="tensors")
     jobs = [_ShardJob(out_dir / n, shard, base_dir / f, tensors, dev, stop, tick) for n, (f, shard) in named]
     pool = ThreadPoolExecutor(pipelines(len(jobs), cores), thread_name_prefix="qlift-shard")
     futures = [pool.submit(_write_shard, job) for job in jobs]

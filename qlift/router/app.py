@@ -35,7 +35,7 @@ from qlift.router.limits import (
     read_token_file,
     tokens_used,
 )
-from qlift.router.metrics import RouterMetrics, status_class
+from qlift.router.metrics import RouterMetrics, status_class, token_latency
 from qlift.router.pairs import Pair, PairRing, answer_record, judge_view
 from qlift.router.proxy import BAD_ANSWER, MAX_JSON_DEPTH, Attempt, Upstream, attempt, json_error, response_headers
 from qlift.router.rewrite import ModelRewriter
@@ -359,9 +359,10 @@ class Router:
                 log.info("request %s: %s failed (%s), replaying on %s", rid, backend.name, att.error, replay_on.name)
                 retried_from, backend = backend.name, replay_on
         except asyncio.CancelledError:  # the client went away: the attempt closed its upstream
-            att.client_disconnected = True
+            att.client_left()  # after a stream's [DONE]: complete, and logged as the 200 it was
             self._finish(att, backend, rid, replayed=False)
-            self._log(att, rid, key, request.path, status=499, t0=t0, retried_from=retried_from)
+            self._log(att, rid, key, request.path, status=499 if att.client_disconnected else att.status, t0=t0,
+                      retried_from=retried_from)
             self._pair_primary(pair, att)
             self._charge(request, key, att)
             raise
@@ -459,6 +460,9 @@ class Router:
         m.duration.labels(name, stream).observe(att.latency_s)
         if att.ttfb_s is not None:
             m.ttfb.labels(name, stream).observe(att.ttfb_s)
+        per_token = token_latency(att.latency_s, att.ttfb_s, att.completion_tokens, att.stream) if ok else None
+        if per_token is not None:
+            m.token_latency.labels(name, stream).observe(per_token)
         if att.completion_tokens:
             m.completion_tokens.labels(name).inc(att.completion_tokens)
         elif ok and att.completed and att.completion_tokens == 0:

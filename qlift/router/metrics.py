@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+# Seconds per output token: 1 ms (a fast GPU's decode) to 2.5 s (a loaded CPU's, or a long prompt over few tokens).
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 
@@ -13,6 +15,16 @@ def status_class(status: int, broken: bool = False) -> str:
     if status == 0 or broken:
         return "error"
     return f"{status // 100}xx"
+
+
+def token_latency(latency_s: float, ttfb_s: float | None, tokens: int | None, stream: bool) -> float | None:
+    """Seconds per output token, as promote's judge compares it: a stream's decode time over the tokens after
+    its first (TPOT), else the whole answer's time over all its tokens; None without tokens."""
+    if not tokens:
+        return None
+    if stream and tokens > 1 and ttfb_s is not None:
+        return (latency_s - ttfb_s) / (tokens - 1)
+    return latency_s / tokens
 
 
 class RouterMetrics:
@@ -26,6 +38,9 @@ class RouterMetrics:
                                   ["backend", "stream"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttfb = Histogram("qlift_router_ttfb_seconds", "Time to the backend's first body byte.",
                               ["backend", "stream"], buckets=TTFB_BUCKETS, registry=r)
+        self.token_latency = Histogram("qlift_router_token_latency_seconds", "Time per output token of a successful "
+                                       "answer, as promote's judge takes it (token_latency).", ["backend", "stream"],
+                                       buckets=TOKEN_BUCKETS, registry=r)
         self.completion_tokens = Counter("qlift_router_completion_tokens", "Completion tokens (from usage).",
                                          ["backend"], registry=r)
         self.finish_reason = Counter("qlift_router_finish_reason", "Choices by finish_reason.",
@@ -60,6 +75,7 @@ class RouterMetrics:
         for stream in ("true", "false"):
             self.duration.labels(name, stream)
             self.ttfb.labels(name, stream)
+            self.token_latency.labels(name, stream)
         self.completion_tokens.labels(name)
         self.empty_completions.labels(name)
         self.retries.labels(name)

@@ -60,7 +60,8 @@ class Attempt:
     reason: str | None = None  # why it failed, one word: http_5xx, bad_body, no_done, ... (None = it did not)
     responded: bool = False  # a byte went to the client: never replay after this
     completed: bool = False  # the whole answer went through
-    client_disconnected: bool = False
+    client_disconnected: bool = False  # left before the whole answer reached it
+    done_sent: bool = False  # a stream's [DONE] went to the client: its answer is complete
     ttfb_s: float | None = None
     latency_s: float = 0.0
     prompt_tokens: int | None = None
@@ -91,6 +92,14 @@ class Attempt:
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+    def client_left(self) -> None:
+        """The client closed its connection. Once a stream's [DONE] has reached it, that is how a stream
+        ends (the OpenAI SDK closes right after [DONE]): the answer is complete, not abandoned."""
+        if self.done_sent:
+            self.completed = True
+        else:
+            self.client_disconnected = True
 
     def fail(self, reason: str, error: str) -> None:
         self.reason, self.error = reason, error
@@ -272,7 +281,7 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upst
         await _relay_stream(request, upstream, up, content_type, first_chunk, att,
                             SseRelay(att, up.rewrite, up.strip_usage))
     except asyncio.CancelledError:
-        att.client_disconnected = True
+        att.client_left()
         raise
     finally:
         att.latency_s = time.monotonic() - att.started
@@ -334,6 +343,7 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
             data = relay.feed(chunk)
             if data:
                 await out.write(data)
+                att.done_sent = relay.done
             try:
                 async with asyncio.timeout(max(0.0, min(idle_s, deadline - time.monotonic()))):
                     chunk = await upstream.content.readany()
@@ -360,4 +370,4 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
         await out.write_eof()
         att.completed = att.reason is None or att.reason == "error_event"
     except ConnectionResetError:  # the client went away between two chunks
-        att.client_disconnected = True
+        att.client_left()

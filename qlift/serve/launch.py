@@ -32,6 +32,7 @@ from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
 from qlift.vllm.engine_args import false_flags
+from qlift.vllm.logview import LogFollower, LogView, StartupPhases
 from qlift.vllm.process import first_error_line, free_port
 from qlift.vllm.server import VllmServer
 
@@ -188,6 +189,8 @@ def prepare(model: Path, options: ServeOptions | None = None, hardware: Hardware
     served = opts.served_model_name or md.path.resolve().name
     engine = chosen.engine.args()
     engine["dtype"] = plan.dtype  # the plan resolved "auto" (float32 on a CPU without bf16 units)
+    if opts.drain_s and "shutdown_timeout" not in engine:  # a --set shutdown_timeout wins
+        engine["shutdown_timeout"] = opts.drain_s
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
@@ -248,44 +251,25 @@ class _Stop(Exception):
         self.signum = signum
 
 
-class _LogFollower:
-    """Copies what vLLM appends to its log onto a stream."""
-
-    def __init__(self, path: Path, write: Callable[[str], None] | None) -> None:
-        self.path, self.write, self.offset = path, write, 0
-
-    def __call__(self) -> None:
-        if self.write is None:
-            return
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return
-        text, _, _rest = chunk.decode("utf-8", errors="replace").rpartition("\n")
-        if text:
-            self.offset += len(text.encode("utf-8", errors="replace")) + 1
-            self.write(text + "\n")
-
-
 @dataclass
 class ServeOutcome:
     run_dir: Path
     log_path: Path
     pid: int
     stopped_by: str  # the signal's name
+    stop_s: float = 0.0  # from the signal until vLLM was gone (the drain included)
 
 
-def run(
-    spec: LaunchSpec,
-    *,
-    on_ready: Callable[[LaunchSpec, int], None] | None = None,
-    stream: Callable[[str], None] | None = None,
-    stream_startup: bool = False,
-) -> ServeOutcome:
-    """Serve until SIGINT/SIGTERM (then stop vLLM's process group) or until vLLM dies (an error); /health must
-    answer within the options' --timeout."""
+def drain_seconds(spec: LaunchSpec) -> int:
+    """How long vLLM lets in-flight requests finish on SIGTERM (its --shutdown-timeout; 0: it aborts them)."""
+    return int(spec.engine_args.get("shutdown_timeout") or 0)
+
+
+def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None = None,
+        view: LogView | None = None) -> ServeOutcome:
+    """Serve until SIGINT/SIGTERM or until vLLM dies (an error); /health must answer within the options'
+    --timeout. On a signal once it is up, vLLM drains its in-flight requests (up to ``drain_seconds``), then
+    its process group is stopped. ``view``: what of vLLM's log reaches the terminal."""
     check_plan(spec.plan)
     spec.run_dir.mkdir(parents=True, exist_ok=False)
     (spec.run_dir / "config.yaml").write_text(spec.config_yaml)
@@ -298,7 +282,9 @@ def run(
     if spec.api_key_env:
         env[API_KEY_VAR] = os.environ[spec.api_key_env]
     server = config_server(spec.model, spec.run_dir, spec.options, spec.engine_args, env)
+    view = view or LogView()
     stopped: list[int] = []
+    ready = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopped.append(signum)  # acted on at the next poll: never between fork and bookkeeping
@@ -307,7 +293,8 @@ def run(
         if stopped:
             raise _Stop(stopped[0])
 
-    follow = _LogFollower(server.log_path, stream)
+    follow = LogFollower(server.log_path)
+    phases = StartupPhases(view.on_phase) if view.on_phase else None
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
@@ -316,25 +303,34 @@ def run(
 
         def startup_poll() -> None:
             check()
-            if stream_startup:
-                follow()
+            for line in follow.lines():
+                view.startup_line(phases, line)
 
         server.wait_ready(timeout=spec.options.timeout_s, on_poll=startup_poll)
-        if not stream_startup:
-            follow.offset = server.log_path.stat().st_size  # the startup log stays in the file
+        ready = True
+        for line in follow.lines():  # the last startup lines: the route list, uvicorn's start
+            view.startup_line(phases, line)
         if on_ready is not None:
             on_ready(spec, server.proc.pid)
         while server.proc.poll() is None:
             check()
-            follow()
+            for line in follow.lines():
+                view.line(line)
             time.sleep(0.5)
-        follow()
+        for line in follow.lines():
+            view.line(line)
         cause = first_error_line(server.log_text()) or f"exit code {server.proc.returncode}"
         raise ExternalToolError(f"vLLM exited: {cause}", hint=f"Full log: {server.log_path}", tool="vllm")
     except _Stop as stop:
         pid = server.proc.pid if server.proc else 0
-        server.stop()
-        return ServeOutcome(spec.run_dir, server.log_path, pid, str(stop))
+        began, drain = time.monotonic(), drain_seconds(spec) if ready else 0
+        if drain and view.note is not None:
+            view.note(f"{stop}: vLLM is finishing in-flight requests (up to {drain} s), then stops")
+        server.stop(drain_s=drain)
+        if ready:
+            for line in follow.lines():  # vLLM's own account of the drain
+                view.line(line)
+        return ServeOutcome(spec.run_dir, server.log_path, pid, str(stop), time.monotonic() - began)
     finally:
         server.stop()
         for s, handler in old.items():

@@ -38,6 +38,11 @@ class ServeOptions:
     """Print the command, config and plan; start nothing."""
     timeout_s: float = field(default=900, metadata={"flag": "--timeout", "above": 0})
     """Seconds to wait for /health."""
+    drain_s: int = field(default=30, metadata={"flag": "--drain", "min": 0, "max": 3600})
+    """On Ctrl-C/SIGTERM, seconds in-flight requests get to finish before vLLM stops (vLLM's
+    --shutdown-timeout; 0: abort them)."""
+    access_log: bool = False
+    """Show vLLM's HTTP access lines (health checks included) on the terminal too; vllm.log always has them."""
     gpu: str | None = field(default=None, metadata={"metavar": "NAME"})
     """Plan for this GPU instead of the detected hardware, e.g. "RTX 4090", T4, A100-80GB."""
     gpus: int | None = field(default=None, metadata={"min": 1, "max": 64})

@@ -119,11 +119,20 @@ class VllmServer:
             tool="vllm",
         )
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left."""
+    def stop(self, timeout: float = 30.0, drain_s: float = 0.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left.
+
+        ``drain_s`` > 0 (a server started with ``--shutdown-timeout``): SIGTERM the API server alone first and
+        give it that long, plus ``timeout``, to finish its in-flight requests and stop its engine; a SIGTERM to
+        the whole group would stop the engine's workers at once, cutting those requests off."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
+        if drain_s > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=drain_s + timeout)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -1,0 +1,145 @@
+"""promote's state as Prometheus series (``promote start --metrics-port``), as Argo Rollouts' controller exports
+its own, so a dashboard can annotate a rollout's decisions; and, on the nginx data plane, nginx's own responses
+by status class, which no other series shows (vLLM does not count what nginx answers itself, 502s included).
+
+Everything is read at each scrape from what the controller already writes: the journal (state, step, weight,
+every window's decision) and, for nginx, its access log under the rollout's prefix. The controller is not
+touched, so the series cannot disagree with ``promote status``.
+
+Series (``rollout`` is the journal's rollout id):
+  qlift_rollout_info{rollout,stable,canary,state,data_plane}   1 for the journal's latest rollout
+  qlift_rollout_canary_weight{rollout}                         percent, the last weight change journaled
+  qlift_rollout_step{rollout}                                  index into the spec's steps
+  qlift_rollout_interval_seconds{rollout,canary}               the analysis window (--interval)
+  qlift_rollout_windows_total{rollout,canary,action}           windows judged, by decision (advance, hold, ...)
+  qlift_nginx_responses_total{pool,status_class}               what nginx answered, by the version it chose
+  qlift_nginx_upstream_responses_total{upstream,status_class}   each attempt on a server (host:port), retries too
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from qlift.errors import QliftError
+from qlift.fsutil import AppendedLines
+
+log = logging.getLogger(__name__)
+ROLLOUT_LABELS = ["rollout", "stable", "canary", "state", "data_plane"]
+SERIES = ("qlift_rollout_info", "qlift_rollout_canary_weight", "qlift_rollout_step", "qlift_rollout_interval_seconds",
+          "qlift_rollout_windows_total", "qlift_nginx_responses_total", "qlift_nginx_upstream_responses_total")
+
+
+def status_class(status: int | None) -> str:
+    """2xx/4xx/5xx, or ``error`` where nginx logged no status (the attempt got no answer)."""
+    return f"{status // 100}xx" if status else "error"
+
+
+class NginxLogCounts:
+    """Counts of nginx's access log (qlift's JSON lines), read on from where the last read stopped."""
+
+    def __init__(self) -> None:
+        self.log: AppendedLines | None = None
+        self.responses: Counter[tuple[str, str]] = Counter()
+        self.upstream: Counter[tuple[str, str]] = Counter()
+
+    def read(self, path: Path) -> None:
+        if self.log is None or self.log.path != path:  # another rollout's prefix: its own counts
+            self.log = AppendedLines(path)
+            self.responses.clear()
+            self.upstream.clear()
+        for raw in self.log.read():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            self.responses[(str(line.get("pool", "")), status_class(_int(line.get("status"))))] += 1
+            addrs = str(line.get("upstream_addr", "")).replace(" : ", ", ").split(",")
+            statuses = str(line.get("upstream_status", "")).replace(" : ", ", ").split(",")
+            for i, addr in enumerate(a.strip() for a in addrs):
+                if addr:
+                    self.upstream[(addr, status_class(_int(statuses[i]) if i < len(statuses) else None))] += 1
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+class RolloutCollector(Collector):
+    """The journal's latest rollout, and nginx's counts when it runs on nginx, at each scrape."""
+
+    def __init__(self, journal: Path) -> None:
+        self.journal = journal
+        self.nginx = NginxLogCounts()
+
+    def collect(self) -> Iterator[Metric]:
+        from qlift.rollout.journal import Journal
+
+        try:
+            with Journal(self.journal, readonly=True) as j:
+                r = j.latest()
+                history = j.history(r.id) if r is not None else {}
+        except QliftError as exc:  # no journal yet (promote is creating it), or one being replaced
+            log.debug("metrics: journal %s not readable: %s", self.journal, exc)
+            return
+        if r is None:
+            return
+        rid, spec = str(r.id), r.spec
+        info = GaugeMetricFamily("qlift_rollout_info", "The journal's latest rollout (value 1).", labels=ROLLOUT_LABELS)
+        info.add_metric([rid, r.stable, r.canary, r.state, str(spec.get("data_plane", ""))], 1)
+        yield info
+        changes = history.get("weight_changes") or []
+        weight = GaugeMetricFamily("qlift_rollout_canary_weight", "Canary percent, as last journaled.",
+                                   labels=["rollout"])
+        weight.add_metric([rid], changes[-1]["weights"].get(r.canary, 0) if changes else 0)
+        yield weight
+        step = GaugeMetricFamily("qlift_rollout_step", "Index into the spec's steps.", labels=["rollout"])
+        step.add_metric([rid], r.step)
+        yield step
+        interval = GaugeMetricFamily("qlift_rollout_interval_seconds", "The analysis window.",
+                                     labels=["rollout", "canary"])
+        interval.add_metric([rid, r.canary], float(spec.get("interval") or 0))
+        yield interval
+        windows = CounterMetricFamily("qlift_rollout_windows", "Analysis windows judged, by decision.",
+                                      labels=["rollout", "canary", "action"])
+        for action, n in sorted(Counter(str(w["action"]) for w in history.get("windows") or []).items()):
+            windows.add_metric([rid, r.canary, action], n)
+        yield windows
+        prefix = (spec.get("nginx") or {}).get("prefix")
+        if spec.get("data_plane") == "nginx" and prefix:
+            yield from self._nginx(Path(prefix) / "logs" / "access.jsonl")
+
+    def _nginx(self, path: Path) -> Iterator[Metric]:
+        self.nginx.read(path)
+        responses = CounterMetricFamily("qlift_nginx_responses", "nginx's answers by the version its split chose "
+                                        "and status class (its own 502/504 included).", labels=["pool", "status_class"])
+        for (pool, cls), n in sorted(self.nginx.responses.items()):
+            responses.add_metric([pool, cls], n)
+        yield responses
+        upstream = CounterMetricFamily("qlift_nginx_upstream_responses", "Each attempt nginx made on a server "
+                                       "(host:port), by status class; a replayed failure counts on its server.",
+                                       labels=["upstream", "status_class"])
+        for (addr, cls), n in sorted(self.nginx.upstream.items()):
+            upstream.add_metric([addr, cls], n)
+        yield upstream
+
+
+def serve_metrics(journal: Path, port: int, host: str = "127.0.0.1") -> Any:
+    """Serve the series on ``http://host:port/metrics`` from a daemon thread (it ends with the process); the
+    server, to ``shutdown()`` sooner."""
+    registry = CollectorRegistry()
+    registry.register(RolloutCollector(journal))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    log.info("rollout metrics at http://%s:%d/metrics", host, server.server_port)
+    return server

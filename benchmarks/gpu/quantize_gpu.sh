@@ -7,8 +7,9 @@
 #   2 smollm2-fp8     qlift quantize /tmp/smollm2 --fp8 --device cuda -> /tmp/smollm2-fp8
 #   3 smollm2-awq     qlift quantize /tmp/smollm2 --awq --device cuda -> /tmp/smollm2-awq
 #   4 build-big       a Qwen2.5-7B-shaped model with random bf16 weights on disk (~15 GB) -> /tmp/qwen7b-bf16
-#   5 bench-big       benchmarks/quantize.py on it: qlift --fp8 vs model_free_ptq vs llm-compressor's example
-#   6 bench-smollm2   the same on SmolLM2, AWQ too (qlift vs the example flow), if time is left
+#   5 big-fp8         qlift quantize --fp8 of it -> /tmp/qwen7b-fp8 (what pipeline_gpu.sh serves)
+#   6 bench-big       benchmarks/quantize.py on it: qlift --fp8 vs model_free_ptq vs llm-compressor's example
+#   7 bench-smollm2   the same on SmolLM2, AWQ too (qlift vs the example flow), if time is left
 # Into $OUT: NAME.json (each step's stdout: qlift --json, the benchmark's runs), logs/NAME.log, steps.jsonl
 # (rc, seconds, limit of every step, skipped ones too). Every step runs under `timeout` (which stops the
 # step's whole process group, llm-compressor's worker included) and the whole stays within DEADLINE_S.
@@ -66,6 +67,8 @@ step smollm2-fp8 90 30 $PY -m qlift --json quantize "$SMOL" --fp8 --device "$DEV
 step smollm2-awq 150 60 $PY -m qlift --json quantize "$SMOL" --awq --device "$DEV" -o "${SMOL}-awq" --force $AWQ_ARGS
 if [ -f "$BIG/model.safetensors.index.json" ] || step build-big 150 90 $PY benchmarks/gpu/build_model.py "$BIG" --shape "$SHAPE" --random; then
   du -sb "$BIG" > "$OUT/logs/big-size.txt" 2>&1
+  # the checkpoint the pipeline call serves (benchmarks/gpu/pipeline_gpu.sh): qlift's own FP8 of the 7B shape
+  step big-fp8 150 90 $PY -m qlift --json quantize "$BIG" --fp8 --device "$DEV" -o "${BIG%-bf16}-fp8" --force
   step bench-big 240 120 $PY benchmarks/quantize.py --device "$DEV" --model "$BIG" --skip-awq --repeat 1 --example \
     --json-out "$OUT/bench-big-runs.json"
 fi

@@ -58,7 +58,11 @@ out = {"python": sys.version.split()[0], "prefix": sys.prefix, "modules": {}}
 for mod, dist in json.loads(sys.argv[1]).items():
     try:
         m = importlib.import_module(mod)
-        out["modules"][mod] = {"version": md.version(dist), "file": getattr(m, "__file__", None) or ""}
+        try:
+            version = md.version(dist)
+        except md.PackageNotFoundError:  # imported from a source checkout on the path: no metadata
+            version = getattr(m, "__version__", None)
+        out["modules"][mod] = {"version": version, "file": getattr(m, "__file__", None) or ""}
     except Exception as exc:
         out["modules"][mod] = {"error": f"{type(exc).__name__}: {exc}"}
 print(json.dumps(out))
@@ -276,7 +280,7 @@ class ToolEnv:
                 continue
             if mod in self.spec.pinned:
                 _, prefix = self.spec.pinned[mod]
-                if not info["version"].startswith(prefix):
+                if not (info["version"] or "").startswith(prefix):
                     where = "the env" if str(Path(info["file"]).resolve()).startswith(root) else info["file"]
                     problems.append(f"{mod} from {where} is {info['version']}, expected {prefix}.*")
         return problems

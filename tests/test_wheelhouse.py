@@ -116,7 +116,9 @@ def test_env_from_wheelhouse_keeps_its_pins_ahead_of_pythonpath(tmp_path: Path, 
     (shadow / "only_on_pythonpath.py").write_text("X = 1\n")
     monkeypatch.setenv("PYTHONPATH", str(shadow))
     spec = ToolEnvSpec(name="offline", requirements=("qp-pinned==2.0",),
-                       pinned={"qp_pinned": ("qp-pinned", "2.0")}, shared={"qlift": "qlift"})
+                       pinned={"qp_pinned": ("qp-pinned", "2.0")},
+                       # a module from a source checkout on PYTHONPATH has no metadata (qlift on the GPU machine)
+                       shared={"qlift": "qlift", "only_on_pythonpath": "only-on-pythonpath"})
     env = ToolEnv(spec, tmp_path / "envs")
 
     with pytest.raises(ExternalToolError) as err:  # qp-extra is missing: one line naming it

@@ -337,12 +337,14 @@ async def _load(url: str, model: str, result: LoadResult, *, requests: int | Non
 
 
 def send_chats(url: str, model: str, prompts: list[str], *, max_tokens: int, concurrency: int = 4,
-               response_format: dict[str, Any] | None = None, timeout_s: float = 120) -> list[str]:
-    """One chat request a prompt (every other one streamed, temperature 0); the answers the client got, in order.
-    Any status but 200 fails the caller's test."""
+               response_format: dict[str, Any] | None = None, timeout_s: float = 120, system: str | None = None
+               ) -> list[str]:
+    """One chat request a prompt (every other one streamed, temperature 0), after ``system`` where given; the
+    answers the client got, in order. Any status but 200 fails the caller's test."""
     async def one(session: aiohttp.ClientSession, i: int, prompt: str) -> str:
+        head = [{"role": "system", "content": system}] if system else []
         body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": i % 2 == 1,
-                                "messages": [{"role": "user", "content": prompt}]}
+                                "messages": [*head, {"role": "user", "content": prompt}]}
         if response_format is not None:
             body["response_format"] = response_format
         async with sem, session.post(f"{url}/v1/chat/completions", json=body) as r:

@@ -246,3 +246,51 @@ def test_sigkill_after_the_load_resumes_and_leaks_no_adapter(clean: Any, ramble:
         states = [r[0] for r in aj.db.execute("SELECT state FROM canary_adapters")]
     assert states == ["unloaded"]
 
+
+
+# -- fine-tunes gone wrong, as real adapters (examples/train_bad_adapters.py) ----------------------------
+
+BAD_ADAPTERS = Path(__file__).resolve().parents[1] / "examples" / "bad-adapters"
+BAD = {"loops": ("loops", 48), "chinese": ("off_language", 32), "refusal": ("refusal", 32)}
+
+
+def held_out_tickets(n: int) -> tuple[str, list[str]]:
+    rows = [json.loads(line) for line in (EXAMPLE.parent / "prompts" / "tickets-heldout.jsonl").read_text().splitlines()
+            if line.startswith("{")][:n]
+    return rows[0]["messages"][0]["content"], [r["messages"][1]["content"] for r in rows]
+
+
+@pytest.mark.parametrize("adapter", list(BAD))
+def test_a_bad_fine_tune_is_rolled_back_by_its_metric_in_the_shadow_phase(clean: Any, adapter: str,
+                                                                           tmp_path: Path) -> None:
+    """A LoRA trained to loop, to answer in Chinese or to refuse, served beside its base: the shadow phase rolls
+    each back by the answer check meant for it, and every user's answer is the base's."""
+    from faults import send_chats
+
+    from qlift.rollout.shadow import ShadowSource, judge_shadow
+    from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+
+    metric, max_tokens = BAD[adapter]
+    load = httpx.post(f"{clean.base_url}/v1/load_lora_adapter", timeout=60,
+                      json={"lora_name": adapter, "lora_path": str(BAD_ADAPTERS / adapter)})
+    assert load.status_code == 200, load.text
+    system, prompts = held_out_tickets(12)
+    router = router_for(clean, adapter, tmp_path)
+    try:
+        source = ShadowSource(router.url, TOKEN, stable="stable")
+        source.start("canary", 100, 4)
+        source.begin()
+        answers = send_chats(router.url, "chat", prompts, max_tokens=max_tokens, system=system, timeout_s=240)
+        deadline = time.monotonic() + 90  # copies finish after the users' answers
+        while len(source.peek().pairs) < len(prompts) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        ev = source.collect()
+        served = {r.backend for r in router.admin().requests(since=0).requests}
+    finally:
+        router.stop()
+    assert served == {"stable"} and len(answers) == len(prompts)
+    # the adapter's CPU LoRA path is 3-6x slower per token: latency is not what this test is about
+    d = judge_shadow(ev, ShadowSpec(min_pairs=8), AnalysisSpec(max_latency_ratio=8.0, max_ttft_ratio=8.0))
+    checks = {c.name: c for c in d.checks}
+    assert d.action == "rollback" and checks[metric].status == "fail", d.reason
+    assert checks[metric].examples and checks[metric].examples[0]["other"] is not None

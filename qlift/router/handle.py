@@ -67,9 +67,9 @@ def start(inputs: RouterInputs, options: RouterConfig, *, log_path: Path | None 
     env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
     if inputs.admin_token:
         env[TOKEN_VAR] = inputs.admin_token
-    err = open(log_path, "w") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+    err = open(log_path, "w") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=err, text=True, env=env, start_new_session=True)

@@ -419,3 +419,28 @@ def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> Non
         (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
     assert given.loras == {"tickets": tmp_path / "adapters" / "tickets"} and given.host == "127.0.0.1"
     assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+
+
+def test_a_killed_runs_router_is_stopped_by_pid_and_a_reused_pid_left_alone(tmp_path: Path) -> None:
+    """What a SIGKILLed run left running (its router, journaled by pid as it started) the next run stops; a
+    journaled pid that now runs something else is not the release's to stop."""
+    from qlift import router
+    from qlift.release.journal import ReleaseJournal
+    from qlift.release.live import router_config, stop_leftovers
+    from qlift.release.spec import RouterStageOptions
+
+    config = router_config(RouterStageOptions(), {"stable": "http://127.0.0.1:9", "canary": "http://127.0.0.1:9"})
+    other = subprocess.Popen(["sleep", "60"])
+    with ReleaseJournal(tmp_path / "release.sqlite") as journal:
+        run_id = journal.start_run(tmp_path / "release.yaml")
+        left = router.start(router.RouterInputs("t"), config, log_path=tmp_path / "logs" / "router.log",
+                            on_started=lambda pid: journal.add_server(pid, "router", run_id, ""))
+        journal.add_server(other.pid, "stable", run_id, "")
+        try:
+            assert left.running() and stop_leftovers(journal) == [left.pid]
+            assert left.wait(timeout=30) == 0  # SIGTERM: it drained and exited
+            assert other.poll() is None and journal.running_servers() == []
+        finally:
+            left.stop()
+            other.kill()
+            other.wait()

@@ -51,20 +51,28 @@ H = TypeVar("H", bound=Stoppable)
 class Processes:
     """The servers a release started, journaled by pid; ``stop`` ends them in reverse order."""
 
-    def __init__(self, journal: ReleaseJournal, run_id: int, logs: Path) -> None:
-        self.journal, self.run_id, self.logs = journal, run_id, logs
+    def __init__(self, journal: ReleaseJournal, run_id: int) -> None:
+        self.journal, self.run_id = journal, run_id
         self.handles: list[tuple[Stoppable, bool]] = []
 
     def start(self, stage: str, start: Callable[[Callable[[int], None]], H], url: Callable[[H], str], *,
               keep: bool) -> H:
-        """Start a server through ``start`` (which reports its pid before it waits for it to be ready)."""
+        """Start a server through ``start``, which reports its pid before it waits for it to be ready (a server
+        that does not get ready is stopped by ``start`` itself)."""
+        pids: list[int] = []
+
         def started(pid: int) -> None:
+            pids.append(pid)
             self.journal.add_server(pid, stage, self.run_id, "")
 
         try:
             handle = start(started)
-        except ExternalToolError as exc:
-            raise ExternalToolError(f"stage '{stage}': {exc.message}", hint=exc.hint, tool=exc.tool) from None
+        except BaseException as exc:
+            for pid in pids:
+                self.journal.server_stopped(pid)
+            if isinstance(exc, ExternalToolError):
+                raise ExternalToolError(f"stage '{stage}': {exc.message}", hint=exc.hint, tool=exc.tool) from None
+            raise
         self.journal.add_server(handle.pid, stage, self.run_id, url(handle))
         self.handles.append((handle, keep))
         if keep:  # the release will not stop it: nothing of it is ours to track any more

@@ -78,7 +78,7 @@ class LivePlan:
 
     def run(self, p: Pipeline) -> None:
         out = p.release.out
-        procs = live.Processes(p.journal, p.run_id, out / "logs")
+        procs = live.Processes(p.journal, p.run_id)
         urls: dict[str, str] = {}
         router_url = ""
         token = live.new_router_token()

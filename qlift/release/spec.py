@@ -1,10 +1,12 @@
 """The release file (``release.yaml``): a base, adapters, and a list of stages with their options.
 
-Each stage's ``options`` are that stage's own typed options model: ``MergeOptions``,
-``QuantizeOptions``, ``EvalOptions`` (dataclasses the commands take), ``RolloutSpec`` for
-promote; serve and router, which have no model of their own yet, get a small one here that maps
-1:1 onto the flags the release passes. Fields the release itself decides (outputs, ``force``,
-the names and URLs of the versions) are refused with a line saying so.
+Each stage's ``options`` are validated as its kind's options class in the stage table
+(``qlift.release.stages.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
+dataclasses the commands take), ``RolloutSpec`` for promote (its versions and router filled in when
+it runs); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s own ``ServeOptions`` plus the
+release's fields; the router, whose ``RouterConfig`` needs the backends the release makes, gets a
+small one here. Fields the release itself decides (outputs, ``force``, the names and URLs of the
+versions, a server's host) are refused with a line saying so.
 """
 
 from __future__ import annotations

@@ -97,3 +97,27 @@ def test_an_fp8_kv_candidate_has_its_own_cache_identity(smollm2_dir: Path) -> No
     plain, fp8 = EvalModel("baseline", "m", ref=ref), EvalModel("candidate", "m", ref=ref)
     fp8.engine_args = {"kv_cache_dtype": "fp8"}
     assert plain.cache_id == ref.content_hash and fp8.cache_id not in (None, plain.cache_id)
+
+
+def test_plan_hashes_the_model_only_where_some_fp8_kv_report_exists(run_cli, tiny_qwen2_tied: Path,  # type: ignore[no-untyped-def]
+                                                                    tmp_path: Path) -> None:
+    import hashlib
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_qwen2_tied, model)
+    (model / "qlift.json").unlink(missing_ok=True)  # hand-made: hashing reads every file and remembers it
+    remembered = hash_memo() / (hashlib.sha256(str(model.resolve()).encode()).hexdigest()[:32] + ".json")
+
+    def kv_note() -> str:
+        r = run_cli("plan", model, "--recipe", "auto", "--json")
+        assert r.exit_code == 0, r.stderr
+        return next(n for n in json.loads(r.stdout)["notes"] if "FP8 KV" in n)
+
+    # No FP8-KV report for any checkpoint: off without reading the weights.
+    assert kv_note().startswith("FP8 KV cache off: no eval gate report against a baseline with kv_cache_dtype=fp8 "
+                                "for this checkpoint; to allow it: qlift eval")
+    assert not remembered.exists()
+    write_record(_record("sha256:" + "c" * 64, passed=True, date="2026-12-02T00:00:00+00:00"))  # another model's
+    h = ModelRef.of(model.resolve()).content_hash
+    assert f"for this checkpoint (sha256:{h[7:19]}); to allow it" in kv_note() and remembered.is_file()

@@ -139,22 +139,44 @@ def test_worker_failure_is_one_error_line_with_the_cause(
     assert not (tmp_path / "o").exists()
 
 
+AWQ_SAMPLES, AWQ_SEQ_LEN = 4, 128  # 4 of the built-in chats, 398 tokens: perplexity 1.18x bf16 (8 x 128: 1.25x)
+
+
+def _awq_cache_name(smollm2_dir: Path) -> str:
+    """The AWQ fixture's cache entry, named by what makes it: the model, the calibration size and qlift's
+    quantize code and calibration set (a change to either builds it again)."""
+    import hashlib
+
+    import qlift.quantize
+
+    h = hashlib.sha256(f"{smollm2_dir.name} {AWQ_SAMPLES}x{AWQ_SEQ_LEN} float32 t1".encode())
+    package = Path(qlift.quantize.__file__).parent
+    for f in sorted([*package.glob("*.py"), *package.glob("data/*")]):
+        h.update(f.name.encode() + f.read_bytes())
+    return f"awq-smollm2-{h.hexdigest()[:12]}"
+
+
 @pytest.fixture(scope="module")
 def awq_smollm2(tool_env: EnsureResult, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """SmolLM2 through AWQ with a tiny calibration (8 samples x 128 tokens of the built-in set), calibrated
-    in float32 on one thread as on a CPU without bf16 units: the checkpoint must still come out bf16."""
+    """SmolLM2 through AWQ with a tiny calibration (4 samples x 128 tokens of the built-in set), calibrated
+    in float32 on one thread as on a CPU without bf16 units: the checkpoint must still come out bf16.
+    Built once per clean clone (conftest's _cached, by content); read-only."""
     from click.testing import CliRunner
+    from conftest import _cached
 
     from qlift.cli import cli
 
-    out = tmp_path_factory.mktemp("awq") / "smollm2-awq"
-    with pytest.MonkeyPatch.context() as mp:  # module scope: before the autouse QLIFT_HOME fixture
-        mp.setenv("QLIFT_HOME", str(tmp_path_factory.mktemp("qlift-home")))
-        r = CliRunner().invoke(cli, ["quantize", str(smollm2_dir), "--awq", "--num-samples", "8",
-                                     "--seq-len", "128", "--compute-dtype", "float32", "--threads", "1",
-                                     "-o", str(out), "--json"], catch_exceptions=False)
-    assert r.exit_code == 0, r.stderr
-    return {"out": out, "result": json.loads(r.stdout)}
+    def build(root: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:  # module scope: before the autouse QLIFT_HOME fixture
+            mp.setenv("QLIFT_HOME", str(tmp_path_factory.mktemp("qlift-home")))
+            r = CliRunner().invoke(cli, ["quantize", str(smollm2_dir), "--awq", "--num-samples", str(AWQ_SAMPLES),
+                                         "--seq-len", str(AWQ_SEQ_LEN), "--compute-dtype", "float32", "--threads", "1",
+                                         "-o", str(root / "smollm2-awq"), "--json"], catch_exceptions=False)
+        assert r.exit_code == 0, r.stderr
+        (root / "result.json").write_text(r.stdout, encoding="utf-8")
+
+    built = _cached(_awq_cache_name(smollm2_dir), build)
+    return {"out": built / "smollm2-awq", "result": json.loads((built / "result.json").read_text(encoding="utf-8"))}
 
 
 def test_awq_chooses_group_64_and_keeps_lm_head_and_embeddings(awq_smollm2: dict[str, Any], smollm2_dir: Path) -> None:
@@ -163,7 +185,7 @@ def test_awq_chooses_group_64_and_keeps_lm_head_and_embeddings(awq_smollm2: dict
 
     out, res = awq_smollm2["out"], awq_smollm2["result"]
     assert res["group_size"] == 64 and res["format"] == "pack-quantized" and res["env_created"] is False
-    assert (res["num_samples"], res["seq_len"], res["calibration"]) == (8, 128, "builtin")
+    assert (res["num_samples"], res["seq_len"], res["calibration"]) == (AWQ_SAMPLES, AWQ_SEQ_LEN, "builtin")
     qc = ModelDir.open(out).quantization_config
     assert qc is not None
     weights = qc["config_groups"]["group_0"]["weights"]

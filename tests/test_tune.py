@@ -112,7 +112,10 @@ def test_points_that_do_not_fit_are_skipped_and_failed_starts_recorded(
 
 
 @pytest.mark.vllm
-def test_tune_two_point_grid_writes_a_recipe_with_every_point(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+def test_tune_two_point_grid_writes_a_recipe_with_every_point(run_cli, tmp_path: Path, smollm2_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if "QLIFT_TEST_BIND" in os.environ:  # `make test`: the points' servers on this worker's core, as its others
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", os.environ["QLIFT_TEST_BIND"])
     out, plot = tmp_path / "cpu-tuned.yaml", tmp_path / "pareto.png"
     r = run_cli("tune", smollm2_dir, "--recipe", "cpu", "--set", "enforce_eager=true", "--set", "max_model_len=512",
                 "--grid", "max_num_seqs=2,8", "--concurrency", "4", "--requests", "4", "--input-tokens", "16",

@@ -62,25 +62,46 @@ def write_record(record: dict[str, Any]) -> Path:
     return path
 
 
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def records(content_hash: str) -> list[dict[str, Any]]:
     """Every readable record for ``content_hash``, oldest first (unreadable files are skipped)."""
     folder = _hash_dir(content_hash)
     out = []
     for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and rec.get("content_hash") == content_hash:
+        rec = _read(p)
+        if rec is not None and rec.get("content_hash") == content_hash:
             rec["index_file"] = str(p)
             out.append(rec)
     return sorted(out, key=lambda r: (str(r.get("date", "")), r["index_file"]))
+
+
+def _matches(record: dict[str, Any], engine_arg: str, values: tuple[str, ...],
+             keep: Callable[[dict[str, Any]], bool]) -> bool:
+    return str((record.get("engine_args") or {}).get(engine_arg)) in values and keep(record)
 
 
 def newest(content_hash: str, *, engine_arg: str, values: tuple[str, ...],
            keep: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[str, Any] | None:
     """The newest record for ``content_hash`` whose candidate ran with ``engine_arg`` in ``values`` and that
     ``keep`` accepts."""
-    found = [r for r in records(content_hash)
-             if str((r.get("engine_args") or {}).get(engine_arg)) in values and keep(r)]
+    found = [r for r in records(content_hash) if _matches(r, engine_arg, values, keep)]
     return found[-1] if found else None
+
+
+def any_checkpoint_has(*, engine_arg: str, values: tuple[str, ...],
+                       keep: Callable[[dict[str, Any]], bool] = lambda r: True) -> bool:
+    """Whether a record of any checkpoint matches (as ``newest`` would): where none does, a caller
+    need not hash a model (a full read of its weights the first time) to learn that its answer is none."""
+    root = index_dir()
+    for p in root.glob("*/*.json") if root.is_dir() else []:
+        rec = _read(p)
+        if rec is not None and _matches(rec, engine_arg, values, keep):
+            return True
+    return False

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qlift.vllm.worker import die_with_group, exit_now, read_job, run_and_report
+from qlift.vllm.worker import die_with_group, exit_now, serve_jobs
 
 # Per-request lists vLLM returns with --save-detailed; qlift keeps what it needs of them.
 _DETAIL = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors",
@@ -66,9 +66,8 @@ def main_(argv: list[str]) -> int:
     die_with_group()
     import vllm.benchmarks.serve  # noqa: F401  (the slow import, while the server starts)
 
-    job = read_job(Path(argv[1]))
     with contextlib.redirect_stdout(sys.stderr):  # vLLM's client prints its tables on stdout
-        return run_and_report(run, job)
+        return serve_jobs(Path(argv[1]), run)  # one job, or (tune) one per grid point
 
 
 if __name__ == "__main__":

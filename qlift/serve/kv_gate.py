@@ -61,6 +61,12 @@ def how_to_allow(model: Path) -> str:
             "--set kv_cache_dtype=fp8 --gate " + shlex.quote(GATE_EXAMPLE) + " --report DIR")
 
 
+def _no_report(model: Path, short: str | None) -> KvDecision:
+    which = f" (sha256:{short})" if short else ""
+    return KvDecision(None, f"FP8 KV cache off: no eval gate report against a baseline with kv_cache_dtype=fp8 "
+                            f"for this checkpoint{which}; to allow it: {how_to_allow(model)}")
+
+
 def decide(content_hash: str, model: Path) -> KvDecision:
     """FP8 KV for the checkpoint with ``content_hash`` (at ``model``): on, with the report, or off and why."""
     from qlift.eval.gate_index import newest
@@ -68,8 +74,7 @@ def decide(content_hash: str, model: Path) -> KvDecision:
     short = content_hash.removeprefix("sha256:")[:12]
     record = newest(content_hash, engine_arg="kv_cache_dtype", values=FP8_KV, keep=compares_with_baseline)
     if record is None:
-        return KvDecision(None, f"FP8 KV cache off: no eval gate report against a baseline with kv_cache_dtype=fp8 "
-                                f"for this checkpoint (sha256:{short}); to allow it: {how_to_allow(model)}")
+        return _no_report(model, short)
     where = f"{record.get('report')} of {record.get('date')}"
     if not record.get("passed"):
         return KvDecision(None, f"FP8 KV cache off: the newest eval gate report with FP8 KV for this checkpoint "
@@ -86,8 +91,13 @@ def apply_kv_gate(recipe: Recipe, md: ModelDir, sets: list[str]) -> tuple[Recipe
     chosen = recipe.engine.kv_cache_dtype not in (None, "auto")
     if chosen or any(normalize(s.partition("=")[0].strip()) == "kv_cache_dtype" for s in sets):
         return recipe, None
+    from qlift.eval.gate_index import any_checkpoint_has
     from qlift.models.ref import ModelRef, hash_memo
 
+    if not any_checkpoint_has(engine_arg="kv_cache_dtype", values=FP8_KV, keep=compares_with_baseline):
+        # No FP8-KV report for any checkpoint: off whatever this one hashes to, and `qlift plan` of a
+        # 15 GB model need not read 15 GB to say so.
+        return recipe, _no_report(md.path, None)
     ref = ModelRef.of(md.path.resolve(), memo=hash_memo())  # serve hashes it anyway; remembered, so once
     decision = decide(ref.content_hash, md.path)
     if decision.kv_cache_dtype is None:

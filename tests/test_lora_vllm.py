@@ -305,13 +305,13 @@ def test_a_bad_fine_tune_is_rolled_back_by_its_metric_in_the_shadow_phase(clean:
                            log_path=tmp_path / "router.log", token=TOKEN).start()
     try:
         source = ShadowSource(router.url, TOKEN, stable="stable")
-        # Every prompt at once, and a slot for every copy: one batch on the core instead of three rounds of four
-        # (each round as slow as its slowest answer), no copy dropped (the judge sees all 12 pairs, min_pairs 8),
-        # and the wait below ends when the last copy is answered.
+        # A slot for every copy: with 4, where the users' answers come faster than the adapter's copies, a copy
+        # that finds 4 in flight and 4 waiting is dropped, and the judge may see as few pairs as min_pairs (8).
+        # The users' requests stay 4 at a time: 12 at once beside 12 slow adapter copies passed the router's 60 s
+        # to the first byte on a busy core (load 23 on 2 cores).
         source.start("canary", 100, len(prompts))
         source.begin()
-        answers = send_chats(router.url, "chat", prompts, max_tokens=max_tokens, system=system,
-                             concurrency=len(prompts), timeout_s=240)
+        answers = send_chats(router.url, "chat", prompts, max_tokens=max_tokens, system=system, timeout_s=240)
         shadow = wait_for_copies(router, source, len(prompts), 120)
         ev = source.collect()
         served = {r.backend for r in router.admin().requests(since=0).requests}

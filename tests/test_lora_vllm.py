@@ -60,7 +60,7 @@ MAX_LORAS = 6  # qlift adds 1 + 4 (cpu recipe, --lora-runtime): 11 slots, the la
 def lora_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[Any]:
     """The one vLLM server of this module: what `qlift serve smollm2 --recipe cpu --lora tickets=examples/adapter
     --lora loops=... --lora chinese=... --lora refusal=... --lora-runtime --set max_loras=6` runs, on core 0."""
-    from substrate import cpu_engine_args
+    from substrate import cpu_engine_args, cpu_server_env
 
     from qlift.vllm.server import VllmServer
 
@@ -69,7 +69,7 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> 
     assert planned.engine["max_loras"] > SLOTS_USED, planned.engine  # the last slot stays empty (docs/lora.md)
     with VllmServer(model=smollm2_dir, served_model_name="smollm2", log_path=tmp_path_factory.mktemp("lora") / "log",
                     extra_args=cpu_engine_args() + engine_flags(planned.engine),
-                    env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0"), **planned.env}) as s:
+                    env={**cpu_server_env(os.environ.get("QLIFT_TEST_BIND", "0")), **planned.env}) as s:
         yield s
 
 

@@ -30,9 +30,9 @@ from urllib.parse import quote
 
 from qlift.errors import BadInputError, NotFoundError, QliftError
 from qlift.fsutil import file_lock, lock_holder
-from qlift.rollout.states import State, can_move
+from qlift.rollout.states import State, StepOutcome, can_move
 
-ACTIVE_STATES = tuple(s.value for s in State if not s.final)
+ACTIVE_STATES = tuple(s for s in State if s.active)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -77,7 +77,7 @@ class Rollout:
     id: int
     created_at: str
     updated_at: str
-    state: str
+    state: State
     stable: str
     canary: str
     spec: dict[str, Any]
@@ -87,9 +87,8 @@ class Rollout:
     desired_version: str
     reason: str
 
-    @property
-    def status(self) -> State:
-        return State(self.state)
+    def __post_init__(self) -> None:
+        self.state = State(self.state)
 
     @property
     def steps(self) -> list[int]:
@@ -267,12 +266,12 @@ class Journal:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
         return r
 
-    def position(self, rollout_id: int) -> tuple[str, int]:
+    def position(self, rollout_id: int) -> tuple[State, int]:
         """(state, step) alone: what a controller re-reads every tick."""
         row = self.db.execute("SELECT state, step FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
         if row is None:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
-        return str(row[0]), int(row[1])
+        return State(row[0]), int(row[1])
 
     def find(self, rollout_id: int) -> Rollout | None:
         row = self.db.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
@@ -284,7 +283,7 @@ class Journal:
 
     def active(self) -> Rollout | None:
         r = self.latest()
-        return r if r is not None and r.state in ACTIVE_STATES else None
+        return r if r is not None and r.state.active else None
 
     def last_change(self, rollout_id: int) -> WeightChange | None:
         row = self.db.execute("SELECT * FROM weight_changes WHERE rollout_id = ? ORDER BY id DESC LIMIT 1",
@@ -340,10 +339,21 @@ class Journal:
         return self.get(rid)
 
     def decide(self, db: sqlite3.Connection, rollout_id: int, step: int, action: str, reason: str, *,
-               manual: bool = False, window_id: int | None = None, p_values: dict[str, float] | None = None) -> None:
-        db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, manual, window_id, p_values)"
-                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                   (rollout_id, now_iso(), step, action, reason, int(manual), window_id, json.dumps(p_values or {})))
+               manual: bool = False) -> None:
+        """A decision that judged no window (start, an operator's command, a promotion, a paused canary)."""
+        db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, manual) VALUES (?, ?, ?, ?, ?, ?)",
+                   (rollout_id, now_iso(), step, action, reason, int(manual)))
+
+    def judged(self, db: sqlite3.Connection, rollout_id: int, step: int, record: dict[str, Any],
+               p_values: dict[str, float], *, reason: str | None = None) -> int:
+        """A judged window (``record``, see ``add_window``) and the decision taken on it: the record's action,
+        for ``reason`` (default: the record's). Returns the window's id."""
+        wid = self.add_window(db, rollout_id, step, record)
+        db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, window_id, p_values)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?)", (rollout_id, now_iso(), step, str(record["action"]),
+                                                     record["reason"] if reason is None else reason, wid,
+                                                     json.dumps(p_values)))
+        return wid
 
     def transition(self, db: sqlite3.Connection, rollout_id: int, src: State | tuple[State, ...], dst: State,
                    reason: str, **fields: Any) -> bool:
@@ -351,12 +361,12 @@ class Journal:
         transaction, with ``fields``; False, changing nothing, when it is in none of ``src`` now.
         A move the transition table lacks is a bug, and raises."""
         sources = src if isinstance(src, tuple) else (src,)
-        now = State(self.get(rollout_id).state)
+        now = self.get(rollout_id).state
         if now not in sources:
             return False
         if not can_move(now, dst):
             raise QliftError(f"rollout {rollout_id}: {now.value} -> {dst.value} is not a valid transition")
-        self.update(db, rollout_id, state=dst.value, reason=reason, **fields)
+        self._set(db, rollout_id, state=dst.value, reason=reason, **fields)
         self.event(db, rollout_id, "state", {"from": now.value, "to": dst.value, "reason": reason})
         return True
 
@@ -377,6 +387,12 @@ class Journal:
 
     def update(self, db: sqlite3.Connection, rollout_id: int, **fields: Any) -> None:
         """Counters and fields of the rollout row; the state only through ``transition``."""
+        if "state" in fields:
+            raise QliftError(f"rollout {rollout_id}: the state moves only through Journal.transition "
+                             "(checked against states.TRANSITIONS), not update")
+        self._set(db, rollout_id, **fields)
+
+    def _set(self, db: sqlite3.Connection, rollout_id: int, **fields: Any) -> None:
         fields["updated_at"] = now_iso()
         cols = ", ".join(f"{k} = ?" for k in fields)
         db.execute(f"UPDATE rollouts SET {cols} WHERE id = ?", (*fields.values(), rollout_id))
@@ -385,7 +401,7 @@ class Journal:
         db.execute("INSERT OR IGNORE INTO steps (rollout_id, idx, weight, started_at) VALUES (?, ?, ?, ?)",
                    (rollout_id, idx, weight, now_iso()))
 
-    def finish_step(self, db: sqlite3.Connection, rollout_id: int, idx: int, outcome: str) -> None:
+    def finish_step(self, db: sqlite3.Connection, rollout_id: int, idx: int, outcome: StepOutcome) -> None:
         db.execute("UPDATE steps SET finished_at = ?, outcome = ? WHERE rollout_id = ? AND idx = ?"
                    " AND finished_at IS NULL", (now_iso(), outcome, rollout_id, idx))
 
@@ -405,7 +421,7 @@ class Journal:
         reason: str,
         apply: Callable[[dict[str, int]], object],
         *,
-        allowed_states: tuple[str, ...] = ACTIVE_STATES,
+        allowed_states: tuple[State, ...] = ACTIVE_STATES,
         also: Callable[[sqlite3.Connection], None] | None = None,
     ) -> bool:
         """Journal ``weights`` (with ``also``'s writes, in the same transaction), then apply them.

@@ -15,10 +15,10 @@ from test_rollout_state import FakeClock
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.rollout.controller import Controller
+from qlift.rollout.dataplane import make_data_plane as make_plane
 from qlift.rollout.gateway import crd_schema
 from qlift.rollout.inference_ext import GROUP, PLURAL, SCHEMA_FILE, VERSION, validate_rewrite
 from qlift.rollout.journal import Journal
-from qlift.rollout.planes import make_plane
 from qlift.rollout.spec import build_spec
 
 VENDORED = Path(__file__).parent / "schemas" / "inference-extension" / SCHEMA_FILE.name

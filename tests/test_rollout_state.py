@@ -323,16 +323,25 @@ def test_abort_on_a_full_journal_restores_weights_first(tmp_path: Path, use_plan
     assert st["abort_not_journaled"] and st["state"] == "abort_requested"
     time.sleep(0.3)
     assert plane.current == {"s": 100, "c": 0} and t.is_alive()  # the controller obeys it, and lives
+    # The controller parks in its next sleep, so the `abort` below is what journals the abort, not it.
+    gate, parked = threading.Event(), threading.Event()
+
+    def gated(s: float) -> None:
+        if not gate.is_set():
+            parked.set()
+            assert gate.wait(10)
+        time.sleep(0.002)
+
+    ctl.sleep = gated
+    assert parked.wait(10)
     full["on"] = False
     journal.db.execute("PRAGMA max_page_count = 1073741823")
     with sqlite3.connect(path) as db:  # space returns
         db.execute("DELETE FROM events WHERE kind = 'fill'")
         db.execute("DELETE FROM decisions WHERE rollout_id = 0")
         db.execute("DELETE FROM weight_changes WHERE rollout_id = 0")
-    try:
-        assert api.abort(path).state == "aborted"  # journals it
-    except QliftError as exc:  # or the controller, ticking every 2 ms, journaled it first
-        assert "already aborted" in str(exc), exc
+    assert api.abort(path).state == "aborted"  # journals it
+    gate.set()
     t.join(10)
     assert journal.get(rid).state == "aborted" and not api.status(path)["abort_not_journaled"]
     assert "journal was full" in json.dumps(journal.history(rid)["events"])

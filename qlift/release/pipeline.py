@@ -296,8 +296,10 @@ class Pipeline:
         router = next((s for s in stages if s.kind == "router"), None)
         if promote is None or router is None or not router.options.url:
             return ""
+        from qlift.rollout.states import State
+
         url, last = router.options.url, self.journal.latest(promote.name)
-        promoted = last is not None and last["result"].get("state") == "promoted"
+        promoted = last is not None and last["result"].get("state") == State.PROMOTED
         weights = _router_weights(url)
         if weights is not None:
             now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))

@@ -294,29 +294,6 @@ def finish(journal_path: Path, r: Rollout) -> AdapterRecord | None:
         return aj.for_rollout(r.id)
 
 
-def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, path: Path,
-                       **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
-    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep.
-    ``start_options`` go to ``qlift.rollout.api.start``."""
-    from qlift.rollout.api import default_journal, start
-
-    journal_path = Path(journal_path or default_journal())
-    if spec.eval_report is not None and spec.canary_model is None and spec.canary_hash is None:
-        # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
-        from qlift.rollout.evalgate import check_eval_report
-
-        target = resolve_target(spec, name)
-        check_eval_report(spec.eval_report, Path(path), target.base_dir)
-        spec = spec.model_copy(update={"canary_model": Path(path).resolve()})
-    prepare(spec, journal_path, name, path)
-    final = start(spec, journal_path, **start_options)
-    rec = finish(journal_path, final)
-    if rec is not None and rec.state == AdapterState.KEPT:
-        log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,
-                 shlex.join(rec.serve_command()))
-    return final, rec
-
-
 def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None:
     """The adapter of rollout ``rollout_id`` as `qlift promote status` shows it (None without one)."""
     from urllib.parse import quote

@@ -18,23 +18,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from qlift.rollout.evidence import NO_PRIMARY, Evidence
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
 from qlift.rollout.shadow import ShadowEvidence, judge_shadow, judge_window
 from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import Phase
 
 SHADOW_STEP = -1  # the step index shadow windows are journaled (and their evidence carried) under
-
-
-class Phase(StrEnum):
-    ADVANCE = "advance"  # the step (or the shadow phase) passed: the next step's weights
-    PASS = "pass"  # this window passed; the step needs more passing windows
-    HOLD = "hold"  # inconclusive: the evidence is carried into the next window
-    ROLLBACK = "rollback"  # a check failed, or analysis stayed inconclusive for too long
-    PAUSE = "pause"  # too little canary traffic for too long: wait for an operator
 
 
 def _iso(ts: float) -> str:

@@ -11,11 +11,12 @@ it stays requested, and `abort`, `resume`, `start` and a running controller retr
 from __future__ import annotations
 
 import logging
+import shlex
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qlift.errors import BadInputError, GateFailedError, NotFoundError, QliftError
+from qlift.errors import BadInputError, GateFailedError, QliftError
 from qlift.rollout.aborts import (
     abort_with_full_journal,
     converge,
@@ -25,19 +26,23 @@ from qlift.rollout.aborts import (
     spec_of,
 )
 from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
-from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
+from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, now_iso
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import DESCRIPTIONS, RUNNING, State, StepOutcome
+from qlift.rollout.states import RUNNING, State, StepOutcome
 from qlift.rollout.webhook import notify, validate_webhook
-from qlift.settings import qlift_home
+
+if TYPE_CHECKING:
+    from qlift.rollout.adapter import AdapterRecord
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_STALE_S = 30.0  # a controller silent this long is shown as stalled
+def status(journal_path: Path | None = None, rollout_id: int | None = None) -> dict[str, Any]:
+    """What `status --json` prints, as plain JSON values (the typed form: ``status.rollout_status``)."""
+    from qlift.rollout.status import rollout_status
+    from qlift.serialize import to_jsonable
 
-
-def default_journal() -> Path:
-    return qlift_home() / "rollouts" / "journal.sqlite"
+    out: dict[str, Any] = to_jsonable(rollout_status(journal_path, rollout_id))
+    return out
 
 
 def make_plane(spec: RolloutSpec) -> DataPlane:
@@ -238,89 +243,30 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
         return journal.get(r.id)
 
 
-# -- status ------------------------------------------------------------------------------------
+# -- --canary-adapter -----------------------------------------------------------------------
 
 
-def _compares(spec: RolloutSpec) -> list[dict[str, Any]]:
-    from qlift.rollout.checks import describe
+def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, path: Path,
+                       **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
+    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep.
+    ``start_options`` go to ``qlift.rollout.api.start``."""
+    from qlift.rollout.adapter import AdapterState, finish, prepare, resolve_target
 
-    return list(describe(spec.analysis))
+    journal_path = Path(journal_path or default_journal())
+    if spec.eval_report is not None and spec.canary_model is None and spec.canary_hash is None:
+        # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
+        from qlift.rollout.evalgate import check_eval_report
 
-
-def answer_checks_run(spec: RolloutSpec) -> dict[str, Any]:
-    """Where the answer checks (loops, language, refusals, schemas) can run under this spec, and why not."""
-    from qlift.rollout.planes import PLANES
-
-    split = PLANES[spec.data_plane].sees_answers and spec.provider == "builtin"
-    shadow = spec.shadow is not None
-    if split:
-        note = "split windows and the shadow phase" if shadow else "split windows (the router's request log)"
-    elif shadow:
-        note = ("the shadow phase only (through the qlift router): the split windows' evidence "
-                f"({spec.provider if spec.provider != 'builtin' else spec.data_plane}) carries no answers")
-    else:
-        note = (f"none: the {spec.data_plane} plane's evidence ({spec.provider}) carries status codes and timings, "
-                "no answers; judge them before with qlift eval, or roll out behind the qlift router "
-                "(--data-plane builtin) for answer checks and a shadow phase")
-    return {"split_windows": split, "shadow": shadow, "note": note}
-
-
-def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
-    if weight == 100:
-        return "no window: the canary is promoted when this step's weights are applied (the last judged step " \
-               "decided it)" if count > 1 else "no window: the canary is promoted at once"
-    return (f"each {spec.interval:g}s window: canary vs stable at {weight}% on every check below, "
-            f">= {spec.analysis.min_requests} canary requests, {spec.analysis.intervals_per_step} passing window(s)")
-
-
-def status(journal_path: Path | None = None, rollout_id: int | None = None) -> dict[str, Any]:
-    """The journal's latest rollout (or ``rollout_id``), everything about it: what `status --json` prints."""
-    path = Path(journal_path or default_journal())
-    with Journal(path, readonly=True) as journal:  # a missing journal: NotFoundError (exit 4)
-        r = journal.latest() if rollout_id is None else journal.find(rollout_id)
-        if r is None:
-            raise NotFoundError(f"no rollout {rollout_id} in {path}" if rollout_id else f"no rollout in {path}",
-                                hint="Leave out --rollout for the latest." if rollout_id else "Start one.")
-        spec = spec_of(r)
-        h = journal.history(r.id)
-        last = journal.last_change(r.id)
-        started = {s["idx"]: s for s in h["steps"]}
-        steps = []
-        for i, w in enumerate(r.steps):
-            s = started.get(i, {})
-            steps.append({"index": i, "weight": w, "started_at": s.get("started_at"),
-                          "finished_at": s.get("finished_at"), "outcome": s.get("outcome"),
-                          "judged": _judged(spec, w, len(r.steps)),
-                          "windows": [win for win in h["windows"] if win["step"] == i]})
-        pid = journal.controller_pid()
-        age = journal.heartbeat_age()
-        marker = journal.abort_marker.exists()
-        shadow_spec = spec.shadow
-        out = {
-            "journal": str(path), "id": r.id, "state": State.ABORT_REQUESTED.value if marker and not r.state.final
-            else r.state, "state_doc": DESCRIPTIONS[State.ABORT_REQUESTED if marker and not r.state.final
-                                                   else r.state],
-            "stable": r.stable, "canary": r.canary,
-            "desired_version": r.desired_version, "weights": last.weights if last else None,
-            "weights_applied": bool(last and last.applied_at), "step": r.step, "holds": r.holds,
-            "reason": r.reason, "created_at": r.created_at, "updated_at": r.updated_at,
-            "controller_pid": pid,
-            "controller": {"pid": pid, "alive": pid is not None,
-                           "heartbeat_age_s": None if age is None else round(age, 1),
-                           "stalled": age is not None and age > max(HEARTBEAT_STALE_S, 3 * spec.interval)},
-            "abort_not_journaled": marker and not r.state.final,
-            "compares": _compares(spec), "answer_checks": answer_checks_run(spec), "steps": steps,
-            "shadow": None if shadow_spec is None else {
-                "spec": shadow_spec.model_dump(mode="json"),
-                "windows": [win for win in h["windows"] if win["step"] < 0]},
-            "decisions": h["decisions"], "weight_changes": h["weight_changes"], "events": h["events"],
-            "drifts": sum(1 for e in h["events"] if e["kind"] == "drift"),
-            "webhook_failures": sum(1 for e in h["events"] if e["kind"] == "webhook_failed"),
-        }
-        from qlift.rollout.adapter import adapter_status
-
-        out["canary_adapter"] = adapter_status(path, r.id)  # --canary-adapter: its load state, serve line
-        return out
+        target = resolve_target(spec, name)
+        check_eval_report(spec.eval_report, Path(path), target.base_dir)
+        spec = spec.model_copy(update={"canary_model": Path(path).resolve()})
+    prepare(spec, journal_path, name, path)
+    final = start(spec, journal_path, **start_options)
+    rec = finish(journal_path, final)
+    if rec is not None and rec.state == AdapterState.KEPT:
+        log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,
+                 shlex.join(rec.serve_command()))
+    return final, rec
 
 
 def raise_for_outcome(r: Rollout) -> None:

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from qlift.errors import QliftError
+from qlift.rollout import carry
 from qlift.rollout.aborts import confirm_abort, journal_marked_abort
-from qlift.rollout.analysis import SHADOW_STEP, Analysis, Assessment, Phase
+from qlift.rollout.analysis import SHADOW_STEP, Analysis, Assessment
 from qlift.rollout.dataplane import DataPlane
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
@@ -30,7 +31,7 @@ from qlift.rollout.shadow import ShadowSource
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.split_pairs import SplitPairs
-from qlift.rollout.states import RUNNING, State, StepOutcome
+from qlift.rollout.states import RUNNING, Phase, State, StepOutcome
 from qlift.rollout.view import log_window
 from qlift.rollout.webhook import notify
 
@@ -48,7 +49,8 @@ class Controller:
         self.tick = tick
         self.sleep = sleep
         self.clock = clock
-        self.analysis = Analysis(spec)
+        held = journal.carry(rollout_id)  # a killed controller's held evidence: judged on with the next window
+        self.analysis = Analysis(spec, None if held is None else (held[0], carry.load(held[1], held[2])))
         self.shadow_source = shadow_source
         self.split_pairs = _split_pairs(spec, shadow_source)
         self.reconciler = Reconciler(journal, rollout_id, plane)
@@ -221,6 +223,7 @@ class Controller:
         with self.journal.tx() as db:
             if not self.journal.transition(db, self.rid, r.state, State.PAUSED, why, holds=0, passes=0):
                 return True
+            self.journal.set_carry(db, self.rid, None)
             self.journal.decide(db, self.rid, r.step, "pause", why)
         log.warning("paused: %s", why)
         self._notify(r, "pause", why, {}, state=State.PAUSED)
@@ -257,15 +260,21 @@ class Controller:
         with self.journal.tx() as db:
             if self.journal.get(self.rid).state != r.state:
                 return
-            self.journal.judged(db, self.rid, idx, v.record(), v.decision.p_values)
+            self._journal_window(db, idx, v)
             self.journal.update(db, self.rid, holds=v.holds, passes=v.passes)
         self._notify(r, v.phase, v.reason, v.decision.p_values)
+
+    def _journal_window(self, db: sqlite3.Connection, idx: int, v: Assessment, *, reason: str | None = None) -> None:
+        """The judged window, its decision and the analysis's held evidence, in ``db``'s transaction."""
+        self.journal.judged(db, self.rid, idx, v.record(), v.decision.p_values, reason=reason)
+        held = self.analysis.carry
+        self.journal.set_carry(db, self.rid, None if held is None else (held[0], *carry.dump(held[1])))
 
     def _pause(self, r: Rollout, v: Assessment, idx: int) -> None:
         with self.journal.tx() as db:
             if not self.journal.transition(db, self.rid, r.state, State.PAUSED, v.reason, holds=0):
                 return
-            self.journal.judged(db, self.rid, idx, v.record(), v.decision.p_values, reason=v.reason)
+            self._journal_window(db, idx, v, reason=v.reason)
         log.warning("paused: %s", v.reason)
         self._notify(r, "pause", v.reason, v.decision.p_values, state=State.PAUSED)
 
@@ -274,7 +283,7 @@ class Controller:
         weight = r.steps[nxt]
 
         def also(db: Any) -> None:
-            self.journal.judged(db, self.rid, r.step, v.record(), v.decision.p_values)
+            self._journal_window(db, r.step, v)
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.PASSED)
             self.journal.start_step(db, self.rid, nxt, weight)
             self.journal.update(db, self.rid, step=nxt, holds=0, passes=0)
@@ -287,7 +296,7 @@ class Controller:
 
     def _rollback(self, r: Rollout, v: Assessment, idx: int) -> None:
         def also(db: Any) -> None:
-            self.journal.judged(db, self.rid, idx, v.record(), v.decision.p_values, reason=v.reason)
+            self._journal_window(db, idx, v, reason=v.reason)
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.ROLLED_BACK)
             self.journal.transition(db, self.rid, r.state, State.ROLLED_BACK, v.reason, desired_version=r.stable)
 
@@ -363,7 +372,7 @@ class Controller:
             if not self.journal.transition(db, self.rid, State.SHADOWING, State.PROGRESSING, v.reason,
                                            holds=0, passes=0):
                 return
-            self.journal.judged(db, self.rid, SHADOW_STEP, v.record(), v.decision.p_values, reason=v.reason)
+            self._journal_window(db, SHADOW_STEP, v, reason=v.reason)
         self._notify(r, "advance", v.reason, v.decision.p_values)
 
     def _shadow_off(self) -> None:

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from qlift.errors import ExternalToolError
+from qlift.rollout.planes import PlaneName
 from qlift.rollout.spec import RolloutSpec
 
 log = logging.getLogger(__name__)
@@ -104,9 +106,40 @@ class RouterDataPlane:
                                 hint="Pass the router's backend names (`qlift router --backend NAME=URL`).")
 
 
-def make_data_plane(spec: RolloutSpec) -> DataPlane:
-    """The spec's data plane, built by its entry in the planes registry (qlift.rollout.planes)."""
-    from qlift.rollout.planes import make_plane
+def _builtin(spec: RolloutSpec) -> DataPlane:
+    from qlift.settings import router_token
 
-    plane: DataPlane = make_plane(spec)
-    return plane
+    assert spec.router is not None
+    return RouterDataPlane(spec.router, router_token())
+
+
+def _nginx(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout.nginx import NginxDataPlane
+
+    assert spec.nginx is not None
+    return NginxDataPlane(spec.nginx, {v: spec.backends[v] for v in (spec.stable, spec.canary)})
+
+
+def _gateway(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout.gateway import GatewayDataPlane
+
+    assert spec.gateway is not None
+    return GatewayDataPlane(spec.gateway)
+
+
+def _inference_ext(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout.inference_ext import InferenceExtDataPlane
+
+    assert spec.inference_ext is not None
+    return InferenceExtDataPlane(spec.inference_ext, {v: spec.served_model(v) for v in (spec.stable, spec.canary)})
+
+
+# How each plane of the planes table (qlift.rollout.planes.PLANES) is built.
+MAKERS: dict[PlaneName, Callable[[RolloutSpec], DataPlane]] = {
+    "builtin": _builtin, "nginx": _nginx, "gateway-api": _gateway, "inference-ext": _inference_ext,
+}
+
+
+def make_data_plane(spec: RolloutSpec) -> DataPlane:
+    """The spec's data plane, built by its entry in MAKERS."""
+    return MAKERS[spec.data_plane](spec)

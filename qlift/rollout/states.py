@@ -61,6 +61,16 @@ def can_move(src: State | str, dst: State | str) -> bool:
     return State(dst) in TRANSITIONS[State(src)]
 
 
+class Phase(StrEnum):
+    """What the analysis (analysis.py) does with a judged window: a window record's ``action``."""
+
+    ADVANCE = "advance"  # the step (or the shadow phase) passed: the next step's weights
+    PASS = "pass"  # this window passed; the step needs more passing windows
+    HOLD = "hold"  # inconclusive: the evidence is carried into the next window
+    ROLLBACK = "rollback"  # a check failed, or analysis stayed inconclusive for too long
+    PAUSE = "pause"  # too little canary traffic for too long: wait for an operator
+
+
 class StepOutcome(StrEnum):
     """How a step ended (``steps.outcome``; a step still running has none)."""
 

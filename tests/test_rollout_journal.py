@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qlift.errors import BadInputError, ExternalToolError
-from qlift.rollout.controller import Controller
+from qlift.rollout.controller import Controller, Pace
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.journal import Journal
 from qlift.rollout.spec import RolloutSpec, build_spec, parse_duration, read_spec_file
@@ -80,7 +80,7 @@ def run(tmp_path: Path, sp: RolloutSpec, script: list[tuple[VersionEvidence, Ver
     plane = plane or MemoryPlane()
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
-    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), tick=0.01).run()  # type: ignore[arg-type]
+    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
     return final, plane, journal
 
 
@@ -210,7 +210,7 @@ def test_an_evidence_outage_holds_and_never_passes(tmp_path: Path) -> None:
     plane = MemoryPlane()
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
-    final = Controller(journal, r.id, sp, plane, BrokenEvidence([]), tick=0.01).run()  # type: ignore[arg-type]
+    final = Controller(journal, r.id, sp, plane, BrokenEvidence([]), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
     h = journal.history(r.id)
     assert [d["action"] for d in h["decisions"]] == ["start", "hold", "hold", "rollback"]
     assert final.state == "rolled_back" and plane.current == {"s": 100, "c": 0}
@@ -260,9 +260,9 @@ def test_a_restarted_controller_judges_with_the_held_evidence_of_the_killed_one(
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
     script = [(healthy("c", 2), healthy("s", 30))]
     with pytest.raises(Killed):
-        Controller(journal, r.id, sp, plane, DiesAtWindow(script, dies_at=2), tick=0.01).run()  # type: ignore[arg-type]
+        Controller(journal, r.id, sp, plane, DiesAtWindow(script, dies_at=2), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
     assert [d["action"] for d in journal.history(r.id)["decisions"]] == ["start", "hold", "hold"]
-    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), tick=0.01).run()  # type: ignore[arg-type]
+    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
     h = journal.history(r.id)
     assert final.state == "promoted", final.reason
     assert [d["action"] for d in h["decisions"]] == ["start", "hold", "hold", "advance", "promoted"]
@@ -277,7 +277,7 @@ def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
     clock = GatedClock()
     ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("c", 20), healthy("s", 80))]),  # type: ignore[arg-type]
-                     tick=0.25, sleep=clock.sleep, clock=clock.time)
+                     pace=Pace(tick=0.25, sleep=clock.sleep, clock=clock.time))
     result: list[object] = []
     t = threading.Thread(target=lambda: result.append(ctl.run()))
     t.start()
@@ -327,7 +327,7 @@ def test_a_canary_whose_model_changes_mid_rollout_is_paused_unjudged(tmp_path: P
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
     ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("c", 20), healthy("s", 80))]),  # type: ignore[arg-type]
-                     tick=0.01)
+                     pace=Pace(tick=0.01))
     t = threading.Thread(target=ctl.run, daemon=True)
     t.start()
     deadline = time.monotonic() + 10

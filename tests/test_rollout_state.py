@@ -20,7 +20,7 @@ from test_rollout_journal import MemoryPlane, ScriptedEvidence, healthy, spec
 import qlift.rollout.api as api
 from qlift.errors import BadInputError, ExternalToolError, QliftError
 from qlift.rollout import dataplane
-from qlift.rollout.controller import Controller
+from qlift.rollout.controller import Controller, Pace
 from qlift.rollout.journal import Journal
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import TRANSITIONS, State
@@ -63,7 +63,7 @@ def controller(journal: Journal, sp: RolloutSpec, plane: MemoryPlane, script: An
                **kw: Any) -> tuple[Controller, int]:
     r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
     clock = clock or FakeClock()
-    ctl = Controller(journal, r.id, sp, plane, script, tick=0.25, sleep=clock.sleep, clock=clock.time, **kw)
+    ctl = Controller(journal, r.id, sp, plane, script, pace=Pace(tick=0.25, sleep=clock.sleep, clock=clock.time), **kw)
     return ctl, r.id
 
 

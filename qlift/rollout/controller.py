@@ -16,6 +16,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from qlift.errors import QliftError
@@ -41,21 +42,31 @@ EARLY_CHECK_S = 1.0  # how often a window in progress peeks at the evidence and 
 RETRY_MAX_S = 2.0  # longest wait between attempts to reach an unreachable data plane
 
 
+@dataclass(frozen=True)
+class Pace:
+    """The controller's time: how often it ticks, how it sleeps, what the clock says (tests pass a fake clock
+    whose sleep moves it, and drive whole rollouts in a blink)."""
+
+    tick: float = 0.25
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.time
+
+
 class Controller:
     def __init__(self, journal: Journal, rollout_id: int, spec: RolloutSpec, plane: DataPlane,
-                 collector: Collector, *, tick: float = 0.25, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.time, shadow_source: ShadowSource | None = None) -> None:
+                 collector: Collector, *, pace: Pace | None = None, shadow_source: ShadowSource | None = None) -> None:
         self.journal, self.rid, self.spec, self.plane, self.collector = journal, rollout_id, spec, plane, collector
-        self.tick = tick
-        self.sleep = sleep
-        self.clock = clock
+        pace = pace or Pace()
+        self.tick = pace.tick
+        self.sleep = pace.sleep
+        self.clock = pace.clock
         held = journal.carry(rollout_id)  # a killed controller's held evidence: judged on with the next window
         self.analysis = Analysis(spec, None if held is None else (held[0], carry.load(held[1], held[2])))
         self.shadow_source = shadow_source
         self.split_pairs = _split_pairs(spec, shadow_source)
         self.reconciler = Reconciler(journal, rollout_id, plane)
         self.webhook_failures = 0
-        self._retry_s = tick
+        self._retry_s = pace.tick
         self._next_paused_check = 0.0
 
     @property

@@ -113,6 +113,31 @@ def test_transition_refuses_moves_the_table_lacks(tmp_path: Path) -> None:
     assert kinds == [("state", "promoted")]
 
 
+def test_the_state_moves_only_through_transition(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(spec().model_dump(mode="json"), "s", "c")
+    with pytest.raises(QliftError, match="only through Journal.transition"), journal.tx() as db:
+        journal.update(db, r.id, state=State.PROMOTED, holds=1)
+    got = journal.get(r.id)
+    assert got.state is State.PROGRESSING and got.holds == 0  # nothing of the refused update was written
+
+
+def test_adapter_records_move_through_their_table(tmp_path: Path) -> None:
+    from qlift.rollout.adapter import adapter_journal
+    from qlift.rollout.states import ADAPTER_TRANSITIONS, AdapterState
+
+    assert set(ADAPTER_TRANSITIONS) == set(AdapterState)
+    assert {s for s in AdapterState if not ADAPTER_TRANSITIONS[s]} == {s for s in AdapterState if not s.open}
+    with adapter_journal(tmp_path / "j.sqlite") as aj:
+        rec = aj.add(name="a", path=tmp_path, server="http://127.0.0.1:1", content_hash="h", base_dir=None,
+                     base_name=None, rollout_id=None)
+        assert rec.state is AdapterState.LOADING
+        rec = aj.move(aj.move(rec, AdapterState.LOADED), AdapterState.KEPT)
+        with pytest.raises(QliftError, match="kept -> unloading is not a valid transition"):
+            aj.move(rec, AdapterState.UNLOADING)
+        assert aj.open_records() == [] and aj.get(rec.id).state is AdapterState.KEPT
+
+
 # -- the clock ----------------------------------------------------------------------------------
 
 

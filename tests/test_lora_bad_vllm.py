@@ -24,7 +24,7 @@ from test_lora_vllm import engine_flags
 from qlift.models.modeldir import ModelDir
 from qlift.rollout.shadow import ShadowSource, judge_shadow
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
-from qlift.serve.lora import plan_lora_serving
+from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def bad_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> I
     from qlift.vllm.server import VllmServer
 
     planned = plan_lora_serving(ModelDir.open(smollm2_dir), {n: BAD_ADAPTERS / n for n in BAD}, {"max_loras": 3},
-                                cpu=True)
+                                LoraServingOptions(cpu=True))
     with VllmServer(model=smollm2_dir, served_model_name="smollm2", log_path=tmp_path_factory.mktemp("bad") / "log",
                     extra_args=cpu_engine_args() + engine_flags(planned.engine),
                     env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0"), **planned.env}) as s:

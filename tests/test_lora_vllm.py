@@ -23,7 +23,7 @@ from test_lora import EXAMPLE, one_line_error
 from test_promote import TOKEN
 
 from qlift.models.modeldir import ModelDir
-from qlift.serve.lora import plan_lora_serving
+from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 from qlift.serve.lora_runtime import list_adapters
 
 pytestmark = pytest.mark.vllm
@@ -47,8 +47,8 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> 
 
     from qlift.vllm.server import VllmServer
 
-    planned = plan_lora_serving(ModelDir.open(smollm2_dir), {"tickets": EXAMPLE}, {"max_loras": 2}, runtime=True,
-                                cpu=True)
+    planned = plan_lora_serving(ModelDir.open(smollm2_dir), {"tickets": EXAMPLE}, {"max_loras": 2},
+                                LoraServingOptions(runtime=True, cpu=True))
     with VllmServer(model=smollm2_dir, served_model_name="smollm2", log_path=tmp_path_factory.mktemp("lora") / "log",
                     extra_args=cpu_engine_args() + engine_flags(planned.engine),
                     env={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("QLIFT_TEST_BIND", "0"), **planned.env}) as s:

@@ -127,11 +127,11 @@ def add_loras(version: k8s.Version, base_dir: Path, loras: dict[str, Path], *, c
     """Check ``loras`` against the base (as `qlift serve --lora` does) and put them into ``version``'s
     engine arguments with the pod's paths; returns notes."""
     from qlift.models.modeldir import ModelDir
-    from qlift.serve.lora import plan_lora_serving
+    from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 
     if not loras:
         return []
-    planned = plan_lora_serving(ModelDir.open(base_dir), loras, version.engine_args, served_name=version.served_name,
-                                cpu=cpu)
+    planned = plan_lora_serving(ModelDir.open(base_dir), loras, version.engine_args,
+                                LoraServingOptions(served_name=version.served_name, cpu=cpu))
     version.engine_args = lora_engine_args({**version.engine_args, **planned.engine}, loras)
     return planned.notes

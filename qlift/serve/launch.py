@@ -195,10 +195,11 @@ def prepare(model: Path, options: ServeOptions | None = None, hardware: Hardware
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
     if loras or opts.lora_runtime or engine.get("enable_lora"):
-        from qlift.serve.lora import plan_lora_serving
+        from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 
-        lora = plan_lora_serving(md, loras, engine, runtime=opts.lora_runtime, served_name=served, host=opts.host,
-                                 api_key_env=api_key_env, cpu=chosen.hardware.device == "cpu")
+        lora_opts = LoraServingOptions(runtime=opts.lora_runtime, served_name=served, host=opts.host,
+                                       api_key_env=api_key_env, cpu=chosen.hardware.device == "cpu")
+        lora = plan_lora_serving(md, loras, engine, lora_opts)
         engine.update(lora.engine)
         env.update(lora.env)
         notes += lora.notes

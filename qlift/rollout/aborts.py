@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qlift.errors import ExternalToolError, QliftError
-from qlift.rollout.dataplane import DataPlane
+from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.journal import Journal, Rollout, is_disk_full
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, State, StepOutcome
-
-if TYPE_CHECKING:
-    from qlift.rollout.shadow import ShadowSource
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +44,12 @@ def converge(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
 ABORT_REASON = "aborted by an operator: all traffic back to the stable"
 
 
-def shadow_source(spec: RolloutSpec) -> ShadowSource:
-    from qlift.rollout.shadow import ShadowSource
-    from qlift.settings import router_token
-
-    assert spec.router is not None
-    return ShadowSource(spec.router, router_token(), stable=spec.stable, canary=spec.canary)
-
-
-def shadow_off(spec: RolloutSpec) -> None:
-    """A rollout with a shadow phase that ends (aborted, promoted by hand) turns the router's mirroring off."""
-    if spec.shadow is None:
-        return
+def shadow_off(spec: RolloutSpec, plane: DataPlane) -> None:
+    """A rollout with a shadow phase that ends (aborted, promoted by hand) turns the plane's mirroring off."""
     try:
-        shadow_source(spec).stop()
+        mirror = mirror_source(plane, spec)  # None without a shadow phase
+        if mirror is not None:
+            mirror.stop()
     except QliftError as exc:
         log.warning("could not turn the router's shadow mirroring off: %s", exc.one_line())
 
@@ -108,7 +97,7 @@ def confirm_abort(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
     reason = "aborted by an operator: the data plane confirmed 100% stable"
     with journal.tx() as db:
         journal.transition(db, r.id, State.ABORT_REQUESTED, State.ABORTED, reason)
-    shadow_off(spec_of(r))
+    shadow_off(spec_of(r), plane)
     return journal.get(r.id)
 
 
@@ -137,7 +126,7 @@ def abort_with_full_journal(journal: Journal, r: Rollout, plane: DataPlane) -> R
     marker file (no data blocks) that the controller obeys and the next abort journals."""
     with journal.weights_lock():
         plane.set_weights(r.weights_for(0))
-    shadow_off(spec_of(r))
+    shadow_off(spec_of(r), plane)
     try:
         journal.abort_marker.touch()
     except OSError as exc:

@@ -22,11 +22,11 @@ from qlift.rollout.aborts import (
     converge,
     request_abort,
     shadow_off,
-    shadow_source,
     spec_of,
 )
 from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
 from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, now_iso
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, State, StepOutcome
 from qlift.rollout.webhook import notify, validate_webhook
@@ -76,7 +76,7 @@ def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str],
 def validate_spec(spec: RolloutSpec) -> None:
     """What can be checked without the data plane: the webhook URL, the shadow phase's plane."""
     validate_webhook(spec.webhook)
-    if spec.shadow is not None and spec.data_plane != "builtin":
+    if spec.shadow is not None and Capability.MIRROR not in PLANES[spec.data_plane].capabilities:
         raise BadInputError(f"a shadow phase needs the qlift router as the data plane, not {spec.data_plane}",
                             field="--shadow", hint="Drop --shadow, or use --data-plane builtin.")
 
@@ -88,8 +88,7 @@ def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = No
     spec = spec_of(r)
     plane = plane or make_plane(spec)
     collector = make_collector(spec, plane.backend_urls())
-    mirror = shadow_source(spec) if spec.shadow is not None else None
-    return Controller(journal, r.id, spec, plane, collector, shadow_source=mirror).run()
+    return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
@@ -236,7 +235,7 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
                                       allowed_states=(r.state,), also=also):
             raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
                              hint="See `qlift promote status`, then try again.")
-        shadow_off(spec)
+        shadow_off(spec, plane)
         notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": "promote", "state": State.PROMOTED.value,
                               "reason": reason, "stable": r.stable, "canary": r.canary, "manual": True,
                               "weights": r.weights_for(100)})

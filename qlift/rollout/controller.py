@@ -23,7 +23,7 @@ from qlift.errors import QliftError
 from qlift.rollout import carry
 from qlift.rollout.aborts import confirm_abort, journal_marked_abort
 from qlift.rollout.analysis import SHADOW_STEP, Analysis, Assessment
-from qlift.rollout.dataplane import DataPlane
+from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
@@ -62,8 +62,8 @@ class Controller:
         self.clock = pace.clock
         held = journal.carry(rollout_id)  # a killed controller's held evidence: judged on with the next window
         self.analysis = Analysis(spec, None if held is None else (held[0], carry.load(held[1], held[2])))
-        self.shadow_source = shadow_source
-        self.split_pairs = _split_pairs(spec, shadow_source)
+        self.shadow_source = mirror_source(plane, spec) if shadow_source is None else shadow_source
+        self.split_pairs = _split_pairs(spec, self.shadow_source)
         self.reconciler = Reconciler(journal, rollout_id, plane)
         self.webhook_failures = 0
         self._retry_s = pace.tick

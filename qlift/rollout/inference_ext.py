@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from qlift.k8s_objects import X_API, model_rewrite
 from qlift.loaders import read_yaml
 from qlift.rollout.gateway import CustomObject, crd_schema, validate_object, write_yaml
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import InferenceExtSpec
 
 GROUP, VERSION = X_API.split("/")
@@ -55,6 +56,7 @@ def rewrite_weights(obj: dict[str, Any], models: dict[str, str]) -> dict[str, in
 
 class InferenceExtDataPlane:
     kind = "inference-ext"
+    capabilities: ClassVar[frozenset[Capability]] = PLANES["inference-ext"].capabilities
 
     def __init__(self, spec: InferenceExtSpec, models: dict[str, str]) -> None:
         self.spec, self.models = spec, models

@@ -9,11 +9,18 @@ collector and the Prometheus default all read this table; it imports nothing of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal, get_args
 
 # Every plane's name: ``RolloutSpec.data_plane``'s choices (and so --data-plane's). PLANES below has one
 # entry per name, checked at import; dataplane.MAKERS builds each.
 PlaneName = Literal["builtin", "nginx", "gateway-api", "inference-ext"]
+
+
+class Capability(StrEnum):
+    """What a plane can do beyond reading and setting weights; the rollout asks these, never the plane's name."""
+
+    MIRROR = "mirror"  # copies a share of live requests to another version and files both answers (a shadow phase)
 
 
 @dataclass(frozen=True)
@@ -24,11 +31,13 @@ class PlaneKind:
     prometheus_preset: str  # qlift.rollout.prometheus.PRESETS key for --prometheus
     doc: str
     sees_answers: bool = False  # its default evidence carries answers' text (the answer checks can run)
+    capabilities: frozenset[Capability] = frozenset()  # what its class declares (DataPlane.capabilities)
 
 
 PLANES: dict[str, PlaneKind] = {p.name: p for p in (
     PlaneKind("builtin", None, "router", "router",
-              "The qlift router: weights through its admin API; evidence from its request log.", sees_answers=True),
+              "The qlift router: weights through its admin API; evidence from its request log.", sees_answers=True,
+              capabilities=frozenset({Capability.MIRROR})),
     PlaneKind("nginx", "nginx", "nginx-access-log", "nginx",
               "nginx rendered into its own prefix dir and reloaded; evidence from its JSON access log."),
     PlaneKind("gateway-api", "gateway", "none", "vllm",

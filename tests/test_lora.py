@@ -18,7 +18,7 @@ from qlift.deploy import DeployOptions, inference_ext, k8s
 from qlift.errors import BadInputError, IncompatibleError
 from qlift.lineage import describe_input
 from qlift.models.modeldir import ModelDir
-from qlift.serve.lora import check_adapter, parse_lora_flags, plan_lora_serving, rank_limit
+from qlift.serve.lora import LoraServingOptions, check_adapter, parse_lora_flags, plan_lora_serving, rank_limit
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "adapter"
 SCHEMAS = Path(__file__).parent / "schemas" / "inference-extension"
@@ -107,13 +107,15 @@ def test_lora_settings_derived_and_checked(smollm2_dir: Path) -> None:
     assert planned.engine == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1,
                               "lora_modules": [f"tickets={EXAMPLE}"]}
     assert planned.env == {}
-    assert plan_lora_serving(md, {}, {}, runtime=True).engine["max_lora_rank"] == 16  # vLLM's default
-    assert plan_lora_serving(md, {"tickets": EXAMPLE}, {"max_loras": 2}, cpu=True).engine["max_loras"] == 3
+    runtime = LoraServingOptions(runtime=True)
+    assert plan_lora_serving(md, {}, {}, runtime).engine["max_lora_rank"] == 16  # vLLM's default
+    assert plan_lora_serving(md, {"tickets": EXAMPLE}, {"max_loras": 2},
+                             LoraServingOptions(cpu=True)).engine["max_loras"] == 3
     with pytest.raises(BadInputError, match="max_cpu_loras 1 is below max_loras 2"):
         plan_lora_serving(md, {"tickets": EXAMPLE}, {"max_loras": 2, "max_cpu_loras": 1})
     with pytest.raises(BadInputError, match="binds 0.0.0.0 only with an API key"):
-        plan_lora_serving(md, {}, {}, runtime=True, host="0.0.0.0")
-    assert plan_lora_serving(md, {}, {}, runtime=True, host="0.0.0.0", api_key_env="K").env == {
+        plan_lora_serving(md, {}, {}, LoraServingOptions(runtime=True, host="0.0.0.0"))
+    assert plan_lora_serving(md, {}, {}, LoraServingOptions(runtime=True, host="0.0.0.0", api_key_env="K")).env == {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     with pytest.raises(BadInputError, match="given twice"):
         parse_lora_flags(["a=x", "a=y"])

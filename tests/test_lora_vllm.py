@@ -31,7 +31,7 @@ from test_lora import EXAMPLE, one_line_error
 from test_promote import TOKEN
 
 from qlift.models.modeldir import ModelDir
-from qlift.serve.lora import plan_lora_serving
+from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 from qlift.serve.lora_runtime import list_adapters
 
 pytestmark = pytest.mark.vllm
@@ -65,7 +65,7 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> 
     from qlift.vllm.server import VllmServer
 
     planned = plan_lora_serving(ModelDir.open(smollm2_dir), {"tickets": EXAMPLE, **{n: BAD_ADAPTERS / n for n in BAD}},
-                                {"max_loras": MAX_LORAS}, runtime=True, cpu=True)
+                                {"max_loras": MAX_LORAS}, LoraServingOptions(runtime=True, cpu=True))
     assert planned.engine["max_loras"] > SLOTS_USED, planned.engine  # the last slot stays empty (docs/lora.md)
     with VllmServer(model=smollm2_dir, served_model_name="smollm2", log_path=tmp_path_factory.mktemp("lora") / "log",
                     extra_args=cpu_engine_args() + engine_flags(planned.engine),

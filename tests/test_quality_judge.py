@@ -127,7 +127,7 @@ def test_the_controller_judges_split_windows_on_pairs_both_versions_answer(tmp_p
     from test_rollout_journal import MemoryPlane, ScriptedEvidence, healthy
     from test_rollout_state import FakeClock
 
-    from qlift.rollout.controller import Controller
+    from qlift.rollout.controller import Controller, Pace
     from qlift.rollout.journal import Journal
     from qlift.rollout.spec import RolloutSpec
     from qlift.rollout.states import State
@@ -140,7 +140,7 @@ def test_the_controller_judges_split_windows_on_pairs_both_versions_answer(tmp_p
         r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary, state=State.SHADOWING)
         pairs = PairScript("Order A{i:03d} is refunded.", "I don't know about order A{i:03d}.")
         final = Controller(journal, r.id, sp, MemoryPlane(), ScriptedEvidence([(healthy("c", 20), healthy("s", 20))]),
-                           sleep=clock.sleep, clock=clock.time, shadow_source=pairs).run()
+                           pace=Pace(sleep=clock.sleep, clock=clock.time), shadow_source=pairs).run()
     assert final.state == "rolled_back", final.reason
     assert pairs.started == [None, "s"] and pairs.stops >= 2  # the split window's sample on with a partner, then off
     windows = journal.history(r.id)["windows"]

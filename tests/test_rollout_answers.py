@@ -112,8 +112,8 @@ def test_the_shadow_phase_catches_a_drift_into_chinese_and_no_user_sees_it(tmp_p
 
 
 def test_status_says_where_the_answer_checks_can_run(tmp_path: Path) -> None:
-    from qlift.rollout.api import answer_checks_run
     from qlift.rollout.spec import build_spec
+    from qlift.rollout.status import answer_checks_run
 
     router = {"stable": "s", "canary": "c", "router": "http://127.0.0.1:1"}
     assert answer_checks_run(build_spec(router, {}))["split_windows"] is True

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 
 from qlift.errors import BadInputError
 from qlift.rollout.checks import BY_NAME, CHECKS, argo_metrics, describe
+from qlift.rollout.dataplane import make_data_plane as make_plane
 from qlift.rollout.evidence import Evidence, from_request_records
 from qlift.rollout.judge import TESTED_CHECKS, check_alpha, early_failures, judge
-from qlift.rollout.planes import PLANES, make_plane
+from qlift.rollout.planes import PLANES
 from qlift.rollout.prometheus import PRESETS
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, build_spec, spec_options, spec_overrides
 from qlift.rollout.stats import quantile

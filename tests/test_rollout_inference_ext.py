@@ -14,11 +14,11 @@ from test_rollout_journal import ScriptedEvidence, healthy
 from test_rollout_state import FakeClock
 
 from qlift.errors import BadInputError, ExternalToolError
-from qlift.rollout.controller import Controller
+from qlift.rollout.controller import Controller, Pace
+from qlift.rollout.dataplane import make_data_plane as make_plane
 from qlift.rollout.gateway import crd_schema
 from qlift.rollout.inference_ext import GROUP, PLURAL, SCHEMA_FILE, VERSION, validate_rewrite
 from qlift.rollout.journal import Journal
-from qlift.rollout.planes import make_plane
 from qlift.rollout.spec import build_spec
 
 VENDORED = Path(__file__).parent / "schemas" / "inference-extension" / SCHEMA_FILE.name
@@ -155,7 +155,7 @@ def test_a_rollout_on_the_rewrite_ends_promoted_at_canary_100(kube: FakeKube, tm
                                                  "targets": [{"modelRewrite": "smollm2", "weight": 100}]}]}})
 
     ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("canary", 20), healthy("stable", 80))]),  # type: ignore[arg-type]
-                     tick=0.25, sleep=sleep, clock=clock.time)
+                     pace=Pace(tick=0.25, sleep=sleep, clock=clock.time))
     final = ctl.run()
     assert final.state == "promoted"
     obj = kube.get(*KEY)

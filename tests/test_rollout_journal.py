@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qlift.errors import BadInputError, ExternalToolError
-from qlift.rollout.controller import Controller
+from qlift.rollout.controller import Controller, Pace
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.journal import Journal
 from qlift.rollout.spec import RolloutSpec, build_spec, parse_duration, read_spec_file
@@ -80,7 +80,7 @@ def run(tmp_path: Path, sp: RolloutSpec, script: list[tuple[VersionEvidence, Ver
     plane = plane or MemoryPlane()
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
-    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), tick=0.01).run()  # type: ignore[arg-type]
+    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
     return final, plane, journal
 
 
@@ -210,31 +210,88 @@ def test_an_evidence_outage_holds_and_never_passes(tmp_path: Path) -> None:
     plane = MemoryPlane()
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
-    final = Controller(journal, r.id, sp, plane, BrokenEvidence([]), tick=0.01).run()  # type: ignore[arg-type]
+    final = Controller(journal, r.id, sp, plane, BrokenEvidence([]), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
     h = journal.history(r.id)
     assert [d["action"] for d in h["decisions"]] == ["start", "hold", "hold", "rollback"]
     assert final.state == "rolled_back" and plane.current == {"s": 100, "c": 0}
     assert "evidence source failed: router at" in h["windows"][0]["notes"][0]
 
 
+class GatedClock:
+    """The controller's clock and sleep: sleeping moves a fake clock (a 3 s window passes in a few ms), and
+    while the gate is closed the controller parks in its next sleep, so the test decides what comes first."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+        self.gate, self.parked = threading.Event(), threading.Event()
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        if not self.gate.is_set():
+            self.parked.set()
+            assert self.gate.wait(10)
+        self.now += s
+        time.sleep(0.001)
+
+
+class Killed(Exception):
+    """The controller's process dies (not an error it retries)."""
+
+
+class DiesAtWindow(ScriptedEvidence):
+    def __init__(self, script: list[tuple[VersionEvidence, VersionEvidence]], dies_at: int) -> None:
+        super().__init__(script)
+        self.dies_at = dies_at
+
+    def collect(self) -> Evidence:
+        if self.windows == self.dies_at:
+            raise Killed
+        return super().collect()
+
+
+def test_a_restarted_controller_judges_with_the_held_evidence_of_the_killed_one(tmp_path: Path) -> None:
+    # 2 canary requests a window, min_requests 5, max_inconclusive 2: two windows hold, then the controller dies.
+    # The next one judges 2 + 2 + 2 = 6 requests and passes; without the journaled evidence it would see 2, past
+    # max_inconclusive, and pause for too little traffic.
+    sp = spec(steps=[10, 100])
+    plane, journal = MemoryPlane(), Journal(tmp_path / "j.sqlite")
+    r = journal.create(sp.model_dump(mode="json"), "s", "c")
+    script = [(healthy("c", 2), healthy("s", 30))]
+    with pytest.raises(Killed):
+        Controller(journal, r.id, sp, plane, DiesAtWindow(script, dies_at=2), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
+    assert [d["action"] for d in journal.history(r.id)["decisions"]] == ["start", "hold", "hold"]
+    final = Controller(journal, r.id, sp, plane, ScriptedEvidence(script), pace=Pace(tick=0.01)).run()  # type: ignore[arg-type]
+    h = journal.history(r.id)
+    assert final.state == "promoted", final.reason
+    assert [d["action"] for d in h["decisions"]] == ["start", "hold", "hold", "advance", "promoted"]
+    assert h["windows"][-1]["canary"]["requests"] == 6
+    assert journal.carry(r.id) is None  # spent by the passing window
+
+
 def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
-    sp = spec(interval=3.0)  # pause lands inside the first window, however slow this machine is
+    sp = spec(interval=3.0)
     plane = MemoryPlane()
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
+    clock = GatedClock()
     ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("c", 20), healthy("s", 80))]),  # type: ignore[arg-type]
-                     tick=0.02)
+                     pace=Pace(tick=0.25, sleep=clock.sleep, clock=clock.time))
     result: list[object] = []
     t = threading.Thread(target=lambda: result.append(ctl.run()))
     t.start()
     import qlift.rollout.api as api
     from qlift.rollout import dataplane
 
-    deadline = time.monotonic() + 10
-    while plane.current is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert clock.parked.wait(10)  # inside the first window at 10%
     api.pause(tmp_path / "j.sqlite")
-    time.sleep(0.5)
+    paused_at = clock.now
+    clock.gate.set()
+    deadline = time.monotonic() + 10  # unpaused, a healthy canary would be promoted within 2 windows (6 s)
+    while clock.now < paused_at + 5 * sp.interval and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert clock.now >= paused_at + 5 * sp.interval
     assert plane.applied == [{"s": 90, "c": 10}]  # paused: no window judged, no step taken
     original = dataplane.make_data_plane
     dataplane.make_data_plane = lambda s: plane  # type: ignore[assignment,return-value]
@@ -270,7 +327,7 @@ def test_a_canary_whose_model_changes_mid_rollout_is_paused_unjudged(tmp_path: P
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), "s", "c")
     ctl = Controller(journal, r.id, sp, plane, ScriptedEvidence([(healthy("c", 20), healthy("s", 80))]),  # type: ignore[arg-type]
-                     tick=0.01)
+                     pace=Pace(tick=0.01))
     t = threading.Thread(target=ctl.run, daemon=True)
     t.start()
     deadline = time.monotonic() + 10

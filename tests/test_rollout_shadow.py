@@ -154,3 +154,29 @@ def test_an_agreement_that_only_leans_the_canarys_way_holds_then_passes_with_eno
     assert few.action == "hold" and few_check.status == "inconclusive" and few_check.p_value > 0.05
     check = {c.name: c for c in enough.checks}["agreement"]
     assert enough.action == "advance" and check.status == "pass" and "leans to its own prompt" in check.detail
+
+
+def test_a_shadow_phase_asks_the_planes_declared_capabilities(tmp_path: Path) -> None:
+    """Mirroring is a capability a data plane declares: the spec refuses a shadow phase on a plane that does not
+    declare it, and the controller's mirror comes from the plane (none where it declares none, whatever its kind)."""
+    from pydantic import ValidationError
+
+    from qlift.rollout.dataplane import RouterDataPlane, mirror_source
+    from qlift.rollout.planes import PLANES, Capability
+    from qlift.rollout.spec import RolloutSpec
+
+    assert [name for name, p in PLANES.items() if Capability.MIRROR in p.capabilities] == ["builtin"]
+    with pytest.raises(ValidationError, match="a shadow phase needs the qlift router"):
+        RolloutSpec.model_validate({"stable": "s", "canary": "c", "data_plane": "nginx", "shadow": {"percent": 20},
+                                    "nginx": {"prefix": str(tmp_path), "listen": "127.0.0.1:18080"},
+                                    "backends": {"s": "http://127.0.0.1:1", "c": "http://127.0.0.1:2"}})
+    spec = RolloutSpec.model_validate({"stable": "s", "canary": "c", "router": "http://127.0.0.1:1",
+                                       "shadow": {"percent": 20}})
+    mirror = mirror_source(RouterDataPlane("http://127.0.0.1:1", TOKEN), spec)
+    assert mirror is not None and (mirror.stable, mirror.canary) == ("s", "c")
+    assert mirror_source(RouterDataPlane("http://127.0.0.1:1", TOKEN), spec.model_copy(update={"shadow": None})) is None
+
+    class NoMirror(RouterDataPlane):
+        capabilities = frozenset[Capability]()
+
+    assert mirror_source(NoMirror("http://127.0.0.1:1", TOKEN), spec) is None

@@ -20,7 +20,7 @@ from test_rollout_journal import MemoryPlane, ScriptedEvidence, healthy, spec
 import qlift.rollout.api as api
 from qlift.errors import BadInputError, ExternalToolError, QliftError
 from qlift.rollout import dataplane
-from qlift.rollout.controller import Controller
+from qlift.rollout.controller import Controller, Pace
 from qlift.rollout.journal import Journal
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import TRANSITIONS, State
@@ -63,7 +63,7 @@ def controller(journal: Journal, sp: RolloutSpec, plane: MemoryPlane, script: An
                **kw: Any) -> tuple[Controller, int]:
     r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
     clock = clock or FakeClock()
-    ctl = Controller(journal, r.id, sp, plane, script, tick=0.25, sleep=clock.sleep, clock=clock.time, **kw)
+    ctl = Controller(journal, r.id, sp, plane, script, pace=Pace(tick=0.25, sleep=clock.sleep, clock=clock.time), **kw)
     return ctl, r.id
 
 
@@ -111,6 +111,31 @@ def test_transition_refuses_moves_the_table_lacks(tmp_path: Path) -> None:
     assert journal.get(r.id).state == "promoted"
     kinds = [(e["kind"], e["detail"]["to"]) for e in journal.history(r.id)["events"]]
     assert kinds == [("state", "promoted")]
+
+
+def test_the_state_moves_only_through_transition(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    r = journal.create(spec().model_dump(mode="json"), "s", "c")
+    with pytest.raises(QliftError, match="only through Journal.transition"), journal.tx() as db:
+        journal.update(db, r.id, state=State.PROMOTED, holds=1)
+    got = journal.get(r.id)
+    assert got.state is State.PROGRESSING and got.holds == 0  # nothing of the refused update was written
+
+
+def test_adapter_records_move_through_their_table(tmp_path: Path) -> None:
+    from qlift.rollout.adapter import adapter_journal
+    from qlift.rollout.states import ADAPTER_TRANSITIONS, AdapterState
+
+    assert set(ADAPTER_TRANSITIONS) == set(AdapterState)
+    assert {s for s in AdapterState if not ADAPTER_TRANSITIONS[s]} == {s for s in AdapterState if not s.open}
+    with adapter_journal(tmp_path / "j.sqlite") as aj:
+        rec = aj.add(name="a", path=tmp_path, server="http://127.0.0.1:1", content_hash="h", base_dir=None,
+                     base_name=None, rollout_id=None)
+        assert rec.state is AdapterState.LOADING
+        rec = aj.move(aj.move(rec, AdapterState.LOADED), AdapterState.KEPT)
+        with pytest.raises(QliftError, match="kept -> unloading is not a valid transition"):
+            aj.move(rec, AdapterState.UNLOADING)
+        assert aj.open_records() == [] and aj.get(rec.id).state is AdapterState.KEPT
 
 
 # -- the clock ----------------------------------------------------------------------------------
@@ -323,16 +348,25 @@ def test_abort_on_a_full_journal_restores_weights_first(tmp_path: Path, use_plan
     assert st["abort_not_journaled"] and st["state"] == "abort_requested"
     time.sleep(0.3)
     assert plane.current == {"s": 100, "c": 0} and t.is_alive()  # the controller obeys it, and lives
+    # The controller parks in its next sleep, so the `abort` below is what journals the abort, not it.
+    gate, parked = threading.Event(), threading.Event()
+
+    def gated(s: float) -> None:
+        if not gate.is_set():
+            parked.set()
+            assert gate.wait(10)
+        time.sleep(0.002)
+
+    ctl.sleep = gated
+    assert parked.wait(10)
     full["on"] = False
     journal.db.execute("PRAGMA max_page_count = 1073741823")
     with sqlite3.connect(path) as db:  # space returns
         db.execute("DELETE FROM events WHERE kind = 'fill'")
         db.execute("DELETE FROM decisions WHERE rollout_id = 0")
         db.execute("DELETE FROM weight_changes WHERE rollout_id = 0")
-    try:
-        assert api.abort(path).state == "aborted"  # journals it
-    except QliftError as exc:  # or the controller, ticking every 2 ms, journaled it first
-        assert "already aborted" in str(exc), exc
+    assert api.abort(path).state == "aborted"  # journals it
+    gate.set()
     t.join(10)
     assert journal.get(rid).state == "aborted" and not api.status(path)["abort_not_journaled"]
     assert "journal was full" in json.dumps(journal.history(rid)["events"])

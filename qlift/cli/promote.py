@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from qlift.cli.output import emit, json_option
 from qlift.rollout.spec import spec_options, spec_overrides
+
+if TYPE_CHECKING:
+    from qlift.rollout.status import RolloutStatus
 
 GROUP_EPILOG = """\b
 Examples:
@@ -101,7 +104,8 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     stable DOWN.
     """
     from qlift.rollout import RolloutInputs, build_spec, read_spec_file, run
-    from qlift.rollout.api import raise_for_outcome, status
+    from qlift.rollout.api import raise_for_outcome
+    from qlift.rollout.status import rollout_status
 
     canary_adapter = flags.pop("canary_adapter")
     overrides: dict[str, Any] = {"backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
@@ -123,7 +127,8 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
 
         adapter = parse_lora_flag(canary_adapter, flag="--canary-adapter")
     final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, canary_adapter=adapter), spec)
-    emit(status(journal), lambda: _show(status(journal)))
+    st = rollout_status(journal)
+    emit(st, lambda: _show(st))
     raise_for_outcome(final)
 
 
@@ -147,9 +152,9 @@ def status_cmd(journal: Path | None, rollout_id: int | None) -> None:
     check as `latency 1.20x/1.5 ok` (ok, hold or FAIL), then the window's notes. --json has
     every number. A journal or rollout that is not there exits 4.
     """
-    from qlift.rollout import status
+    from qlift.rollout.status import rollout_status
 
-    st = status(journal, rollout_id)
+    st = rollout_status(journal, rollout_id)
     emit(st, lambda: _show(st))
 
 
@@ -184,11 +189,12 @@ def _control(name: str, doc: str, example: str) -> None:
     def cmd(journal: Path | None) -> None:
         import qlift.rollout as rollout
         from qlift.rollout.api import raise_for_outcome
+        from qlift.rollout.status import rollout_status
 
         fn = {"pause": rollout.pause, "resume": rollout.resume, "abort": rollout.abort,
               "promote": rollout.promote_now}[name]
         final = fn(journal)
-        st = rollout.status(journal)
+        st = rollout_status(journal)
         emit(st, lambda: _show(st))
         if name == "resume":
             raise_for_outcome(final)
@@ -204,7 +210,7 @@ _control("promote", "Promote now: 100% canary, skipping the remaining analysis (
          "qlift promote promote")
 
 
-def _show(st: dict[str, Any]) -> None:
+def _show(st: RolloutStatus) -> None:
     from qlift.rollout.view import status_lines
 
     for line in status_lines(st):

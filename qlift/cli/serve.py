@@ -59,7 +59,7 @@ def _print_plan(p: MemoryPlan) -> None:
                      f"({gib(p.kv_bytes_per_token)}/token)"),
         ("max_model_len", f"{p.max_model_len:,} -> {p.concurrent_sequences:g} sequences at once"),
     ]
-    verdict = p.verdict
+    verdict: str = p.verdict  # a Verdict; the text row may add the largest length that fits
     if p.largest_max_model_len:
         verdict += f" (largest max_model_len that fits: {p.largest_max_model_len:,})"
     rows.append(("verdict", verdict))

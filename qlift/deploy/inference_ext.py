@@ -22,9 +22,8 @@ from typing import Any
 
 from qlift.deploy import k8s
 from qlift.deploy.options import DeployOptions
+from qlift.k8s_objects import POOL_API, X_API, model_rewrite
 
-POOL_API = "inference.networking.k8s.io/v1"
-X_API = "inference.networking.x-k8s.io/v1alpha2"
 EPP_PORT = 9002  # the endpoint picker's ext-proc gRPC port in the upstream manifests
 
 
@@ -50,23 +49,6 @@ def inference_pool(*, app: str, namespace: str, role: str, epp: str) -> dict[str
             "selector": {"matchLabels": {"app.kubernetes.io/name": app, "qlift.dev/version": role}},
             "targetPorts": [{"number": k8s.PORT}],
             "endpointPickerRef": {"name": epp, "port": {"number": EPP_PORT}, "failureMode": "FailClose"},
-        },
-    }
-
-
-def model_rewrite(*, app: str, namespace: str, public_model: str, weights: dict[str, int]) -> dict[str, Any]:
-    """Requests for ``public_model`` go to each served model in proportion to its weight; a weight of 0
-    leaves the model out (the CRD's weights start at 1)."""
-    targets = [{"modelRewrite": model, "weight": int(w)} for model, w in weights.items() if w > 0]
-    if not targets:
-        raise ValueError("at least one model needs a positive weight")
-    return {
-        "apiVersion": X_API,
-        "kind": "InferenceModelRewrite",
-        "metadata": {"name": f"{app}-rewrite", "namespace": namespace, "labels": k8s.labels(app)},
-        "spec": {
-            "poolRef": {"group": POOL_API.split("/")[0], "kind": "InferencePool", "name": f"{app}-pool"},
-            "rules": [{"matches": [{"model": {"type": "Exact", "value": public_model}}], "targets": targets}],
         },
     }
 
@@ -127,11 +109,11 @@ def add_loras(version: k8s.Version, base_dir: Path, loras: dict[str, Path], *, c
     """Check ``loras`` against the base (as `qlift serve --lora` does) and put them into ``version``'s
     engine arguments with the pod's paths; returns notes."""
     from qlift.models.modeldir import ModelDir
-    from qlift.serve.lora import plan_lora_serving
+    from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 
     if not loras:
         return []
-    planned = plan_lora_serving(ModelDir.open(base_dir), loras, version.engine_args, served_name=version.served_name,
-                                cpu=cpu)
+    planned = plan_lora_serving(ModelDir.open(base_dir), loras, version.engine_args,
+                                LoraServingOptions(served_name=version.served_name, cpu=cpu))
     version.engine_args = lora_engine_args({**version.engine_args, **planned.engine}, loras)
     return planned.notes

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from qlift.deploy.options import DeployOptions
+from qlift.k8s_objects import labels
 from qlift.serve.launch import config_yaml
 from qlift.serve.recipes import Recipe
 
@@ -38,13 +39,6 @@ class Version:
     engine_args: dict[str, Any]
     env: dict[str, str]
     weight_bytes: int
-
-
-def labels(app: str, role: str | None = None) -> dict[str, str]:
-    out = {"app.kubernetes.io/name": app, "app.kubernetes.io/managed-by": "qlift"}
-    if role:
-        out["qlift.dev/version"] = role
-    return out
 
 
 def vllm_args(version: Version) -> list[str]:

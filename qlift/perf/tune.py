@@ -216,7 +216,7 @@ def _measure(md: ModelDir, label: str, recipe: Recipe, hw: Hardware, options: Tu
         plan = plan_memory(md, recipe, hw)
     except QliftError as exc:
         return TunePoint(label, engine, "skipped", f"no memory plan: {exc.one_line()}"), None, size
-    if plan.verdict != "fits":
+    if not plan.fits:
         return TunePoint(label, engine, "skipped", f"qlift plan: {plan.verdict}"), None, size
     engine["dtype"] = plan.dtype  # the plan resolved "auto" (float32 on a CPU without bf16 units)
     run_dir = new_run_dir(f"tune-{label}")

@@ -285,8 +285,10 @@ class Pipeline:
         url = router.opts(RouterStageOptions).url if router is not None else None
         if promote is None or not url:
             return ""
+        from qlift.rollout.states import State
+
         last = self.journal.latest(promote.name)
-        promoted = last is not None and last["result"].get("state") == "promoted"
+        promoted = last is not None and last["result"].get("state") == State.PROMOTED
         weights = _router_weights(url)
         if weights is not None:
             now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, IncompatibleError
-from qlift.rollout.journal import ACTIVE_STATES, Journal, Rollout, now_iso
+from qlift.errors import BadInputError, IncompatibleError, QliftError
+from qlift.rollout.journal import Journal, Rollout, now_iso
 from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import ADAPTER_OPEN, AdapterState, State, can_move_adapter
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ CREATE TABLE IF NOT EXISTS canary_adapters (
   content_hash TEXT NOT NULL, base_dir TEXT, base_name TEXT, state TEXT NOT NULL, rollout_id INTEGER,
   created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
 """
-# loading/unloading: the intent is journaled, the server may or may not have done it yet.
-OPEN_STATES = ("loading", "loaded", "unloading")
 HEALTHY_WAIT_S = 30.0  # the router re-checks its backends every couple of seconds
 
 
@@ -53,10 +52,13 @@ class AdapterRecord:
     content_hash: str
     base_dir: str | None
     base_name: str | None
-    state: str  # loading, loaded, unloading, unloaded, kept
+    state: AdapterState
     rollout_id: int | None
     created_at: str
     updated_at: str
+
+    def __post_init__(self) -> None:
+        self.state = AdapterState(self.state)
 
     def serve_command(self) -> list[str]:
         """`qlift serve` with this adapter: what reproduces the promoted state after a restart."""
@@ -83,7 +85,9 @@ class AdapterJournal:
         self.db.close()
 
     def open_records(self) -> list[AdapterRecord]:
-        rows = self.db.execute(f"SELECT * FROM canary_adapters WHERE state IN {OPEN_STATES} ORDER BY id").fetchall()
+        marks = ", ".join("?" for _ in ADAPTER_OPEN)
+        rows = self.db.execute(f"SELECT * FROM canary_adapters WHERE state IN ({marks}) ORDER BY id",
+                               ADAPTER_OPEN).fetchall()
         return [AdapterRecord(**dict(r)) for r in rows]
 
     def for_rollout(self, rollout_id: int) -> AdapterRecord | None:
@@ -96,14 +100,24 @@ class AdapterJournal:
         t = now_iso()
         cur = self.db.execute(
             "INSERT INTO canary_adapters (name, path, server, content_hash, base_dir, base_name, state, rollout_id,"
-            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'loading', ?, ?, ?)",
-            (name, str(path), server, content_hash, base_dir, base_name, rollout_id, t, t))
+            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, str(path), server, content_hash, base_dir, base_name, AdapterState.LOADING, rollout_id, t, t))
         return self.get(int(cur.lastrowid or 0))
 
     def get(self, rid: int) -> AdapterRecord:
         return AdapterRecord(**dict(self.db.execute("SELECT * FROM canary_adapters WHERE id = ?", (rid,)).fetchone()))
 
-    def set(self, rec: AdapterRecord, **fields: Any) -> AdapterRecord:
+    def move(self, rec: AdapterRecord, state: AdapterState) -> AdapterRecord:
+        """The record's next state, checked against states.ADAPTER_TRANSITIONS (a final one is never left)."""
+        if not can_move_adapter(rec.state, state):
+            raise QliftError(f"adapter record {rec.id} ({rec.name}): {rec.state} -> {state} is not a valid "
+                             "transition")
+        return self._set(rec, state=state)
+
+    def link(self, rec: AdapterRecord, rollout_id: int) -> AdapterRecord:
+        return self._set(rec, rollout_id=rollout_id)
+
+    def _set(self, rec: AdapterRecord, **fields: Any) -> AdapterRecord:
         fields["updated_at"] = now_iso()
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE canary_adapters SET {cols} WHERE id = ?", (*fields.values(), rec.id))
@@ -166,26 +180,25 @@ def resolve_target(spec: RolloutSpec, name: str) -> AdapterTarget:
 
 
 def _unload(aj: AdapterJournal, rec: AdapterRecord, why: str) -> AdapterRecord:
-    from qlift.errors import QliftError
     from qlift.serve.lora_runtime import unload
 
-    rec = aj.set(rec, state="unloading")
+    rec = aj.move(rec, AdapterState.UNLOADING)
     try:
         was = unload(rec.server, rec.name, missing_ok=True)
     except QliftError as exc:  # the next start, resume or abort tries again; the record stays open
         log.warning("could not unload adapter %s from %s (%s): %s", rec.name, rec.server, why, exc.one_line())
         return rec
     log.info("unloaded adapter %s from %s (%s)%s", rec.name, rec.server, why, "" if was else ": it was not loaded")
-    return aj.set(rec, state="unloaded")
+    return aj.move(rec, AdapterState.UNLOADED)
 
 
 def _load(aj: AdapterJournal, rec: AdapterRecord, base_dir: Path | None) -> AdapterRecord:
     from qlift.serve.lora_runtime import load
 
-    rec = aj.set(rec, state="loading")
+    rec = aj.move(rec, AdapterState.LOADING)
     load(rec.server, rec.name, Path(rec.path), base_dir=base_dir)
     log.info("adapter %s loaded into %s and answering", rec.name, rec.server)
-    return aj.set(rec, state="loaded")
+    return aj.move(rec, AdapterState.LOADED)
 
 
 def settle(journal_path: Path, *, keep: tuple[str, str] | None = None) -> list[AdapterRecord]:
@@ -201,10 +214,10 @@ def settle(journal_path: Path, *, keep: tuple[str, str] | None = None) -> list[A
                 if keep is not None and (rec.name, str(Path(keep[1]).resolve())) == (keep[0], rec.path):
                     continue
                 settled.append(_unload(aj, rec, "its rollout was never started"))
-            elif rollout.state in ACTIVE_STATES:
+            elif rollout.state.active:
                 continue
-            elif rollout.state == "promoted":
-                settled.append(aj.set(rec, state="kept"))
+            elif rollout.state == State.PROMOTED:
+                settled.append(aj.move(rec, AdapterState.KEPT))
             else:
                 settled.append(_unload(aj, rec, f"rollout {rollout.id} {rollout.state}"))
     return settled
@@ -215,7 +228,7 @@ def _rollout_of(journal: Journal, aj: AdapterJournal, rec: AdapterRecord, latest
         return journal.get(rec.rollout_id)
     # Loaded before its rollout was created: the rollout is the one created after the load, of this canary.
     if latest is not None and latest.created_at >= rec.created_at and aj.for_rollout(latest.id) is None:
-        aj.set(rec, rollout_id=latest.id)
+        aj.link(rec, latest.id)
         return latest
     return None
 
@@ -275,33 +288,10 @@ def finish(journal_path: Path, r: Rollout) -> AdapterRecord | None:
         rec = next((x for x in aj.open_records() if x.rollout_id == r.id
                     or (x.rollout_id is None and x.created_at <= r.created_at)), None)
         if rec is not None and rec.rollout_id is None:
-            aj.set(rec, rollout_id=r.id)
+            aj.link(rec, r.id)
     settle(journal_path)
     with adapter_journal(journal_path) as aj:
         return aj.for_rollout(r.id)
-
-
-def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, path: Path,
-                       **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
-    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep.
-    ``start_options`` go to ``qlift.rollout.api.start``."""
-    from qlift.rollout.api import default_journal, start
-
-    journal_path = Path(journal_path or default_journal())
-    if spec.eval_report is not None and spec.canary_model is None and spec.canary_hash is None:
-        # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
-        from qlift.rollout.evalgate import check_eval_report
-
-        target = resolve_target(spec, name)
-        check_eval_report(spec.eval_report, Path(path), target.base_dir)
-        spec = spec.model_copy(update={"canary_model": Path(path).resolve()})
-    prepare(spec, journal_path, name, path)
-    final = start(spec, journal_path, **start_options)
-    rec = finish(journal_path, final)
-    if rec is not None and rec.state == "kept":
-        log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,
-                 shlex.join(rec.serve_command()))
-    return final, rec
 
 
 def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None:
@@ -324,7 +314,7 @@ def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None
     rec = AdapterRecord(**dict(row))
     out = {"name": rec.name, "path": rec.path, "server": rec.server, "content_hash": rec.content_hash,
            "state": rec.state}
-    if rec.state == "kept":
+    if rec.state == AdapterState.KEPT:
         out["serve_command"] = shlex.join(rec.serve_command())
     return out
 

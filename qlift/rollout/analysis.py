@@ -6,48 +6,66 @@ windows carried into the next one, passes needed per step (``intervals_per_step`
 tolerated (``max_inconclusive``), the early stop on significant canary errors, and what too
 little canary traffic does (pause by default, never a rollback unless asked). It returns a
 typed ``Phase``; the controller only acts on it.
+
+Shadow windows (the canary answering mirrored copies of live prompts) go through the same
+object: their own judge (``shadow.judge_shadow``) measures them, the same policy decides. A
+window whose evidence source failed is measured ``Verdict.ERROR``: no evidence is no pass, and
+it holds toward the same limit as an inconclusive window, never as too little traffic.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import StrEnum
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from qlift.rollout.evidence import Evidence
-from qlift.rollout.judge import Decision, early_failures, judge
+from qlift.rollout.evidence import NO_PRIMARY, Evidence
+from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
+from qlift.rollout.shadow import ShadowEvidence, judge_shadow, judge_window
 from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import Phase
+
+SHADOW_STEP = -1  # the step index shadow windows are journaled (and their evidence carried) under
 
 
-class Phase(StrEnum):
-    ADVANCE = "advance"  # the step passed: the next step's weights
-    PASS = "pass"  # this window passed; the step needs more passing windows
-    HOLD = "hold"  # inconclusive: the evidence is carried into the next window
-    ROLLBACK = "rollback"  # a check failed, or analysis stayed inconclusive for too long
-    PAUSE = "pause"  # too little canary traffic for too long: wait for an operator
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass
 class Assessment:
     phase: Phase
-    reason: str
+    reason: str  # the decision's (and a transition's) reason
     decision: Decision
-    evidence: Evidence
+    evidence: Evidence | ShadowEvidence
     holds: int  # the step's held windows after this one
     passes: int  # the step's passing windows after this one
 
+    def record(self) -> dict[str, Any]:
+        """The window as the journal keeps it (``Journal.add_window``)."""
+        d, ev = self.decision, self.evidence
+        checks = [asdict(c) for c in d.checks]
+        if isinstance(ev, ShadowEvidence):
+            summary = ev.summary()
+            return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": "shadow",
+                    "stable": summary["stable"], "canary": summary["canary"], "action": self.phase,
+                    "reason": d.reason, "checks": checks, "notes": [f"{summary['pairs']} shadow pairs"]}
+        return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": ev.source,
+                "stable": ev.stable.summary(), "canary": ev.canary.summary(), "action": self.phase,
+                "reason": self.reason, "checks": checks,
+                "notes": ev.notes + ([f"cumulative over {ev.windows} windows of this step"] if ev.windows > 1 else [])}
 
-def on_insufficient(spec: RolloutSpec) -> str:
+
+def on_insufficient(spec: RolloutSpec) -> Phase:
     """What too little canary traffic does after max_inconclusive windows: pause (default) or rollback."""
-    return spec.analysis.on_insufficient
+    return Phase(spec.analysis.on_insufficient)
 
 
 def is_insufficient(d: Decision, ev: Evidence) -> bool:
-    """The judge held only because the canary saw too few requests (not because a check was unsure)."""
-    if ev.source == "none":  # the evidence source failed: an outage, not a quiet canary
-        return False
-    return d.insufficient
+    """The judge held only because the canary saw too few requests (not because a check was unsure, nor
+    because the evidence source failed or counts no requests at all)."""
+    return d.verdict == Verdict.INSUFFICIENT and ev.source != NO_PRIMARY
 
 
 def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int) -> str:
@@ -66,19 +84,27 @@ def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int) -> str:
             f"again with them)")
 
 
-class Analysis:
-    """The policy around the judge for one rollout; ``carry`` is the current step's held evidence."""
+Carry = tuple[int, Evidence | ShadowEvidence]
 
-    def __init__(self, spec: RolloutSpec) -> None:
+
+class Analysis:
+    """The policy around the judges for one rollout; ``carry`` is the held evidence of the current step (or of
+    the shadow phase, under SHADOW_STEP). ``on_carry`` is called with it whenever it changes, so the
+    controller can journal it and a restarted controller judges with what the killed one had."""
+
+    def __init__(self, spec: RolloutSpec, carry: Carry | None = None) -> None:
         self.spec = spec
-        self.carry: tuple[int, Evidence] | None = None
+        self.carry: Carry | None = carry
 
     def reset(self) -> None:
         self.carry = None
 
-    def with_carry(self, step: int, ev: Evidence) -> Evidence:
-        if self.carry is not None and self.carry[0] == step:
-            return self.carry[1].merged(ev)
+    def with_carry(self, step: int, ev: Any) -> Any:
+        held = self.carry[1] if self.carry is not None and self.carry[0] == step else None
+        if isinstance(held, Evidence) and isinstance(ev, Evidence):
+            return held.merged(ev)
+        if isinstance(held, ShadowEvidence) and isinstance(ev, ShadowEvidence):
+            return held.merged(ev)
         return ev
 
     def early_stop(self, step: int, peek: Evidence | None) -> bool:
@@ -94,21 +120,21 @@ class Analysis:
         window.weight = weight  # the judge sizes windows by the planned share
         ev = self.with_carry(step, window)
         d = judge(ev, a)
-        if d.action == "rollback":
+        if d.action == Action.ROLLBACK:
             self.carry = None
             return Assessment(Phase.ROLLBACK, d.reason, d, ev, holds, passes)
-        if d.action == "advance":
+        if d.action == Action.ADVANCE:
             self.carry = None
             if passes + 1 < a.intervals_per_step:
                 return Assessment(Phase.PASS, d.reason, d, ev, holds, passes + 1)
             return Assessment(Phase.ADVANCE, d.reason, d, ev, 0, 0)
-        # held: inconclusive, or too little traffic
+        # held: inconclusive, too little traffic, or no evidence (the source failed)
         self.carry = (step, ev)
         if holds + 1 <= a.max_inconclusive:
             return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
         if is_insufficient(d, ev):
             advice = sizing_advice(ev, self.spec, weight)
-            if on_insufficient(self.spec) == "rollback":
+            if on_insufficient(self.spec) == Phase.ROLLBACK:
                 self.carry = None
                 return Assessment(Phase.ROLLBACK, f"{advice} (on_insufficient: rollback)", d, ev, holds + 1, passes)
             return Assessment(Phase.PAUSE, advice, d, ev, 0, passes)
@@ -116,31 +142,27 @@ class Analysis:
         reason = f"inconclusive for {holds + 1} windows (max_inconclusive {a.max_inconclusive}): {d.reason}"
         return Assessment(Phase.ROLLBACK, reason, d, ev, holds + 1, passes)
 
-
-def shadow_phase(action: str, spec: RolloutSpec, *, holds: int, passes: int) -> Phase:
-    """What one judged shadow window does: the judge's rollback rolls back; a pass advances once
-    ``shadow.windows`` windows passed; a hold holds up to max_inconclusive windows, then pauses (or rolls
-    back, with on_insufficient rollback)."""
-    if action == "rollback":
-        return Phase.ROLLBACK
-    if action == "advance":
-        assert spec.shadow is not None
-        return Phase.ADVANCE if passes + 1 >= spec.shadow.windows else Phase.PASS
-    if holds + 1 <= spec.analysis.max_inconclusive:
-        return Phase.HOLD
-    return Phase.ROLLBACK if on_insufficient(spec) == "rollback" else Phase.PAUSE
-
-
-def shadow_summary(ev: Any) -> dict[str, Any]:
-    """What the journal keeps of one shadow window's evidence, whatever its type offers."""
-    from dataclasses import asdict, is_dataclass
-
-    for name in ("summary", "model_dump"):
-        fn = getattr(ev, name, None)
-        if callable(fn):
-            out = fn()
-            if isinstance(out, dict):
-                return out
-    if is_dataclass(ev) and not isinstance(ev, type):
-        return asdict(ev)
-    return {}
+    def assess_shadow(self, window: ShadowEvidence, *, holds: int, passes: int) -> Assessment:
+        """One shadow window: the judge model's verdicts on its pairs (bounded by shadow.judge_deadline_s), the
+        held windows' pairs added up (as a step's held evidence is), then the same policy: a failing check rolls
+        back; a pass advances once ``shadow.windows`` windows passed; a hold holds up to max_inconclusive
+        windows, then pauses (or rolls back, with on_insufficient rollback)."""
+        shadow = self.spec.shadow
+        assert shadow is not None
+        window.judged = judge_window(window, shadow)
+        ev = self.with_carry(SHADOW_STEP, window)
+        d = judge_shadow(ev, self.spec)
+        self.carry = (SHADOW_STEP, ev) if d.action == Action.HOLD else None
+        if d.action == Action.ROLLBACK:
+            return Assessment(Phase.ROLLBACK, f"shadow phase: {d.reason}", d, ev, holds, passes)
+        if d.action == Action.ADVANCE:
+            if passes + 1 >= shadow.windows:
+                return Assessment(Phase.ADVANCE, f"shadow phase passed ({shadow.windows} windows): {d.reason}", d, ev,
+                                  0, 0)
+            # a passing window's held windows are spent: the next one gets max_inconclusive holds of its own
+            return Assessment(Phase.PASS, d.reason, d, ev, 0, passes + 1)
+        if holds + 1 <= self.spec.analysis.max_inconclusive:
+            return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
+        reason = (f"shadow phase inconclusive for {holds + 1} windows: {d.reason}; mirror a larger share "
+                  f"(--shadow), or a longer --interval, or raise --max-inconclusive")
+        return Assessment(on_insufficient(self.spec), reason, d, ev, 0, passes)

@@ -11,29 +11,38 @@ it stays requested, and `abort`, `resume`, `start` and a running controller retr
 from __future__ import annotations
 
 import logging
+import shlex
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qlift.errors import BadInputError, ExternalToolError, GateFailedError, NotFoundError, QliftError
+from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.rollout.aborts import (
+    abort_with_full_journal,
+    converge,
+    request_abort,
+    shadow_off,
+    spec_of,
+)
 from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
-from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
+from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, now_iso
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import DESCRIPTIONS, RUNNING, State
+from qlift.rollout.states import RUNNING, State, StepOutcome
 from qlift.rollout.webhook import notify, validate_webhook
-from qlift.settings import qlift_home
+
+if TYPE_CHECKING:
+    from qlift.rollout.adapter import AdapterRecord
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_STALE_S = 30.0  # a controller silent this long is shown as stalled
+def status(journal_path: Path | None = None, rollout_id: int | None = None) -> dict[str, Any]:
+    """What `status --json` prints, as plain JSON values (the typed form: ``status.rollout_status``)."""
+    from qlift.rollout.status import rollout_status
+    from qlift.serialize import to_jsonable
 
-
-def default_journal() -> Path:
-    return qlift_home() / "rollouts" / "journal.sqlite"
-
-
-def _spec_of(r: Rollout) -> RolloutSpec:
-    return RolloutSpec.model_validate(r.spec)
+    out: dict[str, Any] = to_jsonable(rollout_status(journal_path, rollout_id))
+    return out
 
 
 def make_plane(spec: RolloutSpec) -> DataPlane:
@@ -67,7 +76,7 @@ def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str],
 def validate_spec(spec: RolloutSpec) -> None:
     """What can be checked without the data plane: the webhook URL, the shadow phase's plane."""
     validate_webhook(spec.webhook)
-    if spec.shadow is not None and spec.data_plane != "builtin":
+    if spec.shadow is not None and Capability.MIRROR not in PLANES[spec.data_plane].capabilities:
         raise BadInputError(f"a shadow phase needs the qlift router as the data plane, not {spec.data_plane}",
                             field="--shadow", hint="Drop --shadow, or use --data-plane builtin.")
 
@@ -76,30 +85,10 @@ def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = No
     from qlift.rollout.controller import Controller
     from qlift.rollout.sources import make_collector
 
-    spec = _spec_of(r)
+    spec = spec_of(r)
     plane = plane or make_plane(spec)
     collector = make_collector(spec, plane.backend_urls())
-    shadow_source = None
-    if spec.shadow is not None:
-        shadow_source = _shadow_source(spec)
-    return Controller(journal, r.id, spec, plane, collector, shadow_source=shadow_source).run()
-
-
-def converge(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
-    """Bring the data plane to what the journal says before anything else: an abort the journal
-    could not record (full disk) or the plane did not confirm, and a final state's weights that
-    never reached the plane. Raises when the plane still cannot be reached."""
-    if journal.abort_marker.exists() and not journal_marked_abort(journal, r, plane):
-        raise QliftError(f"the journal {journal.path} is still full: the abort is applied but not journaled",
-                         hint="Free disk space, then run `qlift promote abort` again.")
-    r = journal.get(r.id)
-    if r.status == State.ABORT_REQUESTED:
-        return confirm_abort(journal, r, plane)
-    if r.status.final:
-        pending = journal.reapply_pending(r.id, plane.set_weights)
-        if pending is not None:
-            log.info("applied rollout %d's journaled weights %s (%s)", r.id, pending.weights, pending.reason)
-    return journal.get(r.id)
+    return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
@@ -113,9 +102,9 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
             raise QliftError(f"a controller (pid {journal.controller_pid()}) is already running {path}",
                              hint="Watch it with `qlift promote status`, or stop it first.")
         latest = journal.latest()
-        if latest is not None and (journal.abort_marker.exists() or not (latest.status in RUNNING
-                                                                         or latest.status == State.PAUSED)):
-            latest = converge(journal, latest, make_plane(_spec_of(latest)))
+        if latest is not None and (journal.abort_marker.exists() or not (latest.state in RUNNING
+                                                                         or latest.state == State.PAUSED)):
+            latest = converge(journal, latest, make_plane(spec_of(latest)))
         active = journal.active()
         if active is not None:
             if (active.stable, active.canary) != (spec.stable, spec.canary):
@@ -125,7 +114,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
             log.info("resuming rollout %d at step %d/%d (%s)", active.id, active.step + 1, len(active.steps),
                      active.state)
             return run_controller(journal, active)
-        if latest is not None and latest.status == State.PROMOTED and not new:
+        if latest is not None and latest.state == State.PROMOTED and not new:
             raise BadInputError(
                 f"rollout {latest.id} in {path} already promoted {latest.canary} (it has 100% of the traffic); "
                 f"a new rollout would move weights back to {spec.canary} {spec.steps[0]}%",
@@ -150,7 +139,7 @@ def _latest(journal: Journal) -> Rollout:
 
 
 def _not_final(journal: Journal, r: Rollout) -> None:
-    if r.status.final:
+    if r.state.final:
         raise QliftError(f"rollout {r.id} is already {r.state}")
 
 
@@ -177,11 +166,11 @@ def resume(journal_path: Path | None = None) -> Rollout:
     run one here (foreground)."""
     with Journal(Path(journal_path or default_journal())) as journal:
         r = _latest(journal)
-        spec = _spec_of(r)
-        if journal.abort_marker.exists() or r.status == State.ABORT_REQUESTED or r.status.final:
+        spec = spec_of(r)
+        if journal.abort_marker.exists() or r.state == State.ABORT_REQUESTED or r.state.final:
             r = converge(journal, r, make_plane(spec))
             _not_final(journal, r)
-        if r.status == State.PAUSED:
+        if r.state == State.PAUSED:
             back = paused_from(journal, r)
             with journal.tx() as db:
                 if journal.transition(db, r.id, State.PAUSED, back, "resumed by an operator", holds=0):
@@ -198,119 +187,16 @@ def resume(journal_path: Path | None = None) -> Rollout:
 
 # -- abort and manual promotion ---------------------------------------------------------------
 
-ABORT_REASON = "aborted by an operator: all traffic back to the stable"
-
-
-def _shadow_source(spec: RolloutSpec) -> Any:
-    from qlift.rollout.shadow import ShadowSource
-    from qlift.settings import router_token
-
-    assert spec.router is not None
-    return ShadowSource(spec.router, router_token(), stable=spec.stable, canary=spec.canary)
-
-
-def _shadow_off(spec: RolloutSpec) -> None:
-    """A rollout with a shadow phase that ends (aborted, promoted by hand) turns the router's mirroring off."""
-    if spec.shadow is None:
-        return
-    try:
-        _shadow_source(spec).stop()
-    except QliftError as exc:
-        log.warning("could not turn the router's shadow mirroring off: %s", exc.one_line())
-
-
-def request_abort(journal: Journal, r: Rollout, plane: DataPlane, reason: str = ABORT_REASON) -> Rollout:
-    """Journal ``abort_requested`` with the 100% stable weights in one transaction, then apply and confirm.
-    Raises ExternalToolError, the abort staying requested, when the data plane does not take them."""
-    stable = r.weights_for(0)
-
-    def also(db: Any) -> None:
-        journal.transition(db, r.id, State(r.state), State.ABORT_REQUESTED, reason, desired_version=r.stable)
-        journal.finish_step(db, r.id, r.step, "aborted")
-        journal.decide(db, r.id, r.step, "abort", reason, manual=True)
-
-    try:
-        done = journal.change_weights(r.id, stable, reason, plane.set_weights, allowed_states=(r.state,), also=also)
-    except QliftError as exc:
-        raise _unconfirmed(r, exc) from None
-    if not done:  # the controller moved meanwhile: start over from what the journal says now
-        now = journal.get(r.id)
-        if now.status.final or now.status == State.ABORT_REQUESTED:
-            return confirm_abort(journal, now, plane) if now.status == State.ABORT_REQUESTED else now
-        return request_abort(journal, now, plane, reason)
-    return confirm_abort(journal, journal.get(r.id), plane)
-
-
-def _unconfirmed(r: Rollout, exc: QliftError) -> ExternalToolError:
-    return ExternalToolError(
-        f"rollout {r.id}'s abort is journaled (abort_requested) but the data plane did not confirm 100% "
-        f"{r.stable}: {exc.message}",
-        hint="Run `qlift promote abort` again once it answers (a running controller retries too).", tool="data plane")
-
-
-def confirm_abort(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
-    """Apply 100% stable (again) and, once the plane took it, move abort_requested -> aborted."""
-    stable = r.weights_for(0)
-    try:
-        with journal.weights_lock():
-            plane.set_weights(stable)
-    except QliftError as exc:
-        raise _unconfirmed(r, exc) from None
-    last = journal.last_change(r.id)
-    if last is not None and last.weights == stable and last.applied_at is None:
-        journal.mark_applied(last.id)
-    reason = "aborted by an operator: the data plane confirmed 100% stable"
-    with journal.tx() as db:
-        journal.transition(db, r.id, State.ABORT_REQUESTED, State.ABORTED, reason)
-    _shadow_off(_spec_of(r))
-    return journal.get(r.id)
-
-
-def journal_marked_abort(journal: Journal, r: Rollout, plane: DataPlane) -> bool:
-    """An abort applied while the journal was full: journal it now. False while the journal is still full."""
-    marker = journal.abort_marker
-    if not marker.exists():
-        return True
-    try:
-        r = journal.get(r.id)
-        if r.status in RUNNING or r.status == State.PAUSED:
-            request_abort(journal, r, plane, reason="aborted by an operator while the journal was full: 100% stable "
-                          "applied first, journaled when space returned")
-        elif r.status == State.ABORT_REQUESTED:
-            confirm_abort(journal, r, plane)
-    except sqlite3.OperationalError as exc:
-        if is_disk_full(exc):
-            return False
-        raise
-    marker.unlink(missing_ok=True)
-    return True
-
-
-def _abort_with_full_journal(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
-    """No room to journal the abort: weights first (restoring them needs no journal write), then a
-    marker file (no data blocks) that the controller obeys and the next abort journals."""
-    with journal.weights_lock():
-        plane.set_weights(r.weights_for(0))
-    _shadow_off(_spec_of(r))
-    try:
-        journal.abort_marker.touch()
-    except OSError as exc:
-        log.warning("could not write %s either (%s): a running controller may set the canary's weights again",
-                    journal.abort_marker, exc.strerror)
-    log.warning("the journal %s is full: the data plane has 100%% %s now, but the abort is not journaled yet. "
-                "Free disk space, then run `qlift promote abort` again to journal it", journal.path, r.stable)
-    return r
-
 
 def abort(journal_path: Path | None = None) -> Rollout:
     """Weights back to 100% stable (journaled first), state aborted once the data plane confirms."""
     with Journal(Path(journal_path or default_journal())) as journal:
         r = _latest(journal)
-        plane = make_plane(_spec_of(r))
+        plane = make_plane(spec_of(r))
         try:
-            if journal.abort_marker.exists() or r.status.final or r.status == State.ABORT_REQUESTED:
+            if journal.abort_marker.exists() or r.state.final or r.state == State.ABORT_REQUESTED:
                 done = converge(journal, r, plane)
-                if r.status.final:  # it was final before: nothing to abort (its weights now confirmed)
+                if r.state.final:  # it was final before: nothing to abort (its weights now confirmed)
                     _not_final(journal, done)
                 final = done
             else:
@@ -318,8 +204,8 @@ def abort(journal_path: Path | None = None) -> Rollout:
         except sqlite3.OperationalError as exc:
             if not is_disk_full(exc):
                 raise
-            return _abort_with_full_journal(journal, journal.get(r.id), plane)
-        notify(_spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "abort", "state": final.state,
+            return abort_with_full_journal(journal, journal.get(r.id), plane)
+        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "abort", "state": final.state,
                                      "reason": final.reason, "stable": r.stable, "canary": r.canary, "manual": True,
                                      "weights": r.weights_for(0)})
         from qlift.rollout.adapter import settle
@@ -333,118 +219,59 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
     with Journal(Path(journal_path or default_journal())) as journal:
         r = _latest(journal)
         _not_final(journal, r)
-        if r.status == State.ABORT_REQUESTED:
+        if r.state == State.ABORT_REQUESTED:
             raise QliftError(f"rollout {r.id} has an abort requested", hint="Run `qlift promote abort` to finish it.")
-        spec = _spec_of(r)
+        spec = spec_of(r)
         plane = make_plane(spec)
         reason = "manual promotion: remaining analysis skipped"
         last = len(r.steps) - 1
 
         def also(db: Any) -> None:
-            journal.finish_step(db, r.id, r.step, "promoted")
+            journal.finish_step(db, r.id, r.step, StepOutcome.PROMOTED)
             journal.decide(db, r.id, r.step, "promote", reason, manual=True)
-            journal.transition(db, r.id, State(r.state), State.PROMOTED, reason, desired_version=r.canary, step=last)
+            journal.transition(db, r.id, r.state, State.PROMOTED, reason, desired_version=r.canary, step=last)
 
         if not journal.change_weights(r.id, r.weights_for(100), reason, plane.set_weights,
                                       allowed_states=(r.state,), also=also):
             raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
                              hint="See `qlift promote status`, then try again.")
-        _shadow_off(spec)
+        shadow_off(spec, plane)
         notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": "promote", "state": State.PROMOTED.value,
                               "reason": reason, "stable": r.stable, "canary": r.canary, "manual": True,
                               "weights": r.weights_for(100)})
         return journal.get(r.id)
 
 
-# -- status ------------------------------------------------------------------------------------
+# -- --canary-adapter -----------------------------------------------------------------------
 
 
-def _compares(spec: RolloutSpec) -> list[dict[str, Any]]:
-    from qlift.rollout.checks import describe
+def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, path: Path,
+                       **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
+    """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep.
+    ``start_options`` go to ``qlift.rollout.api.start``."""
+    from qlift.rollout.adapter import AdapterState, finish, prepare, resolve_target
 
-    return list(describe(spec.analysis))
+    journal_path = Path(journal_path or default_journal())
+    if spec.eval_report is not None and spec.canary_model is None and spec.canary_hash is None:
+        # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
+        from qlift.rollout.evalgate import check_eval_report
 
-
-def answer_checks_run(spec: RolloutSpec) -> dict[str, Any]:
-    """Where the answer checks (loops, language, refusals, schemas) can run under this spec, and why not."""
-    from qlift.rollout.planes import PLANES
-
-    split = PLANES[spec.data_plane].sees_answers and spec.provider == "builtin"
-    shadow = spec.shadow is not None
-    if split:
-        note = "split windows and the shadow phase" if shadow else "split windows (the router's request log)"
-    elif shadow:
-        note = ("the shadow phase only (through the qlift router): the split windows' evidence "
-                f"({spec.provider if spec.provider != 'builtin' else spec.data_plane}) carries no answers")
-    else:
-        note = (f"none: the {spec.data_plane} plane's evidence ({spec.provider}) carries status codes and timings, "
-                "no answers; judge them before with qlift eval, or roll out behind the qlift router "
-                "(--data-plane builtin) for answer checks and a shadow phase")
-    return {"split_windows": split, "shadow": shadow, "note": note}
-
-
-def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
-    if weight == 100:
-        return "no window: the canary is promoted when this step's weights are applied (the last judged step " \
-               "decided it)" if count > 1 else "no window: the canary is promoted at once"
-    return (f"each {spec.interval:g}s window: canary vs stable at {weight}% on every check below, "
-            f">= {spec.analysis.min_requests} canary requests, {spec.analysis.intervals_per_step} passing window(s)")
-
-
-def status(journal_path: Path | None = None, rollout_id: int | None = None) -> dict[str, Any]:
-    """The journal's latest rollout (or ``rollout_id``), everything about it: what `status --json` prints."""
-    path = Path(journal_path or default_journal())
-    with Journal(path, readonly=True) as journal:  # a missing journal: NotFoundError (exit 4)
-        r = journal.latest() if rollout_id is None else journal.find(rollout_id)
-        if r is None:
-            raise NotFoundError(f"no rollout {rollout_id} in {path}" if rollout_id else f"no rollout in {path}",
-                                hint="Leave out --rollout for the latest." if rollout_id else "Start one.")
-        spec = _spec_of(r)
-        h = journal.history(r.id)
-        last = journal.last_change(r.id)
-        started = {s["idx"]: s for s in h["steps"]}
-        steps = []
-        for i, w in enumerate(r.steps):
-            s = started.get(i, {})
-            steps.append({"index": i, "weight": w, "started_at": s.get("started_at"),
-                          "finished_at": s.get("finished_at"), "outcome": s.get("outcome"),
-                          "judged": _judged(spec, w, len(r.steps)),
-                          "windows": [win for win in h["windows"] if win["step"] == i]})
-        pid = journal.controller_pid()
-        age = journal.heartbeat_age()
-        marker = journal.abort_marker.exists()
-        shadow_spec = spec.shadow
-        out = {
-            "journal": str(path), "id": r.id, "state": State.ABORT_REQUESTED.value if marker and not r.status.final
-            else r.state, "state_doc": DESCRIPTIONS[State.ABORT_REQUESTED if marker and not r.status.final
-                                                   else r.status],
-            "stable": r.stable, "canary": r.canary,
-            "desired_version": r.desired_version, "weights": last.weights if last else None,
-            "weights_applied": bool(last and last.applied_at), "step": r.step, "holds": r.holds,
-            "reason": r.reason, "created_at": r.created_at, "updated_at": r.updated_at,
-            "controller_pid": pid,
-            "controller": {"pid": pid, "alive": pid is not None,
-                           "heartbeat_age_s": None if age is None else round(age, 1),
-                           "stalled": age is not None and age > max(HEARTBEAT_STALE_S, 3 * spec.interval)},
-            "abort_not_journaled": marker and not r.status.final,
-            "compares": _compares(spec), "answer_checks": answer_checks_run(spec), "steps": steps,
-            "shadow": None if shadow_spec is None else {
-                "spec": shadow_spec.model_dump(mode="json"),
-                "windows": [win for win in h["windows"] if win["step"] < 0]},
-            "decisions": h["decisions"], "weight_changes": h["weight_changes"], "events": h["events"],
-            "drifts": sum(1 for e in h["events"] if e["kind"] == "drift"),
-            "webhook_failures": sum(1 for e in h["events"] if e["kind"] == "webhook_failed"),
-        }
-        from qlift.rollout.adapter import adapter_status
-
-        out["canary_adapter"] = adapter_status(path, r.id)  # --canary-adapter: its load state, serve line
-        return out
+        target = resolve_target(spec, name)
+        check_eval_report(spec.eval_report, Path(path), target.base_dir)
+        spec = spec.model_copy(update={"canary_model": Path(path).resolve()})
+    prepare(spec, journal_path, name, path)
+    final = start(spec, journal_path, **start_options)
+    rec = finish(journal_path, final)
+    if rec is not None and rec.state == AdapterState.KEPT:
+        log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,
+                 shlex.join(rec.serve_command()))
+    return final, rec
 
 
 def raise_for_outcome(r: Rollout) -> None:
     """Exit codes of `start`/`resume`: promoted 0, rolled back 10, aborted 1."""
-    if r.state == "rolled_back":
+    if r.state == State.ROLLED_BACK:
         raise GateFailedError(f"rollout {r.id} rolled back: {r.reason}",
                               hint="See `qlift promote status` for the evidence.")
-    if r.state in ("aborted", "abort_requested"):
+    if r.state in (State.ABORTED, State.ABORT_REQUESTED):
         raise QliftError(f"rollout {r.id} was aborted by an operator")

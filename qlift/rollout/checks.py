@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from qlift.quality.registry import ANSWER_METRICS, AnswerMetric, count, examples
 from qlift.rollout.evidence import VersionEvidence
@@ -29,13 +30,20 @@ from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exporte
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
 
-Status = str  # "pass" | "fail" | "inconclusive" | "skipped"
+
+class CheckStatus(StrEnum):
+    """One check's verdict on one window; skipped where the evidence source cannot give its numbers."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    SKIPPED = "skipped"
 
 
 @dataclass
 class CheckResult:
     name: str
-    status: Status
+    status: CheckStatus
     canary: float | None = None
     stable: float | None = None
     ratio: float | None = None
@@ -112,12 +120,13 @@ def _rank_verdict(r: CheckResult, detail: str, canary: list[float], stable: list
         return r
     if t is None:  # a quantile-only source (Prometheus): the ratio decides once there is traffic
         enough = c.requests >= quantile_only_requests(a)
-        r.status = "fail" if enough else "inconclusive"
+        r.status = CheckStatus.FAIL if enough else CheckStatus.INCONCLUSIVE
         r.detail = detail + (" (no samples for a rank test)" if enough else " (too few requests yet)")
         return r
     r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
-    r.detail = f"{detail}; mann-whitney p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
+    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
+    r.detail = f"{detail}; mann-whitney p={t.p_value:.3g}" + (
+        "" if r.status == CheckStatus.FAIL else " (not significant)")
     return r
 
 
@@ -131,9 +140,9 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
     ``min_share_increase`` higher; then worse only if a one-sided proportion test says so."""
     cshare = cx / cn if cx is not None and cn else None
     sshare = sx / sn if sx is not None and sn else None
-    r = CheckResult(name, "inconclusive", cshare, sshare, _ratio(cshare, sshare), limit)
+    r = CheckResult(name, CheckStatus.INCONCLUSIVE, cshare, sshare, _ratio(cshare, sshare), limit)
     if cn is None or cx is None:
-        r.status, r.detail = "skipped", f"the evidence source has no {name} counts"
+        r.status, r.detail = CheckStatus.SKIPPED, f"the evidence source has no {name} counts"
         return r
     if cshare is None or sshare is None or sn is None or sx is None:
         r.detail = "no answers to compare yet"
@@ -143,16 +152,17 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
     rest_low = bool(rest) and 1.0 - sshare >= MIN_REST_SHARE and (1.0 - cshare) * limit < 1.0 - sshare
     worse = (r.ratio > limit or rest_low) and cshare - sshare >= a.min_share_increase
     if not worse:
-        r.status, r.detail = "pass", f"{what}: canary {cshare:.3g} vs stable {sshare:.3g} (ratio {r.ratio:.3g} " \
-                                     f"<= {limit} or less than {a.min_share_increase} higher)"
+        r.status = CheckStatus.PASS
+        r.detail = (f"{what}: canary {cshare:.3g} vs stable {sshare:.3g} (ratio {r.ratio:.3g} <= {limit} or less "
+                    f"than {a.min_share_increase} higher)")
         return r
     t = proportion_greater(cx, cn, sx, sn)
     r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
     how = (f"ratio {r.ratio:.3g} > {limit}" if r.ratio > limit else
            f"{rest} {1 - cshare:.3g} vs {1 - sshare:.3g}, under 1/{limit} of the stable's")
     r.detail = (f"{what}: canary {cshare:.3g} ({cx}/{cn}) vs stable {sshare:.3g} ({sx}/{sn}), {how}; "
-                f"{t.test} p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)"))
+                f"{t.test} p={t.p_value:.3g}" + ("" if r.status == CheckStatus.FAIL else " (not significant)"))
     return r
 
 
@@ -160,9 +170,10 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
 
 
 def check_canary_requests(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
-    r = CheckResult("canary_requests", "pass", float(c.requests), float(s.requests), limit=float(a.min_requests))
+    r = CheckResult("canary_requests", CheckStatus.PASS, float(c.requests), float(s.requests),
+                    limit=float(a.min_requests))
     if c.requests < a.min_requests:
-        r.status = "inconclusive"
+        r.status = CheckStatus.INCONCLUSIVE
         r.detail = f"insufficient traffic: canary served {c.requests} requests < min_requests {a.min_requests}"
     else:
         r.detail = f"canary served {c.requests} requests >= min_requests {a.min_requests}"
@@ -172,14 +183,14 @@ def check_canary_requests(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpe
 def check_error_rate(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
     """Errors include answers that are not answers (HTTP 200 with a body that is no completion):
     a canary that fails significantly is rolled back in its first window, below min_requests too."""
-    r = CheckResult("error_rate", "inconclusive", c.error_rate, s.error_rate, limit=a.max_error_rate)
+    r = CheckResult("error_rate", CheckStatus.INCONCLUSIVE, c.error_rate, s.error_rate, limit=a.max_error_rate)
     if c.errors is None:
-        r.status, r.detail = "skipped", "the evidence source does not count errors"
+        r.status, r.detail = CheckStatus.SKIPPED, "the evidence source does not count errors"
         return r
     rate = c.error_rate or 0.0
     bad = f", {c.bad_answers} of them unparseable or empty answers" if c.bad_answers else ""
     if rate <= a.max_error_rate:
-        r.status, r.detail = "pass", f"canary error rate {rate:.3g} <= {a.max_error_rate}"
+        r.status, r.detail = CheckStatus.PASS, f"canary error rate {rate:.3g} <= {a.max_error_rate}"
         return r
     # Above the limit: is the canary worse than the stable, or is something shared failing?
     if s.errors is not None and s.requests >= a.min_samples:
@@ -188,7 +199,7 @@ def check_error_rate(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) ->
         t = binomial_greater(c.errors, c.requests, a.max_error_rate)
     r.test, r.p_value = t.test, t.p_value
     significant = t.p_value < check_alpha(a)
-    r.status = "fail" if significant else "inconclusive"
+    r.status = CheckStatus.FAIL if significant else CheckStatus.INCONCLUSIVE
     r.detail = (f"canary error rate {rate:.3g} ({c.errors}/{c.requests}{bad}) > {a.max_error_rate}, stable "
                 f"{_fmt(s.error_rate)}; {t.test} p={t.p_value:.3g}" + ("" if significant else " (not significant)"))
     return r
@@ -205,20 +216,20 @@ def _check_latency(name: str, c: VersionEvidence, s: VersionEvidence, a: Analysi
             kind, tolerance = "token_latency", a.min_token_latency_increase_s
     q = a.latency_quantile
     cv, sv = c.latency_quantile(kind, q), s.latency_quantile(kind, q)
-    r = CheckResult(name, "inconclusive", cv, sv, _ratio(cv, sv), limit)
+    r = CheckResult(name, CheckStatus.INCONCLUSIVE, cv, sv, _ratio(cv, sv), limit)
     if cv is None or sv is None:
         if name == "ttft" and (c.latency_s or s.latency_s):
-            r.status = "skipped"
+            r.status = CheckStatus.SKIPPED
             r.detail = "no streamed requests on " + ("the canary" if cv is None else "the stable") + \
                        " (TTFT is judged on streamed requests only)"
         else:
-            r.status = "skipped" if not (c.latency_s or c.ttft_s or c.quantiles) else "inconclusive"
+            r.status = CheckStatus.SKIPPED if not (c.latency_s or c.ttft_s or c.quantiles) else CheckStatus.INCONCLUSIVE
             r.detail = f"no {kind} numbers for " + ("the canary" if cv is None else "the stable")
         return r
     label = f"{kind} p{round(q * 100)}"
     assert r.ratio is not None
     if r.ratio <= limit or cv - sv <= tolerance:
-        r.status = "pass"
+        r.status = CheckStatus.PASS
         r.detail = f"{label} canary {cv:.3g}s / stable {sv:.3g}s = {r.ratio:.3g} " + (
             f"<= {limit}" if r.ratio <= limit else f"(within {tolerance}s)")
         return r
@@ -254,9 +265,9 @@ def quiet_limit(s: VersionEvidence, a: AnalysisSpec) -> float:
 
 def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
     cv, sv = c.mean_completion_tokens, s.mean_completion_tokens
-    r = CheckResult("completion_tokens", "inconclusive", cv, sv, _ratio(cv, sv), a.max_tokens_ratio)
+    r = CheckResult("completion_tokens", CheckStatus.INCONCLUSIVE, cv, sv, _ratio(cv, sv), a.max_tokens_ratio)
     if c.completions is None:
-        r.status, r.detail = "skipped", "the evidence source has no completion token counts"
+        r.status, r.detail = CheckStatus.SKIPPED, "the evidence source has no completion token counts"
         return r
     if cv is None or sv is None or r.ratio is None:
         r.detail = "no answers to compare yet"
@@ -264,7 +275,7 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
     lo = quiet_limit(s, a)
     cut = f" (stable cut at max_tokens in {s.length_share:.0%}: lower limit {lo:.3g})" if s.length_share else ""
     if lo <= r.ratio <= a.max_tokens_ratio:
-        r.status = "pass"
+        r.status = CheckStatus.PASS
         r.detail = f"mean completion tokens canary {cv:.3g} / stable {sv:.3g} = {r.ratio:.3g} " \
                    f"within [{lo:.3g}, {a.max_tokens_ratio}]" + cut
         return r
@@ -284,13 +295,13 @@ def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
     if a.max_tpot_ratio is None:
         return None
     cv, sv = c.vllm.get("tpot_mean"), s.vllm.get("tpot_mean")
-    r = CheckResult("tpot", "inconclusive", cv, sv, _ratio(cv, sv), a.max_tpot_ratio)
+    r = CheckResult("tpot", CheckStatus.INCONCLUSIVE, cv, sv, _ratio(cv, sv), a.max_tpot_ratio)
     if r.ratio is None:
         r.detail = "no vLLM time-per-output-token numbers"
     elif r.ratio <= a.max_tpot_ratio:
-        r.status, r.detail = "pass", f"vLLM TPOT ratio {r.ratio:.3g} <= {a.max_tpot_ratio}"
+        r.status, r.detail = CheckStatus.PASS, f"vLLM TPOT ratio {r.ratio:.3g} <= {a.max_tpot_ratio}"
     else:
-        r.status, r.detail = "fail", f"vLLM TPOT ratio {r.ratio:.3g} > {a.max_tpot_ratio}"
+        r.status, r.detail = CheckStatus.FAIL, f"vLLM TPOT ratio {r.ratio:.3g} > {a.max_tpot_ratio}"
     return r
 
 
@@ -298,17 +309,17 @@ def _answer_check(m: AnswerMetric) -> Runner:
     """The canary's share of ``m``'s bad answers against the stable's (on the same prompts in the shadow phase)."""
     def run(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
         if c.answers is None or s.answers is None:
-            r = CheckResult(m.name, "skipped", limit=getattr(a, m.limit))
+            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
             r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
             return r
         cx, cn = count(c.answers, m.name, a.refusal_patterns)
         sx, sn = count(s.answers, m.name, a.refusal_patterns)
         if not cn or not sn:
-            r = CheckResult(m.name, "skipped", limit=getattr(a, m.limit))
+            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
             r.detail = f"applies to no answer of the {'canary' if not cn else 'stable'} in this window ({m.applies})"
             return r
         r = _share_check(m.name, cx, cn, sx, sn, getattr(a, m.limit), a, f"share of {m.what}")
-        if r.status != "pass" or cx:
+        if r.status != CheckStatus.PASS or cx:
             r.examples = examples(c.answers, m.name, a.refusal_patterns)
         return r
     return run

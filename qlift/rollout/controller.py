@@ -16,20 +16,23 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 from qlift.errors import QliftError
-from qlift.rollout.analysis import Analysis, Assessment, Phase, shadow_phase, shadow_summary
-from qlift.rollout.dataplane import DataPlane, plane_generation
+from qlift.rollout import carry
+from qlift.rollout.aborts import confirm_abort, journal_marked_abort
+from qlift.rollout.analysis import SHADOW_STEP, Analysis, Assessment
+from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
-from qlift.rollout.judge import Decision
+from qlift.rollout.reconcile import Drift, Reconciler
+from qlift.rollout.shadow import ShadowSource
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import RUNNING, State
+from qlift.rollout.split_pairs import SplitPairs
+from qlift.rollout.states import RUNNING, Phase, State, StepOutcome
 from qlift.rollout.view import log_window
 from qlift.rollout.webhook import notify
 
@@ -37,43 +40,38 @@ log = logging.getLogger(__name__)
 
 EARLY_CHECK_S = 1.0  # how often a window in progress peeks at the evidence and re-reads the weights
 RETRY_MAX_S = 2.0  # longest wait between attempts to reach an unreachable data plane
-SHADOW_STEP = -1  # the step index shadow windows are journaled under
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+@dataclass(frozen=True)
+class Pace:
+    """The controller's time: how often it ticks, how it sleeps, what the clock says (tests pass a fake clock
+    whose sleep moves it, and drive whole rollouts in a blink)."""
 
-
-def window_record(ev: Evidence, decision: Decision, action: str, reason: str) -> dict[str, Any]:
-    return {
-        "started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": ev.source,
-        "stable": ev.stable.summary(), "canary": ev.canary.summary(), "action": action, "reason": reason,
-        "checks": [asdict(c) for c in decision.checks],
-        "notes": ev.notes + ([f"cumulative over {ev.windows} windows of this step"] if ev.windows > 1 else []),
-    }
-
-
-class Drift(QliftError):
-    """The data plane cannot be read or set: the run loop retries with back-off."""
+    tick: float = 0.25
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.time
 
 
 class Controller:
     def __init__(self, journal: Journal, rollout_id: int, spec: RolloutSpec, plane: DataPlane,
-                 collector: Collector, *, tick: float = 0.25, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.time, shadow_source: Any = None) -> None:
+                 collector: Collector, *, pace: Pace | None = None, shadow_source: ShadowSource | None = None) -> None:
         self.journal, self.rid, self.spec, self.plane, self.collector = journal, rollout_id, spec, plane, collector
-        self.tick = tick
-        self.sleep = sleep
-        self.clock = clock
-        self.analysis = Analysis(spec)
-        self.shadow_source = shadow_source
-        self._shadow_carry: Any = None
-        self.split_pairs = _split_pairs(spec, shadow_source)
+        pace = pace or Pace()
+        self.tick = pace.tick
+        self.sleep = pace.sleep
+        self.clock = pace.clock
+        held = journal.carry(rollout_id)  # a killed controller's held evidence: judged on with the next window
+        self.analysis = Analysis(spec, None if held is None else (held[0], carry.load(held[1], held[2])))
+        self.shadow_source = mirror_source(plane, spec) if shadow_source is None else shadow_source
+        self.split_pairs = _split_pairs(spec, self.shadow_source)
+        self.reconciler = Reconciler(journal, rollout_id, plane)
         self.webhook_failures = 0
-        self.drifts = 0
-        self._generation: str | None = None
-        self._retry_s = tick
+        self._retry_s = pace.tick
         self._next_paused_check = 0.0
+
+    @property
+    def drifts(self) -> int:
+        return self.reconciler.drifts
 
     # -- the loop --------------------------------------------------------------------
 
@@ -83,10 +81,10 @@ class Controller:
             self.journal.heartbeat()
             try:
                 r = self.journal.get(self.rid)
-                if self.journal.abort_marker.exists() and not r.status.final:
+                if self.journal.abort_marker.exists() and not r.state.final:
                     self._abort_marked(r)
                     continue
-                if r.status.final:
+                if r.state.final:
                     self._converge_final(r)
                     return self.journal.get(self.rid)
                 self._step(r)
@@ -107,14 +105,14 @@ class Controller:
         self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
 
     def _step(self, r: Rollout) -> None:
-        if r.status == State.ABORT_REQUESTED:
-            self._confirm_abort(r)
-        elif r.status == State.PAUSED:  # weights held, and still held where the journal says
+        if r.state == State.ABORT_REQUESTED:  # journaled, not confirmed: apply 100% stable until the plane is
+            confirm_abort(self.journal, r, self.plane)
+        elif r.state == State.PAUSED:  # weights held, and still held where the journal says
             if self.clock() >= self._next_paused_check:
                 self._next_paused_check = self.clock() + EARLY_CHECK_S
-                self._reconcile()
+                self.reconciler.reconcile()
             self.sleep(self.tick)
-        elif r.status == State.SHADOWING:
+        elif r.state == State.SHADOWING:
             self._shadow_window(r)
         else:
             weight = r.steps[r.step]
@@ -132,44 +130,9 @@ class Controller:
             pending = self.journal.reapply_pending(self.rid, self.plane.set_weights)
             if pending is not None:
                 log.info("re-applied journaled weights %s (%s)", pending.weights, pending.reason)
-            self._reconcile()
+            self.reconciler.reconcile()
         except QliftError as exc:
             log.warning("could not converge the data plane yet: %s", exc.one_line())
-
-    # -- reconcile -------------------------------------------------------------------
-
-    def _desired(self) -> dict[str, int] | None:
-        last = self.journal.last_change(self.rid)
-        return None if last is None else last.weights
-
-    def _reconcile(self) -> bool:
-        """Converge the plane to the journal's last weights; True when it had drifted (re-applied and journaled).
-        Raises Drift when the plane cannot be read or set."""
-        want = self._desired()
-        if want is None:
-            return False
-        try:
-            gen = plane_generation(self.plane)
-            actual = self.plane.weights()
-        except QliftError as exc:
-            raise Drift(f"could not read the data plane's weights: {exc.one_line()}") from None
-        restarted = gen is not None and self._generation is not None and gen != self._generation
-        self._generation = gen if gen is not None else self._generation
-        if actual is not None and all(actual.get(k, 0) == v for k, v in want.items()) and not restarted:
-            return False
-        log.warning("data plane weights %s differ from the journal's %s%s: setting the journal's", actual, want,
-                    " (it restarted)" if restarted else "")
-        try:
-            with self.journal.weights_lock():
-                want = self._desired() or want  # an abort may have journaled new weights meanwhile
-                self.plane.set_weights(want)
-            self._generation = plane_generation(self.plane) or self._generation
-        except QliftError as exc:
-            raise Drift(f"could not re-apply the journal's weights {want}: {exc.one_line()}") from None
-        self.drifts += 1
-        self.journal.log_event(self.rid, "drift", {"found": actual, "journaled": want, "restarted": restarted,
-                                                    "action": "re-applied the journal's weights"})
-        return True
 
     def _ensure_weights(self, r: Rollout, want: dict[str, int], reason: str, *, start_step: int | None) -> bool:
         last = self.journal.last_change(self.rid)
@@ -183,14 +146,25 @@ class Controller:
             def also(db: Any) -> None:
                 self.journal.start_step(db, self.rid, r.step, start_step)
         return self.journal.change_weights(self.rid, want, reason, self.plane.set_weights,
-                                           allowed_states=tuple(s.value for s in RUNNING), also=also)
+                                           allowed_states=tuple(RUNNING), also=also)
 
     # -- one window ------------------------------------------------------------------
 
-    def _watch(self, r: Rollout, begin: Callable[[], None], peek: Callable[[], bool] | None) -> tuple[str | None, str]:
-        """Wait one interval. Returns (why the window is void or None, a note). A void window is not judged."""
-        self._reconcile()  # an unreachable plane raises Drift: the run loop backs off and comes back here
-        failure = ""
+    def _drifted(self) -> str | None:
+        """Why the window is void because the plane's weights drifted (or cannot be read), else None."""
+        try:
+            if self.reconciler.reconcile():
+                return "the data plane's weights drifted during the window (re-applied)"
+        except Drift as exc:
+            return str(exc)
+        return None
+
+    def _watch(self, r: Rollout, begin: Callable[[], None], peek: Callable[[], bool] | None
+               ) -> tuple[str | None, str, str | None]:
+        """Wait one interval. Returns (why the window is void or None, a note, why the evidence source failed
+        or None). A void window is not judged."""
+        self.reconciler.reconcile()  # an unreachable plane raises Drift: the run loop backs off, comes back here
+        failure = None
         try:
             begin()
         except QliftError as exc:
@@ -203,22 +177,15 @@ class Controller:
             self.journal.heartbeat()
             state, step = self.journal.position(self.rid)
             if state != r.state or step != r.step or self.journal.abort_marker.exists():
-                return f"window interrupted: rollout is {state}", ""
+                return f"window interrupted: rollout is {state}", "", None
             if self.clock() >= next_check:
                 next_check = self.clock() + EARLY_CHECK_S
-                try:
-                    if self._reconcile():
-                        return "the data plane's weights drifted during the window (re-applied)", ""
-                except Drift as exc:
-                    return str(exc), ""
-                if not failure and peek is not None and peek():
-                    return None, f"ended early after {self.clock() - started:.1f}s: canary errors already significant"
-        try:
-            if self._reconcile():
-                return "the data plane's weights drifted during the window (re-applied)", ""
-        except Drift as exc:
-            return str(exc), ""
-        return None, failure and f"evidence source failed: {failure}"
+                if (why := self._drifted()) is not None:
+                    return why, "", None
+                if failure is None and peek is not None and peek():
+                    return None, f"ended early after {self.clock() - started:.1f}s: canary errors already " \
+                                 "significant", None
+        return self._drifted(), "", failure
 
     def _peek(self, r: Rollout) -> bool:
         try:
@@ -236,48 +203,50 @@ class Controller:
         self.collector.begin()
 
     def _window(self, r: Rollout, weight: int) -> None:
-        void, note = self._watch(r, self._begin_window, lambda: self._peek(r))
+        void, note, failure = self._watch(r, self._begin_window, lambda: self._peek(r))
         if void is not None:
             self._discard(r, void)
             return
         if self._canary_changed(r):
             return
         ev: Evidence
-        if note.startswith("evidence source failed"):
-            ev = self._no_evidence(r, note)
+        if failure is not None:
+            ev = self._no_evidence(r, failure)
         else:
             try:
                 ev = self.collector.collect()
                 ev.notes += [note] if note else []
             except QliftError as exc:
-                ev = self._no_evidence(r, f"evidence source failed: {exc.one_line()}")
+                ev = self._no_evidence(r, exc.one_line())
         if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
             ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
-        verdict = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes)
+        v = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes)
         log_window(f"window at {weight}%: canary {ev.canary.requests} requests, stable {ev.stable.requests}",
-                   str(verdict.phase), verdict.reason, verdict.decision.checks)
-        self._act(r, verdict)
+                   v.phase, v.reason, v.decision.checks)
+        self._act(r, v)
 
     def _canary_changed(self, r: Rollout) -> bool:
         """Pause, unjudged, when the canary's model is not the one this rollout's evidence is about."""
         why = canary_changed(self.journal, self.rid, self.plane, r.canary)
         if why is None:
             return False
-        self._shadow_carry = None
+        self.analysis.reset()  # never judge the new model on the old one's evidence
         with self.journal.tx() as db:
-            if not self.journal.transition(db, self.rid, State(r.state), State.PAUSED, why, holds=0, passes=0):
+            if not self.journal.transition(db, self.rid, r.state, State.PAUSED, why, holds=0, passes=0):
                 return True
+            self.journal.set_carry(db, self.rid, None)
             self.journal.decide(db, self.rid, r.step, "pause", why)
         log.warning("paused: %s", why)
         self._notify(r, "pause", why, {}, state=State.PAUSED)
         return True
 
-    def _no_evidence(self, r: Rollout, note: str) -> Evidence:
+    def _no_evidence(self, r: Rollout, failure: str) -> Evidence:
         # No evidence is no pass: the window holds (and counts toward max_inconclusive).
+        note = f"evidence source failed: {failure}"
         log.warning("no evidence this window: %s", note)
         now = self.clock()
         return Evidence(VersionEvidence(r.stable), VersionEvidence(r.canary), now - self.spec.interval, now,
-                        "none", notes=[note])
+                        "none", notes=[note], error=failure)
 
     def _discard(self, r: Rollout, why: str) -> None:
         log.warning("window discarded: %s", why)
@@ -286,34 +255,37 @@ class Controller:
 
     # -- decisions -------------------------------------------------------------------
 
-    def _act(self, r: Rollout, v: Assessment) -> None:
-        if v.phase == Phase.ROLLBACK:
-            self._rollback(r, v.evidence, v.decision, v.reason)
-        elif v.phase == Phase.ADVANCE:
-            self._advance(r, v)
-        elif v.phase == Phase.PAUSE:
-            self._pause(r, v)
-        else:
-            self._record(r, v.evidence, v.decision, str(v.phase), v.reason, holds=v.holds, passes=v.passes)
-
-    def _record(self, r: Rollout, ev: Evidence, d: Decision, action: str, reason: str, *, step: int | None = None,
-                record: dict[str, Any] | None = None, **fields: Any) -> None:
+    def _act(self, r: Rollout, v: Assessment, *, step: int | None = None) -> None:
+        """What the analysis decided, journaled (``step``: SHADOW_STEP for a shadow window)."""
         idx = r.step if step is None else step
+        if v.phase == Phase.ROLLBACK:
+            self._rollback(r, v, idx)
+        elif v.phase == Phase.ADVANCE:
+            self._advance(r, v) if step is None else self._leave_shadow(r, v)
+        elif v.phase == Phase.PAUSE:
+            self._pause(r, v, idx)
+        else:
+            self._record(r, v, idx)
+
+    def _record(self, r: Rollout, v: Assessment, idx: int) -> None:
         with self.journal.tx() as db:
             if self.journal.get(self.rid).state != r.state:
                 return
-            wid = self.journal.add_window(db, self.rid, idx, record or window_record(ev, d, action, reason))
-            self.journal.decide(db, self.rid, idx, action, reason, window_id=wid, p_values=d.p_values)
-            self.journal.update(db, self.rid, **fields)
-        self._notify(r, action, reason, d.p_values)
+            self._journal_window(db, idx, v)
+            self.journal.update(db, self.rid, holds=v.holds, passes=v.passes)
+        self._notify(r, v.phase, v.reason, v.decision.p_values)
 
-    def _pause(self, r: Rollout, v: Assessment) -> None:
+    def _journal_window(self, db: sqlite3.Connection, idx: int, v: Assessment, *, reason: str | None = None) -> None:
+        """The judged window, its decision and the analysis's held evidence, in ``db``'s transaction."""
+        self.journal.judged(db, self.rid, idx, v.record(), v.decision.p_values, reason=reason)
+        held = self.analysis.carry
+        self.journal.set_carry(db, self.rid, None if held is None else (held[0], *carry.dump(held[1])))
+
+    def _pause(self, r: Rollout, v: Assessment, idx: int) -> None:
         with self.journal.tx() as db:
-            if not self.journal.transition(db, self.rid, State(r.state), State.PAUSED, v.reason, holds=0):
+            if not self.journal.transition(db, self.rid, r.state, State.PAUSED, v.reason, holds=0):
                 return
-            wid = self.journal.add_window(db, self.rid, r.step, window_record(v.evidence, v.decision, "pause",
-                                                                                v.reason))
-            self.journal.decide(db, self.rid, r.step, "pause", v.reason, window_id=wid, p_values=v.decision.p_values)
+            self._journal_window(db, idx, v, reason=v.reason)
         log.warning("paused: %s", v.reason)
         self._notify(r, "pause", v.reason, v.decision.p_values, state=State.PAUSED)
 
@@ -322,36 +294,28 @@ class Controller:
         weight = r.steps[nxt]
 
         def also(db: Any) -> None:
-            wid = self.journal.add_window(db, self.rid, r.step, window_record(v.evidence, v.decision, "advance",
-                                                                                v.reason))
-            self.journal.decide(db, self.rid, r.step, "advance", v.reason, window_id=wid,
-                                p_values=v.decision.p_values)
-            self.journal.finish_step(db, self.rid, r.step, "passed")
+            self._journal_window(db, r.step, v)
+            self.journal.finish_step(db, self.rid, r.step, StepOutcome.PASSED)
             self.journal.start_step(db, self.rid, nxt, weight)
             self.journal.update(db, self.rid, step=nxt, holds=0, passes=0)
 
         reason = f"step {nxt + 1}/{len(r.steps)}: canary {weight}%"
         if self.journal.change_weights(self.rid, r.weights_for(weight), reason, self.plane.set_weights,
-                                       allowed_states=(State.PROGRESSING.value,), also=also):
+                                       allowed_states=(State.PROGRESSING,), also=also):
             log.info("advanced: %s", reason)
             self._notify(r, "advance", v.reason, v.decision.p_values, step=nxt)
 
-    def _rollback(self, r: Rollout, ev: Any, d: Decision, reason: str, *, record: dict[str, Any] | None = None,
-                  step: int | None = None) -> None:
-        idx = r.step if step is None else step
-
+    def _rollback(self, r: Rollout, v: Assessment, idx: int) -> None:
         def also(db: Any) -> None:
-            wid = self.journal.add_window(db, self.rid, idx, record or window_record(ev, d, "rollback", reason))
-            self.journal.decide(db, self.rid, idx, "rollback", reason, window_id=wid, p_values=d.p_values)
-            self.journal.finish_step(db, self.rid, r.step, "rolled_back")
-            self.journal.transition(db, self.rid, State(r.state), State.ROLLED_BACK, reason,
-                                    desired_version=r.stable)
+            self._journal_window(db, idx, v, reason=v.reason)
+            self.journal.finish_step(db, self.rid, r.step, StepOutcome.ROLLED_BACK)
+            self.journal.transition(db, self.rid, r.state, State.ROLLED_BACK, v.reason, desired_version=r.stable)
 
         # The state is final from here; if the plane refuses the weights, _converge_final retries until applied.
         if self.journal.change_weights(self.rid, r.weights_for(0), "rollback", self.plane.set_weights,
                                        allowed_states=(r.state,), also=also):
-            log.warning("rolled back: %s", reason)
-            self._notify(r, "rollback", reason, d.p_values, state=State.ROLLED_BACK)
+            log.warning("rolled back: %s", v.reason)
+            self._notify(r, "rollback", v.reason, v.decision.p_values, state=State.ROLLED_BACK)
 
     def _promoted(self, r: Rollout) -> None:
         reason = f"canary {r.canary} at 100%: promoted"
@@ -359,18 +323,12 @@ class Controller:
             if not self.journal.transition(db, self.rid, State.PROGRESSING, State.PROMOTED, reason,
                                            desired_version=r.canary):
                 return
-            self.journal.finish_step(db, self.rid, r.step, "promoted")
+            self.journal.finish_step(db, self.rid, r.step, StepOutcome.PROMOTED)
             self.journal.decide(db, self.rid, r.step, "promoted", reason)
         log.info(reason)
         self._notify(r, "promoted", reason, {}, state=State.PROMOTED)
 
     # -- aborts and final states -----------------------------------------------------
-
-    def _confirm_abort(self, r: Rollout) -> None:
-        """An abort journaled but not confirmed by the plane: apply 100% stable until it is."""
-        from qlift.rollout.api import confirm_abort
-
-        confirm_abort(self.journal, r, self.plane)
 
     def _abort_marked(self, r: Rollout) -> None:
         """An abort reached the plane while the journal was full: hold 100% stable, journal it when there is room."""
@@ -382,8 +340,6 @@ class Controller:
         if actual != stable:
             with self.journal.weights_lock():
                 self.plane.set_weights(stable)
-        from qlift.rollout.api import journal_marked_abort
-
         if not journal_marked_abort(self.journal, r, self.plane):
             self.sleep(max(self.tick, 1.0))
 
@@ -402,72 +358,37 @@ class Controller:
     # -- the shadow phase ------------------------------------------------------------
 
     def _shadow_window(self, r: Rollout) -> None:
-        from qlift.rollout.shadow import judge_shadow, judge_window
-
-        shadow: Any = getattr(self.spec, "shadow", None)
-        assert shadow is not None
+        shadow, source = self.spec.shadow, self.shadow_source
+        assert shadow is not None and source is not None
         if not self._ensure_weights(r, r.weights_for(0), "shadow phase: the stable serves every user",
                                     start_step=None):
             return
-        source = self.shadow_source
         source.start(r.canary, shadow.percent, shadow.max_inflight)  # every window: a restarted router forgets it
-        void, _ = self._watch(r, source.begin, None)
+        void, _, _ = self._watch(r, source.begin, None)
         if void is not None:
             self._discard(r, void)
             return
         if self._canary_changed(r):
             return
-        ev = source.collect()
-        ev.judged = judge_window(ev, shadow)  # bounded by shadow.judge_deadline_s; None without a judge
-        if self._shadow_carry is not None:  # held windows' pairs add up, as a step's held evidence does
-            ev = self._shadow_carry.merged(ev)
-        d = judge_shadow(ev, self.spec)
-        self._shadow_carry = ev if d.action == "hold" else None
-        summary = shadow_summary(ev)
-        record = {"started_at": _iso(getattr(ev, "started_at", self.clock() - self.spec.interval)),
-                  "ended_at": _iso(getattr(ev, "ended_at", self.clock())), "source": "shadow",
-                  "stable": summary.get("stable", {}), "canary": summary.get("canary", {}),
-                  "action": d.action, "reason": d.reason, "checks": [asdict(c) for c in d.checks],
-                  "notes": [f"{summary.get('pairs', '?')} shadow pairs"]}
-        windows = int(shadow.windows)
-        record["action"] = action = shadow_phase(d.action, self.spec, holds=r.holds, passes=r.passes)
-        log_window(f"shadow window ({shadow.percent}% mirrored): {summary.get('pairs', '?')} pairs", action,
-                   d.reason, d.checks)
-        if d.action == "rollback":
-            self._rollback(r, ev, d, f"shadow phase: {d.reason}", record=record, step=SHADOW_STEP)
+        window = source.collect()
+        v = self.analysis.assess_shadow(window, holds=r.holds, passes=r.passes)
+        log_window(f"shadow window ({shadow.percent}% mirrored): {len(getattr(v.evidence, 'pairs', []))} pairs",
+                   v.phase, v.decision.reason, v.decision.checks)
+        self._act(r, v, step=SHADOW_STEP)
+        if v.phase in (Phase.ROLLBACK, Phase.ADVANCE):
             self._shadow_off()
-        elif action == Phase.ADVANCE:
-            reason = f"shadow phase passed ({windows} windows): {d.reason}"
-            with self.journal.tx() as db:
-                if not self.journal.transition(db, self.rid, State.SHADOWING, State.PROGRESSING, reason,
-                                               holds=0, passes=0):
-                    return
-                wid = self.journal.add_window(db, self.rid, SHADOW_STEP, record)
-                self.journal.decide(db, self.rid, SHADOW_STEP, "advance", reason, window_id=wid,
-                                    p_values=d.p_values)
-            self._shadow_off()
-            self._notify(r, "advance", reason, d.p_values)
-        elif action == Phase.PASS:
-            # a passing window's held windows are spent: the next one gets max_inconclusive holds of its own
-            self._record(r, ev, d, "pass", d.reason, step=SHADOW_STEP, record=record, passes=r.passes + 1, holds=0)
-        elif action == Phase.HOLD:
-            self._record(r, ev, d, "hold", d.reason, step=SHADOW_STEP, record=record, holds=r.holds + 1)
-        else:
-            reason = (f"shadow phase inconclusive for {r.holds + 1} windows: {d.reason}; mirror a larger share "
-                      f"(--shadow), or a longer --interval, or raise --max-inconclusive")
-            if action == Phase.ROLLBACK:
-                self._rollback(r, ev, d, reason, record=record, step=SHADOW_STEP)
-                self._shadow_off()
+
+    def _leave_shadow(self, r: Rollout, v: Assessment) -> None:
+        with self.journal.tx() as db:
+            if not self.journal.transition(db, self.rid, State.SHADOWING, State.PROGRESSING, v.reason,
+                                           holds=0, passes=0):
                 return
-            with self.journal.tx() as db:
-                if not self.journal.transition(db, self.rid, State.SHADOWING, State.PAUSED, reason, holds=0):
-                    return
-                wid = self.journal.add_window(db, self.rid, SHADOW_STEP, record)
-                self.journal.decide(db, self.rid, SHADOW_STEP, "pause", reason, window_id=wid)
-            self._notify(r, "pause", reason, d.p_values, state=State.PAUSED)
+            self._journal_window(db, SHADOW_STEP, v, reason=v.reason)
+        self._notify(r, "advance", v.reason, v.decision.p_values)
 
     def _shadow_off(self) -> None:
         try:
+            assert self.shadow_source is not None
             self.shadow_source.stop()
         except QliftError as exc:
             log.warning("could not turn the router's shadow mirroring off: %s", exc.one_line())
@@ -475,12 +396,12 @@ class Controller:
     # -- notifications ---------------------------------------------------------------
 
     def _notify(self, r: Rollout, action: str, reason: str, p_values: dict[str, float], *,
-                step: int | None = None, state: str | None = None) -> None:
+                step: int | None = None, state: State | None = None) -> None:
         if not self.spec.webhook:
             return
         last = self.journal.last_change(self.rid)
         failure = notify(self.spec.webhook, {
-            "rollout": self.rid, "at": now_iso(), "stable": r.stable, "canary": r.canary, "action": action,
+            "rollout": self.rid, "at": now_iso(), "stable": r.stable, "canary": r.canary, "action": str(action),
             "state": str(state or r.state), "step": r.step if step is None else step, "reason": reason,
             "p_values": p_values, "weights": last.weights if last else None,
         })
@@ -490,11 +411,9 @@ class Controller:
                                                                 "failures": self.webhook_failures})
 
 
-def _split_pairs(spec: RolloutSpec, shadow_source: Any) -> Any:
+def _split_pairs(spec: RolloutSpec, shadow_source: ShadowSource | None) -> SplitPairs | None:
     """The split windows' sample for the judge model, where a judge is set and the router can mirror."""
     shadow = spec.shadow
     if shadow is None or shadow.judge is None or not shadow.judge_split_percent or shadow_source is None:
         return None
-    from qlift.rollout.split_pairs import SplitPairs
-
     return SplitPairs(shadow_source, shadow, spec.stable, spec.canary)

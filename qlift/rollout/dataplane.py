@@ -7,16 +7,22 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 from qlift.errors import ExternalToolError
+from qlift.rollout.planes import PLANES, Capability, PlaneName
 from qlift.rollout.spec import RolloutSpec
+
+if TYPE_CHECKING:
+    from qlift.rollout.shadow import ShadowSource
 
 log = logging.getLogger(__name__)
 
 
 class DataPlane(Protocol):
     kind: str
+    capabilities: ClassVar[frozenset[Capability]]  # its entry's in the planes table
 
     def weights(self) -> dict[str, int] | None:
         """The weights in force now (None when they cannot be read)."""
@@ -26,6 +32,21 @@ class DataPlane(Protocol):
 
     def backend_urls(self) -> dict[str, str]:
         """Version name -> base URL of its server, where known (for vLLM /metrics)."""
+
+
+class Mirroring(Protocol):
+    """What a plane that declares ``Capability.MIRROR`` provides."""
+
+    def mirror(self, *, stable: str, canary: str) -> ShadowSource:
+        """Its mirroring switch and answer pairs for a rollout of ``canary`` against ``stable``."""
+
+
+def mirror_source(plane: DataPlane, spec: RolloutSpec) -> ShadowSource | None:
+    """The plane's mirror for the spec's shadow phase; None without a shadow phase, or where the plane
+    does not declare MIRROR (the spec's validation refuses a shadow phase there)."""
+    if spec.shadow is None or Capability.MIRROR not in plane.capabilities:
+        return None
+    return cast(Mirroring, plane).mirror(stable=spec.stable, canary=spec.canary)
 
 
 def plane_generation(plane: DataPlane) -> str | None:
@@ -61,11 +82,19 @@ class RouterDataPlane:
     """The qlift router: ``PUT /admin/weights`` applies atomically to new requests."""
 
     kind = "builtin"
+    capabilities: ClassVar[frozenset[Capability]] = PLANES["builtin"].capabilities
 
     def __init__(self, url: str, token: str | None) -> None:
         from qlift.router.client import RouterClient
 
+        self.url, self.token = url, token
         self.client = RouterClient(url, token)
+
+    def mirror(self, *, stable: str, canary: str) -> ShadowSource:
+        """``PUT``/``DELETE /admin/shadow`` and ``GET /admin/shadow``'s answer pairs."""
+        from qlift.rollout.shadow import ShadowSource
+
+        return ShadowSource(self.url, self.token, stable=stable, canary=canary)
 
     def weights(self) -> dict[str, int] | None:
         return dict(self.client.state().weights)
@@ -104,9 +133,40 @@ class RouterDataPlane:
                                 hint="Pass the router's backend names (`qlift router --backend NAME=URL`).")
 
 
-def make_data_plane(spec: RolloutSpec) -> DataPlane:
-    """The spec's data plane, built by its entry in the planes registry (qlift.rollout.planes)."""
-    from qlift.rollout.planes import make_plane
+def _builtin(spec: RolloutSpec) -> DataPlane:
+    from qlift.settings import router_token
 
-    plane: DataPlane = make_plane(spec)
-    return plane
+    assert spec.router is not None
+    return RouterDataPlane(spec.router, router_token())
+
+
+def _nginx(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout.nginx import NginxDataPlane
+
+    assert spec.nginx is not None
+    return NginxDataPlane(spec.nginx, {v: spec.backends[v] for v in (spec.stable, spec.canary)})
+
+
+def _gateway(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout.gateway import GatewayDataPlane
+
+    assert spec.gateway is not None
+    return GatewayDataPlane(spec.gateway)
+
+
+def _inference_ext(spec: RolloutSpec) -> DataPlane:
+    from qlift.rollout.inference_ext import InferenceExtDataPlane
+
+    assert spec.inference_ext is not None
+    return InferenceExtDataPlane(spec.inference_ext, {v: spec.served_model(v) for v in (spec.stable, spec.canary)})
+
+
+# How each plane of the planes table (qlift.rollout.planes.PLANES) is built.
+MAKERS: dict[PlaneName, Callable[[RolloutSpec], DataPlane]] = {
+    "builtin": _builtin, "nginx": _nginx, "gateway-api": _gateway, "inference-ext": _inference_ext,
+}
+
+
+def make_data_plane(spec: RolloutSpec) -> DataPlane:
+    """The spec's data plane, built by its entry in MAKERS."""
+    return MAKERS[spec.data_plane](spec)

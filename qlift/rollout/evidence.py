@@ -114,9 +114,12 @@ class VersionEvidence:
         return out
 
 
+NO_PRIMARY = "none"  # the source of a plane without request counts (vLLM /metrics at most): no traffic measure
+
+
 @dataclass
 class Evidence:
-    """Both versions over the same window."""
+    """Both versions over the same window; ``error``: why the evidence source gave nothing this window."""
 
     stable: VersionEvidence
     canary: VersionEvidence
@@ -128,13 +131,15 @@ class Evidence:
     weight: int | None = None  # the canary's planned percent in this window (the controller fills it in)
     judged: JudgeResult | None = None  # the judge model's verdicts on this window's sampled pairs
     judge_margin: float = 0.1  # shadow.max_judge_loss_margin, with ``judged``
+    error: str | None = None  # the evidence source failed: no measurement (judged Verdict.ERROR)
 
     def merged(self, later: Evidence) -> Evidence:
         judged = later.judged if self.judged is None else (
             self.judged if later.judged is None else self.judged.merged(later.judged))
         return Evidence(self.stable.merged(later.stable), self.canary.merged(later.canary), self.started_at,
                         later.ended_at, later.source, unique(self.notes + later.notes), self.windows + later.windows,
-                        later.weight if later.weight is not None else self.weight, judged, later.judge_margin)
+                        later.weight if later.weight is not None else self.weight, judged, later.judge_margin,
+                        later.error)
 
 
 def unique(notes: list[str]) -> list[str]:

@@ -14,12 +14,13 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.loaders import read_yaml
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import GatewaySpec
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
@@ -147,6 +148,7 @@ class CustomObject:
 
 class GatewayDataPlane:
     kind = "gateway-api"
+    capabilities: ClassVar[frozenset[Capability]] = PLANES["gateway-api"].capabilities
 
     def __init__(self, spec: GatewaySpec) -> None:
         self.spec = spec

@@ -3,7 +3,7 @@ weights split the public model name between models served on one Deployment (a b
 adapter, which a plain HTTPRoute sees as one backend).
 
 The object is the one `qlift deploy k8s --lora NAME=DIR --gateway-api` renders
-(qlift.deploy.inference_ext.model_rewrite), validated against the CRD schema (schemas/, a byte-exact
+(qlift.k8s_objects.model_rewrite), validated against the CRD schema (schemas/, a byte-exact
 copy of tests/schemas/inference-extension/'s) and applied as the HTTPRoute plane applies its route:
 merge-patched through the kubernetes client, created on the first change; ``output`` also writes
 the YAML. A weight of 0 leaves the model out of the targets (the CRD's weights start at 1).
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from qlift.deploy.inference_ext import X_API, model_rewrite
+from qlift.k8s_objects import X_API, model_rewrite
 from qlift.loaders import read_yaml
 from qlift.rollout.gateway import CustomObject, crd_schema, validate_object, write_yaml
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import InferenceExtSpec
 
 GROUP, VERSION = X_API.split("/")
@@ -55,6 +56,7 @@ def rewrite_weights(obj: dict[str, Any], models: dict[str, str]) -> dict[str, in
 
 class InferenceExtDataPlane:
     kind = "inference-ext"
+    capabilities: ClassVar[frozenset[Capability]] = PLANES["inference-ext"].capabilities
 
     def __init__(self, spec: InferenceExtSpec, models: dict[str, str]) -> None:
         self.spec, self.models = spec, models

@@ -26,46 +26,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from qlift.errors import BadInputError, NotFoundError, QliftError
+from qlift.errors import QliftError
 from qlift.fsutil import file_lock, lock_holder
-from qlift.rollout.states import State, can_move
+from qlift.rollout.journal_file import JournalFile, is_disk_full
+from qlift.rollout.states import State, StepOutcome, can_move
 
-ACTIVE_STATES = tuple(s.value for s in State if not s.final)
+ACTIVE_STATES = tuple(s for s in State if s.active)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rollouts (
-  id INTEGER PRIMARY KEY, created_at TEXT NOT NULL, updated_at TEXT NOT NULL, state TEXT NOT NULL,
-  stable TEXT NOT NULL, canary TEXT NOT NULL, spec TEXT NOT NULL, step INTEGER NOT NULL DEFAULT 0,
-  holds INTEGER NOT NULL DEFAULT 0, passes INTEGER NOT NULL DEFAULT 0,
-  desired_version TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '');
-CREATE TABLE IF NOT EXISTS steps (
-  rollout_id INTEGER NOT NULL, idx INTEGER NOT NULL, weight INTEGER NOT NULL, started_at TEXT NOT NULL,
-  finished_at TEXT, outcome TEXT, PRIMARY KEY (rollout_id, idx));
-CREATE TABLE IF NOT EXISTS windows (
-  id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, step INTEGER NOT NULL, started_at TEXT NOT NULL,
-  ended_at TEXT NOT NULL, source TEXT NOT NULL, stable TEXT NOT NULL, canary TEXT NOT NULL,
-  action TEXT NOT NULL, reason TEXT NOT NULL, checks TEXT NOT NULL, notes TEXT NOT NULL DEFAULT '[]');
-CREATE TABLE IF NOT EXISTS decisions (
-  id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, at TEXT NOT NULL, step INTEGER NOT NULL,
-  action TEXT NOT NULL, reason TEXT NOT NULL, manual INTEGER NOT NULL DEFAULT 0, window_id INTEGER,
-  p_values TEXT NOT NULL DEFAULT '{}');
-CREATE TABLE IF NOT EXISTS weight_changes (
-  id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, weights TEXT NOT NULL, reason TEXT NOT NULL,
-  journaled_at TEXT NOT NULL, applied_at TEXT);
-CREATE TABLE IF NOT EXISTS events (
-  id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, at TEXT NOT NULL, kind TEXT NOT NULL,
-  detail TEXT NOT NULL DEFAULT '{}');
-"""
-_ROLLOUT_COLUMNS = {"id", "created_at", "updated_at", "state", "stable", "canary", "spec", "step", "holds", "passes",
-                    "desired_version", "reason"}
+def default_journal() -> Path:
+    from qlift.settings import qlift_home
 
-
-def is_disk_full(exc: BaseException) -> bool:
-    """SQLITE_FULL: the disk (or the file's page limit) has no room for the write."""
-    return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-
+    return qlift_home() / "rollouts" / "journal.sqlite"
 
 
 def now_iso() -> str:
@@ -77,7 +49,7 @@ class Rollout:
     id: int
     created_at: str
     updated_at: str
-    state: str
+    state: State
     stable: str
     canary: str
     spec: dict[str, Any]
@@ -87,9 +59,8 @@ class Rollout:
     desired_version: str
     reason: str
 
-    @property
-    def status(self) -> State:
-        return State(self.state)
+    def __post_init__(self) -> None:
+        self.state = State(self.state)
 
     @property
     def steps(self) -> list[int]:
@@ -109,95 +80,7 @@ class WeightChange:
     applied_at: str | None
 
 
-class Journal:
-    def __init__(self, path: Path, *, readonly: bool = False) -> None:
-        self.path = Path(path)
-        self.readonly = readonly
-        if readonly:
-            self.db = self._open_readonly()
-        else:
-            self.db = self._open_for_writing()
-
-    def _fail(self, what: str, hint: str = "Pass another --journal FILE.") -> BadInputError:
-        return BadInputError(f"{self.path} {what}", hint=hint)
-
-    def _configure(self, db: sqlite3.Connection) -> None:
-        """Connection settings (a test caps max_page_count here to fill the journal)."""
-        db.row_factory = sqlite3.Row
-
-    def _open_for_writing(self) -> sqlite3.Connection:
-        if self.path.is_dir():
-            raise self._fail("is a directory, not a rollout journal")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise self._fail(f"cannot be created: {exc.strerror}") from None
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        if not fresh and not os.access(self.path, os.W_OK):
-            raise self._fail("is read-only", hint="`qlift promote status` can read it; the other commands "
-                             "need it writable (or pass another --journal FILE).")
-        if not os.access(self.path.parent, os.W_OK):
-            raise self._fail(f"cannot be written: its directory {self.path.parent} is read-only")
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
-        try:
-            self._configure(db)
-            self._check(db, fresh=fresh)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(_SCHEMA)
-            db.execute("BEGIN IMMEDIATE")  # writable, and not locked by another writer forever
-            db.execute("ROLLBACK")
-        except BadInputError:
-            db.close()
-            raise
-        except sqlite3.DatabaseError as exc:
-            db.close()
-            if is_disk_full(exc):
-                raise self._fail("cannot be written: the disk is full", hint="Free disk space.") from None
-            raise self._fail(f"cannot be used as a rollout journal: {exc}") from None
-        return db
-
-    def _open_readonly(self) -> sqlite3.Connection:
-        if not self.path.is_file():
-            raise NotFoundError(f"no rollout journal at {self.path}", hint="Start one with `qlift promote start`.")
-        last: sqlite3.Error | None = None
-        # mode=ro needs the -shm file or a writable directory; immutable=1 reads a file nobody may write.
-        for query in ("mode=ro", "immutable=1"):
-            db = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?{query}", uri=True, isolation_level=None,
-                                 check_same_thread=False)
-            try:
-                self._configure(db)
-                db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-            except sqlite3.Error as exc:
-                db.close()
-                last = exc
-                continue
-            try:
-                self._check(db, fresh=False)
-                return db
-            except BadInputError:
-                db.close()
-                raise
-        raise self._fail(f"cannot be read as a rollout journal: {last}")
-
-    def _check(self, db: sqlite3.Connection, *, fresh: bool) -> None:
-        """Refuse a file that is not SQLite, is corrupted, or is someone else's database."""
-        try:
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if not fresh or tables:
-                problems = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
-                if problems != ["ok"]:
-                    raise self._fail(f"is corrupted (PRAGMA quick_check: {problems[0]})",
-                                     hint="Restore it from a copy, or pass another --journal FILE.")
-        except sqlite3.DatabaseError as exc:
-            raise self._fail(f"is not a usable SQLite file ({exc})") from None
-        if not tables:
-            return
-        columns = {r[1] for r in db.execute("PRAGMA table_info(rollouts)")}
-        if "rollouts" not in tables or not columns >= _ROLLOUT_COLUMNS:
-            shown = ", ".join(sorted(tables)[:4])
-            raise self._fail(f"is an SQLite file of something else (tables: {shown}), not a rollout journal")
-
+class Journal(JournalFile):
     def close(self) -> None:
         self.db.close()
 
@@ -267,12 +150,12 @@ class Journal:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
         return r
 
-    def position(self, rollout_id: int) -> tuple[str, int]:
+    def position(self, rollout_id: int) -> tuple[State, int]:
         """(state, step) alone: what a controller re-reads every tick."""
         row = self.db.execute("SELECT state, step FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
         if row is None:
             raise QliftError(f"rollout {rollout_id} is not in {self.path}")
-        return str(row[0]), int(row[1])
+        return State(row[0]), int(row[1])
 
     def find(self, rollout_id: int) -> Rollout | None:
         row = self.db.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
@@ -284,7 +167,7 @@ class Journal:
 
     def active(self) -> Rollout | None:
         r = self.latest()
-        return r if r is not None and r.state in ACTIVE_STATES else None
+        return r if r is not None and r.state.active else None
 
     def last_change(self, rollout_id: int) -> WeightChange | None:
         row = self.db.execute("SELECT * FROM weight_changes WHERE rollout_id = ? ORDER BY id DESC LIMIT 1",
@@ -340,10 +223,21 @@ class Journal:
         return self.get(rid)
 
     def decide(self, db: sqlite3.Connection, rollout_id: int, step: int, action: str, reason: str, *,
-               manual: bool = False, window_id: int | None = None, p_values: dict[str, float] | None = None) -> None:
-        db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, manual, window_id, p_values)"
-                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                   (rollout_id, now_iso(), step, action, reason, int(manual), window_id, json.dumps(p_values or {})))
+               manual: bool = False) -> None:
+        """A decision that judged no window (start, an operator's command, a promotion, a paused canary)."""
+        db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, manual) VALUES (?, ?, ?, ?, ?, ?)",
+                   (rollout_id, now_iso(), step, action, reason, int(manual)))
+
+    def judged(self, db: sqlite3.Connection, rollout_id: int, step: int, record: dict[str, Any],
+               p_values: dict[str, float], *, reason: str | None = None) -> int:
+        """A judged window (``record``, see ``add_window``) and the decision taken on it: the record's action,
+        for ``reason`` (default: the record's). Returns the window's id."""
+        wid = self.add_window(db, rollout_id, step, record)
+        db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, window_id, p_values)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?)", (rollout_id, now_iso(), step, str(record["action"]),
+                                                     record["reason"] if reason is None else reason, wid,
+                                                     json.dumps(p_values)))
+        return wid
 
     def transition(self, db: sqlite3.Connection, rollout_id: int, src: State | tuple[State, ...], dst: State,
                    reason: str, **fields: Any) -> bool:
@@ -351,14 +245,27 @@ class Journal:
         transaction, with ``fields``; False, changing nothing, when it is in none of ``src`` now.
         A move the transition table lacks is a bug, and raises."""
         sources = src if isinstance(src, tuple) else (src,)
-        now = State(self.get(rollout_id).state)
+        now = self.get(rollout_id).state
         if now not in sources:
             return False
         if not can_move(now, dst):
             raise QliftError(f"rollout {rollout_id}: {now.value} -> {dst.value} is not a valid transition")
-        self.update(db, rollout_id, state=dst.value, reason=reason, **fields)
+        self._set(db, rollout_id, state=dst.value, reason=reason, **fields)
         self.event(db, rollout_id, "state", {"from": now.value, "to": dst.value, "reason": reason})
         return True
+
+    def set_carry(self, db: sqlite3.Connection, rollout_id: int, held: tuple[int, str, str] | None) -> None:
+        """The analysis's held evidence (step, kind, JSON: carry.py), or none, with the decision that set it."""
+        if held is None:
+            db.execute("DELETE FROM carries WHERE rollout_id = ?", (rollout_id,))
+        else:
+            db.execute("INSERT OR REPLACE INTO carries (rollout_id, step, kind, evidence) VALUES (?, ?, ?, ?)",
+                       (rollout_id, *held))
+
+    def carry(self, rollout_id: int) -> tuple[int, str, str] | None:
+        row = self.db.execute("SELECT step, kind, evidence FROM carries WHERE rollout_id = ?",
+                              (rollout_id,)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
 
     def event(self, db: sqlite3.Connection, rollout_id: int, kind: str, detail: dict[str, Any]) -> None:
         db.execute("INSERT INTO events (rollout_id, at, kind, detail) VALUES (?, ?, ?, ?)",
@@ -377,6 +284,12 @@ class Journal:
 
     def update(self, db: sqlite3.Connection, rollout_id: int, **fields: Any) -> None:
         """Counters and fields of the rollout row; the state only through ``transition``."""
+        if "state" in fields:
+            raise QliftError(f"rollout {rollout_id}: the state moves only through Journal.transition "
+                             "(checked against states.TRANSITIONS), not update")
+        self._set(db, rollout_id, **fields)
+
+    def _set(self, db: sqlite3.Connection, rollout_id: int, **fields: Any) -> None:
         fields["updated_at"] = now_iso()
         cols = ", ".join(f"{k} = ?" for k in fields)
         db.execute(f"UPDATE rollouts SET {cols} WHERE id = ?", (*fields.values(), rollout_id))
@@ -385,7 +298,7 @@ class Journal:
         db.execute("INSERT OR IGNORE INTO steps (rollout_id, idx, weight, started_at) VALUES (?, ?, ?, ?)",
                    (rollout_id, idx, weight, now_iso()))
 
-    def finish_step(self, db: sqlite3.Connection, rollout_id: int, idx: int, outcome: str) -> None:
+    def finish_step(self, db: sqlite3.Connection, rollout_id: int, idx: int, outcome: StepOutcome) -> None:
         db.execute("UPDATE steps SET finished_at = ?, outcome = ? WHERE rollout_id = ? AND idx = ?"
                    " AND finished_at IS NULL", (now_iso(), outcome, rollout_id, idx))
 
@@ -405,7 +318,7 @@ class Journal:
         reason: str,
         apply: Callable[[dict[str, int]], object],
         *,
-        allowed_states: tuple[str, ...] = ACTIVE_STATES,
+        allowed_states: tuple[State, ...] = ACTIVE_STATES,
         also: Callable[[sqlite3.Connection], None] | None = None,
     ) -> bool:
         """Journal ``weights`` (with ``also``'s writes, in the same transaction), then apply them.

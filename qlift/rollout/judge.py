@@ -19,11 +19,13 @@ an insufficient hold from an inconclusive one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from qlift.rollout.checks import (  # noqa: F401  (re-exported: the controller and tests import them here)
     CHECKS,
     CheckResult,
+    CheckStatus,
     check_alpha,
     check_completion_tokens,
     check_error_rate,
@@ -39,8 +41,26 @@ from qlift.rollout.stats import binomial_greater
 if TYPE_CHECKING:
     from qlift.quality.judge import JudgeResult
 
-Action = Literal["advance", "hold", "rollback"]
-Verdict = Literal["pass", "fail", "inconclusive", "insufficient"]
+
+
+class Action(StrEnum):
+    """What a judged window asks of the rollout (the analysis, analysis.py, decides what it does)."""
+
+    ADVANCE = "advance"
+    HOLD = "hold"
+    ROLLBACK = "rollback"
+
+
+class Verdict(StrEnum):
+    """A window's measurement, as Argo's assessMetricStatus phases: a failed check, too few canary requests, a
+    check unsure, every check passed, or no measurement at all (the evidence source failed: an outage, not a
+    quiet canary)."""
+
+    PASS = CheckStatus.PASS
+    FAIL = CheckStatus.FAIL
+    INCONCLUSIVE = CheckStatus.INCONCLUSIVE
+    INSUFFICIENT = "insufficient"
+    ERROR = "error"
 
 
 @dataclass
@@ -68,7 +88,7 @@ class Decision:
     action: Action
     reason: str
     checks: list[CheckResult] = field(default_factory=list)
-    verdict: Verdict = "inconclusive"
+    verdict: Verdict = Verdict.INCONCLUSIVE
     sizing: Sizing | None = None
 
     @property
@@ -77,7 +97,7 @@ class Decision:
 
     @property
     def insufficient(self) -> bool:
-        return self.verdict == "insufficient"
+        return self.verdict == Verdict.INSUFFICIENT
 
 
 TESTED_CHECKS = tested_checks()
@@ -90,7 +110,7 @@ def run_checks(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
 def early_failures(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
     """Failures of the checks that may end a window before its end (errors, garbage, empty answers):
     what a controller peeking at a window in progress acts on."""
-    return [c for c in _run(ev.canary, ev.stable, a, early_only=True) if c.status == "fail"]
+    return [c for c in _run(ev.canary, ev.stable, a, early_only=True) if c.status == CheckStatus.FAIL]
 
 
 def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
@@ -106,7 +126,7 @@ def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
 def check_judge_model(j: JudgeResult | None, margin: float, a: AnalysisSpec) -> CheckResult:
     """The judge model prefers the stable's answer by more than ``margin`` of the judged pairs, and a one-sided
     sign test over the pairs it did not call a tie agrees. No verdicts: inconclusive, never a failure."""
-    r = CheckResult("judge", "inconclusive", limit=margin)
+    r = CheckResult("judge", CheckStatus.INCONCLUSIVE, limit=margin)
     if j is None or not j.judged:
         note = "; ".join(j.notes) if j is not None and j.notes else "no verdicts"
         r.detail = f"the judge gave no verdicts ({note}): inconclusive, never a failure"
@@ -118,32 +138,39 @@ def check_judge_model(j: JudgeResult | None, margin: float, a: AnalysisSpec) -> 
                  f"stable better in {j.losses} of {j.judged} pairs (loss share {loss:.2f}, 95% CI "
                  f"{ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
     if loss - win <= margin:
-        r.status, r.detail = "pass", described + f"; loss - win {loss - win:.2f} <= {margin}"
+        r.status, r.detail = CheckStatus.PASS, described + f"; loss - win {loss - win:.2f} <= {margin}"
         return r
     t = binomial_greater(j.losses, j.wins + j.losses, 0.5)
     r.test, r.p_value = "sign", t.p_value
-    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
     r.detail = described + f"; loss - win {loss - win:.2f} > {margin}; sign test " \
-                           f"p={t.p_value:.3g}" + ("" if r.status == "fail" else " (not significant)")
+                           f"p={t.p_value:.3g}" + ("" if r.status == CheckStatus.FAIL else " (not significant)")
     return r
 
 
 def judge(ev: Evidence, a: AnalysisSpec) -> Decision:
+    d = _judge(ev, a)
+    if ev.error is not None and d.action == Action.HOLD:  # nothing measured: no verdict on the canary either way
+        d.verdict = Verdict.ERROR
+    return d
+
+
+def _judge(ev: Evidence, a: AnalysisSpec) -> Decision:
     if ev.judged is None:
         checks = run_checks(ev, a)
     else:  # the judge model's check joins the window's family (Bonferroni)
         checks = _run(ev.canary, ev.stable, a, extra=1)
         checks.append(check_judge_model(ev.judged, ev.judge_margin, window_spec(ev.canary, ev.stable, a, extra=1)))
-    failed = [c for c in checks if c.status == "fail"]
+    failed = [c for c in checks if c.status == CheckStatus.FAIL]
     if failed:
-        return Decision("rollback", "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, "fail")
+        return Decision(Action.ROLLBACK, "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, Verdict.FAIL)
     if ev.canary.requests < a.min_requests:
         size = sizing(ev, a)
-        return Decision("hold", f"insufficient: canary served {ev.canary.requests} requests < min_requests "
-                                f"{a.min_requests} ({size.advice()})", checks, "insufficient", size)
-    unsure = [c for c in checks if c.status == "inconclusive"]
+        return Decision(Action.HOLD, f"insufficient: canary served {ev.canary.requests} requests < min_requests "
+                                     f"{a.min_requests} ({size.advice()})", checks, Verdict.INSUFFICIENT, size)
+    unsure = [c for c in checks if c.status == CheckStatus.INCONCLUSIVE]
     if unsure:
-        return Decision("hold", "inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure), checks)
-    if all(c.status == "skipped" for c in checks if c.name != "canary_requests"):
-        return Decision("hold", "inconclusive: the evidence source gave no numbers to judge", checks)
-    return Decision("advance", "every check passed", checks, "pass")
+        return Decision(Action.HOLD, "inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure), checks)
+    if all(c.status == CheckStatus.SKIPPED for c in checks if c.name != "canary_requests"):
+        return Decision(Action.HOLD, "inconclusive: the evidence source gave no numbers to judge", checks)
+    return Decision(Action.ADVANCE, "every check passed", checks, Verdict.PASS)

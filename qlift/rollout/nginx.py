@@ -39,10 +39,12 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import NginxSpec
 
 _WEIGHTS_MARK = "# qlift-weights: "
@@ -165,6 +167,7 @@ def split_weights(conf_text: str, versions: list[str]) -> dict[str, int] | None:
 
 class NginxDataPlane:
     kind = "nginx"
+    capabilities: ClassVar[frozenset[Capability]] = PLANES["nginx"].capabilities
 
     def __init__(self, spec: NginxSpec, backends: dict[str, str]) -> None:
         for url in backends.values():

@@ -18,6 +18,8 @@ from typing import Any
 
 from qlift.eval.html import _CSS as EVAL_CSS
 from qlift.rollout import report_svg as charts
+from qlift.rollout.checks import CheckStatus
+from qlift.rollout.states import State
 from qlift.rollout.view import VERDICTS, measure, traffic
 
 CSS = EVAL_CSS + """
@@ -33,7 +35,7 @@ color:#b3261e;font-weight:bold}td.check.skipped{color:#999}.state{font-size:1.1e
 border-radius:6px;border:2px solid #ddd}.state.promoted{border-color:#137333;background:#e6f4ea}
 .state.rolled_back{border-color:#b3261e;background:#fdf0ef}.scroll{overflow-x:auto}
 """
-STATE_WORDS = {"promoted": "PROMOTED", "rolled_back": "ROLLED BACK", "aborted": "ABORTED"}
+STATE_WORDS = {State.PROMOTED: "PROMOTED", State.ROLLED_BACK: "ROLLED BACK", State.ABORTED: "ABORTED"}
 
 
 def windows_of(st: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -89,7 +91,7 @@ def worst_examples(windows: list[dict[str, Any]], labels: list[str], per_check: 
     for w, label in zip(windows, labels, strict=True):
         for c in w.get("checks") or []:
             for e in c.get("examples") or []:
-                found.setdefault(c["name"], []).append((c["status"] != "fail", label, e))
+                found.setdefault(c["name"], []).append((c["status"] != CheckStatus.FAIL, label, e))
     out = []
     for name, rows in found.items():
         seen: set[tuple[Any, Any]] = set()

@@ -10,6 +10,8 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from qlift.rollout.states import State
+
 W, H = 760, 210
 LEFT, RIGHT, TOP, BOTTOM = 56, 14, 14, 34
 VERDICT_CLASSES = ("advance", "pass", "hold", "pause", "rollback")
@@ -113,7 +115,7 @@ def shadow_span(st: dict[str, Any], end: float) -> tuple[float, float] | None:
     """From the start to the move out of ``shadowing`` (or the last record, if it never left)."""
     if not st.get("shadow"):
         return None
-    left = [ts(e["at"]) for e in st["events"] if e["kind"] == "state" and e["detail"].get("from") == "shadowing"]
+    left = [ts(e["at"]) for e in st["events"] if e["kind"] == "state" and e["detail"].get("from") == State.SHADOWING]
     return ts(st["created_at"]), (left[0] if left else end)
 
 

@@ -29,7 +29,7 @@ class RolloutInputs:
 def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
     """Run the rollout ``options`` describe until it is final (``api.start``); the journal's last record of it."""
     if inputs.canary_adapter is not None:
-        from qlift.rollout.adapter import start_with_adapter
+        from qlift.rollout.api import start_with_adapter
 
         name, adapter = inputs.canary_adapter
         return start_with_adapter(options, inputs.journal, name, adapter, new=inputs.new,

@@ -29,9 +29,9 @@ from typing import Any
 from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric, sample
 from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.registry import message_text, user_text
-from qlift.rollout.checks import CheckResult, check_alpha, run_checks, window_spec
+from qlift.rollout.checks import CheckResult, CheckStatus, check_alpha, run_checks, window_spec
 from qlift.rollout.evidence import VersionEvidence, unique
-from qlift.rollout.judge import Decision, check_judge_model
+from qlift.rollout.judge import Action, Decision, Verdict, check_judge_model
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
 from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
 from qlift.router.metrics import token_latency
@@ -184,9 +184,9 @@ def rouge_l(a: str, b: str) -> float:
 
 def check_json_valid(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
     asked = [p for p in ev.pairs if p.wants_json and p.primary.ok and p.shadow.ok]
-    r = CheckResult("json_valid", "inconclusive", limit=spec.max_json_invalid_share)
+    r = CheckResult("json_valid", CheckStatus.INCONCLUSIVE, limit=spec.max_json_invalid_share)
     if not asked:
-        r.status, r.detail = "skipped", "no answered prompt asked for JSON"
+        r.status, r.detail = CheckStatus.SKIPPED, "no answered prompt asked for JSON"
         return r
     cbad = sum(1 for p in asked if not is_json(p.shadow.text))
     sbad = sum(1 for p in asked if not is_json(p.primary.text))
@@ -194,15 +194,15 @@ def check_json_valid(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> C
     cshare, sshare = cbad / n, sbad / n
     r.canary, r.stable = cshare, sshare
     if cshare <= spec.max_json_invalid_share or cshare - sshare < a.min_share_increase:
-        r.status = "pass"
+        r.status = CheckStatus.PASS
         r.detail = f"not JSON where JSON was asked: canary {cbad}/{n}, stable {sbad}/{n}"
         return r
     t = proportion_greater(cbad, n, sbad, n)
     r.test, r.p_value = t.test, t.p_value
-    r.status = "fail" if t.p_value < check_alpha(a) else "inconclusive"
+    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
     r.detail = (f"not JSON where JSON was asked: canary {cbad}/{n} vs stable {sbad}/{n} > "
                 f"{spec.max_json_invalid_share}; {t.test} p={t.p_value:.3g}"
-                + ("" if r.status == "fail" else " (not significant)"))
+                + ("" if r.status == CheckStatus.FAIL else " (not significant)"))
     return r
 
 
@@ -213,9 +213,10 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_
     ``pass_alpha``, the window's own alpha (default: ``a``'s per-check one)."""
     both = [p for p in ev.pairs if p.primary.ok and p.shadow.ok and p.primary.text is not None
             and p.shadow.text is not None]
-    r = CheckResult("agreement", "inconclusive", limit=spec.min_agreement)
+    r = CheckResult("agreement", CheckStatus.INCONCLUSIVE, limit=spec.min_agreement)
     if not both:
-        r.status = "skipped" if ev.pairs and all(p.primary.text is None for p in ev.pairs) else "inconclusive"
+        no_text = ev.pairs and all(p.primary.text is None for p in ev.pairs)
+        r.status = CheckStatus.SKIPPED if no_text else CheckStatus.INCONCLUSIVE
         r.detail = "no answered pairs with text yet"
         return r
     answered = len(both)
@@ -235,7 +236,7 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_
                  f"pairs), on other "
                  f"prompts {'-' if r.stable is None else f'{r.stable:.3g}'}")
     if agreement >= spec.min_agreement:
-        r.status, r.detail = "pass", described + f" >= {spec.min_agreement}"
+        r.status, r.detail = CheckStatus.PASS, described + f" >= {spec.min_agreement}"
         return r
     alpha = check_alpha(a)
     shown = alpha if pass_alpha is None else pass_alpha
@@ -245,18 +246,18 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_
     t = mann_whitney_greater(same, other)
     r.test, r.p_value = t.test, t.p_value
     if t.p_value < shown:
-        r.status = "pass"
+        r.status = CheckStatus.PASS
         r.detail = described + f"; each answer fits its own prompt better than others' (p={t.p_value:.3g}): a style"
         return r
     mixed = mann_whitney_greater(other, same)
     if mixed.p_value < alpha:  # evidence against the canary, not only no evidence for it
-        r.status, r.p_value = "fail", mixed.p_value
+        r.status, r.p_value = CheckStatus.FAIL, mixed.p_value
         r.detail = described + f"; answers fit other prompts' answers better than their own (p={mixed.p_value:.3g})"
         return r
     if answered >= max(spec.min_pairs, AGREEMENT_LEAN_PAIRS) and r.stable is not None and agreement > r.stable:
         # ROUGE-L is a weak signal between prose and JSON: the healthy examples/adapter still read p = 0.08 at
         # 39 pairs. Leaning to its own prompt, with no evidence against it, is no reason to hold it.
-        r.status = "pass"
+        r.status = CheckStatus.PASS
         r.detail = described + f"; leans to its own prompt (p={t.p_value:.3g}, not significant): no evidence against it"
         return r
     r.detail = described + (f"; not yet shown to fit its own prompt better than others' (p={t.p_value:.3g}): "
@@ -305,17 +306,18 @@ def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: A
     checks += [check_json_valid(ev, spec, a), check_agreement(ev, spec, a, pass_alpha=base.alpha)]
     if spec.judge is not None:
         checks.append(check_judge(ev, spec, a))
-    failed = [c for c in checks if c.status == "fail"]
+    failed = [c for c in checks if c.status == CheckStatus.FAIL]
     if failed:
-        return Decision("rollback", "shadow: " + "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, "fail")
+        return Decision(Action.ROLLBACK, "shadow: " + "; ".join(f"{c.name}: {c.detail}" for c in failed), checks,
+                        Verdict.FAIL)
     if len(ev.pairs) < spec.min_pairs:
-        return Decision("hold", f"insufficient: {len(ev.pairs)} shadow pairs < min_pairs {spec.min_pairs} "
-                                f"(raise the shadow percent or the interval)", checks, "insufficient")
-    unsure = [c for c in checks if c.status == "inconclusive"]
+        return Decision(Action.HOLD, f"insufficient: {len(ev.pairs)} shadow pairs < min_pairs {spec.min_pairs} "
+                                     f"(raise the shadow percent or the interval)", checks, Verdict.INSUFFICIENT)
+    unsure = [c for c in checks if c.status == CheckStatus.INCONCLUSIVE]
     if unsure:
-        return Decision("hold", "shadow inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure),
+        return Decision(Action.HOLD, "shadow inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure),
                         checks)
-    return Decision("advance", f"shadow: every check passed over {len(ev.pairs)} pairs", checks, "pass")
+    return Decision(Action.ADVANCE, f"shadow: every check passed over {len(ev.pairs)} pairs", checks, Verdict.PASS)
 
 
 # -- the router's pairs ------------------------------------------------------------------------

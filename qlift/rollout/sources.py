@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from qlift.errors import BadInputError
-from qlift.rollout.evidence import Evidence, VersionEvidence, from_request_records
+from qlift.rollout.evidence import NO_PRIMARY, Evidence, VersionEvidence, from_request_records
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.vllm_metrics import VllmMetricsReader, fill_from_vllm
 
@@ -196,7 +196,7 @@ class _Noted:
 class _NoPrimary:
     """Only vLLM's /metrics (gateway-api without Prometheus): no error counts."""
 
-    name = "none"
+    name = NO_PRIMARY
 
     def __init__(self, versions: list[str]) -> None:
         self.versions = versions

@@ -24,6 +24,7 @@ from pydantic import (
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml
+from qlift.rollout.planes import PLANES, Capability, PlaneName
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -263,7 +264,7 @@ class RolloutSpec(_Strict):
         default_factory=dict, description="Version name -> base URL (nginx upstreams; vLLM /metrics).")
     models: dict[str, str] = Field(
         default_factory=dict, description="Version name -> served model name ($model in Prometheus queries).")
-    data_plane: Literal["builtin", "nginx", "gateway-api", "inference-ext"] = Field(
+    data_plane: PlaneName = Field(
         "builtin", description="Where the weights live (qlift.rollout.planes).")
     nginx: NginxSpec | None = None
     gateway: GatewaySpec | None = None
@@ -317,11 +318,9 @@ class RolloutSpec(_Strict):
                 raise ValueError(f"stable and canary both rewrite to model {stable!r}: set inference_ext.models")
         if self.provider == "prometheus" and self.prometheus is None:
             raise ValueError("provider prometheus needs a prometheus: section (url)")
-        if self.shadow is not None and self.data_plane != "builtin":
+        if self.shadow is not None and Capability.MIRROR not in PLANES[self.data_plane].capabilities:
             raise ValueError("a shadow phase needs the qlift router as the data plane (data_plane builtin)")
         if self.prometheus is not None and self.prometheus.preset is None:
-            from qlift.rollout.planes import PLANES
-
             self.prometheus.preset = PLANES[self.data_plane].prometheus_preset  # type: ignore[assignment]
         if self.provider == "builtin" and not self.router and not self.backends:
             raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")

@@ -59,3 +59,55 @@ DESCRIPTIONS: dict[State, str] = {
 
 def can_move(src: State | str, dst: State | str) -> bool:
     return State(dst) in TRANSITIONS[State(src)]
+
+
+class Phase(StrEnum):
+    """What the analysis (analysis.py) does with a judged window: a window record's ``action``."""
+
+    ADVANCE = "advance"  # the step (or the shadow phase) passed: the next step's weights
+    PASS = "pass"  # this window passed; the step needs more passing windows
+    HOLD = "hold"  # inconclusive: the evidence is carried into the next window
+    ROLLBACK = "rollback"  # a check failed, or analysis stayed inconclusive for too long
+    PAUSE = "pause"  # too little canary traffic for too long: wait for an operator
+
+
+class StepOutcome(StrEnum):
+    """How a step ended (``steps.outcome``; a step still running has none)."""
+
+    PASSED = "passed"  # its windows passed: the next step's weights were applied
+    ROLLED_BACK = "rolled_back"
+    PROMOTED = "promoted"
+    ABORTED = "aborted"
+
+
+class AdapterState(StrEnum):
+    """A ``--canary-adapter``'s record (adapter.py): loading and unloading are intents journaled before
+    the server is touched, so a controller killed in between finds them open and settles them."""
+
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"
+    UNLOADED = "unloaded"  # final: the rollout rolled back or was aborted, or never started
+    KEPT = "kept"  # final: the rollout promoted the adapter; it stays on the server
+
+    @property
+    def open(self) -> bool:
+        return self in ADAPTER_OPEN
+
+
+ADAPTER_OPEN = (AdapterState.LOADING, AdapterState.LOADED, AdapterState.UNLOADING)
+
+ADAPTER_TRANSITIONS: dict[AdapterState, frozenset[AdapterState]] = {
+    # loading again: a `start` that resumes with an adapter an earlier, killed `start` journaled
+    AdapterState.LOADING: frozenset({AdapterState.LOADING, AdapterState.LOADED, AdapterState.UNLOADING,
+                                     AdapterState.KEPT}),
+    AdapterState.LOADED: frozenset({AdapterState.LOADING, AdapterState.UNLOADING, AdapterState.KEPT}),
+    AdapterState.UNLOADING: frozenset({AdapterState.UNLOADING, AdapterState.UNLOADED, AdapterState.LOADING,
+                                       AdapterState.KEPT}),
+    AdapterState.UNLOADED: frozenset(),
+    AdapterState.KEPT: frozenset(),
+}
+
+
+def can_move_adapter(src: AdapterState | str, dst: AdapterState | str) -> bool:
+    return AdapterState(dst) in ADAPTER_TRANSITIONS[AdapterState(src)]

@@ -1,18 +1,24 @@
 """`qlift promote status` as text: one line per window with its verdict, then every check the judge ran
 with its ratio against its limit and its verdict, then the window's notes, wrapped to the terminal.
 
-Everything here reads the dict that ``api.status`` returns (what `status --json` prints), so the text
-and the JSON never disagree; the HTML report (report.py) reads the same dict and these cells.
+Everything here reads the ``RolloutStatus`` that `status --json` prints (status.py), so the text and the
+JSON never disagree; the HTML report (report.py) reads the same as JSON values, and these cells.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-VERDICTS = {"pass": "ok", "fail": "FAIL", "inconclusive": "hold"}  # a check's status, as a cell shows it
-FINAL = ("promoted", "rolled_back", "aborted")
+from qlift.rollout.checks import CheckStatus
+from qlift.rollout.states import Phase
+
+if TYPE_CHECKING:
+    from qlift.rollout.status import RolloutStatus
+
+# a check's status, as a cell shows it
+VERDICTS = {CheckStatus.PASS: "ok", CheckStatus.FAIL: "FAIL", CheckStatus.INCONCLUSIVE: "hold"}
 
 
 def width() -> int:
@@ -49,8 +55,8 @@ def check_cell(c: dict[str, Any]) -> str:
 
 def check_cells(checks: list[dict[str, Any]]) -> list[str]:
     """Every judged check's cell; the skipped ones (no data for them in this source) named in one cell."""
-    cells = [check_cell(c) for c in checks if c["status"] != "skipped"]
-    skipped = [c["name"] for c in checks if c["status"] == "skipped"]
+    cells = [check_cell(c) for c in checks if c["status"] != CheckStatus.SKIPPED]
+    skipped = [c["name"] for c in checks if c["status"] == CheckStatus.SKIPPED]
     return cells + ([f"skipped: {', '.join(skipped)}"] if skipped else [])
 
 
@@ -96,77 +102,76 @@ def window_lines(w: dict[str, Any], cols: int) -> list[str]:
             f"stable {traffic(w['stable'])}")
     out = [head]
     out += wrap_cells(check_cells(w.get("checks") or []), indent="    ", cols=cols)
-    if w["action"] not in ("pass", "advance"):
+    if w["action"] not in (Phase.PASS, Phase.ADVANCE):
         out += wrap_text(w["reason"], indent="    ", cols=cols, first="why: ")
     for note in w.get("notes") or []:
         out += wrap_text(note, indent="    ", cols=cols, first="note: ")
     return out
 
 
-def compares_lines(st: dict[str, Any], cols: int) -> list[str]:
+def compares_lines(st: RolloutStatus, cols: int) -> list[str]:
     """Each check the judge runs with its limits, one a line."""
     out = ["judge compares, canary vs stable:"]
-    for c in st["compares"]:
+    for c in st.compares:
         out += wrap_text(", ".join(f"{k} {v}" for k, v in c.get("limits", {}).items()), indent="  ", cols=cols,
                          first=f"{c['name']}: ")
     return out
 
 
-def head_lines(st: dict[str, Any]) -> list[str]:
-    weights = " / ".join(f"{k} {v}%" for k, v in (st["weights"] or {}).items()) or "-"
-    pending = "" if st["weights_applied"] else " (journaled, not yet applied)"
-    out = [f"rollout {st['id']}: {st['canary']} over {st['stable']} -- {st['state']}, weights {weights}{pending}",
-           f"  {st['state_doc']}"]
-    ctl = st["controller"]
-    if ctl["alive"]:
-        beat = "" if ctl["heartbeat_age_s"] is None else f", last heartbeat {ctl['heartbeat_age_s']:.0f}s ago"
-        out.append(f"controller: pid {ctl['pid']} running{beat}" + (" (stalled?)" if ctl["stalled"] else ""))
-    elif st["state"] not in FINAL:
+def head_lines(st: RolloutStatus) -> list[str]:
+    weights = " / ".join(f"{k} {v}%" for k, v in (st.weights or {}).items()) or "-"
+    pending = "" if st.weights_applied else " (journaled, not yet applied)"
+    out = [f"rollout {st.id}: {st.canary} over {st.stable} -- {st.state}, weights {weights}{pending}",
+           f"  {st.state_doc}"]
+    ctl = st.controller
+    if ctl.alive:
+        beat = "" if ctl.heartbeat_age_s is None else f", last heartbeat {ctl.heartbeat_age_s:.0f}s ago"
+        out.append(f"controller: pid {ctl.pid} running{beat}" + (" (stalled?)" if ctl.stalled else ""))
+    elif not st.final:
         out.append("controller: none running -- nothing advances or watches this rollout; "
                    "`qlift promote resume` runs one")
-    if st.get("abort_not_journaled"):
+    if st.abort_not_journaled:
         out.append("abort: applied to the data plane while the journal was full, not journaled yet -- free disk "
                    "space and run `qlift promote abort` again")
-    if st["drifts"] or st["webhook_failures"]:
-        out.append(f"events: {st['drifts']} weight drift(s) re-applied, {st['webhook_failures']} webhook failure(s)")
+    if st.drifts or st.webhook_failures:
+        out.append(f"events: {st.drifts} weight drift(s) re-applied, {st.webhook_failures} webhook failure(s)")
     return out
 
 
-def status_lines(st: dict[str, Any], cols: int | None = None) -> list[str]:
+def status_lines(st: RolloutStatus, cols: int | None = None) -> list[str]:
     """The whole text status: head, what the judge compares, the shadow phase, each step and its windows."""
     cols = cols or width()
     out = head_lines(st) + compares_lines(st, cols)
-    out += wrap_text(st["answer_checks"]["note"], indent="", cols=cols,
+    out += wrap_text(st.answer_checks["note"], indent="", cols=cols,
                      first="answer checks (loops, off_language, refusal, schema_broken) run in: ")
-    shadow = st.get("shadow")
-    if shadow:
-        spec = shadow["spec"]
+    if st.shadow:
+        spec = st.shadow.spec
         out.append(f"shadow phase: {spec['percent']}% of requests mirrored to the canary, "
                    f"{spec['windows']} passing window(s) to leave it")
-        for w in shadow["windows"]:
+        for w in st.shadow.windows:
             out += window_lines(w, cols)
-    for s in st["steps"]:
-        final = st["state"] in FINAL
-        outcome = s["outcome"] or ("running" if s["started_at"] else "not reached" if final else "not started")
-        line = f"step {s['index'] + 1}/{len(st['steps'])}, canary {s['weight']}%: {outcome}"
-        if s["weight"] == 100 and not s["windows"] and outcome != "not reached":
-            out += wrap_text(s["judged"], indent="", cols=cols, first=line + " -- ")
+    for s in st.steps:
+        outcome = s.outcome or ("running" if s.started_at else "not reached" if st.final else "not started")
+        line = f"step {s.index + 1}/{len(st.steps)}, canary {s.weight}%: {outcome}"
+        if s.weight == 100 and not s.windows and outcome != "not reached":
+            out += wrap_text(s.judged, indent="", cols=cols, first=line + " -- ")
             continue
         out.append(line)
-        for w in s["windows"]:
+        for w in s.windows:
             out += window_lines(w, cols)
-    if st["reason"]:
-        out += wrap_text(st["reason"], indent="", cols=cols, first="reason: ")
+    if st.reason:
+        out += wrap_text(st.reason, indent="", cols=cols, first="reason: ")
     return out + example_lines(st, cols)
 
 
-def failed_examples(st: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def failed_examples(st: RolloutStatus) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(window, check) for each failed check that kept answers: what a person reads before trusting it."""
-    windows = (st["shadow"]["windows"] if st.get("shadow") else []) + [w for s in st["steps"] for w in s["windows"]]
-    return [(w, c) for w in windows for c in w.get("checks") or [] if c.get("status") == "fail" and c.get("examples")]
+    windows = (st.shadow.windows if st.shadow else []) + [w for s in st.steps for w in s.windows]
+    return [(w, c) for w in windows for c in w.get("checks") or []
+            if c.get("status") == CheckStatus.FAIL and c.get("examples")]
 
 
-def example_lines(st: dict[str, Any], cols: int) -> list[str]:
+def example_lines(st: RolloutStatus, cols: int) -> list[str]:
     out = []
     for w, c in failed_examples(st):
         out.append(f"{c['name']} examples ({w['started_at'][11:19]} window):")
@@ -186,7 +191,9 @@ def log_window(what: str, action: str, reason: str, checks: list[Any]) -> None:
 
     log = logging.getLogger("qlift.rollout.controller")
     log.info("%s: %s (%s)", what, action, reason)
-    shown = [asdict(c) for c in checks if c.name in ("latency", "ttft") or c.status in ("fail", "inconclusive")]
-    rest = sum(1 for c in checks if c.status == "pass") - sum(1 for c in shown if c["status"] == "pass")
+    shown = [asdict(c) for c in checks if c.name in ("latency", "ttft")
+             or c.status in (CheckStatus.FAIL, CheckStatus.INCONCLUSIVE)]
+    rest = sum(1 for c in checks if c.status == CheckStatus.PASS) - sum(1 for c in shown
+                                                                     if c["status"] == CheckStatus.PASS)
     if shown or rest:
         log.info("  %s", " · ".join([check_cell(c) for c in shown] + ([f"{rest} more ok"] if rest else [])))

@@ -1,5 +1,5 @@
 """The router's admin API (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``): its state, weights, shadow
-settings and pairs, and the request log a rollout reads. The data path is ``app.Router``."""
+settings and pairs, and the request log a rollout reads. The data path is ``datapath.DataPath``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from qlift.router.app import Router
 
 log = logging.getLogger("qlift.router.app")
+
+
 async def _admin_json(request: web.Request) -> Any:
     """An admin call's JSON body; ValueError (a 400) for one that is not JSON or nests too deeply."""
     try:
@@ -63,7 +65,7 @@ class AdminApi:
         for name, w in weights.items():
             self.router.metrics.weight.labels(name).set(w)
         log.info("weights now %s", weights)
-        self.router._save_state()
+        self.router.save_state()
         return web.json_response(self.router.state())
 
     async def admin_set_shadow(self, request: web.Request) -> web.Response:
@@ -77,9 +79,9 @@ class AdminApi:
         if self.router.shadow is not None and self.router.shadow.settings.version == settings.version:
             self.router.shadow.settings = settings  # same target: the counters go on
         else:
-            self.router._set_shadow(Shadow(settings))  # copies in flight finish; their pairs are filed
+            self.router.set_shadow(Shadow(settings))  # copies in flight finish; their pairs are filed
         log.info("shadow now %s", settings.as_dict())
-        self.router._save_state()
+        self.router.save_state()
         return web.json_response(self.router.state())
 
     async def admin_clear_shadow(self, request: web.Request) -> web.Response:
@@ -88,8 +90,8 @@ class AdminApi:
             return refusal
         if self.router.shadow is not None:
             log.info("shadow off (%d copies sent, %d dropped)", self.router.shadow.sent, self.router.shadow.dropped)
-            self.router._set_shadow(None)
-            self.router._save_state()
+            self.router.set_shadow(None)
+            self.router.save_state()
         return web.json_response(self.router.state())
 
     async def admin_shadow_pairs(self, request: web.Request) -> web.Response:
@@ -99,7 +101,7 @@ class AdminApi:
         text = request.query.get("since", "0")
         if not text.isdigit() or len(text) > 18:
             return json_error(400, "since must be a non-negative integer (a pair's seq)", "invalid_request_error")
-        return web.json_response(self.router.pair_ring.since(int(text)))
+        return web.json_response(self.router.data.pair_ring.since(int(text)))
 
     async def admin_requests(self, request: web.Request) -> web.Response:
         refusal = self.refusal(request)
@@ -110,7 +112,8 @@ class AdminApi:
             return json_error(400, "since must be an integer of at most 18 digits (a request record's seq)",
                                "invalid_request_error")
         since = int(text)
-        first = self.router.records[0]["seq"] if self.router.records else self.router.seq + 1
+        data = self.router.data
+        first = data.records[0]["seq"] if data.records else data.seq + 1
         start = max(0, since + 1 - first)
-        records = list(itertools.islice(self.router.records, start, None))
-        return web.json_response({"seq": self.router.seq, "requests": records})
+        records = list(itertools.islice(data.records, start, None))
+        return web.json_response({"seq": data.seq, "requests": records})

@@ -25,7 +25,7 @@ from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.models.ref import AdapterRef, ModelRef, hash_memo
 from qlift.serve.options import ServeOptions
-from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
+from qlift.serve.plan import MemoryPlan, Verdict, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
@@ -193,10 +193,11 @@ def prepare(model: Path, options: ServeOptions | None = None, hardware: Hardware
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
               if k in os.environ and os.environ[k] != v]
     if loras or opts.lora_runtime or engine.get("enable_lora"):
-        from qlift.serve.lora import plan_lora_serving
+        from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 
-        lora = plan_lora_serving(md, loras, engine, runtime=opts.lora_runtime, served_name=served, host=opts.host,
-                                 api_key_env=api_key_env, cpu=chosen.hardware.device == "cpu")
+        lora_opts = LoraServingOptions(runtime=opts.lora_runtime, served_name=served, host=opts.host,
+                                       api_key_env=api_key_env, cpu=chosen.hardware.device == "cpu")
+        lora = plan_lora_serving(md, loras, engine, lora_opts)
         engine.update(lora.engine)
         env.update(lora.env)
         notes += lora.notes
@@ -229,13 +230,13 @@ def config_server(model: Path, run_dir: Path, options: ServeOptions, engine: dic
 
 def check_plan(plan: MemoryPlan) -> None:
     """Refuse a launch the plan says cannot work."""
-    if plan.verdict == "does not fit":
+    if plan.verdict == Verdict.DOES_NOT_FIT:
         raise IncompatibleError(
             f"{plan.model} does not fit {plan.hardware} with recipe {plan.recipe}: weights "
             f"{plan.weight_bytes / 2**30:.1f} GiB + allowances leave {plan.kv_cache_bytes / 2**30:.1f} GiB of KV cache",
             hint="Pick a bigger GPU or a quantized model; `qlift plan` shows the figures.",
         )
-    if plan.verdict == "low memory":
+    if plan.verdict == Verdict.LOW_MEMORY:
         raise IncompatibleError(
             f"low memory: one {plan.max_model_len}-token sequence needs more KV cache than the "
             f"{plan.kv_cache_bytes / 2**30:.1f} GiB left",

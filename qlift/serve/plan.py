@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from qlift.errors import BadInputError, IncompatibleError
@@ -96,6 +97,14 @@ class ModelShape:
         return sum(min(length, w) if w else length for w in self.windows) * per_layer
 
 
+class Verdict(StrEnum):
+    """What the plan says of a launch; the strings are what --json prints."""
+
+    FITS = "fits"
+    LOW_MEMORY = "low memory"  # not even one max_model_len sequence fits the KV cache
+    DOES_NOT_FIT = "does not fit"
+
+
 @dataclass
 class MemoryPlan:
     model: str
@@ -119,13 +128,13 @@ class MemoryPlan:
     max_num_seqs: int
     max_num_batched_tokens: int
     concurrent_sequences: float  # of max_model_len tokens each
-    verdict: str  # fits | low memory | does not fit
+    verdict: Verdict
     largest_max_model_len: int | None
     notes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
-        return self.verdict == "fits"
+        return self.verdict == Verdict.FITS
 
 
 def config_dtype(cfg: dict[str, Any]) -> str:
@@ -263,14 +272,14 @@ def plan_memory(md: ModelDir, recipe: Recipe, hw: Hardware) -> MemoryPlan:
     concurrent = max(kv, 0) / per_seq if per_seq else 0.0
     largest: int | None = None
     if kv <= 0 or (not on_gpu and budget > memory):
-        verdict = "does not fit"
+        verdict = Verdict.DOES_NOT_FIT
     elif per_seq > kv:
         largest = _largest_len(shape, kv, kv_bytes, tp, max_len)
-        verdict = "low memory" if largest >= MIN_USEFUL_LEN else "does not fit"
-        if verdict == "does not fit":
+        verdict = Verdict.LOW_MEMORY if largest >= MIN_USEFUL_LEN else Verdict.DOES_NOT_FIT
+        if verdict == Verdict.DOES_NOT_FIT:
             largest = None
     else:
-        verdict = "fits"
+        verdict = Verdict.FITS
         if concurrent < 1.5:
             notes.append(f"only {concurrent:.1f} sequences of {max_len} tokens fit at once")
     return MemoryPlan(

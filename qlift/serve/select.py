@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from qlift.errors import NotFoundError, QliftError
 from qlift.hardware import GiB, Hardware
 from qlift.models.modeldir import ModelDir
-from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
+from qlift.serve.plan import MemoryPlan, Verdict, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, list_recipes
 
-_VERDICT_RANK = {"fits": 2, "low memory": 1, "does not fit": 0}
+_VERDICT_RANK = {Verdict.FITS: 2, Verdict.LOW_MEMORY: 1, Verdict.DOES_NOT_FIT: 0}
 
 
 def mismatch(recipe: Recipe, hw: Hardware) -> str | None:

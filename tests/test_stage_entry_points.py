@@ -1,63 +1,176 @@
-"""Every stage package has one entry point of one shape: ``run(inputs, options) -> Result`` (#22)."""
+"""Every stage's ``run(inputs, options)`` is the one door its CLI command and ``qlift release`` go through (#22,
+#31): each test calls the command or the release with a spy in place of the stage package's ``run`` (``start``
+for the long-running serve and router, whose ``run`` is ``start`` held in the foreground)."""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import importlib
-import inspect
 import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-# package -> (inputs class, options class, result classes): perf's run serves three stages, dispatching on options
-STAGES = {
-    "qlift.hub": ("DownloadInputs", "DownloadOptions", ["DownloadResult"]),
-    "qlift.merge": ("MergeInputs", "MergeOptions", ["MergeResult"]),
-    "qlift.quantize": ("QuantizeInputs", "QuantizeOptions", ["QuantizeResult"]),
-    "qlift.eval": ("EvalInputs", "EvalOptions", ["EvalResult"]),
-    "qlift.serve": ("ServeInputs", "ServeOptions", ["ServeOutcome"]),
-    "qlift.perf": ("BenchInputs | BatchInputs | TuneInputs", "BenchOptions | BatchOptions | TuneOptions",
-                   ["BenchResult", "BatchResult", "TuneResult"]),
-    "qlift.router": ("RouterInputs", "RouterConfig", ["RouterResult"]),
-    "qlift.rollout": ("RolloutInputs", "RolloutSpec", ["Rollout"]),
-    "qlift.deploy": ("DeployInputs", "DeployOptions", ["DeployResult"]),
-}
-ALIASES = {"PerfInputs": "BenchInputs | BatchInputs | TuneInputs",
-           "PerfOptions": "BenchOptions | BatchOptions | TuneOptions"}
+from qlift.errors import QliftError
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "examples" / "prompts" / "smoke.jsonl"
 
 
-def _names(annotation: str) -> list[str]:
-    return [n.strip() for n in ALIASES.get(annotation, annotation).split("|")]
+class Reached(QliftError):
+    """What a spy that stops at the door raises: the command got as far as the stage's run."""
 
 
-@pytest.mark.parametrize("package", sorted(STAGES))
-def test_run_is_the_stage_entry_point(package: str) -> None:
+@dataclass
+class Spy:
+    """Stands in for ``package.name``: records each call, then ``then`` (call through, a typed result, or stop)."""
+
+    then: Callable[..., Any]
+    calls: list[tuple[Any, Any, dict[str, Any]]] = field(default_factory=list)
+
+    def __call__(self, inputs: Any, options: Any, **kw: Any) -> Any:
+        self.calls.append((inputs, options, kw))
+        return self.then(inputs, options, **kw)
+
+
+def _stop(inputs: Any, options: Any, **kw: Any) -> Any:
+    raise Reached("reached the stage's run")
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, package: str, name: str = "run",
+         then: Callable[..., Any] | None = None) -> Spy:
+    """Put a spy in place of ``package.name``; ``then(real, inputs, options, **kw)`` runs after it records
+    (None: stop there, raising Reached)."""
     pkg = importlib.import_module(package)
-    inputs, options, results = STAGES[package]
-    assert "run" in pkg.__all__
-    run = pkg.run
-    assert inspect.isfunction(run) and run.__module__ == f"{package}.run"
-    sig = inspect.signature(run)
-    assert list(sig.parameters) == ["inputs", "options"]
-    assert all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in sig.parameters.values())
-    assert _names(sig.parameters["inputs"].annotation) == _names(inputs)
-    assert _names(sig.parameters["options"].annotation) == _names(options)
-    assert sorted(_names(sig.return_annotation)) == sorted(results)
-    module = importlib.import_module(f"{package}.run")
-    for name in _names(inputs):
-        cls = getattr(pkg, name)  # exported by the package
-        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    for name in _names(options):
-        assert inspect.isclass(getattr(module, name, None) or getattr(pkg, name))
-    for name in results:  # a typed result: a dataclass, whose dump is what --json prints
-        cls = getattr(pkg, name, None) or _result_class(package, name)
-        assert dataclasses.is_dataclass(cls), name
+    spy = Spy(_stop if then is None else functools.partial(then, getattr(pkg, name)))
+    monkeypatch.setattr(pkg, name, spy)
+    return spy
 
 
-def _result_class(package: str, name: str) -> type:
-    homes = {"Rollout": "qlift.rollout.journal"}
-    return getattr(importlib.import_module(homes[name]), name)  # type: ignore[no-any-return]
+# command line -> (package, its entry point, inputs class, options class)
+COMMANDS: list[tuple[list[str], str, str, str, str]] = [
+    (["download", "org/model", "-o", "{tmp}/dl"], "qlift.hub", "run", "DownloadInputs", "DownloadOptions"),
+    (["merge", "{base}", "{adapter}", "-o", "{tmp}/merged"], "qlift.merge", "run", "MergeInputs", "MergeOptions"),
+    (["quantize", "{base}", "--fp8", "-o", "{tmp}/q"], "qlift.quantize", "run", "QuantizeInputs", "QuantizeOptions"),
+    (["eval", "{base}", "--prompts", str(SMOKE)], "qlift.eval", "run", "EvalInputs", "EvalOptions"),
+    (["serve", "{base}", "--recipe", "cpu", "--port", "0"], "qlift.serve", "run", "ServeInputs", "ServeOptions"),
+    (["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m"], "qlift.perf", "run", "BenchInputs",
+     "BenchOptions"),
+    (["batch", "{base}", str(SMOKE), "-o", "{tmp}/out.jsonl"], "qlift.perf", "run", "BatchInputs", "BatchOptions"),
+    (["tune", "{base}", "--recipe", "cpu", "--grid", "max_num_seqs=4,8", "-o", "{tmp}/tune"], "qlift.perf", "run",
+     "TuneInputs", "TuneOptions"),
+    (["router", "--backend", "stable=http://127.0.0.1:9"], "qlift.router", "run", "RouterInputs", "RouterConfig"),
+    (["promote", "start", "--router", "http://127.0.0.1:9", "--stable", "a", "--canary", "b", "--journal",
+      "{tmp}/j.sqlite"], "qlift.rollout", "run", "RolloutInputs", "RolloutSpec"),
+    (["deploy", "k8s", "{base}", "--recipe", "cpu", "-o", "{tmp}/k8s"], "qlift.deploy", "run", "DeployInputs",
+     "DeployOptions"),
+]
+
+
+@pytest.mark.parametrize(("argv", "package", "name", "inputs", "options"), COMMANDS,
+                         ids=[" ".join(c[0][:2]) if c[0][0] in ("promote", "deploy") else c[0][0] for c in COMMANDS])
+def test_each_command_goes_through_its_stage_run(run_cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 tiny_qwen2_tied: Path, tiny_lora_tied: Path, argv: list[str],
+                                                 package: str, name: str, inputs: str, options: str) -> None:
+    spy = _spy(monkeypatch, package, name)
+    args = [a.format(tmp=tmp_path, base=tiny_qwen2_tied, adapter=tiny_lora_tied) for a in argv]
+    r = run_cli(*args)
+    assert r.exit_code == 1 and "reached the stage's run" in r.stderr, (r.exit_code, r.stderr)
+    [(given_inputs, given_options, _)] = spy.calls
+    pkg = importlib.import_module(package)
+    assert type(given_inputs).__name__ == inputs and isinstance(given_inputs, getattr(pkg, inputs))
+    assert type(given_options).__name__ == options and isinstance(given_options, getattr(pkg, options))
+
+
+@dataclass
+class _Handle:
+    """A started server as the release holds it: its pid, URL and stop (no vLLM here)."""
+
+    pid: int
+    base_url: str
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_the_release_goes_through_each_stage_run(run_cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 tiny_qwen2_tied: Path, tiny_lora_tied: Path) -> None:
+    """merge runs for real (tiny), quantize copies its input, eval passes without generating, the servers are
+    handles without vLLM, the router is a real one in front of them, and promote stops at its door."""
+    import os
+
+    from qlift.eval.generation import CacheStats, EvalModel, Sampling
+    from qlift.eval.run import EvalResult
+    from qlift.quantize.api import QuantizeResult
+
+    def copy_model(real: Any, inputs: Any, options: Any, **kw: Any) -> QuantizeResult:
+        shutil.copytree(inputs.model, inputs.output)
+        return QuantizeResult(str(inputs.output), options.method, "FP8_DYNAMIC", "float-quantized", "cpu", None,
+                              None, None, None, [], [], 0, 0, 0.0, "-", "-", False, "")
+
+    def passing_report(real: Any, inputs: Any, options: Any, **kw: Any) -> EvalResult:
+        options.report_dir.mkdir(parents=True)
+        (options.report_dir / "report.md").write_text("passed\n")
+        return EvalResult(EvalModel("candidate", inputs.candidate), None, str(options.prompts), 0, "-", Sampling(),
+                          [], [], {}, [], True, [], CacheStats(), {})
+
+    handles: list[_Handle] = []
+    routers: list[Any] = []
+
+    def real_router(real: Any, inputs: Any, options: Any, **kw: Any) -> Any:
+        routers.append(real(inputs, options, **kw))
+        return routers[-1]
+
+    def serve_handle(real: Any, inputs: Any, options: Any, **kw: Any) -> _Handle:
+        kw["on_started"](os.getpid())
+        handles.append(_Handle(os.getpid(), "http://127.0.0.1:9/v1"))
+        return handles[-1]
+
+    spies = {"merge": _spy(monkeypatch, "qlift.merge", then=lambda real, i, o, **kw: real(i, o)),
+             "quantize": _spy(monkeypatch, "qlift.quantize", then=copy_model),
+             "eval": _spy(monkeypatch, "qlift.eval", then=passing_report),
+             "serve": _spy(monkeypatch, "qlift.serve", "start", then=serve_handle),
+             "router": _spy(monkeypatch, "qlift.router", "start", then=real_router),
+             "promote": _spy(monkeypatch, "qlift.rollout")}
+    evaluate = {"prompts": str(SMOKE), "baseline": "base", "gates": ["exact_match >= 0"]}
+    doc = {"name": "doors", "out": "out", "base": {"path": str(tiny_qwen2_tied)},
+           "adapters": [{"name": "lora", "path": str(tiny_lora_tied)}],
+           "stages": [{"stage": "merge", "options": {"verify": False}},
+                      {"stage": "quantize", "options": {"method": "fp8"}},
+                      {"stage": "eval", "options": evaluate},
+                      {"stage": "serve", "name": "stable", "options": {"role": "stable", "recipe": "cpu"}},
+                      {"stage": "serve", "name": "canary", "options": {"role": "candidate", "recipe": "cpu"}},
+                      {"stage": "router", "options": {}},
+                      {"stage": "promote", "options": {"steps": [100]}}]}
+    f = tmp_path / "release.yaml"
+    f.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    r = run_cli("release", "run", f, "--json")
+    assert r.exit_code == 1 and "reached the stage's run" in r.stderr, r.stderr
+
+    from qlift import eval as eval_stage
+    from qlift import merge, quantize, rollout, router, serve
+
+    kinds = {"merge": (merge.MergeInputs, merge.MergeOptions), "quantize": (quantize.QuantizeInputs,
+             quantize.QuantizeOptions), "eval": (eval_stage.EvalInputs, eval_stage.EvalOptions),
+             "serve": (serve.ServeInputs, serve.ServeOptions), "router": (router.RouterInputs, router.RouterConfig),
+             "promote": (rollout.RolloutInputs, rollout.RolloutSpec)}
+    for kind, (inputs_cls, options_cls) in kinds.items():
+        calls = spies[kind].calls
+        assert len(calls) == (2 if kind == "serve" else 1), (kind, calls)
+        assert all(isinstance(i, inputs_cls) and isinstance(o, options_cls) for i, o, _ in calls), kind
+    assert [h.stopped for h in handles] == [True, True]  # the release stopped what it started
+    [(_, config, _)] = spies["router"].calls
+    assert [(b.name, b.url, b.weight) for b in config.backends] == [("stable", "http://127.0.0.1:9", 100),
+                                                                      ("canary", "http://127.0.0.1:9", 0)]
+    assert not routers[0].running()  # a real router process, stopped when the release failed
+    [(_, spec, _)] = spies["promote"].calls
+    assert (spec.stable, spec.canary, spec.steps, spec.router) == ("stable", "canary", [100], routers[0].url)
 
 
 def test_perf_run_refuses_a_mismatched_pair(tmp_path: Path) -> None:

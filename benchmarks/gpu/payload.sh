@@ -3,7 +3,9 @@
 # travel beside the checkout inside one device call (64 MiB a call, the checkout ~16 MiB of it).
 #
 #   here:   benchmarks/gpu/payload.sh pack [44M]     # after prepare-vllm.sh .gpu-vllm and the llm-compressor
-#                                                     # wheelhouse in .gpu-llmc/llmc-wheelhouse.tar
+#                                                     # wheelhouse in .gpu-llmc/llmc-wheelhouse.tar; wheels in
+#                                                     # .gpu-extra/ (pure Python, e.g. rouge-score and its deps
+#                                                     # for qlift eval's rougeL) go into /tmp/site too
 #   there:  benchmarks/gpu/payload.sh put             # each call but the last (carry .gpu-payload/partNN)
 #           benchmarks/gpu/payload.sh install         # the last call (carry its part and .gpu-payload/SHA256)
 #
@@ -26,7 +28,8 @@ pack)
   [ "$(sha256sum "$work/vllm-bundle.tar" | cut -d' ' -f1)" = "$(cat .gpu-vllm/SHA256)" ] || { echo "vLLM parts do not match"; exit 1; }
   cp .gpu-llmc/llmc-wheelhouse.tar "$work/"
   cp "$gguf" "$work/smollm2.gguf"
-  ( cd "$work" && tar -cf payload.tar vllm-bundle.tar llmc-wheelhouse.tar smollm2.gguf )
+  mkdir -p "$work/extra"; cp .gpu-extra/*.whl "$work/extra/" 2>/dev/null || true
+  ( cd "$work" && tar -cf payload.tar vllm-bundle.tar llmc-wheelhouse.tar smollm2.gguf extra )
   mkdir -p "$out"; rm -f "$out"/part*
   split -b "$size" -d "$work/payload.tar" "$out/part"
   sha256sum "$work/payload.tar" | cut -d' ' -f1 > "$out/SHA256"
@@ -52,7 +55,10 @@ install)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site wh/*.whl
   tar -xf llmc-wheelhouse.tar -C /tmp/llmc-wh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/llmc-wh/gguf-*.whl
-  rm -rf vllm.tar.xz core.tar wh llmc-wheelhouse.tar
+  if ls extra/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site extra/*.whl
+  fi
+  rm -rf vllm.tar.xz core.tar wh llmc-wheelhouse.tar extra
   cd "$root"
   # shellcheck source=/dev/null
   source benchmarks/gpu/env.sh

@@ -103,7 +103,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     0 promoted, 10 rolled back, 1 aborted, 2 bad input, 8 the router unreachable or the
     stable DOWN.
     """
-    from qlift.rollout import build_spec, read_spec_file, start
+    from qlift.rollout import RolloutInputs, build_spec, read_spec_file, run
     from qlift.rollout.api import raise_for_outcome
     from qlift.rollout.status import rollout_status
 
@@ -121,14 +121,12 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
         from qlift.rollout.exporter import serve_metrics
 
         serve_metrics(journal or default_journal(), metrics_port)
+    adapter = None
     if canary_adapter:
-        from qlift.rollout.api import start_with_adapter
         from qlift.serve.lora import parse_lora_flag
 
-        name, adapter_dir = parse_lora_flag(canary_adapter, flag="--canary-adapter")
-        final = start_with_adapter(spec, journal, name, adapter_dir, new=new, allow_stable_down=allow_stable_down)[0]
-    else:
-        final = start(spec, journal, new=new, allow_stable_down=allow_stable_down)
+        adapter = parse_lora_flag(canary_adapter, flag="--canary-adapter")
+    final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, canary_adapter=adapter), spec)
     st = rollout_status(journal)
     emit(st, lambda: _show(st))
     raise_for_outcome(final)

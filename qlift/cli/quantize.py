@@ -33,9 +33,9 @@ def quantize_cmd(model: Path, awq: bool, fp8: bool, output: Path, **options: Any
       qlift quantize model --fp8 -o model-fp8 --target-recipe chat-h100
       qlift quantize smollm2 --awq -o smollm2-awq --threads 1   # beside a server pinned to the other core
     """
+    from qlift import quantize
     from qlift.errors import BadInputError
     from qlift.progress import StepBar
-    from qlift.quantize.api import quantize
     from qlift.quantize.options import Method
 
     if awq == fp8:
@@ -48,8 +48,8 @@ def quantize_cmd(model: Path, awq: bool, fp8: bool, output: Path, **options: Any
     opts = QuantizeOptions(method=method, **options)
     bar = StepBar("calibrating layers", unit="layer")
     try:
-        result = quantize(
-            model, output, opts,
+        result = quantize.run(
+            quantize.QuantizeInputs(model, output), opts,
             on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),
             on_step=bar.update, echo_log=STATE.verbose > 0,
         )

@@ -55,14 +55,12 @@ def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], config_path:
     Runs until Ctrl-C or SIGTERM, then lets in-flight requests finish. With QLIFT_ROUTER_TOKEN
     set, /admin/state, PUT /admin/weights and /admin/shadow drive it (what `qlift promote` uses).
     """
-    import asyncio
-
-    from qlift.router.app import serve
+    from qlift import router
     from qlift.router.config import build_config
     from qlift.settings import router_token
 
     config = build_config(config_path=config_path, backends=list(backends), weights=list(weights), flags=flags)
-    asyncio.run(serve(config, admin_token=router_token(), on_ready=_print_ready, restore_signals=False))
+    router.run(router.RouterInputs(router_token()), config, on_ready=_print_ready, restore_signals=False)
 
 
 def _print_ready(router: Router) -> None:

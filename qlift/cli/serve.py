@@ -6,6 +6,7 @@ import dataclasses
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,29 +127,15 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
       qlift serve ./merged --recipe auto --gpu T4 --dry-run
       qlift serve ./smollm2 --recipe cpu --lora tickets=./adapters/tickets --lora-runtime
     """
-    from qlift.serve.launch import prepare, run
+    from qlift.serve.launch import prepare
     from qlift.serve.lora import parse_lora_flags
 
     opts = ServeOptions(loras=parse_lora_flags(loras), **options)
-    hw = _hardware(opts.gpu, opts.gpus)
-    spec = prepare(model, opts, hw)
     if opts.dry_run:
+        spec = prepare(model, opts, _hardware(opts.gpu, opts.gpus))
         emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
         return
-    from qlift.cpu_support import require_cpu_support
-
-    require_cpu_support(model, hardware=hw)
-    if not STATE.json:
-        _print_plan(spec.plan)
-    from qlift.serve.launch import check_plan
-
-    check_plan(spec.plan)
-    from qlift.vllm.process import raise_open_files_limit
-
-    limit_note = raise_open_files_limit()  # vLLM's processes inherit it; each client holds a socket
-    if limit_note:
-        click.echo(f"note: {limit_note}", err=True)
-    click.echo(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}", err=True)
+    from qlift import serve
     from qlift.vllm.logview import LogView, PhaseLines
 
     def say(line: str) -> None:
@@ -158,12 +145,19 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
     view = LogView(write=None if STATE.quiet else _stderr_write, on_phase=phases, startup=STATE.verbose > 0,
                    access=opts.access_log, note=say)
 
+    def starting(spec: LaunchSpec) -> None:
+        say(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}")
+        if phases is not None:
+            phases.began = time.monotonic()  # phase times count from vLLM's start
+
     def ready(spec: LaunchSpec, pid: int) -> None:
         if phases is not None:
             phases.close()
         _ready(spec, pid)
 
-    outcome = run(spec, on_ready=ready, view=view)
+    hooks = serve.ServeHooks(on_plan=lambda spec: None if STATE.json else _print_plan(spec.plan),
+                             on_note=lambda note: say(f"note: {note}"), on_launch=starting, on_ready=ready, view=view)
+    outcome = serve.run(serve.ServeInputs(model), opts, hooks=hooks)
     click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by} "
                f"in {outcome.stop_s:.1f} s", err=True)
 

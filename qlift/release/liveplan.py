@@ -7,6 +7,7 @@ so ``qlift release status`` shows how long each took and, for promote, where its
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,11 +16,14 @@ from qlift.errors import BadInputError, GateFailedError, QliftError
 from qlift.models.ref import ModelRef
 from qlift.release import live
 from qlift.release.report import StageReport, first_line, stage_key
-from qlift.release.spec import Stage
+from qlift.release.spec import RouterStageOptions, ServeStageOptions, Stage
 from qlift.serialize import to_jsonable
 
 if TYPE_CHECKING:
     from qlift.release.pipeline import Pipeline
+    from qlift.router.config import RouterConfig
+    from qlift.router.handle import RouterHandle
+    from qlift.serve.handle import ServeHandle
 
 
 def rollout_journal(out: Path, run_id: int) -> Path:
@@ -42,7 +46,7 @@ class LivePlan:
         keys: dict[str, str] = {}
         notes: dict[str, str] = {}
         for s in stages:
-            if s.kind != "serve":
+            if not isinstance(s.options, ServeStageOptions):
                 continue
             if s.options.url:
                 from qlift.rollout.evalgate import served_model_dir
@@ -55,7 +59,7 @@ class LivePlan:
                 ref = p.models[name]
             models[s.name] = ref
             keys[s.name] = stage_key("serve", s.options, {"model": ref.content_hash})
-        candidate = next(m for s, m in models.items() if p.release.stage(s).options.role == "candidate")
+        candidate = next(m for s, m in models.items() if _role(p.release.stage(s)) == "candidate")
         evals = [e for e in p.evals.values() if e.candidate == candidate.content_hash]
         if p.evals and not evals:
             raise BadInputError(f"no eval stage evaluated the model the candidate serves ({candidate.base})",
@@ -74,7 +78,7 @@ class LivePlan:
 
     def run(self, p: Pipeline) -> None:
         out = p.release.out
-        procs = live.Processes(p.journal, p.run_id, out / "logs")
+        procs = live.Processes(p.journal, p.run_id)
         urls: dict[str, str] = {}
         router_url = ""
         token = live.new_router_token()
@@ -84,31 +88,32 @@ class LivePlan:
                 key = self.keys[s.name]
                 p.journal.begin(s.name, key, "")
                 result: dict[str, Any]
-                if s.kind == "serve":
+                if isinstance(s.options, ServeStageOptions):
                     o = s.options
                     model = self.models[s.name]
                     if o.url:
                         urls[o.role] = o.url
                         result = {"url": o.url, "started": False}
                     else:
-                        argv, env = live.serve_argv(model.base, o)
-                        ready = procs.start(s.name, argv, env, keep=o.keep_running)
-                        urls[o.role] = str(ready["base_url"])
-                        result = {"url": urls[o.role], "started": True, "pid": ready.get("pid")}
+                        server = procs.start(s.name, self._serve(model, o), lambda h: h.base_url,
+                                             keep=o.keep_running)
+                        urls[o.role] = server.base_url
+                        result = {"url": urls[o.role], "started": True, "pid": server.pid}
                     result |= {"model": str(model.base), "content_hash": model.content_hash, "role": o.role}
-                elif s.kind == "router":
-                    o = s.options
-                    if o.url:
-                        router_url, result = o.url, {"url": o.url, "started": False}
+                elif isinstance(s.options, RouterStageOptions):
+                    o_router = s.options
+                    if o_router.url:
+                        router_url, result = o_router.url, {"url": o_router.url, "started": False}
                     else:
                         backends = {"stable": urls["stable"], "canary": urls["candidate"]}
-                        ready = procs.start(s.name, live.router_argv(o, backends), {"QLIFT_ROUTER_TOKEN": token},
-                                            keep=o.keep_running)
-                        router_url = str(ready["url"]).rstrip("/")
-                        result = {"url": router_url, "started": True, "public_model": o.public_model}
+                        router = procs.start(s.name, self._router(live.router_config(o_router, backends), token,
+                                                                  out / "logs" / f"{s.name}.log"),
+                                             lambda h: h.url, keep=o_router.keep_running)
+                        router_url = router.url
+                        result = {"url": router_url, "started": True, "public_model": o_router.public_model}
                 else:
                     result = self._promote(p, s, router_url, token if any(
-                        x.kind == "router" and not x.options.url for x in self.stages) else None)
+                        isinstance(x.options, RouterStageOptions) and not x.options.url for x in self.stages) else None)
                 p.journal.end(s.name, key, "done", result=result)
                 p._report(StageReport(s.name, s.kind, "ran", self.notes.get(s.name, ""), key,
                                       seconds=round(time.monotonic() - t0, 2), result=result))
@@ -123,17 +128,33 @@ class LivePlan:
         finally:
             procs.stop()
 
+    @staticmethod
+    def _serve(model: ModelRef, o: ServeStageOptions) -> Callable[[Callable[[int], None]], ServeHandle]:
+        from qlift import serve
+
+        inputs, options = live.serve_request(model.base, o)
+        return lambda started: serve.start(inputs, options, keep=o.keep_running, on_started=started)
+
+    @staticmethod
+    def _router(config: RouterConfig, token: str, log: Path) -> Callable[[Callable[[int], None]], RouterHandle]:
+        from qlift import router
+
+        return lambda started: router.start(router.RouterInputs(token), config, log_path=log, on_started=started)
+
     def _promote(self, p: Pipeline, s: Stage, router_url: str, token: str | None) -> dict[str, Any]:
         from qlift.rollout.api import raise_for_outcome, status
+        from qlift.rollout.spec import RolloutSpec
 
-        candidate = next(m for n, m in self.models.items() if p.release.stage(n).options.role == "candidate")
-        spec = {**s.options, "stable": "stable", "canary": "canary", "router": router_url,
-                "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
+        candidate = next(m for n, m in self.models.items() if _role(p.release.stage(n)) == "candidate")
+        data = {**s.opts(RolloutSpec).model_dump(exclude_unset=True), "stable": "stable", "canary": "canary",
+                "router": router_url, "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
         if self.eval_report is not None:
-            spec["eval_report"] = str(self.eval_report)
+            data["eval_report"] = str(self.eval_report)
+        spec = RolloutSpec.model_validate(data)
         journal = rollout_journal(p.release.out, p.run_id)
         if s.load is not None:
-            public = next((x.options.public_model for x in self.stages if x.kind == "router"), "release")
+            public = next((x.options.public_model for x in self.stages if isinstance(x.options, RouterStageOptions)),
+                          "release")
             with live.Traffic(router_url, public, s.load) as traffic:
                 final = live.promote(spec, journal, token)
             sent = sum(traffic.status.values())
@@ -150,3 +171,7 @@ class LivePlan:
             p.journal.end(s.name, self.keys[s.name], "failed", result=result)
             raise
         return result
+
+
+def _role(stage: Stage) -> str:
+    return stage.opts(ServeStageOptions).role

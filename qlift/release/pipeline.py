@@ -29,21 +29,21 @@ from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal, writer_lock_path
 from qlift.release.liveplan import LivePlan
 from qlift.release.report import StageReport, first_line, short, stage_key
-from qlift.release.spec import Release, Stage
+from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.release.stages import (
+    TABLE,
+    StageCall,
     base_identity,
     base_kind,
     cpu_cannot_serve,
     dir_quantization,
+    eval_baseline,
     planned_quantization,
     run_base,
-    run_eval,
-    run_merge,
-    run_quantize,
 )
 from qlift.serialize import to_jsonable
 
-LIVE = ("serve", "router", "promote")
+LIVE = tuple(kind for kind, k in TABLE.items() if k.live)
 
 
 @dataclass
@@ -129,18 +129,21 @@ class Pipeline:
         if name == "base":
             base = self.models.get("base")
             return dir_quantization(base.base) if base is not None else None
-        stage = self.release.stage(name)
-        return planned_quantization(stage.options) if stage.kind == "quantize" else None
+        from qlift.quantize.options import QuantizeOptions
+
+        options = self.release.stage(name).options
+        return planned_quantization(options) if isinstance(options, QuantizeOptions) else None
 
     def _serve_choices(self) -> dict[str, tuple[str, str]]:
         """Each serve stage that starts a server: the model stage it serves here, and why when it falls back."""
         out: dict[str, tuple[str, str]] = {}
         for s in self.release.stages:
-            if s.kind != "serve" or s.options.url:
+            if not isinstance(s.options, ServeStageOptions) or s.options.url:
                 continue
             reason = cpu_cannot_serve(self._planned_quantization(s.input))
-            if reason and s.options.fallback:
-                out[s.name] = (s.options.fallback, f"{reason}: serves {s.options.fallback} instead of {s.input}")
+            fallback = s.options.fallback
+            if reason and fallback:
+                out[s.name] = (fallback, f"{reason}: serves {fallback} instead of {s.input}")
             else:
                 out[s.name] = (s.input, "")
         return out
@@ -149,10 +152,10 @@ class Pipeline:
         """only_if_served stages that nothing served on this machine needs, with the reason."""
         served = {model for model, _ in self.choices.values()}
         used = {s.input for s in self.release.stages if s.kind not in LIVE} | \
-            {s.options.baseline for s in self.release.stages if s.kind == "eval"}
+            {eval_baseline(s) for s in self.release.stages}
         out = {}
         for s in self.release.stages:
-            target = s.input if s.kind == "eval" else s.name
+            target = s.name if TABLE[s.kind].makes_model else s.input  # an eval: the model it evaluates
             if s.only_if_served and self.choices and target not in served and s.name not in used:
                 out[s.name] = f"not needed here: no server serves {target} on this machine"
         return out
@@ -164,53 +167,38 @@ class Pipeline:
             self._report(StageReport(stage.name, stage.kind, "skip" if self.dry_run else "skipped",
                                      self.unneeded[stage.name]))
             return
-        needs = [n for n in (stage.input, getattr(stage.options, "baseline", None) if stage.kind == "eval" else None)
-                 if n in self.pending]
+        baseline = eval_baseline(stage)
+        needs = [n for n in (stage.input, baseline) if n in self.pending]
         if needs:
             self._blocked(stage, needs)
             return
-        src = self.models[stage.input]
-        if stage.kind == "merge":
-            ref = ModelRef.of(src.base, self.release.adapters)
-            key = stage_key("merge", stage.options, {"model": ref.content_hash})
-            self._file_stage(stage.name, "merge", key, lambda out: run_merge(ref, stage.options, out),
-                             on_done=lambda out: self.models.__setitem__(stage.name, ModelRef.of(out)))
-        elif stage.kind == "quantize":
-            key = stage_key("quantize", stage.options, {"model": src.content_hash} | self._file_inputs(stage))
-            self._file_stage(stage.name, "quantize", key, lambda out: run_quantize(src, stage.options, out),
-                             on_done=lambda out: self.models.__setitem__(stage.name, ModelRef.of(out)))
-        else:
-            self._eval(stage, src)
-
-    def _file_inputs(self, stage: Stage) -> dict[str, str]:
-        """Content hashes of the files an options model names (prompts, calibration set)."""
-        out = {}
-        for name in ("prompts", "calib"):
-            value = getattr(stage.options, name, None)
-            if value is not None and Path(value).exists():
-                out[name] = dir_hash(Path(value))
-        return out
-
-    def _eval(self, stage: Stage, candidate: ModelRef) -> None:
-        baseline_name = stage.options.baseline
-        baseline: ModelRef | None = None
-        inputs = {"candidate": candidate.content_hash} | self._file_inputs(stage)
-        if baseline_name in self.models:
-            baseline = self.models[baseline_name]
-            inputs["baseline"] = baseline.content_hash
-        elif baseline_name is not None and Path(baseline_name).exists():
-            inputs["baseline"] = dir_hash(Path(baseline_name))
-        key = stage_key("eval", stage.options, inputs)
-
-        def run(out: Path) -> Any:
-            return run_eval(candidate, baseline.base if baseline else None, stage.options, out, stage.name)
+        kind = TABLE[stage.kind]
+        assert kind.run is not None and kind.key_inputs is not None, stage.kind
+        run = kind.run
+        call = self._call(stage, baseline)
+        key = stage_key(stage.kind, stage.options, kind.key_inputs(call))
 
         def done(out: Path) -> None:
-            self.evals[stage.name] = _Eval(candidate.content_hash, out, key)
+            if kind.makes_model:
+                self.models[stage.name] = ModelRef.of(out)
+            if kind.checks:
+                self.evals[stage.name] = _Eval(call.model.content_hash, out, key)
 
-        self._file_stage(stage.name, "eval", key, run, on_done=done)
+        self._file_stage(stage.name, stage.kind, key, lambda out: run(call, out), on_done=done)
 
-    def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], Any], *,
+    def _call(self, stage: Stage, baseline: str | None) -> StageCall:
+        """What the stage works on: its input model (with the release's adapters where it takes them) and an
+        eval's baseline (a model stage's output, else a directory the options name)."""
+        src = self.models[stage.input]
+        model = ModelRef.of(src.base, self.release.adapters) if TABLE[stage.kind].takes_adapters else src
+        if baseline in self.models:
+            ref = self.models[baseline]
+            return StageCall(stage, model, ref.base, ref.content_hash)
+        if baseline is not None and Path(baseline).exists():
+            return StageCall(stage, model, None, dir_hash(Path(baseline)))
+        return StageCall(stage, model)
+
+    def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], object], *,
                     on_done: Callable[[Path], None]) -> None:
         out = self.release.out / f"{name}-{short(key)}"
         row = self.journal.stage(name, key)
@@ -263,7 +251,7 @@ class Pipeline:
         for s in stages:
             self._force_from(s.name)
         served = {name for name, _ in self.choices.values()} | {s.input for s in stages if s.kind == "serve"}
-        evals = [s.name for s in self.release.stages if s.kind == "eval"]
+        evals = [s.name for s in self.release.stages if TABLE[s.kind].checks]
         needs = [n for n in self.pending if n in served or n in evals]
         warning = self._traffic_warning(stages)
         if needs:
@@ -294,11 +282,12 @@ class Pipeline:
         A router the release starts carries only the release's own traffic."""
         promote = next((s for s in stages if s.kind == "promote"), None)
         router = next((s for s in stages if s.kind == "router"), None)
-        if promote is None or router is None or not router.options.url:
+        url = router.opts(RouterStageOptions).url if router is not None else None
+        if promote is None or not url:
             return ""
         from qlift.rollout.states import State
 
-        url, last = router.options.url, self.journal.latest(promote.name)
+        last = self.journal.latest(promote.name)
         promoted = last is not None and last["result"].get("state") == State.PROMOTED
         weights = _router_weights(url)
         if weights is not None:
@@ -308,16 +297,16 @@ class Pipeline:
             now, moving = ("the last promote here promoted the canary" if promoted else ""), promoted
         if moving:
             return (f"will {'re-run' if last else 'run'} promote: weights go back to the stable "
-                    f"({_first_weights(promote.options)}) on {url}, then out again ({now}); to keep the canary, "
+                    f"({_first_weights(promote)}) on {url}, then out again ({now}); to keep the canary, "
                     "re-point the router's names first (docs/promote.md)")
         return f"will run promote: moves live traffic on {url}" + (f" ({now})" if now else "")
 
 
-def _first_weights(options: dict[str, Any]) -> str:
+def _first_weights(promote: Stage) -> str:
     """The weights the rollout sets first: 100/0 for a shadow phase, else its first step's."""
     from qlift.rollout.spec import RolloutSpec
 
-    spec = RolloutSpec.model_validate({**options, "stable": "stable", "canary": "canary", "router": "http://x"})
+    spec = promote.opts(RolloutSpec)
     if spec.shadow is not None:
         return "stable=100, canary=0 in the shadow phase"
     return f"stable={100 - spec.steps[0]}, canary={spec.steps[0]} at the first step"

@@ -39,7 +39,7 @@ def short(key: str) -> str:
     return key.removeprefix("sha256:")[:12]
 
 
-def stage_key(kind: str, options: Any, inputs: dict[str, Any]) -> str:
+def stage_key(kind: str, options: object, inputs: dict[str, Any]) -> str:
     data = {"stage": kind, "version": STAGE_VERSIONS[kind], "options": to_jsonable(options), "inputs": inputs}
     return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 

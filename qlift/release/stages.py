@@ -1,23 +1,62 @@
-"""Stage adapters: each calls the stage's own library function (the one its command calls) on a
-``ModelRef`` and an output path the pipeline chose, and returns the stage's typed result."""
+"""The stage table: for each kind of release stage, its own options class, its version, whether it makes a
+model version and whether it is live; for the stages that write a directory, the inputs its cache key is made
+of and the adapter that calls the stage's own ``run`` on the ``ModelRef`` and output path the pipeline chose.
+
+The live stages (serve, router, promote) run together in ``qlift.release.liveplan`` through their stages'
+library doors: ``qlift.serve.start``, ``qlift.router.start`` and ``qlift.rollout.run``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qlift.errors import GateFailedError
-from qlift.models.ref import ModelRef
-from qlift.release.spec import BaseSource
+from qlift.models.ref import ModelRef, dir_hash
+from qlift.release.spec import BaseSource, Stage
+
+if TYPE_CHECKING:
+    from qlift.eval.options import EvalOptions
+    from qlift.eval.run import EvalResult
+    from qlift.hub import DownloadResult
+    from qlift.merge import MergeResult
+    from qlift.models.gguf_import import ImportResult
+    from qlift.quantize.api import QuantizeResult
+    from qlift.quantize.options import QuantizeOptions
 
 log = logging.getLogger(__name__)
 
-# Bump a stage's version when what it writes for the same inputs and options changes: every
-# cached output of that stage (and, through their hashes, of the stages after it) is made again.
-STAGE_VERSIONS = {"import": 1, "download": 1, "merge": 1, "quantize": 1, "eval": 1, "serve": 1, "router": 1,
-                  "promote": 1}
+
+@dataclass(frozen=True)
+class StageCall:
+    """What a file stage is run on: the stage, the model it works on (merge: the base with the release's
+    adapters), and for eval its baseline (a model stage's output, None: its options' own) and that's hash."""
+
+    stage: Stage
+    model: ModelRef
+    baseline_dir: Path | None = None
+    baseline_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class StageKind:
+    options: str  # "module:Class", the stage's own options class, imported when first asked for
+    version: int  # bump when what it writes for the same inputs and options changes: its outputs are made again
+    makes_model: bool = False  # its output is a model version later stages take as input
+    takes_adapters: bool = False  # it works on the base with the release's adapters (merge)
+    checks: bool = False  # its report holds the gates promote checks the candidate against (eval)
+    live: bool = False  # runs as long as the release (serve, router) or drives traffic (promote); writes no files
+    key_inputs: Callable[[StageCall], dict[str, str]] | None = None  # content hashes its key is made of
+    run: Callable[[StageCall, Path], object] | None = None  # writes the output directory
+
+    def options_class(self) -> type:
+        module, name = self.options.split(":")
+        cls: type = getattr(importlib.import_module(module), name)
+        return cls
 
 
 def base_kind(base: BaseSource) -> str:
@@ -34,7 +73,7 @@ def base_identity(base: BaseSource) -> dict[str, Any]:
     return {"hub": base.hub, "revision": base.revision, "source": base.source}
 
 
-def run_base(base: BaseSource, out: Path) -> Any:
+def run_base(base: BaseSource, out: Path) -> ImportResult | DownloadResult:
     """`qlift import-gguf --builtin` or `qlift download` into ``out``."""
     if base.builtin:
         from qlift.models.gguf_import import materialize_builtin
@@ -47,21 +86,44 @@ def run_base(base: BaseSource, out: Path) -> Any:
                DownloadOptions(output=out, source=base.source, revision=base.revision, force=True))
 
 
-def run_merge(ref: ModelRef, options: Any, out: Path) -> Any:
-    from qlift import merge
+def file_inputs(options: object) -> dict[str, str]:
+    """Content hashes of the files an options model names (prompts, calibration set)."""
+    out = {}
+    for name in ("prompts", "calib"):
+        value = getattr(options, name, None)
+        if value is not None and Path(value).exists():
+            out[name] = dir_hash(Path(value))
+    return out
 
+
+def merge_key(call: StageCall) -> dict[str, str]:
+    return {"model": call.model.content_hash}
+
+
+def run_merge(call: StageCall, out: Path) -> MergeResult:
+    from qlift import merge
+    from qlift.merge.options import MergeOptions
+
+    options = call.stage.opts(MergeOptions)
+    ref = call.model
     return merge.run(merge.MergeInputs(base=ref.base, adapters=[a.path for a in ref.adapters], output=out),
                      replace(options, force=True))
 
 
-def run_quantize(ref: ModelRef, options: Any, out: Path) -> Any:
-    from qlift.progress import StepBar
-    from qlift.quantize.api import quantize
+def quantize_key(call: StageCall) -> dict[str, str]:
+    return {"model": call.model.content_hash} | file_inputs(call.stage.options)
 
+
+def run_quantize(call: StageCall, out: Path) -> QuantizeResult:
+    from qlift import quantize
+    from qlift.progress import StepBar
+    from qlift.quantize.options import QuantizeOptions
+
+    options = call.stage.opts(QuantizeOptions)
     bar = StepBar("calibrating layers", unit="layer")  # AWQ's per-layer progress, as `qlift quantize` shows it
     try:
-        return quantize(ref.base, out, replace(options, force=True), on_status=lambda msg: log.info("%s", msg),
-                        on_step=bar.update)
+        return quantize.run(quantize.QuantizeInputs(call.model.base, out), replace(options, force=True),
+                            on_step=bar.update)
     finally:
         bar.close()
 
@@ -83,12 +145,12 @@ def dir_quantization(model: Path) -> dict[str, Any] | None:
     return ModelDir.open(model).quantization_config
 
 
-def planned_quantization(options: Any) -> dict[str, Any]:
+def planned_quantization(options: QuantizeOptions) -> dict[str, Any]:
     """The quantization a quantize stage will write, as its config names it (known before it runs)."""
     return {"quant_method": "awq", "bits": 4} if options.method == "awq" else {"quant_method": "fp8"}
 
 
-def eval_backend(options: Any, candidate: ModelRef) -> str | None:
+def eval_backend(options: EvalOptions, candidate: ModelRef) -> str | None:
     """The options' backend; left to choose, transformers where vLLM cannot run the candidate on this CPU
     (it dequantizes it), as the demo does."""
     if options.backend is not None or options.endpoint is not None:
@@ -100,10 +162,27 @@ def eval_backend(options: Any, candidate: ModelRef) -> str | None:
     return None
 
 
-def run_eval(candidate: ModelRef, baseline: Path | None, options: Any, out: Path, stage: str) -> Any:
+def eval_baseline(stage: Stage) -> str | None:
+    """An eval stage's baseline: a model stage's name or a directory (None: none, or not an eval)."""
+    from qlift.eval.options import EvalOptions
+
+    return stage.options.baseline if isinstance(stage.options, EvalOptions) else None
+
+
+def eval_key(call: StageCall) -> dict[str, str]:
+    inputs = {"candidate": call.model.content_hash} | file_inputs(call.stage.options)
+    if call.baseline_hash is not None:
+        inputs["baseline"] = call.baseline_hash
+    return inputs
+
+
+def run_eval(call: StageCall, out: Path) -> EvalResult:
     """`qlift eval` writing its reports into ``out``; a failing gate raises GateFailedError (exit 10)."""
     from qlift.eval import EvalInputs, run
+    from qlift.eval.options import EvalOptions
 
+    options, candidate, stage = call.stage.opts(EvalOptions), call.model, call.stage.name
+    baseline = call.baseline_dir
     opts = replace(options, baseline=str(baseline) if baseline else options.baseline, report_dir=out, force=True,
                    backend=eval_backend(options, candidate))
     result = run(EvalInputs(str(candidate.base)), opts)
@@ -115,3 +194,18 @@ def run_eval(candidate: ModelRef, baseline: Path | None, options: Any, out: Path
             hint="Fix the candidate, or change the gate in the release file; `qlift release run` again reuses "
                  "the stages before eval.")
     return result
+
+
+# The base's own kinds (not stages of the file): their keys carry a version too.
+BASE_VERSIONS = {"import": 1, "download": 1}
+TABLE: dict[str, StageKind] = {
+    "merge": StageKind("qlift.merge.options:MergeOptions", 1, makes_model=True, takes_adapters=True,
+                       key_inputs=merge_key, run=run_merge),
+    "quantize": StageKind("qlift.quantize.options:QuantizeOptions", 1, makes_model=True, key_inputs=quantize_key,
+                          run=run_quantize),
+    "eval": StageKind("qlift.eval.options:EvalOptions", 1, checks=True, key_inputs=eval_key, run=run_eval),
+    "serve": StageKind("qlift.release.spec:ServeStageOptions", 1, live=True),
+    "router": StageKind("qlift.release.spec:RouterStageOptions", 1, live=True),
+    "promote": StageKind("qlift.rollout.spec:RolloutSpec", 1, live=True),
+}
+STAGE_VERSIONS = BASE_VERSIONS | {kind: k.version for kind, k in TABLE.items()}

@@ -16,12 +16,22 @@ from qlift.rollout.spec import RolloutSpec
 
 @dataclass(frozen=True)
 class RolloutInputs:
-    """The journal (None: the default one); ``new`` starts a new rollout rather than resuming an active one."""
+    """The journal (None: the default one); ``new`` starts a new rollout rather than resuming an active one;
+    ``allow_stable_down`` starts one even though the data plane reports the stable down; ``canary_adapter``
+    (NAME, DIR): load that LoRA adapter into the stable's server as the canary first (api.start_with_adapter)."""
 
     journal: Path | None = None
     new: bool = False
+    allow_stable_down: bool = False
+    canary_adapter: tuple[str, Path] | None = None
 
 
 def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
     """Run the rollout ``options`` describe until it is final (``api.start``); the journal's last record of it."""
-    return start(options, inputs.journal, new=inputs.new)
+    if inputs.canary_adapter is not None:
+        from qlift.rollout.api import start_with_adapter
+
+        name, adapter = inputs.canary_adapter
+        return start_with_adapter(options, inputs.journal, name, adapter, new=inputs.new,
+                                  allow_stable_down=inputs.allow_stable_down)[0]
+    return start(options, inputs.journal, new=inputs.new, allow_stable_down=inputs.allow_stable_down)

@@ -11,9 +11,10 @@ from qlift.router.run import RouterInputs, RouterResult, run
 
 if TYPE_CHECKING:
     from qlift.router.config import RouterConfig
+    from qlift.router.handle import RouterHandle, start
 
-__all__ = ["RouterConfig", "RouterInputs", "RouterResult", "run"]
-_HOME = {"RouterConfig": "config"}
+__all__ = ["RouterConfig", "RouterHandle", "RouterInputs", "RouterResult", "run", "start"]
+_HOME = {"RouterConfig": "config", "RouterHandle": "handle", "start": "handle"}
 
 # On first use, so importing the admin client does not load the server's config models.
 __getattr__ = lazy_exports(__name__, _HOME)

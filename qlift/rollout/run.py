@@ -18,7 +18,7 @@ from qlift.rollout.spec import RolloutSpec
 class RolloutInputs:
     """The journal (None: the default one); ``new`` starts a new rollout rather than resuming an active one;
     ``allow_stable_down`` starts one even though the data plane reports the stable down; ``canary_adapter``
-    (NAME, DIR): load that LoRA adapter into the stable's server as the canary first (adapter.start_with_adapter)."""
+    (NAME, DIR): load that LoRA adapter into the stable's server as the canary first (api.start_with_adapter)."""
 
     journal: Path | None = None
     new: bool = False

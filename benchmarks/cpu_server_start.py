@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from serve_dtype import chat  # type: ignore[import-not-found]
+from serve_dtype import chat, chat_load_parser, model_and_cpu  # type: ignore[import-not-found]
 
 MODES = {"worker process (vLLM default)": {},
          "worker in engine core (cpu recipe)": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
@@ -58,20 +58,10 @@ def measure(model: Path, env: dict[str, str], args: argparse.Namespace, log: Pat
 
 
 def main() -> None:
-    from qlift.hardware import detect_cpu
-    from qlift.models.gguf_import import ensure_builtin
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, help="a bf16 model dir (default: the built-in SmolLM2)")
+    p = chat_load_parser(__doc__)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--requests", type=int, default=12)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--core", default="0", help="VLLM_CPU_OMP_THREADS_BIND for the server")
     args = p.parse_args()
-    model = (args.model or ensure_builtin("smollm2")[0]).resolve()
-    cpu = detect_cpu()
-    print(f"CPU: {cpu.model}, {cpu.cores} cores, {cpu.vector_isa}; model {model}", flush=True)
+    model, cpu = model_and_cpu(args)
     starts: dict[str, list[float]] = {m: [] for m in MODES}
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:

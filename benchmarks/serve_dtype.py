@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -44,20 +45,31 @@ def measure(model: Path, dtype: str, args: argparse.Namespace, logs: Path) -> tu
     return sum(n for n, _ in done) / wall, statistics.median(s for _, s in done)
 
 
-def main() -> None:
-    from qlift.hardware import detect_cpu
-    from qlift.models.gguf_import import ensure_builtin
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def chat_load_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The flags of a one-core chat-load benchmark: model, requests, concurrency, max tokens, core."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="a bf16 model dir (default: the built-in SmolLM2)")
     p.add_argument("--requests", type=int, default=12)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--core", default="0", help="VLLM_CPU_OMP_THREADS_BIND for the server")
-    args = p.parse_args()
+    return p
+
+
+def model_and_cpu(args: argparse.Namespace) -> tuple[Path, Any]:
+    """The model to serve (default: the built-in SmolLM2) and this CPU, printed as every figure's header."""
+    from qlift.hardware import detect_cpu
+    from qlift.models.gguf_import import ensure_builtin
+
     model = (args.model or ensure_builtin("smollm2")[0]).resolve()
     cpu = detect_cpu()
     print(f"CPU: {cpu.model}, {cpu.cores} cores, {cpu.vector_isa}; model {model}", flush=True)
+    return model, cpu
+
+
+def main() -> None:
+    args = chat_load_parser(__doc__).parse_args()
+    model, cpu = model_and_cpu(args)
     figures = {}
     with tempfile.TemporaryDirectory() as logs:
         for dtype in ("float32", "bfloat16"):

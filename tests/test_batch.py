@@ -233,6 +233,19 @@ def test_engine_in_process_only_on_one_cpu_engine_the_user_did_not_pin(monkeypat
     assert in_process_threads({}, {}, gpu) is None
 
 
+def test_a_pinned_cpu_batch_keeps_vllms_processes_despite_the_recipes_server_env(
+        monkeypatch: pytest.MonkeyPatch, smollm2_dir: Path) -> None:
+    from qlift.perf.engine import engine_for
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    pinned = engine_for(smollm2_dir, recipe="cpu", in_process=True)
+    assert pinned.threads is None and "VLLM_ENABLE_V1_MULTIPROCESSING" not in pinned.env
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    folded = engine_for(smollm2_dir, recipe="cpu", in_process=True)
+    assert folded.threads and folded.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
 def _story(i: int) -> str:
     return f"Write a long story about a robot called Unit {i} who learns to paint."
 

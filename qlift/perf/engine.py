@@ -46,6 +46,8 @@ def engine_for(model: Path, *, recipe: str = "auto", workload: str = "batch", se
         args["distributed_executor_backend"] = "uni"
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         notes = [*notes, f"engine in the worker's process ({threads} compute thread(s)), not in two spawned ones"]
+    else:  # the cpu recipe's MULTIPROCESSING=0 is for servers; offline it would fold the engine in unasked
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     return EngineChoice(chosen, args, env, plan, hw, notes + plan.notes, threads)
 
 

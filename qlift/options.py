@@ -8,6 +8,11 @@ CLI spelling, e.g. "auto"), ``flag_pair`` (a ``--x/--no-x`` switch; with a None 
 ``flag`` (the CLI spelling when it is not the field's name; ``--no-x`` for a True default: the switch
 that turns it off), ``metavar``, ``envvar``, ``url`` (an http(s) URL), ``parse`` (a function from the
 CLI's text to the field's value, raising BadInputError).
+
+One generator makes the CLI's flags from every options class: these dataclasses (stage options) and
+the pydantic models that are also config files (``RolloutSpec``'s sections, ``RouterConfig``). Each
+class checks its own values on construction (``__post_init__`` or pydantic's validators), so the CLI,
+the release and a library caller meet one rule, worded once, naming the flag.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import functools
 import inspect
 import math
 import textwrap
-from pathlib import Path
+import typing
+from collections.abc import Mapping
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -60,14 +66,18 @@ def check_fields(options: Any) -> None:
                                 hint=f"Pass a number {span}.")
         choices = f.metadata.get("choices")
         if choices and value not in choices:
-            shown = ", ".join(choice_texts(f))
+            shown = ", ".join(choice_texts(f.metadata))
             raise BadInputError(f"{value!r} is not one of {shown}", field=field_flag(f), hint=f"Use one of: {shown}.")
 
 
-def choice_texts(f: dataclasses.Field[Any]) -> list[str]:
+def choice_values(meta: Mapping[str, Any]) -> list[Any]:
+    """A field's choices that the CLI offers (None only where it has a ``none`` word)."""
+    return [c for c in meta["choices"] if c is not None or meta.get("none")]
+
+
+def choice_texts(meta: Mapping[str, Any]) -> list[str]:
     """A field's choices as the CLI spells them (None: its ``none`` word, or left out)."""
-    none = f.metadata.get("none")
-    return [str(none if c is None else c) for c in f.metadata["choices"] if c is not None or none]
+    return [str(meta.get("none") if c is None else c) for c in choice_values(meta)]
 
 
 def _within(value: Any, low: float | None, high: float | None, above: float | None) -> bool:
@@ -88,35 +98,49 @@ def _range_text(low: float | None, high: float | None, above: float | None) -> s
     return " and ".join(parts)
 
 
-def model_option(info: Any, flag: str, dest: str, *, note: str = "") -> Any:
-    """A Click option for a pydantic field (``Model.model_fields[name]``): help from its description (plus
-    ``note``) and default, choices from a Literal, ``--x/--no-x`` for a bool. It defaults to None: not
-    given, so a config file or the model's own default applies."""
-    import click
+def option_fields(cls: type) -> list[OptionField]:
+    """Every field of an options class as the one flag generator (``qlift/cli/options.py``) reads it: a
+    dataclass's fields (help from their docstrings, metadata as above), or a pydantic model's."""
+    if dataclasses.is_dataclass(cls):
+        docs, hints = field_docs(cls), typing.get_type_hints(cls)
+        return [OptionField(f.name, field_flag(f), hints[f.name], _default(f), docs.get(f.name, ""), f.metadata)
+                for f in dataclasses.fields(cls)]
+    return [_model_field(name, info) for name, info in cls.model_fields.items()]  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionField:
+    """One field of an options class, as a flag: its parameter name, flag, type, default (MISSING: required),
+    help, and metadata (the keys above; ``default_text``: help after any note, for a model's field)."""
+
+    name: str
+    flag: str
+    annotation: Any
+    default: Any
+    help: str
+    meta: Mapping[str, Any]
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _model_field(name: str, info: Any) -> OptionField:
+    """A pydantic field as a flag that defaults to None (not given: a config file or the model's own default
+    applies, and the model validates the value as it validates the file): choices from a Literal,
+    ``--x/--no-x`` for a bool, text where pydantic parses the value itself (durations, percents)."""
+    from pydantic import BeforeValidator
     from pydantic_core import PydanticUndefined
 
-    ctype, is_bool = _click_type(info)
-    default = info.default
-    shown = "" if default is None or default is PydanticUndefined else f" [default: {default}]"
-    text = (info.description or "") + note + shown
-    if is_bool:
-        return click.option(f"{flag}/--no-{flag[2:]}", dest, default=None, help=text)
-    return click.option(flag, dest, type=ctype, default=None, help=text)
-
-
-def _click_type(info: Any) -> tuple[Any, bool]:
-    """(click type, is a bool flag) for a pydantic field; values pydantic parses itself stay strings."""
-    import click
-    from pydantic import BeforeValidator
-
-    ann = info.annotation
+    ann, meta = info.annotation, dict[str, Any]()
     args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) in (Union, UnionType) else [ann]
     base = args[0] if len(args) == 1 else ann
     if any(isinstance(m, BeforeValidator) for m in info.metadata):
-        return click.STRING, False
-    if get_origin(base) is Literal:
-        return click.Choice([str(v) for v in get_args(base)]), False
-    if base is bool:
-        return None, True
-    simple = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}
-    return simple.get(base, click.STRING), False
+        ann = str
+    elif get_origin(base) is Literal:
+        meta["choices"] = get_args(base)
+    elif base is bool:
+        meta["flag_pair"] = True
+    shown = "" if info.default is None or info.default is PydanticUndefined else f" [default: {info.default}]"
+    meta["default_text"] = shown
+    return OptionField(name, flag(name), ann, None, info.description or "", meta)

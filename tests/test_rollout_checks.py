@@ -14,6 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from qlift.cli.options import click_options
 from qlift.errors import BadInputError
 from qlift.rollout.checks import BY_NAME, CHECKS, argo_metrics, describe
 from qlift.rollout.dataplane import make_data_plane as make_plane
@@ -21,7 +22,7 @@ from qlift.rollout.evidence import Evidence, from_request_records
 from qlift.rollout.judge import TESTED_CHECKS, check_alpha, early_failures, judge
 from qlift.rollout.planes import PLANES
 from qlift.rollout.prometheus import PRESETS
-from qlift.rollout.spec import AnalysisSpec, RolloutSpec, build_spec, spec_options, spec_overrides
+from qlift.rollout.spec import AnalysisSpec, RolloutSpec, build_spec, spec_option_fields, spec_overrides
 from qlift.rollout.stats import quantile
 from qlift.router.client import RequestRecord
 
@@ -90,7 +91,7 @@ def test_every_limit_is_a_flag_generated_from_the_spec() -> None:
     got: dict[str, Any] = {}
 
     @click.command()
-    @spec_options("analysis", "shadow")
+    @click_options(spec_option_fields("analysis", "shadow"))
     def cmd(**kw: Any) -> None:
         got.update(spec_overrides(kw))
         assert not kw

@@ -1,28 +1,30 @@
-"""Click options generated from a stage's typed options dataclass (``qlift/options.py``)."""
+"""The one flag generator: Click options from an options class (``qlift/options.py``), a stage's options
+dataclass or a pydantic config model (a rollout spec's sections, the router's settings)."""
 
 from __future__ import annotations
 
 import dataclasses
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from qlift.cli.params import URL, Number
-from qlift.options import choice_texts, field_docs, field_flag
+from qlift.options import OptionField, choice_texts, choice_values, field_flag, option_fields
 
 
-def click_options(cls: type, *, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
-    """A decorator adding one option per field of ``cls``, in field order, help from the field docs."""
-    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    """A decorator adding one option per field of ``source`` (an options class, or fields from
+    ``option_fields`` renamed or narrowed by the caller), in field order."""
+    fields = option_fields(source) if isinstance(source, type) else list(source)
 
     def decorate(f: Any) -> Any:
-        for field in reversed(dataclasses.fields(cls)):
+        for field in reversed(fields):
             if field.name not in exclude:
-                f = _option(field, hints[field.name], docs.get(field.name, ""))(f)
+                f = _option(field)(f)
         return f
 
     return decorate
@@ -40,9 +42,9 @@ class Parsed(click.ParamType):
         return self.parse(value) if isinstance(value, str) else value
 
 
-def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callable[[Any], Any]:
-    meta, name, opt = field.metadata, field.name, field_flag(field)
-    default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+def _option(field: OptionField) -> Callable[[Any], Any]:
+    meta, name, opt, default = field.meta, field.name, field.flag, field.default
+    help_text = field.help + meta.get("default_text", "")
     common: dict[str, Any] = {"help": help_text, "metavar": meta.get("metavar"), "envvar": meta.get("envvar")}
     names = [*([meta["short"]] if "short" in meta else []), opt]
     if meta.get("flag_pair"):
@@ -50,14 +52,14 @@ def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callabl
                             show_default=default is not None, **common)
     if isinstance(default, bool):  # False: --x turns it on; True: its flag (e.g. --no-cache) turns it off
         return click.option(*names, name, is_flag=True, flag_value=not default, default=default, **common)
-    kind, multiple = _base_type(hint)
+    kind, multiple = _base_type(field.annotation)
     show = default not in (None, (), {}) and default is not dataclasses.MISSING
     if "parse" in meta:
         kind, multiple = Parsed(meta["parse"]), False
         if isinstance(default, tuple):  # shown as it is typed; Parsed parses it back
             default = ",".join(map(str, default))
     elif "choices" in meta:
-        texts = dict(zip(choice_texts(field), _choice_values(field), strict=True))  # CLI spelling -> value
+        texts = dict(zip(choice_texts(meta), choice_values(meta), strict=True))  # CLI spelling -> value
         kind = click.Choice(list(texts))
         common["callback"] = lambda ctx, param, value: texts.get(value, value)
         if default is None and meta.get("none"):
@@ -70,10 +72,6 @@ def _option(field: dataclasses.Field[Any], hint: Any, help_text: str) -> Callabl
     required = default is dataclasses.MISSING
     return click.option(*names, name, type=kind, multiple=multiple, required=required,
                         default=None if required else default, show_default=show, **common)
-
-
-def _choice_values(field: dataclasses.Field[Any]) -> list[Any]:
-    return [c for c in field.metadata["choices"] if c is not None or field.metadata.get("none")]
 
 
 def _base_type(hint: Any) -> tuple[Any, bool]:
@@ -106,6 +104,6 @@ def cli_args(options: Any, *, exclude: tuple[str, ...] = ()) -> list[str]:
         elif isinstance(value, tuple):
             args += [a for v in value for a in (opt, str(v))]
         else:
-            texts = dict(zip(_choice_values(field), choice_texts(field), strict=True)) if "choices" in meta else {}
+            texts = dict(zip(choice_values(meta), choice_texts(meta), strict=True)) if "choices" in meta else {}
             args += [opt, str(texts.get(value, value))]
     return args

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import emit, json_option
-from qlift.rollout.spec import spec_options, spec_overrides
+from qlift.rollout.spec import spec_option_fields, spec_overrides
 
 if TYPE_CHECKING:
     from qlift.rollout.status import RolloutStatus
@@ -70,11 +71,11 @@ weight x requests/s x interval >= --min-requests (10% of 2 req/s over 30s = 6).
 Too little traffic pauses the rollout (--on-insufficient rollback to roll back instead).
 """)
 @click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path), help="Rollout spec YAML (flags override).")
-@spec_options("spec", "analysis")
+@click_options(spec_option_fields("spec", "analysis"))
 @click.option("--shadow", "shadow_percent", metavar="PERCENT",
               help="Shadow phase first: mirror this share of live requests (e.g. 20%) to the canary and judge its "
               "answers against the stable's; users see none of them (qlift router only). (spec: shadow.percent)")
-@spec_options("shadow")
+@click_options(spec_option_fields("shadow"))
 @click.option("--canary-adapter", metavar="NAME=DIR",
               help="Load LoRA adapter DIR as model NAME into the stable's vLLM server first (runtime loading; the "
               "router's canary backend is STABLE_URL#NAME); unloaded after a rollback or abort (docs/lora.md).")

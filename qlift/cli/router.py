@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from qlift.cli.options import click_options
 from qlift.cli.output import STATE, json_option
 
 if TYPE_CHECKING:
@@ -26,12 +27,11 @@ Examples:
 
 def config_flags(fn: Any) -> Any:
     """One option per RouterConfig field in FLAG_FIELDS, its help the field's description."""
-    from qlift.options import model_option
+    from qlift.options import option_fields
     from qlift.router.config import FLAG_FIELDS, RouterConfig
 
-    for name in reversed(FLAG_FIELDS):
-        fn = model_option(RouterConfig.model_fields[name], "--" + name.replace("_", "-"), name)(fn)
-    return fn
+    fields = {f.name: f for f in option_fields(RouterConfig)}
+    return click_options([fields[name] for name in FLAG_FIELDS])(fn)
 
 
 @click.command("router", epilog=EPILOG)

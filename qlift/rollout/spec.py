@@ -6,10 +6,10 @@ Every field has a default and a doc; a bad value is reported as one line naming 
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,9 +24,9 @@ from pydantic import (
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml
+from qlift.options import OptionField, option_fields
 from qlift.rollout.planes import PLANES, Capability, PlaneName
 
-F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -333,10 +333,10 @@ class RolloutSpec(_Strict):
         return own.get(version) or self.models.get(version) or fragment or version
 
 
-# -- flags generated from the models --------------------------------------------------------
-# Each section's fields become Click options: help from the field's description, choices from a
-# Literal, --x/--no-x for a bool; values stay strings where pydantic parses them (durations,
-# percents), so a flag and the spec file go through the same validation.
+# -- flags generated from the models ---------------------------------------------------------
+# Each section's fields become Click options (the CLI's one generator, qlift.cli.options): help from
+# the field's description, choices from a Literal, --x/--no-x for a bool; values stay strings where
+# pydantic parses them (durations, percents), so a flag and the spec file go through the same validation.
 
 # section -> (model, flag prefix, fields left to hand-written flags)
 # "spec" is RolloutSpec's own top-level fields; those with a richer or no CLI form stay out.
@@ -362,22 +362,17 @@ def _param_name(section: str, field: str) -> str:
     return f"{section}__{field}"
 
 
-def spec_options(*sections: str) -> Callable[[F], F]:
-    """A decorator adding one Click option per field of each section's model (see OPTION_SECTIONS).
-    Every option defaults to None (= not given, the spec file or the model default applies)."""
-    from qlift.options import model_option
-
-    def decorate(fn: F) -> F:
-        for section in reversed(sections):
-            model, _, skip = OPTION_SECTIONS[section]
-            for field, info in reversed(list(model.model_fields.items())):
-                if field in skip:
-                    continue
-                note = f" (spec: {_spec_key(section, field)})"
-                fn = model_option(info, flag_name(section, field), _param_name(section, field), note=note)(fn)
-        return fn
-
-    return decorate
+def spec_option_fields(*sections: str) -> list[OptionField]:
+    """The fields of each section's model (see OPTION_SECTIONS) as ``qlift promote start``'s flags, for the CLI's
+    one generator (``qlift.cli.options.click_options``). Every flag defaults to None (= not given, the spec file
+    or the model default applies)."""
+    fields = []
+    for section in sections:
+        model, _, skip = OPTION_SECTIONS[section]
+        fields += [dataclasses.replace(f, name=_param_name(section, f.name), flag=flag_name(section, f.name),
+                                       help=f"{f.help} (spec: {_spec_key(section, f.name)})")
+                   for f in option_fields(model) if f.name not in skip]
+    return fields
 
 
 def spec_overrides(params: dict[str, Any]) -> dict[str, Any]:

@@ -40,3 +40,50 @@ def test_quantize_options_are_checked_from_code_too(kw, field) -> None:
     with pytest.raises(BadInputError) as err:
         QuantizeOptions(**{"method": "awq", **kw})
     assert err.value.field == field
+
+
+def _release_error(tmp_path, stage: dict) -> BadInputError:
+    import yaml
+
+    from qlift.release import load_release
+
+    f = tmp_path / "release.yaml"
+    f.write_text(yaml.safe_dump({"base": {"path": "base"}, "stages": [stage]}), encoding="utf-8")
+    with pytest.raises(BadInputError) as err:
+        load_release(f)
+    return err.value
+
+
+def test_a_rule_between_options_is_the_classs_so_cli_and_release_share_it(run_cli, tmp_path) -> None:
+    """--judge needs --baseline, and FP8 takes no calibration: checked by the options class, so the command, a
+    release file's stage and a library caller all meet the same one line."""
+    from test_bad_input import one_line
+
+    from qlift.eval.options import EvalOptions
+    from qlift.quantize.options import QuantizeOptions
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "x"}\n', encoding="utf-8")
+    judge = "http://127.0.0.1:9#judge"
+    with pytest.raises(BadInputError) as err:
+        EvalOptions(prompts=prompts, judge=judge)
+    assert err.value.field == "--judge" and "no --baseline was given" in err.value.message
+    one_line(run_cli("eval", "m", "--prompts", prompts, "--judge", judge), 2, "'--judge'", "no --baseline was given")
+    found = _release_error(tmp_path, {"stage": "eval", "options": {"prompts": str(prompts), "judge": judge}})
+    assert found.field == "options.judge" and "no --baseline was given" in found.message
+
+    with pytest.raises(BadInputError, match="apply to --awq only"):
+        QuantizeOptions(method="fp8", num_samples=8)
+    one_line(run_cli("quantize", "m", "--fp8", "--seq-len", "64", "-o", tmp_path / "q"), 2, "apply to --awq only")
+    found = _release_error(tmp_path, {"stage": "quantize", "options": {"method": "fp8", "num_samples": 8}})
+    assert "apply to --awq only" in found.message and "release.yaml" in str(found.path)
+
+
+def test_quantize_takes_its_method_from_exactly_one_switch() -> None:
+    from qlift.quantize.options import QuantizeOptions
+
+    assert QuantizeOptions.from_switches(awq=False, fp8=True, group_size=64).group_size is None  # AWQ's alone
+    assert QuantizeOptions.from_switches(awq=True, fp8=False, group_size=64).method == "awq"
+    for both in (True, False):
+        with pytest.raises(BadInputError, match="together" if both else "choose a method"):
+            QuantizeOptions.from_switches(awq=both, fp8=both)

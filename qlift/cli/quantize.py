@@ -34,18 +34,9 @@ def quantize_cmd(model: Path, awq: bool, fp8: bool, output: Path, **options: Any
       qlift quantize smollm2 --awq -o smollm2-awq --threads 1   # beside a server pinned to the other core
     """
     from qlift import quantize
-    from qlift.errors import BadInputError
     from qlift.progress import StepBar
-    from qlift.quantize.options import Method
 
-    if awq == fp8:
-        if awq:
-            raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
-        raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
-    method: Method = "awq" if awq else "fp8"
-    if method == "fp8":  # --group-size is AWQ's; FP8 ignores it
-        options["group_size"] = None
-    opts = QuantizeOptions(method=method, **options)
+    opts = QuantizeOptions.from_switches(awq=awq, fp8=fp8, **options)
     bar = StepBar("calibrating layers", unit="layer")
     try:
         result = quantize.run(

@@ -1,11 +1,13 @@
 """What an evaluation can be asked to do besides CANDIDATE: the one definition ``evaluate``
-takes and ``qlift eval``'s options are generated from."""
+takes and ``qlift eval``'s options are generated from; its own checks (limits, --judge's target and
+baseline) run on construction, so the CLI and a release's eval stage meet the same rule."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qlift.errors import BadInputError
 from qlift.options import check_fields
 
 
@@ -64,3 +66,10 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.judge is not None:
+            from qlift.quality.judge import parse_target
+
+            parse_target(self.judge)
+            if self.baseline is None:
+                raise BadInputError("--judge compares the candidate with the baseline, but no --baseline was given",
+                                    field="--judge", hint="Pass --baseline MODEL, or leave --judge out.")

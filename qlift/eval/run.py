@@ -188,17 +188,6 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
         from qlift.quality.refusal import patterns
 
         patterns(o.refusal_patterns)  # a bad file is one line before anything is generated
-    if o.judge is not None:
-        from qlift.quality.judge import parse_target
-
-        parse_target(o.judge)
-        if baseline is None:
-            raise BadInputError("--judge compares the candidate with the baseline, but no --baseline was given",
-                                field="--judge", hint="Pass --baseline MODEL, or leave --judge out.")
-    if max_tokens < 1:
-        raise BadInputError("--max-tokens must be at least 1", hint="Pass a positive number.")
-    if resamples < 100:
-        raise BadInputError("--bootstrap must be at least 100 resamples", hint="1000 is a good default.")
     if report_dir is not None:
         given = [Path(prompts), *(Path(m) for m in (candidate, baseline) if m and Path(m).exists())]
         check_output_path(Path(report_dir), force=force, inputs=given)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qlift.errors import BadInputError, ExternalToolError, IncompatibleError
+from qlift.errors import ExternalToolError, IncompatibleError
 from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, dir_size
 from qlift.lineage import utc_now, write_manifest
 from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
@@ -34,7 +34,6 @@ SCHEMES = {
     "awq": "W4A16 (int4 asymmetric, group-wise; AWQ)",
     "fp8": "FP8_DYNAMIC (per-channel weights, per-token activations)",
 }
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -109,7 +108,7 @@ def quantize(
     say = on_status or (lambda msg: log.info("%s", msg))
     started, t0 = utc_now(), time.monotonic()
     ignore = list(options.ignore)
-    src = _check_args(model, out, method, calib, num_samples, seq_len, group_size, device, force)
+    src = _check_model(model, out, calib, force)
 
     job: dict[str, Any] = {"method": method, "model": str(src.path.resolve()), "device": device,
                            "ignore": ignore}
@@ -170,22 +169,8 @@ def _progress(event: dict[str, Any], say: Callable[[str], None], on_step: Callab
         say(str(event["message"]))
 
 
-def _check_args(
-    model: Path, out: Path, method: str, calib: Path | None, num_samples: int | None,
-    seq_len: int | None, group_size: int | None, device: str, force: bool,
-) -> ModelDir:
-    if method not in SCHEMES:
-        raise BadInputError(f"unknown method '{method}'", hint="Use --awq or --fp8.")
-    if device not in DEVICES:
-        raise BadInputError(f"unknown device '{device}'", hint="Use auto, cpu or cuda.")
-    if method == "fp8" and (calib or num_samples or seq_len or group_size):
-        raise BadInputError(
-            "--calib, --num-samples, --seq-len and --group-size apply to --awq only",
-            hint="FP8 dynamic needs no calibration; drop those options.",
-        )
-    for name, value in (("--num-samples", num_samples), ("--seq-len", seq_len)):
-        if value is not None and value < 1:
-            raise BadInputError(f"{name} must be at least 1, got {value}", hint=f"Pass a positive {name}.")
+def _check_model(model: Path, out: Path, calib: Path | None, force: bool) -> ModelDir:
+    """The model and the output (the options checked themselves: QuantizeOptions)."""
     src = ModelDir.open(model)
     src.require_weights()
     if src.quantization_config:

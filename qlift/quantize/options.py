@@ -1,12 +1,14 @@
 """What a quantization can be asked to do besides MODEL and the output: the one definition
-``quantize`` takes and ``qlift quantize``'s options are generated from (all but ``method``: --awq, --fp8)."""
+``quantize`` takes and ``qlift quantize``'s options are generated from (all but ``method``: --awq, --fp8,
+``QuantizeOptions.from_switches``); its checks run on construction, so the CLI and a release's quantize
+stage meet the same rules."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from qlift.errors import BadInputError
 from qlift.options import check_fields
@@ -44,6 +46,21 @@ class QuantizeOptions:
     def __post_init__(self) -> None:
         check_fields(self)
         _check_regexes(self.ignore)
+        if self.method == "fp8" and (self.calib or self.num_samples or self.seq_len or self.group_size):
+            raise BadInputError("--calib, --num-samples, --seq-len and --group-size apply to --awq only",
+                                hint="FP8 dynamic needs no calibration; drop those options.")
+
+    @classmethod
+    def from_switches(cls, *, awq: bool, fp8: bool, **options: Any) -> QuantizeOptions:
+        """The options from ``qlift quantize``'s flags, where the method is one of two switches, --awq or --fp8
+        (exactly one); --group-size, AWQ's alone, is let go with --fp8."""
+        if awq == fp8:
+            if awq:
+                raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
+            raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
+        if fp8:
+            options["group_size"] = None
+        return cls(method="awq" if awq else "fp8", **options)
 
 
 def _check_regexes(patterns: tuple[str, ...]) -> None:

@@ -26,7 +26,6 @@ from qlift.rollout.aborts import (
 )
 from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
 from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, now_iso
-from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, State, StepOutcome
 from qlift.rollout.webhook import notify, validate_webhook
@@ -74,11 +73,8 @@ def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str],
 
 
 def validate_spec(spec: RolloutSpec) -> None:
-    """What can be checked without the data plane: the webhook URL, the shadow phase's plane."""
+    """What can be checked without the data plane beyond the spec's own validators: the webhook URL."""
     validate_webhook(spec.webhook)
-    if spec.shadow is not None and Capability.MIRROR not in PLANES[spec.data_plane].capabilities:
-        raise BadInputError(f"a shadow phase needs the qlift router as the data plane, not {spec.data_plane}",
-                            field="--shadow", hint="Drop --shadow, or use --data-plane builtin.")
 
 
 def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = None) -> Rollout:

@@ -1,10 +1,13 @@
 """What a merge can be asked to do besides BASE, ADAPTERS and the output: the one definition
-``merge_model`` takes and ``qlift merge``'s options are generated from."""
+``merge_model`` takes and ``qlift merge``'s options are generated from; its values (device, shard size,
+limits) are checked on construction, for the CLI and a release's merge stage alike."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+from qlift.errors import BadInputError
 from qlift.options import check_fields
 
 DEFAULT_TOLERANCE = 0.02
@@ -31,3 +34,22 @@ class MergeOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        parse_size(self.max_shard_size)
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise BadInputError(f"unknown device {self.device!r}", field="--device", hint="Use cpu or cuda.")
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB', '1000000' -> bytes (decimal units as Hugging Face uses)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", text.upper())
+    if not m:
+        raise BadInputError(f"cannot read size {text!r}", field="--max-shard-size",
+                            hint="Write it like 5GB, 500MB or 2GiB.")
+    unit = m.group(2).rstrip("B") or ""
+    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
+    mult = (1024 if unit.endswith("I") else 1000) ** power
+    size = float(m.group(1)) * mult
+    if not 0 < size < 2**63:
+        raise BadInputError(f"size {text!r} must be positive and below 8 EiB", field="--max-shard-size",
+                            hint="Write it like 5GB.")
+    return int(size)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import resource
 import shutil
 import time
@@ -20,7 +19,7 @@ from qlift.fsutil import FileHashes, atomic_output_dir, check_output_path
 from qlift.lineage import read_manifest, recorded_hashes, utc_now, write_manifest
 from qlift.loaders import read_json_object, validated
 from qlift.merge.adapter import PICKLE_NAME, SAFE_NAME, Adapter, load_adapter
-from qlift.merge.options import MergeOptions
+from qlift.merge.options import MergeOptions, parse_size
 from qlift.merge.plan import LM_HEAD, Plan, build_plan, updated_config
 from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
@@ -57,22 +56,6 @@ class MergeResult:
     warnings: list[str] = field(default_factory=list)
     verify: VerifyResult | None = None
     verify_not_run: str | None = None  # why a --verify that was on could not compare (the merge stands)
-
-
-def parse_size(text: str) -> int:
-    """'5GB', '500MB', '2GiB', '1000000' -> bytes (decimal units as Hugging Face uses)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", text.upper())
-    if not m:
-        raise BadInputError(f"cannot read size {text!r}", field="--max-shard-size",
-                            hint="Write it like 5GB, 500MB or 2GiB.")
-    unit = m.group(2).rstrip("B") or ""
-    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
-    mult = (1024 if unit.endswith("I") else 1000) ** power
-    size = float(m.group(1)) * mult
-    if not 0 < size < 2**63:
-        raise BadInputError(f"size {text!r} must be positive and below 8 EiB", field="--max-shard-size",
-                            hint="Write it like 5GB.")
-    return int(size)
 
 
 def _base_matches(adapter: Adapter, base: ModelDir) -> bool:
@@ -191,8 +174,6 @@ def merge_model(*, base: Path, adapters: list[Path], out: Path, options: MergeOp
     out = Path(out)
     check_output_path(out, force=force, inputs=[base, *adapters])
     shard_bytes = parse_size(max_shard_size)
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise BadInputError(f"unknown device {device!r}", field="--device", hint="Use cpu or cuda.")
     mdir = ModelDir.open(base)
     _check_base(mdir)
     st_dtype, dtype_name = _dtype(mdir, dtype)

@@ -11,8 +11,11 @@ CLI's text to the field's value, raising BadInputError).
 
 One generator makes the CLI's flags from every options class: these dataclasses (stage options) and
 the pydantic models that are also config files (``RolloutSpec``'s sections, ``RouterConfig``). Each
-class checks its own values on construction (``__post_init__`` or pydantic's validators), so the CLI,
-the release and a library caller meet one rule, worded once, naming the flag.
+class checks its own values and the rules between them on construction (``__post_init__`` raising
+BadInputError naming the flag, or pydantic's validators), so the CLI, the release (which validates a
+stage's options with pydantic's TypeAdapter, running the same ``__post_init__``) and a library caller
+meet one rule, worded once. Stage options stay stdlib dataclasses: Click's types already convert the
+flags and the release already checks the file's types, so pydantic dataclasses would add no check.
 """
 
 from __future__ import annotations

@@ -166,3 +166,15 @@ def test_router_flags_are_its_config_fields() -> None:
 def test_router_bad_port_is_one_line_naming_it(run_cli) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("router", "--backend", "a=http://127.0.0.1:9", "--port", "70000")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "port" in r.stderr, r.stderr
+
+
+def test_click_and_the_cli_are_imported_only_in_the_cli() -> None:
+    """One flag generator, in qlift/cli/: no other module builds Click options or reaches into the CLI."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "qlift"
+    pattern = re.compile(r"^\s*(?:import|from)\s+(?:click|qlift\.cli)\b", re.MULTILINE)
+    found = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+             if p.parent != root / "cli" and p != root / "__main__.py" and pattern.search(p.read_text("utf-8"))]
+    assert not found

@@ -28,6 +28,7 @@ import math
 import textwrap
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -139,11 +140,13 @@ def _model_field(name: str, info: Any) -> OptionField:
     args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) in (Union, UnionType) else [ann]
     base = args[0] if len(args) == 1 else ann
     if any(isinstance(m, BeforeValidator) for m in info.metadata):
-        ann = str
+        ann = str  # pydantic parses the text itself, as it parses the file's
     elif get_origin(base) is Literal:
         meta["choices"] = get_args(base)
     elif base is bool:
         meta["flag_pair"] = True
+    elif base not in (int, float, Path):
+        ann = str
     shown = "" if info.default is None or info.default is PydanticUndefined else f" [default: {info.default}]"
     meta["default_text"] = shown
     return OptionField(name, flag(name), ann, None, info.description or "", meta)

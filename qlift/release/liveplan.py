@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 from qlift.errors import BadInputError, GateFailedError, QliftError
 from qlift.models.ref import ModelRef
 from qlift.release import live
-from qlift.release.report import StageReport, first_line, stage_key
+from qlift.release.journal import StageStatus
+from qlift.release.report import Action, StageReport, first_line, stage_key
 from qlift.release.spec import RouterStageOptions, ServeStageOptions, Stage
 from qlift.serialize import to_jsonable
 
 if TYPE_CHECKING:
     from qlift.release.pipeline import Pipeline
+    from qlift.rollout.states import State
     from qlift.router.config import RouterConfig
     from qlift.router.handle import RouterHandle
     from qlift.serve.handle import ServeHandle
@@ -30,6 +32,13 @@ def rollout_journal(out: Path, run_id: int) -> Path:
     """One rollout journal per run: a run killed mid-promote left a rollout whose servers and router
     are gone; the next run starts them again and rolls out from the first step."""
     return out / f"rollout-{run_id}.sqlite"
+
+
+def rollout_state(result: dict[str, Any]) -> State | None:
+    """The final state of the rollout a promote stage's journaled result holds (None: it failed before it began)."""
+    from qlift.rollout.states import State
+
+    return State(result["state"]) if "state" in result else None
 
 
 @dataclass
@@ -114,15 +123,15 @@ class LivePlan:
                 else:
                     result = self._promote(p, s, router_url, token if any(
                         isinstance(x.options, RouterStageOptions) and not x.options.url for x in self.stages) else None)
-                p.journal.end(s.name, key, "done", result=result)
-                p._report(StageReport(s.name, s.kind, "ran", self.notes.get(s.name, ""), key,
+                p.journal.end(s.name, key, StageStatus.DONE, result=result)
+                p._report(StageReport(s.name, s.kind, Action.RAN, self.notes.get(s.name, ""), key,
                                       seconds=round(time.monotonic() - t0, 2), result=result))
         except BaseException as exc:
             row = p.journal.stage(s.name, key)
-            if row is not None and row["status"] == "running":  # promote journals its own failure with its result
-                p.journal.end(s.name, key, "failed", result={"error": first_line(exc)})
+            if row is not None and row.status is StageStatus.RUNNING:  # promote journals its failure with its result
+                p.journal.end(s.name, key, StageStatus.FAILED, result={"error": first_line(exc)})
             if isinstance(exc, QliftError | KeyboardInterrupt):
-                p._report(StageReport(s.name, s.kind, "failed", first_line(exc), key,
+                p._report(StageReport(s.name, s.kind, Action.FAILED, first_line(exc), key,
                                       seconds=round(time.monotonic() - t0, 2)))
             raise
         finally:
@@ -168,7 +177,7 @@ class LivePlan:
         try:
             raise_for_outcome(final)
         except GateFailedError:
-            p.journal.end(s.name, self.keys[s.name], "failed", result=result)
+            p.journal.end(s.name, self.keys[s.name], StageStatus.FAILED, result=result)
             raise
         return result
 

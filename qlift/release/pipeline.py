@@ -26,9 +26,9 @@ from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.cache import file_stats, verified_stats
 from qlift.release.journal import NAME as JOURNAL_NAME
-from qlift.release.journal import ReleaseJournal, writer_lock_path
-from qlift.release.liveplan import LivePlan
-from qlift.release.report import StageReport, first_line, short, stage_key
+from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
+from qlift.release.liveplan import LivePlan, rollout_state
+from qlift.release.report import Action, StageReport, first_line, short, stage_key
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.release.stages import (
     TABLE,
@@ -101,7 +101,7 @@ class Pipeline:
 
     def _blocked(self, stage: Stage, needs: list[str], warning: str = "") -> None:
         self.pending.append(stage.name)
-        self._report(StageReport(stage.name, stage.kind, "blocked",
+        self._report(StageReport(stage.name, stage.kind, Action.BLOCKED,
                                  f"needs {', '.join(needs)} (made when {'they run' if len(needs) > 1 else 'it runs'})",
                                  warning=warning))
 
@@ -116,7 +116,7 @@ class Pipeline:
                 raise BadInputError(f"the base {base.path} is not a directory", path=self.release.file,
                                     field="base.path", hint="Point base.path at a model directory.")
             self.models["base"] = ModelRef.of(base.path)
-            self._report(StageReport("base", "path", "skip" if self.dry_run else "skipped",
+            self._report(StageReport("base", "path", Action.skip(self.dry_run),
                                      "a directory: nothing to import", output=str(base.path),
                                      content_hash=self.models["base"].content_hash))
             return
@@ -164,7 +164,7 @@ class Pipeline:
     def _model_stage(self, stage: Stage) -> None:
         self._force_from(stage.name)
         if stage.name in self.unneeded:
-            self._report(StageReport(stage.name, stage.kind, "skip" if self.dry_run else "skipped",
+            self._report(StageReport(stage.name, stage.kind, Action.skip(self.dry_run),
                                      self.unneeded[stage.name]))
             return
         baseline = eval_baseline(stage)
@@ -202,19 +202,19 @@ class Pipeline:
                     on_done: Callable[[Path], None]) -> None:
         out = self.release.out / f"{name}-{short(key)}"
         row = self.journal.stage(name, key)
-        stats = verified_stats(out, row["content_hash"], row["files"]) \
-            if not self.forced and row is not None and row["status"] == "done" else None
+        stats = verified_stats(out, row.content_hash, row.files) \
+            if not self.forced and row is not None and row.status is StageStatus.DONE else None
         if row is not None and stats is not None:
-            if stats != row["files"] and not self.dry_run:
+            if stats != row.files and not self.dry_run:
                 self.journal.set_files(name, key, stats)
             on_done(out)
-            self._report(StageReport(name, kind, "skip" if self.dry_run else "skipped", f"cached {short(key)}",
-                                     key, str(out), row["content_hash"], result=row["result"]))
+            self._report(StageReport(name, kind, Action.skip(self.dry_run), f"cached {short(key)}",
+                                     key, str(out), row.content_hash, result=row.result))
             return
         why = "--from" if self.forced else self._why_run(name, key, row)
         if self.dry_run:
             self.pending.append(name)
-            self._report(StageReport(name, kind, "run", why, key, str(out)))
+            self._report(StageReport(name, kind, Action.RUN, why, key, str(out)))
             return
         self.echo(f"{name} ({kind}): running ({why})")
         _remove_partials(out)
@@ -223,28 +223,29 @@ class Pipeline:
         try:
             result = run(out)
         except BaseException as exc:
-            self.journal.end(name, key, "failed", result={"error": str(exc)})
+            self.journal.end(name, key, StageStatus.FAILED, result={"error": str(exc)})
             if isinstance(exc, QliftError | KeyboardInterrupt):
-                self._report(StageReport(name, kind, "failed", first_line(exc), key, str(out),
+                self._report(StageReport(name, kind, Action.FAILED, first_line(exc), key, str(out),
                                          seconds=round(time.monotonic() - t0, 2)))
             raise
         content = dir_hash(out)
-        self.journal.end(name, key, "done", content_hash=content, result=to_jsonable(result), files=file_stats(out))
+        self.journal.end(name, key, StageStatus.DONE, content_hash=content, result=to_jsonable(result),
+                         files=file_stats(out))
         on_done(out)
-        self._report(StageReport(name, kind, "ran", why, key, str(out), content, round(time.monotonic() - t0, 2),
+        self._report(StageReport(name, kind, Action.RAN, why, key, str(out), content, round(time.monotonic() - t0, 2),
                                  to_jsonable(result)))
 
-    def _why_run(self, name: str, key: str, row: dict[str, Any] | None) -> str:
+    def _why_run(self, name: str, key: str, row: StageRow | None) -> str:
         if row is not None:
-            if row["status"] == "running":
+            if row.status is StageStatus.RUNNING:
                 return "the last run did not finish it (resuming here)"
-            if row["status"] == "failed":
+            if row.status is StageStatus.FAILED:
                 return "it failed last time"
             return "its output is missing or no longer matches its hash"
         latest = self.journal.latest(name)
         if latest is None:
             return "never run"
-        return f"inputs or options changed (last run: {short(latest['key'])})"
+        return f"inputs or options changed (last run: {short(latest.key)})"
 
     # -- serve, router, promote ----------------------------------------------------------------
     def _live(self, stages: list[Stage]) -> None:
@@ -261,15 +262,15 @@ class Pipeline:
         plan = LivePlan.of(self, stages)
         promote = next((s for s in stages if s.kind == "promote"), None)
         row = self.journal.stage(promote.name, plan.keys[promote.name]) if promote else None
-        if promote and not self.forced and row is not None and row["status"] == "done":
+        if promote and not self.forced and row is not None and row.status is StageStatus.DONE:
             for s in stages:
-                self._report(StageReport(s.name, s.kind, "skip" if self.dry_run else "skipped",
+                self._report(StageReport(s.name, s.kind, Action.skip(self.dry_run),
                                          f"promoted already with key {short(plan.keys[promote.name])}",
-                                         plan.keys[s.name], result=row["result"] if s is promote else None))
+                                         plan.keys[s.name], result=row.result if s is promote else None))
             return
         if self.dry_run:
             for s in stages:
-                self._report(StageReport(s.name, s.kind, "run", plan.notes.get(s.name, "live stage"),
+                self._report(StageReport(s.name, s.kind, Action.RUN, plan.notes.get(s.name, "live stage"),
                                          plan.keys[s.name], warning=warning if s.kind == "promote" else ""))
             return
         if warning:
@@ -288,7 +289,7 @@ class Pipeline:
         from qlift.rollout.states import State
 
         last = self.journal.latest(promote.name)
-        promoted = last is not None and last["result"].get("state") == State.PROMOTED
+        promoted = last is not None and rollout_state(last.result) is State.PROMOTED
         weights = _router_weights(url)
         if weights is not None:
             now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
@@ -360,7 +361,7 @@ def _run_locked(release: Release, journal: ReleaseJournal, from_stage: str | Non
     try:
         Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
     except BaseException as exc:
-        journal.finish_run(run_id, "failed", first_line(exc))
+        journal.finish_run(run_id, RunOutcome.FAILED, first_line(exc))
         raise
-    journal.finish_run(run_id, "done")
+    journal.finish_run(run_id, RunOutcome.DONE)
     return reports

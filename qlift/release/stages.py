@@ -50,6 +50,7 @@ class StageKind:
     takes_adapters: bool = False  # it works on the base with the release's adapters (merge)
     checks: bool = False  # its report holds the gates promote checks the candidate against (eval)
     live: bool = False  # runs as long as the release (serve, router) or drives traffic (promote); writes no files
+    moves_traffic: bool = False  # moves users between the versions (promote): its success ends the live stages
     key_inputs: Callable[[StageCall], dict[str, str]] | None = None  # content hashes its key is made of
     run: Callable[[StageCall, Path], object] | None = None  # writes the output directory
 
@@ -206,6 +207,6 @@ TABLE: dict[str, StageKind] = {
     "eval": StageKind("qlift.eval.options:EvalOptions", 1, checks=True, key_inputs=eval_key, run=run_eval),
     "serve": StageKind("qlift.release.spec:ServeStageOptions", 1, live=True),
     "router": StageKind("qlift.release.spec:RouterStageOptions", 1, live=True),
-    "promote": StageKind("qlift.rollout.spec:RolloutSpec", 1, live=True),
+    "promote": StageKind("qlift.rollout.spec:RolloutSpec", 1, live=True, moves_traffic=True),
 }
 STAGE_VERSIONS = BASE_VERSIONS | {kind: k.version for kind, k in TABLE.items()}

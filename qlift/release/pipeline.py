@@ -32,6 +32,7 @@ from qlift.release.report import Action, StageReport, first_line, short, stage_k
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.release.stages import (
     TABLE,
+    BaseKind,
     StageCall,
     base_identity,
     base_kind,
@@ -42,8 +43,6 @@ from qlift.release.stages import (
     run_base,
 )
 from qlift.serialize import to_jsonable
-
-LIVE = tuple(kind for kind, k in TABLE.items() if k.live)
 
 
 @dataclass
@@ -81,10 +80,10 @@ class Pipeline:
         self._base()
         self.choices = self._serve_choices()
         self.unneeded = self._unneeded()
-        model_stages = [s for s in self.release.stages if s.kind not in LIVE]
+        model_stages = [s for s in self.release.stages if TABLE[s.kind].live is None]
         for stage in model_stages:
             self._model_stage(stage)
-        live_stages = [s for s in self.release.stages if s.kind in LIVE]
+        live_stages = [s for s in self.release.stages if TABLE[s.kind].live is not None]
         if live_stages:
             self._live(live_stages)
         return self.reports
@@ -110,13 +109,13 @@ class Pipeline:
         base = self.release.base
         kind = base_kind(base)
         self._force_from("base")
-        if kind == "path":
+        if kind is BaseKind.PATH:
             assert base.path is not None
             if not base.path.is_dir():
                 raise BadInputError(f"the base {base.path} is not a directory", path=self.release.file,
                                     field="base.path", hint="Point base.path at a model directory.")
             self.models["base"] = ModelRef.of(base.path)
-            self._report(StageReport("base", "path", Action.skip(self.dry_run),
+            self._report(StageReport("base", kind, Action.skip(self.dry_run),
                                      "a directory: nothing to import", output=str(base.path),
                                      content_hash=self.models["base"].content_hash))
             return
@@ -151,7 +150,7 @@ class Pipeline:
     def _unneeded(self) -> dict[str, str]:
         """only_if_served stages that nothing served on this machine needs, with the reason."""
         served = {model for model, _ in self.choices.values()}
-        used = {s.input for s in self.release.stages if s.kind not in LIVE} | \
+        used = {s.input for s in self.release.stages if TABLE[s.kind].live is None} | \
             {eval_baseline(s) for s in self.release.stages}
         out = {}
         for s in self.release.stages:
@@ -251,39 +250,38 @@ class Pipeline:
     def _live(self, stages: list[Stage]) -> None:
         for s in stages:
             self._force_from(s.name)
-        served = {name for name, _ in self.choices.values()} | {s.input for s in stages if s.kind == "serve"}
+        served = {name for name, _ in self.choices.values()} | {s.input for s in stages if TABLE[s.kind].serves}
         evals = [s.name for s in self.release.stages if TABLE[s.kind].checks]
         needs = [n for n in self.pending if n in served or n in evals]
-        warning = self._traffic_warning(stages)
+        mover = next((s for s in stages if TABLE[s.kind].moves_traffic), None)
+        warning = self._traffic_warning(stages, mover)
+        warnings = {mover.name: warning} if mover is not None else {}
         if needs:
             for s in stages:
-                self._blocked(s, needs, warning if s.kind == "promote" else "")
+                self._blocked(s, needs, warnings.get(s.name, ""))
             return
         plan = LivePlan.of(self, stages)
-        promote = next((s for s in stages if s.kind == "promote"), None)
-        row = self.journal.stage(promote.name, plan.keys[promote.name]) if promote else None
-        if promote and not self.forced and row is not None and row.status is StageStatus.DONE:
+        row = self.journal.stage(mover.name, plan.keys[mover.name]) if mover is not None else None
+        if mover is not None and not self.forced and row is not None and row.status is StageStatus.DONE:
             for s in stages:
                 self._report(StageReport(s.name, s.kind, Action.skip(self.dry_run),
-                                         f"promoted already with key {short(plan.keys[promote.name])}",
-                                         plan.keys[s.name], result=row.result if s is promote else None))
+                                         f"promoted already with key {short(plan.keys[mover.name])}",
+                                         plan.keys[s.name], result=row.result if s is mover else None))
             return
         if self.dry_run:
             for s in stages:
                 self._report(StageReport(s.name, s.kind, Action.RUN, plan.notes.get(s.name, "live stage"),
-                                         plan.keys[s.name], warning=warning if s.kind == "promote" else ""))
+                                         plan.keys[s.name], warning=warnings.get(s.name, "")))
             return
-        if warning:
-            self.echo(f"{promote.name if promote else 'promote'}: {warning}")
-        plan.run(self)
+        if mover is not None and warning:
+            self.echo(f"{mover.name}: {warning}")
+        plan.run()
 
-    def _traffic_warning(self, stages: list[Stage]) -> str:
+    def _traffic_warning(self, stages: list[Stage], promote: Stage | None) -> str:
         """What running promote does to a router that serves users (one named with url:), said before it does
         it: from the router's weights where its admin API answers, else from the last promote journaled here.
         A router the release starts carries only the release's own traffic."""
-        promote = next((s for s in stages if s.kind == "promote"), None)
-        router = next((s for s in stages if s.kind == "router"), None)
-        url = router.opts(RouterStageOptions).url if router is not None else None
+        url = next((s.options.url for s in stages if isinstance(s.options, RouterStageOptions)), None)
         if promote is None or not url:
             return ""
         from qlift.rollout.states import State

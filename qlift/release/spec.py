@@ -223,7 +223,7 @@ def load_release(path: Path) -> Release:
                                 hint="List the LoRA adapters under `adapters:` (name and path).")
         load = entry.load.model_copy(update={"prompts": here / entry.load.prompts}) if entry.load else None
         kind = stage_kind(entry.stage)
-        if entry.only_if_served and kind.live:
+        if entry.only_if_served and kind.live is not None:
             raise BadInputError("only a merge, quantize or eval stage takes only_if_served", path=where,
                                 field="only_if_served", hint=HINT)
         stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served))

@@ -77,7 +77,7 @@ def start_router(run: LiveRun, stage: Stage) -> dict[str, Any]:
     if o.url:
         run.router_url = o.url
         return {"url": o.url, "started": False}
-    config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]})
+    config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]}, stage=stage.name)
     log = run.plan.pipeline.release.out / "logs" / f"{stage.name}.log"
     router = run.procs.start(stage.name, _router(config, run.token, log), lambda h: h.url, keep=o.keep_running)
     run.router_url, run.router_started = router.url, True

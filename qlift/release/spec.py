@@ -4,9 +4,10 @@ Each stage's ``options`` are validated as its kind's options class in the stage 
 (``qlift.release.stages.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
 dataclasses the commands take), ``RolloutSpec`` for promote (its versions and router filled in when
 it runs); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s own ``ServeOptions`` plus the
-release's fields; the router, whose ``RouterConfig`` needs the backends the release makes, gets a
-small one here. Fields the release itself decides (outputs, ``force``, the names and URLs of the
-versions, a server's host) are refused with a line saying so.
+release's fields, and a router stage's ``RouterStageOptions`` is ``qlift router``'s own ``RouterConfig``
+(its backends filled in from the serve stages) plus the release's. Fields the release itself decides
+(outputs, ``force``, the names and URLs of the versions, a server's host) are refused with a line
+saying so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
 from qlift.models.ref import AdapterRef
+from qlift.router.config import RouterConfig
 from qlift.serve.options import ServeOptions
 
 Kind = Literal["merge", "quantize", "eval", "serve", "router", "promote"]
@@ -80,14 +82,25 @@ class ServeStageOptions(ServeOptions):
                                  "(it binds 127.0.0.1)")
 
 
-class RouterStageOptions(_Strict):
-    """`qlift router` in front of the stable and candidate servers (backends 'stable' and 'canary')."""
+class RouterStageOptions(RouterConfig):
+    """`qlift router` as a release stage: its own settings (everything its --config file and flags take; the
+    backends are the release's stable and candidate servers, named 'stable' and 'canary') and how the release
+    runs it; or a running router named by url, starting nothing."""
 
     url: str | None = Field(None, description="An existing qlift router's URL: start nothing (its backends must "
                                               "be named stable and canary).")
     public_model: str = Field("release", description="--public-model: the model name clients send.")
     port: int = Field(0, ge=0, le=65535, description="--port (0: a free one).")
     keep_running: bool = Field(False, description="Leave the router running when the release ends.")
+
+    def config(self, backends: list[dict[str, Any]], *, where: str) -> RouterConfig:
+        """The router's own config: these settings without the release's fields, with ``backends`` (a bad one is
+        a BadInputError naming ``where``)."""
+        from qlift.router.config import parse_config
+
+        own = self.model_dump(exclude={"url", "keep_running", "backends"}, exclude_unset=True)
+        return parse_config({**own, "public_model": self.public_model, "port": self.port, "backends": backends},
+                            path=where)
 
 
 class LoadOptions(_Strict):
@@ -175,10 +188,17 @@ MANAGED: dict[str, dict[str, str]] = {
               "dry_run": "the release starts servers (`qlift release run --dry-run` plans)",
               "gpu": "the release serves on this machine's hardware", "gpus": "the release serves on this machine's "
                                                                              "hardware"},
+    "router": {"backends": "the release fills them: its stable and candidate servers",
+               "host": "a router the release starts binds 127.0.0.1"},
     "promote": {k: "the release fills it from its serve and router stages"
                 for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
                | {"eval_report": "the release passes its eval stage's report"},
 }
+
+# Fields of a stage's options model naming files, taken relative to the release file ('' and '-' as they are:
+# the router's access log off, or to its log).
+FILE_FIELDS: dict[str, tuple[str, ...]] = {
+    "router": ("api_keys_file", "filter_file", "metrics_token_file", "state_file", "access_log")}
 
 
 def stage_kind(kind: str) -> StageKind:
@@ -241,6 +261,8 @@ def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, mo
         if key in MANAGED.get(kind, {}):
             raise BadInputError(f"set by the release ({MANAGED[kind][key]})", path=where, field=f"options.{key}",
                                 hint="Remove it from the file.")
+    data = {key: str(here / value) if key in FILE_FIELDS.get(kind, ()) and isinstance(value, str)
+            and value not in ("", "-") else value for key, value in data.items()}
     if dataclasses.is_dataclass(model):
         return _dataclass_options(kind, model, data, where=where, here=here, models=models)
     if kind == "promote":  # the versions and router are placeholders until the release runs it

@@ -146,3 +146,25 @@ def test_a_serve_stage_takes_a_port_and_refuses_clashes(run_cli, tmp_path: Path,
         s["options"]["keep_running"] = True
     f.write_text(yaml.safe_dump({"base": {"path": str(tiny_qwen2_tied)}, "stages": serve}), encoding="utf-8")
     assert run_cli("release", "run", f, "--dry-run").exit_code == 0
+
+
+def test_statuses_are_enums_in_code_and_the_same_words_in_the_journal(tmp_path: Path) -> None:
+    """A journal an older qlift wrote (plain words) reads back as the enums, and what this one writes is those
+    words, so either reads the other's journal; a stage cannot end `running`."""
+    db = tmp_path / "release.sqlite"
+    with ReleaseJournal(db) as journal:
+        run_id = journal.start_run(tmp_path / "release.yaml")
+        journal.begin("merge", "sha256:m", "")
+        with pytest.raises(ValueError, match="ends done or failed"):
+            journal.end("merge", "sha256:m", StageStatus.RUNNING)
+        journal.end("merge", "sha256:m", StageStatus.DONE)
+        journal.finish_run(run_id, RunOutcome.FAILED, "stage 'eval': a gate failed")
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO stages (name, key, status, output, started_at) VALUES "
+                     "('eval', 'sha256:e', 'failed', '', '2026-12-01T10:00:00+00:00')")
+        assert conn.execute("SELECT status FROM stages WHERE name='merge'").fetchone() == ("done",)
+        assert conn.execute("SELECT outcome FROM runs").fetchone() == ("failed",)
+    with ReleaseJournal(db, readonly=True) as journal:
+        row, run = journal.stage("eval", "sha256:e"), journal.last_run()
+        assert row is not None and row.status is StageStatus.FAILED and row.result == {}
+        assert run is not None and run.outcome is RunOutcome.FAILED

@@ -59,6 +59,9 @@ BAD = [
     ({"stage": "eval", "options": {"prompts": "p.jsonl", "report_dir": "x"}}, "eval", "options.report_dir",
      "set by the release"),
     ({"stage": "serve", "name": "cand", "options": {"core": -1}}, "cand", "options.core", "greater than"),
+    ({"stage": "router", "options": {"limits": {"requests_per_s": 0}}}, "router", "options.limits.requests_per_s",
+     "greater than"),
+    ({"stage": "router", "options": {"backends": []}}, "router", "options.backends", "set by the release"),
     ({"stage": "promote", "options": {"analysis": {"min_requests": 0}}}, "promote", "options.analysis.min_requests",
      "greater than"),
     ({"stage": "promote", "options": {"steps": [10, 100], "colour": 1}}, "promote", "options.colour", "xtra"),
@@ -150,6 +153,7 @@ def test_schema_spells_out_every_stage(run_cli) -> None:
     assert variants["quantize"]["required"] == ["method"]
     assert "stable" not in variants["promote"]["properties"] and "steps" in variants["promote"]["properties"]
     assert "AnalysisSpec" in schema["$defs"]  # promote's nested refs resolve
+    assert "limits" in variants["router"]["properties"] and "backends" not in variants["router"]["properties"]
 
 
 def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_qwen2_tied: Path,
@@ -419,6 +423,31 @@ def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> Non
         (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
     assert given.loras == {"tickets": tmp_path / "adapters" / "tickets"} and given.host == "127.0.0.1"
     assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+
+
+def test_a_router_stage_passes_the_router_its_own_settings(tmp_path: Path) -> None:
+    """A router stage's options are `qlift router`'s own settings (file paths relative to the file) plus the
+    release's; the router gets a plain RouterConfig whose backends are the release's servers, all traffic on stable."""
+    from qlift.release import load_release
+    from qlift.release.live import router_config
+    from qlift.router.config import RouterConfig
+
+    f = tmp_path / "release.yaml"
+    f.write_text(yaml.safe_dump({"base": {"path": "base"}, "stages": [
+        {"stage": "serve", "name": "stable", "options": {"role": "stable", "url": "http://127.0.0.1:9"}},
+        {"stage": "serve", "name": "canary", "options": {"url": "http://127.0.0.1:9"}},
+        {"stage": "router", "options": {"port": 8100, "api_keys_file": "keys.txt", "access_log": "-",
+                                        "limits": {"requests_per_s": 5}, "timeouts": {"idle_s": 9}}}]}),
+        encoding="utf-8")
+    stage = load_release(f).stages[2]
+    config = router_config(stage.options, {"stable": "http://127.0.0.1:8001/v1",  # type: ignore[arg-type]
+                                           "canary": "http://127.0.0.1:8002"})
+    assert type(config) is RouterConfig
+    assert (config.port, config.public_model, config.host, config.api_keys_file, config.access_log) == \
+        (8100, "release", "127.0.0.1", tmp_path / "keys.txt", "-")
+    assert (config.limits.requests_per_s, config.timeouts.idle_s, config.timeouts.connect_s) == (5, 9, 5.0)
+    assert [(b.name, b.url, b.weight) for b in config.backends] == [("stable", "http://127.0.0.1:8001", 100),
+                                                                      ("canary", "http://127.0.0.1:8002", 0)]
 
 
 def test_a_killed_runs_router_is_stopped_by_pid_and_a_reused_pid_left_alone(tmp_path: Path) -> None:

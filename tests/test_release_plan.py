@@ -12,7 +12,7 @@ import pytest
 import yaml
 from faults import RouterProcess, TinyBackend
 
-from qlift.release.journal import ReleaseJournal
+from qlift.release.journal import ReleaseJournal, RunOutcome, StageStatus
 from qlift.router.client import RouterClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_the_plan_says_what_promote_will_do_to_a_production_routers_traffic(
                  "http://127.0.0.1:1", with_eval=True)
     with ReleaseJournal(tmp_path / "out" / "release.sqlite") as journal:
         journal.begin("promote", "sha256:" + "0" * 64, "")
-        journal.end("promote", "sha256:" + "0" * 64, "done", result={"state": "promoted"})
+        journal.end("promote", "sha256:" + "0" * 64, StageStatus.DONE, result={"state": "promoted"})
     blocked = _promote_line(run_cli, f)
     assert blocked["action"] == "blocked" and blocked["reason"] == "needs eval (made when it runs)"
     assert blocked["warning"].startswith("will re-run promote: weights go back to the stable (stable=90, "
@@ -87,9 +87,9 @@ def test_status_shows_the_rollouts_outcome_reason_journal_and_each_stages_durati
         run_id = journal.start_run(f)
         for name in ("stable", "canary", "router", "promote"):
             journal.begin(name, f"sha256:{name}", "")
-        journal.end("promote", "sha256:promote", "failed",
+        journal.end("promote", "sha256:promote", StageStatus.FAILED,
                     result={"state": "rolled_back", "reason": "latency 2.29x > 1.5x", "journal": str(rollout)})
-        journal.finish_run(run_id, "failed", "stage 'promote': rolled back")
+        journal.finish_run(run_id, RunOutcome.FAILED, "stage 'promote': rolled back")
     with sqlite3.connect(db) as conn:  # the promote stage ran 63 s; the others are still journaled running
         conn.execute("UPDATE stages SET started_at='2026-12-03T10:00:00+00:00', "
                      "finished_at='2026-12-03T10:01:03+00:00' WHERE name='promote'")
@@ -146,3 +146,25 @@ def test_a_serve_stage_takes_a_port_and_refuses_clashes(run_cli, tmp_path: Path,
         s["options"]["keep_running"] = True
     f.write_text(yaml.safe_dump({"base": {"path": str(tiny_qwen2_tied)}, "stages": serve}), encoding="utf-8")
     assert run_cli("release", "run", f, "--dry-run").exit_code == 0
+
+
+def test_statuses_are_enums_in_code_and_the_same_words_in_the_journal(tmp_path: Path) -> None:
+    """A journal an older qlift wrote (plain words) reads back as the enums, and what this one writes is those
+    words, so either reads the other's journal; a stage cannot end `running`."""
+    db = tmp_path / "release.sqlite"
+    with ReleaseJournal(db) as journal:
+        run_id = journal.start_run(tmp_path / "release.yaml")
+        journal.begin("merge", "sha256:m", "")
+        with pytest.raises(ValueError, match="ends done or failed"):
+            journal.end("merge", "sha256:m", StageStatus.RUNNING)
+        journal.end("merge", "sha256:m", StageStatus.DONE)
+        journal.finish_run(run_id, RunOutcome.FAILED, "stage 'eval': a gate failed")
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO stages (name, key, status, output, started_at) VALUES "
+                     "('eval', 'sha256:e', 'failed', '', '2026-12-01T10:00:00+00:00')")
+        assert conn.execute("SELECT status FROM stages WHERE name='merge'").fetchone() == ("done",)
+        assert conn.execute("SELECT outcome FROM runs").fetchone() == ("failed",)
+    with ReleaseJournal(db, readonly=True) as journal:
+        row, run = journal.stage("eval", "sha256:e"), journal.last_run()
+        assert row is not None and row.status is StageStatus.FAILED and row.result == {}
+        assert run is not None and run.outcome is RunOutcome.FAILED

@@ -66,7 +66,10 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
                   "stages": reports, "error": exc.one_line()})
         raise
     def human() -> None:
-        counts = {a: sum(1 for r in reports if r.action == a) for a in ("ran", "skipped", "run", "skip", "blocked")}
+        from qlift.release.report import Action
+
+        counts = {a: sum(1 for r in reports if r.action is a)
+                  for a in (Action.RAN, Action.SKIPPED, Action.RUN, Action.SKIP, Action.BLOCKED)}
         said = ", ".join(f"{n} {a}" for a, n in counts.items() if n)
         click.echo(f"release {release.name}{' (plan)' if dry_run else ''}: {said}; outputs in {release.out}")
 

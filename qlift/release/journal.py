@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +34,70 @@ CREATE TABLE IF NOT EXISTS servers (
 """
 
 
+class StageStatus(StrEnum):
+    """A stage row's status, as the journal stores it."""
+
+    RUNNING = "running"  # written before its work starts
+    DONE = "done"  # its output is in place (file stages: with its content hash)
+    FAILED = "failed"
+
+
+class RunOutcome(StrEnum):
+    """A run's outcome, as the journal stores it (``running`` until it ends). ``killed`` is never written: it is
+    how ``run_outcome`` reads a ``running`` run whose process is gone."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    KILLED = "killed"
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """A stage's journaled row, typed as it is read back."""
+
+    name: str
+    key: str
+    status: StageStatus
+    output: str
+    content_hash: str
+    result: dict[str, Any]
+    started_at: str
+    finished_at: str | None
+    files: dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A run's journaled row, typed as it is read back (its fields in the table's order: status prints them)."""
+
+    id: int
+    file: str
+    started_at: str
+    finished_at: str | None
+    outcome: RunOutcome
+    detail: str
+
+
 def writer_lock_path(journal: Path) -> Path:
     """Held (flock, with its pid inside) by the one `release run` writing this journal, for its whole life."""
     return journal.with_name(journal.name + ".lock")
 
 
-def run_outcome(journal: Path, last_run: dict[str, Any] | None) -> str | None:
-    """The last run's outcome as it is: a run journaled `running` whose process is gone was killed."""
-    if last_run is None:
-        return None
-    if last_run["outcome"] != "running":
-        return str(last_run["outcome"])
+def run_outcome(journal: Path, run: RunRow) -> tuple[RunOutcome, str]:
+    """The run's outcome as it is, and as status says it: a run journaled `running` whose process is gone was
+    killed."""
+    if run.outcome is not RunOutcome.RUNNING:
+        return run.outcome, run.outcome.value
     lock = writer_lock_path(journal)
     holder = lock_holder(lock)
     if holder is not None:
-        return f"running (pid {holder})"
+        return RunOutcome.RUNNING, f"running (pid {holder})"
     try:
         pid = lock.read_text().strip()
     except OSError:
         pid = "?"
-    return f"killed (pid {pid or '?'} gone); `qlift release run` resumes it"
+    return RunOutcome.KILLED, f"killed (pid {pid or '?'} gone); `qlift release run` resumes it"
 
 
 def now() -> str:
@@ -88,28 +134,35 @@ class ReleaseJournal:
         cur = self.db.execute("INSERT INTO runs (file, started_at) VALUES (?, ?)", (str(file), now()))
         return int(cur.lastrowid or 0)
 
-    def finish_run(self, run_id: int, outcome: str, detail: str = "") -> None:
-        self.db.execute("UPDATE runs SET finished_at=?, outcome=?, detail=? WHERE id=?", (now(), outcome, detail,
-                                                                                           run_id))
+    def finish_run(self, run_id: int, outcome: RunOutcome, detail: str = "") -> None:
+        outcome = RunOutcome(outcome)
+        if outcome not in (RunOutcome.DONE, RunOutcome.FAILED):
+            raise ValueError(f"a run ends done or failed, not {outcome}")
+        self.db.execute("UPDATE runs SET finished_at=?, outcome=?, detail=? WHERE id=?",
+                        (now(), outcome.value, detail, run_id))
 
-    def stage(self, name: str, key: str) -> dict[str, Any] | None:
+    def stage(self, name: str, key: str) -> StageRow | None:
         row = self.db.execute("SELECT * FROM stages WHERE name=? AND key=?", (name, key)).fetchone()
-        return _row(row)
+        return _stage_row(row)
 
-    def latest(self, name: str) -> dict[str, Any] | None:
+    def latest(self, name: str) -> StageRow | None:
         row = self.db.execute("SELECT * FROM stages WHERE name=? ORDER BY started_at DESC, rowid DESC LIMIT 1",
                               (name,)).fetchone()
-        return _row(row)
+        return _stage_row(row)
 
     def begin(self, name: str, key: str, output: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO stages (name, key, status, output, started_at) VALUES (?,?,?,?,?)",
-                        (name, key, "running", output, now()))
+                        (name, key, StageStatus.RUNNING.value, output, now()))
 
-    def end(self, name: str, key: str, status: str, *, content_hash: str = "", result: Any = None,
+    def end(self, name: str, key: str, status: StageStatus, *, content_hash: str = "", result: Any = None,
             files: dict[str, list[int]] | None = None) -> None:
+        status = StageStatus(status)
+        if status is StageStatus.RUNNING:
+            raise ValueError("a stage ends done or failed; `begin` journals it running")
         self.db.execute("UPDATE stages SET status=?, content_hash=?, result=?, finished_at=?, files=? "
                         "WHERE name=? AND key=?",
-                        (status, content_hash, json.dumps(result or {}), now(), json.dumps(files or {}), name, key))
+                        (status.value, content_hash, json.dumps(result or {}), now(), json.dumps(files or {}), name,
+                         key))
 
     def set_files(self, name: str, key: str, files: dict[str, list[int]]) -> None:
         """The output's file stats, after reading every byte proved it unchanged."""
@@ -126,14 +179,19 @@ class ReleaseJournal:
         rows = self.db.execute("SELECT * FROM servers WHERE stopped_at IS NULL").fetchall()
         return [dict(r) for r in rows]
 
-    def last_run(self) -> dict[str, Any] | None:
-        return _row(self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone())
+    def last_run(self) -> RunRow | None:
+        row = self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        if row is None:
+            return None
+        return RunRow(id=int(row["id"]), file=row["file"], started_at=row["started_at"],
+                      finished_at=row["finished_at"], outcome=RunOutcome(row["outcome"]), detail=row["detail"])
 
 
-def _row(row: sqlite3.Row | None) -> dict[str, Any] | None:
+def _stage_row(row: sqlite3.Row | None) -> StageRow | None:
+    """A stage's row with its status as the enum and its JSON columns read."""
     if row is None:
         return None
-    out = dict(row)
-    out["result"] = json.loads(out.get("result") or "{}")
-    out["files"] = json.loads(out.get("files") or "{}")
-    return out
+    return StageRow(name=row["name"], key=row["key"], status=StageStatus(row["status"]), output=row["output"],
+                    content_hash=row["content_hash"], result=json.loads(row["result"] or "{}"),
+                    started_at=row["started_at"], finished_at=row["finished_at"],
+                    files=json.loads(row["files"] or "{}"))

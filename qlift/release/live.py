@@ -123,13 +123,16 @@ def serve_request(model: Path, o: ServeStageOptions) -> tuple[ServeInputs, Serve
                                             served_model_name=o.served_model_name or f"qlift-{o.role}")
 
 
-def router_config(o: RouterStageOptions, backends: dict[str, str]) -> RouterConfig:
-    """The router stage's options: the backends, all traffic on stable."""
-    from qlift.router.config import build_config
+FIRST_WEIGHTS = {"stable": 100, "canary": 0}  # the router starts with all traffic on stable; promote moves it
 
-    return build_config(config_path=None, weights=["stable=100", "canary=0"],
-                        backends=[f"{name}={url.rstrip('/').removesuffix('/v1')}" for name, url in backends.items()],
-                        flags={"public_model": o.public_model, "port": o.port})
+
+def router_config(o: RouterStageOptions, backends: dict[str, str], *, stage: str = "router") -> RouterConfig:
+    """The router stage's own config: its settings, with the servers (by backend name) as its backends."""
+    from qlift.router.config import parse_backend_flag
+
+    entries = [{**parse_backend_flag(f"{name}={url.rstrip('/').removesuffix('/v1')}"), "weight": FIRST_WEIGHTS[name]}
+               for name, url in backends.items()]
+    return o.config(entries, where=f"stage '{stage}' (router)")
 
 
 def new_router_token() -> str:

@@ -26,12 +26,13 @@ from qlift.models.ref import ModelRef, dir_hash
 from qlift.release import live
 from qlift.release.cache import file_stats, verified_stats
 from qlift.release.journal import NAME as JOURNAL_NAME
-from qlift.release.journal import ReleaseJournal, writer_lock_path
-from qlift.release.liveplan import LivePlan
-from qlift.release.report import StageReport, first_line, short, stage_key
+from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
+from qlift.release.liveplan import LivePlan, rollout_state
+from qlift.release.report import Action, StageReport, first_line, short, stage_key
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.release.stages import (
     TABLE,
+    BaseKind,
     StageCall,
     base_identity,
     base_kind,
@@ -42,8 +43,6 @@ from qlift.release.stages import (
     run_base,
 )
 from qlift.serialize import to_jsonable
-
-LIVE = tuple(kind for kind, k in TABLE.items() if k.live)
 
 
 @dataclass
@@ -81,10 +80,10 @@ class Pipeline:
         self._base()
         self.choices = self._serve_choices()
         self.unneeded = self._unneeded()
-        model_stages = [s for s in self.release.stages if s.kind not in LIVE]
+        model_stages = [s for s in self.release.stages if TABLE[s.kind].live is None]
         for stage in model_stages:
             self._model_stage(stage)
-        live_stages = [s for s in self.release.stages if s.kind in LIVE]
+        live_stages = [s for s in self.release.stages if TABLE[s.kind].live is not None]
         if live_stages:
             self._live(live_stages)
         return self.reports
@@ -101,7 +100,7 @@ class Pipeline:
 
     def _blocked(self, stage: Stage, needs: list[str], warning: str = "") -> None:
         self.pending.append(stage.name)
-        self._report(StageReport(stage.name, stage.kind, "blocked",
+        self._report(StageReport(stage.name, stage.kind, Action.BLOCKED,
                                  f"needs {', '.join(needs)} (made when {'they run' if len(needs) > 1 else 'it runs'})",
                                  warning=warning))
 
@@ -110,13 +109,13 @@ class Pipeline:
         base = self.release.base
         kind = base_kind(base)
         self._force_from("base")
-        if kind == "path":
+        if kind is BaseKind.PATH:
             assert base.path is not None
             if not base.path.is_dir():
                 raise BadInputError(f"the base {base.path} is not a directory", path=self.release.file,
                                     field="base.path", hint="Point base.path at a model directory.")
             self.models["base"] = ModelRef.of(base.path)
-            self._report(StageReport("base", "path", "skip" if self.dry_run else "skipped",
+            self._report(StageReport("base", kind, Action.skip(self.dry_run),
                                      "a directory: nothing to import", output=str(base.path),
                                      content_hash=self.models["base"].content_hash))
             return
@@ -151,7 +150,7 @@ class Pipeline:
     def _unneeded(self) -> dict[str, str]:
         """only_if_served stages that nothing served on this machine needs, with the reason."""
         served = {model for model, _ in self.choices.values()}
-        used = {s.input for s in self.release.stages if s.kind not in LIVE} | \
+        used = {s.input for s in self.release.stages if TABLE[s.kind].live is None} | \
             {eval_baseline(s) for s in self.release.stages}
         out = {}
         for s in self.release.stages:
@@ -164,7 +163,7 @@ class Pipeline:
     def _model_stage(self, stage: Stage) -> None:
         self._force_from(stage.name)
         if stage.name in self.unneeded:
-            self._report(StageReport(stage.name, stage.kind, "skip" if self.dry_run else "skipped",
+            self._report(StageReport(stage.name, stage.kind, Action.skip(self.dry_run),
                                      self.unneeded[stage.name]))
             return
         baseline = eval_baseline(stage)
@@ -202,19 +201,19 @@ class Pipeline:
                     on_done: Callable[[Path], None]) -> None:
         out = self.release.out / f"{name}-{short(key)}"
         row = self.journal.stage(name, key)
-        stats = verified_stats(out, row["content_hash"], row["files"]) \
-            if not self.forced and row is not None and row["status"] == "done" else None
+        stats = verified_stats(out, row.content_hash, row.files) \
+            if not self.forced and row is not None and row.status is StageStatus.DONE else None
         if row is not None and stats is not None:
-            if stats != row["files"] and not self.dry_run:
+            if stats != row.files and not self.dry_run:
                 self.journal.set_files(name, key, stats)
             on_done(out)
-            self._report(StageReport(name, kind, "skip" if self.dry_run else "skipped", f"cached {short(key)}",
-                                     key, str(out), row["content_hash"], result=row["result"]))
+            self._report(StageReport(name, kind, Action.skip(self.dry_run), f"cached {short(key)}",
+                                     key, str(out), row.content_hash, result=row.result))
             return
         why = "--from" if self.forced else self._why_run(name, key, row)
         if self.dry_run:
             self.pending.append(name)
-            self._report(StageReport(name, kind, "run", why, key, str(out)))
+            self._report(StageReport(name, kind, Action.RUN, why, key, str(out)))
             return
         self.echo(f"{name} ({kind}): running ({why})")
         _remove_partials(out)
@@ -223,72 +222,72 @@ class Pipeline:
         try:
             result = run(out)
         except BaseException as exc:
-            self.journal.end(name, key, "failed", result={"error": str(exc)})
+            self.journal.end(name, key, StageStatus.FAILED, result={"error": str(exc)})
             if isinstance(exc, QliftError | KeyboardInterrupt):
-                self._report(StageReport(name, kind, "failed", first_line(exc), key, str(out),
+                self._report(StageReport(name, kind, Action.FAILED, first_line(exc), key, str(out),
                                          seconds=round(time.monotonic() - t0, 2)))
             raise
         content = dir_hash(out)
-        self.journal.end(name, key, "done", content_hash=content, result=to_jsonable(result), files=file_stats(out))
+        self.journal.end(name, key, StageStatus.DONE, content_hash=content, result=to_jsonable(result),
+                         files=file_stats(out))
         on_done(out)
-        self._report(StageReport(name, kind, "ran", why, key, str(out), content, round(time.monotonic() - t0, 2),
+        self._report(StageReport(name, kind, Action.RAN, why, key, str(out), content, round(time.monotonic() - t0, 2),
                                  to_jsonable(result)))
 
-    def _why_run(self, name: str, key: str, row: dict[str, Any] | None) -> str:
+    def _why_run(self, name: str, key: str, row: StageRow | None) -> str:
         if row is not None:
-            if row["status"] == "running":
+            if row.status is StageStatus.RUNNING:
                 return "the last run did not finish it (resuming here)"
-            if row["status"] == "failed":
+            if row.status is StageStatus.FAILED:
                 return "it failed last time"
             return "its output is missing or no longer matches its hash"
         latest = self.journal.latest(name)
         if latest is None:
             return "never run"
-        return f"inputs or options changed (last run: {short(latest['key'])})"
+        return f"inputs or options changed (last run: {short(latest.key)})"
 
     # -- serve, router, promote ----------------------------------------------------------------
     def _live(self, stages: list[Stage]) -> None:
         for s in stages:
             self._force_from(s.name)
-        served = {name for name, _ in self.choices.values()} | {s.input for s in stages if s.kind == "serve"}
+        served = {name for name, _ in self.choices.values()} | {s.input for s in stages if TABLE[s.kind].serves}
         evals = [s.name for s in self.release.stages if TABLE[s.kind].checks]
         needs = [n for n in self.pending if n in served or n in evals]
-        warning = self._traffic_warning(stages)
+        mover = next((s for s in stages if TABLE[s.kind].moves_traffic), None)
+        warning = self._traffic_warning(stages, mover)
+        warnings = {mover.name: warning} if mover is not None else {}
         if needs:
             for s in stages:
-                self._blocked(s, needs, warning if s.kind == "promote" else "")
+                self._blocked(s, needs, warnings.get(s.name, ""))
             return
         plan = LivePlan.of(self, stages)
-        promote = next((s for s in stages if s.kind == "promote"), None)
-        row = self.journal.stage(promote.name, plan.keys[promote.name]) if promote else None
-        if promote and not self.forced and row is not None and row["status"] == "done":
+        row = self.journal.stage(mover.name, plan.keys[mover.name]) if mover is not None else None
+        if mover is not None and not self.forced and row is not None and row.status is StageStatus.DONE:
             for s in stages:
-                self._report(StageReport(s.name, s.kind, "skip" if self.dry_run else "skipped",
-                                         f"promoted already with key {short(plan.keys[promote.name])}",
-                                         plan.keys[s.name], result=row["result"] if s is promote else None))
+                self._report(StageReport(s.name, s.kind, Action.skip(self.dry_run),
+                                         f"promoted already with key {short(plan.keys[mover.name])}",
+                                         plan.keys[s.name], result=row.result if s is mover else None))
             return
         if self.dry_run:
             for s in stages:
-                self._report(StageReport(s.name, s.kind, "run", plan.notes.get(s.name, "live stage"),
-                                         plan.keys[s.name], warning=warning if s.kind == "promote" else ""))
+                self._report(StageReport(s.name, s.kind, Action.RUN, plan.notes.get(s.name, "live stage"),
+                                         plan.keys[s.name], warning=warnings.get(s.name, "")))
             return
-        if warning:
-            self.echo(f"{promote.name if promote else 'promote'}: {warning}")
-        plan.run(self)
+        if mover is not None and warning:
+            self.echo(f"{mover.name}: {warning}")
+        plan.run()
 
-    def _traffic_warning(self, stages: list[Stage]) -> str:
+    def _traffic_warning(self, stages: list[Stage], promote: Stage | None) -> str:
         """What running promote does to a router that serves users (one named with url:), said before it does
         it: from the router's weights where its admin API answers, else from the last promote journaled here.
         A router the release starts carries only the release's own traffic."""
-        promote = next((s for s in stages if s.kind == "promote"), None)
-        router = next((s for s in stages if s.kind == "router"), None)
-        url = router.opts(RouterStageOptions).url if router is not None else None
+        url = next((s.options.url for s in stages if isinstance(s.options, RouterStageOptions)), None)
         if promote is None or not url:
             return ""
         from qlift.rollout.states import State
 
         last = self.journal.latest(promote.name)
-        promoted = last is not None and last["result"].get("state") == State.PROMOTED
+        promoted = last is not None and rollout_state(last.result) is State.PROMOTED
         weights = _router_weights(url)
         if weights is not None:
             now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
@@ -360,7 +359,7 @@ def _run_locked(release: Release, journal: ReleaseJournal, from_stage: str | Non
     try:
         Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
     except BaseException as exc:
-        journal.finish_run(run_id, "failed", first_line(exc))
+        journal.finish_run(run_id, RunOutcome.FAILED, first_line(exc))
         raise
-    journal.finish_run(run_id, "done")
+    journal.finish_run(run_id, RunOutcome.DONE)
     return reports

@@ -5,11 +5,28 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from qlift.errors import QliftError
 from qlift.release.stages import STAGE_VERSIONS
 from qlift.serialize import to_jsonable
+
+
+class Action(StrEnum):
+    """What a stage's line says: in a plan what will happen, after a run what did."""
+
+    RUN = "run"
+    SKIP = "skip"
+    BLOCKED = "blocked"  # its input is made by a stage the plan runs first
+    RAN = "ran"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+    @classmethod
+    def skip(cls, dry_run: bool) -> Action:
+        """A cached or unneeded stage's action: in a plan, and after a run."""
+        return cls.SKIP if dry_run else cls.SKIPPED
 
 
 @dataclass
@@ -18,7 +35,7 @@ class StageReport:
 
     name: str
     kind: str
-    action: str  # plan: run | skip | blocked; after a run: ran | skipped | failed
+    action: Action  # plan: run | skip | blocked; after a run: ran | skipped | failed
     reason: str = ""
     key: str = ""
     output: str = ""
@@ -29,8 +46,8 @@ class StageReport:
 
     def line(self, index: int, total: int) -> str:
         key = f" [{short(self.key)}]" if self.key and short(self.key) not in self.reason else ""
-        took = f" in {self.seconds:.1f} s" if self.action == "ran" else ""
-        where = f" -> {self.output}" if self.output and self.action in ("ran", "skipped") else ""
+        took = f" in {self.seconds:.1f} s" if self.action is Action.RAN else ""
+        where = f" -> {self.output}" if self.output and self.action in (Action.RAN, Action.SKIPPED) else ""
         return f"[{index}/{total}] {self.name} ({self.kind}): {self.action}{took}{key}" + \
             (f": {self.reason}" if self.reason else "") + where + (f"; {self.warning}" if self.warning else "")
 

@@ -4,9 +4,10 @@ Each stage's ``options`` are validated as its kind's options class in the stage 
 (``qlift.release.stages.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
 dataclasses the commands take), ``RolloutSpec`` for promote (its versions and router filled in when
 it runs); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s own ``ServeOptions`` plus the
-release's fields; the router, whose ``RouterConfig`` needs the backends the release makes, gets a
-small one here. Fields the release itself decides (outputs, ``force``, the names and URLs of the
-versions, a server's host) are refused with a line saying so.
+release's fields, and a router stage's ``RouterStageOptions`` is ``qlift router``'s own ``RouterConfig``
+(its backends filled in from the serve stages) plus the release's. Fields the release itself decides
+(outputs, ``force``, the names and URLs of the versions, a server's host) are refused with a line
+saying so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
 from qlift.models.ref import AdapterRef
+from qlift.router.config import RouterConfig
 from qlift.serve.options import ServeOptions
 
 Kind = Literal["merge", "quantize", "eval", "serve", "router", "promote"]
@@ -80,14 +82,25 @@ class ServeStageOptions(ServeOptions):
                                  "(it binds 127.0.0.1)")
 
 
-class RouterStageOptions(_Strict):
-    """`qlift router` in front of the stable and candidate servers (backends 'stable' and 'canary')."""
+class RouterStageOptions(RouterConfig):
+    """`qlift router` as a release stage: its own settings (everything its --config file and flags take; the
+    backends are the release's stable and candidate servers, named 'stable' and 'canary') and how the release
+    runs it; or a running router named by url, starting nothing."""
 
     url: str | None = Field(None, description="An existing qlift router's URL: start nothing (its backends must "
                                               "be named stable and canary).")
     public_model: str = Field("release", description="--public-model: the model name clients send.")
     port: int = Field(0, ge=0, le=65535, description="--port (0: a free one).")
     keep_running: bool = Field(False, description="Leave the router running when the release ends.")
+
+    def config(self, backends: list[dict[str, Any]], *, where: str) -> RouterConfig:
+        """The router's own config: these settings without the release's fields, with ``backends`` (a bad one is
+        a BadInputError naming ``where``)."""
+        from qlift.router.config import parse_config
+
+        own = self.model_dump(exclude={"url", "keep_running", "backends"}, exclude_unset=True)
+        return parse_config({**own, "public_model": self.public_model, "port": self.port, "backends": backends},
+                            path=where)
 
 
 class LoadOptions(_Strict):
@@ -164,7 +177,8 @@ class Release:
         return next(s for s in self.stages if s.name == name)
 
 
-PROMOTE_FILLED = {"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"}
+# Required fields the release fills in when it runs the stage, validated with placeholders until then.
+PLACEHOLDERS = {"promote": {"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"}}
 # Fields of each stage's options model that the release decides; a file giving one is refused.
 MANAGED: dict[str, dict[str, str]] = {
     "merge": {"force": "outputs are the release's own"},
@@ -175,10 +189,17 @@ MANAGED: dict[str, dict[str, str]] = {
               "dry_run": "the release starts servers (`qlift release run --dry-run` plans)",
               "gpu": "the release serves on this machine's hardware", "gpus": "the release serves on this machine's "
                                                                              "hardware"},
+    "router": {"backends": "the release fills them: its stable and candidate servers",
+               "host": "a router the release starts binds 127.0.0.1"},
     "promote": {k: "the release fills it from its serve and router stages"
                 for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
                | {"eval_report": "the release passes its eval stage's report"},
 }
+
+# Fields of a stage's options model naming files, taken relative to the release file ('' and '-' as they are:
+# the router's access log off, or to its log).
+FILE_FIELDS: dict[str, tuple[str, ...]] = {
+    "router": ("api_keys_file", "filter_file", "metrics_token_file", "state_file", "access_log")}
 
 
 def stage_kind(kind: str) -> StageKind:
@@ -211,19 +232,19 @@ def load_release(path: Path) -> Release:
         if entry.input is not None and entry.input not in models:
             raise BadInputError(f"'{entry.input}' is not the base or an earlier model stage ({', '.join(models)})",
                                 path=where, field="input", hint=HINT)
-        if entry.load is not None and entry.stage != "promote":
+        kind = stage_kind(entry.stage)
+        if entry.load is not None and not kind.moves_traffic:
             raise BadInputError("only a promote stage takes load", path=where, field="load", hint=HINT)
-        default_input = "base" if entry.stage == "serve" and entry.options.get("role") == "stable" else models[-1]
+        default_input = "base" if kind.serves and entry.options.get("role") == "stable" else models[-1]
         options = stage_options(entry.stage, entry.options, where=where, here=here, models=models)
         if isinstance(options, ServeStageOptions) and options.fallback is not None and options.fallback not in models:
             raise BadInputError(f"'{options.fallback}' is not the base or an earlier model stage", path=where,
                                 field="options.fallback", hint=HINT)
-        if entry.stage == "merge" and not adapters:
+        if kind.takes_adapters and not adapters:
             raise BadInputError("a merge stage needs adapters", path=path, field="adapters",
                                 hint="List the LoRA adapters under `adapters:` (name and path).")
         load = entry.load.model_copy(update={"prompts": here / entry.load.prompts}) if entry.load else None
-        kind = stage_kind(entry.stage)
-        if entry.only_if_served and kind.live:
+        if entry.only_if_served and kind.live is not None:
             raise BadInputError("only a merge, quantize or eval stage takes only_if_served", path=where,
                                 field="only_if_served", hint=HINT)
         stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served))
@@ -241,11 +262,11 @@ def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, mo
         if key in MANAGED.get(kind, {}):
             raise BadInputError(f"set by the release ({MANAGED[kind][key]})", path=where, field=f"options.{key}",
                                 hint="Remove it from the file.")
+    data = {key: str(here / value) if key in FILE_FIELDS.get(kind, ()) and isinstance(value, str)
+            and value not in ("", "-") else value for key, value in data.items()}
     if dataclasses.is_dataclass(model):
         return _dataclass_options(kind, model, data, where=where, here=here, models=models)
-    if kind == "promote":  # the versions and router are placeholders until the release runs it
-        return validated(model, {**data, **PROMOTE_FILLED}, path=where, prefix="options", hint=HINT)
-    return validated(model, data, path=where, prefix="options", hint=HINT)
+    return validated(model, {**data, **PLACEHOLDERS.get(kind, {})}, path=where, prefix="options", hint=HINT)
 
 
 def _dataclass_options(kind: str, model: type, data: dict[str, Any], *, where: str, here: Path,
@@ -275,11 +296,10 @@ def _dataclass_options(kind: str, model: type, data: dict[str, Any], *, where: s
 
 
 def _check_flow(stages: list[Stage], path: Path) -> None:
-    kinds = [s.kind for s in stages]
     serves = [(s, s.options) for s in stages if isinstance(s.options, ServeStageOptions)]
     routers = [(s, s.options) for s in stages if isinstance(s.options, RouterStageOptions)]
     roles = {o.role for _, o in serves}
-    if "router" in kinds and roles != {"candidate", "stable"}:
+    if routers and roles != {"candidate", "stable"}:
         raise BadInputError("a router stage needs a serve stage of each role (candidate and stable)", path=path,
                             field="stages", hint="Add `serve` stages with role: stable and role: candidate "
                             "(either may name a running server with url).")
@@ -299,7 +319,8 @@ def _check_flow(stages: list[Stage], path: Path) -> None:
                                     path=f"{path}: stage '{s.name}' (serve)", field="options",
                                     hint="Give it port: and keep_running: true (once promoted it serves the router's "
                                          "users), or name a running server with url:.")
-    if "promote" in kinds and "router" not in kinds[:kinds.index("promote")]:
+    mover = next((i for i, s in enumerate(stages) if stage_kind(s.kind).moves_traffic), None)
+    if mover is not None and not any(isinstance(s.options, RouterStageOptions) for s in stages[:mover]):
         raise BadInputError("a promote stage needs a router stage before it", path=path, field="stages",
                             hint="Add a `router` stage (url: names a running one).")
 
@@ -310,8 +331,10 @@ def json_schema() -> dict[str, Any]:
 
     schema = ReleaseFile.model_json_schema()
     variants = []
-    for kind in ("merge", "quantize", "eval", "serve", "router", "promote"):
-        model = options_model(kind)
+    from qlift.release.stages import TABLE
+
+    for kind, row in TABLE.items():
+        model = row.options_class()
         opts = model.model_json_schema() if isinstance(model, type) and issubclass(model, BaseModel) \
             else TypeAdapter(model).json_schema()
         docs = {k: v for cls in reversed(model.__mro__) if dataclasses.is_dataclass(cls)
@@ -328,7 +351,7 @@ def json_schema() -> dict[str, Any]:
         entry: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["stage"],
                  "properties": {**schema["$defs"]["StageEntry"]["properties"],
                                 "stage": {"const": kind}, "options": opts}}
-        if kind != "promote":
+        if not row.moves_traffic:
             del entry["properties"]["load"]
         variants.append(entry)
     schema["properties"]["stages"]["items"] = {"oneOf": variants}

@@ -2,8 +2,9 @@
 model version and whether it is live; for the stages that write a directory, the inputs its cache key is made
 of and the adapter that calls the stage's own ``run`` on the ``ModelRef`` and output path the pipeline chose.
 
-The live stages (serve, router, promote) run together in ``qlift.release.liveplan`` through their stages'
-library doors: ``qlift.serve.start``, ``qlift.router.start`` and ``qlift.rollout.run``.
+The live stages (serve, router, promote) run together in ``qlift.release.liveplan``, each through its row's
+``LiveDoor`` (``qlift.release.livestages``): its stage's library door, ``qlift.serve.start``,
+``qlift.router.start`` or ``qlift.rollout.run``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qlift.errors import GateFailedError
 from qlift.models.ref import ModelRef, dir_hash
+from qlift.release import livestages
 from qlift.release.spec import BaseSource, Stage
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from qlift.models.gguf_import import ImportResult
     from qlift.quantize.api import QuantizeResult
     from qlift.quantize.options import QuantizeOptions
+    from qlift.release.liveplan import LivePlan, LiveRun
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +47,25 @@ class StageCall:
 
 
 @dataclass(frozen=True)
+class LiveDoor:
+    """How a live stage runs in the release's live plan: what its key is made of (given the plan so far: the
+    servers are keyed before the rest) and ``start``, which starts it (or runs it to its end) and returns what
+    the journal keeps of it."""
+
+    key_inputs: Callable[[LivePlan, Stage], dict[str, Any]]
+    start: Callable[[LiveRun, Stage], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class StageKind:
     options: str  # "module:Class", the stage's own options class, imported when first asked for
     version: int  # bump when what it writes for the same inputs and options changes: its outputs are made again
     makes_model: bool = False  # its output is a model version later stages take as input
     takes_adapters: bool = False  # it works on the base with the release's adapters (merge)
     checks: bool = False  # its report holds the gates promote checks the candidate against (eval)
-    live: bool = False  # runs as long as the release (serve, router) or drives traffic (promote); writes no files
+    live: LiveDoor | None = None  # runs as long as the release (serve, router) or drives traffic (promote); no files
+    serves: bool = False  # a server of its input model: the other live stages' keys are made of its key
+    moves_traffic: bool = False  # moves users between the versions (promote): its success ends the live stages
     key_inputs: Callable[[StageCall], dict[str, str]] | None = None  # content hashes its key is made of
     run: Callable[[StageCall, Path], object] | None = None  # writes the output directory
 
@@ -59,8 +75,16 @@ class StageKind:
         return cls
 
 
-def base_kind(base: BaseSource) -> str:
-    return "import" if base.builtin else "download" if base.hub else "path"
+class BaseKind(StrEnum):
+    """Where the base comes from (not a stage of the file: its own kinds)."""
+
+    IMPORT = "import"  # a built-in, converted from its GGUF
+    DOWNLOAD = "download"  # a hub repo at its revision
+    PATH = "path"  # a directory on this machine: nothing to make
+
+
+def base_kind(base: BaseSource) -> BaseKind:
+    return BaseKind.IMPORT if base.builtin else BaseKind.DOWNLOAD if base.hub else BaseKind.PATH
 
 
 def base_identity(base: BaseSource) -> dict[str, Any]:
@@ -197,15 +221,18 @@ def run_eval(call: StageCall, out: Path) -> EvalResult:
 
 
 # The base's own kinds (not stages of the file): their keys carry a version too.
-BASE_VERSIONS = {"import": 1, "download": 1}
+BASE_VERSIONS = {BaseKind.IMPORT.value: 1, BaseKind.DOWNLOAD.value: 1}
 TABLE: dict[str, StageKind] = {
     "merge": StageKind("qlift.merge.options:MergeOptions", 1, makes_model=True, takes_adapters=True,
                        key_inputs=merge_key, run=run_merge),
     "quantize": StageKind("qlift.quantize.options:QuantizeOptions", 1, makes_model=True, key_inputs=quantize_key,
                           run=run_quantize),
     "eval": StageKind("qlift.eval.options:EvalOptions", 1, checks=True, key_inputs=eval_key, run=run_eval),
-    "serve": StageKind("qlift.release.spec:ServeStageOptions", 1, live=True),
-    "router": StageKind("qlift.release.spec:RouterStageOptions", 1, live=True),
-    "promote": StageKind("qlift.rollout.spec:RolloutSpec", 1, live=True),
+    "serve": StageKind("qlift.release.spec:ServeStageOptions", 1, serves=True,
+                       live=LiveDoor(livestages.serve_key, livestages.start_serve)),
+    "router": StageKind("qlift.release.spec:RouterStageOptions", 1,
+                        live=LiveDoor(livestages.router_key, livestages.start_router)),
+    "promote": StageKind("qlift.rollout.spec:RolloutSpec", 1, moves_traffic=True,
+                         live=LiveDoor(livestages.promote_key, livestages.run_promote)),
 }
 STAGE_VERSIONS = BASE_VERSIONS | {kind: k.version for kind, k in TABLE.items()}

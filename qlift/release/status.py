@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from qlift.release.journal import NAME, ReleaseJournal, run_outcome
-from qlift.release.liveplan import rollout_journal
+from qlift.release.journal import NAME, ReleaseJournal, RunOutcome, RunRow, StageRow, StageStatus, run_outcome
+from qlift.release.liveplan import rollout_journal, rollout_state
 from qlift.release.spec import Release
+from qlift.release.stages import TABLE
 
 _FIELDS = ("status", "key", "output", "content_hash", "started_at", "finished_at")
+NEVER_RUN = "never run"
+INTERRUPTED = "interrupted"  # journaled running by a run that was killed: nothing will finish it
 
 
 def release_status(release: Release) -> dict[str, Any]:
@@ -19,50 +23,52 @@ def release_status(release: Release) -> dict[str, Any]:
     names = ["base", *(s.name for s in release.stages)]
     if not path.exists():
         return {"release": release.name, "journal": str(path), "last_run": None, "rollout": None,
-                "stages": [{"name": n, "status": "never run"} for n in names]}
+                "stages": [{"name": n, "status": NEVER_RUN} for n in names]}
     stages: list[dict[str, Any]] = []
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, StageRow] = {}
+    last: dict[str, Any] | None = None
+    killed = False
     with ReleaseJournal(path, readonly=True) as journal:
         last_run = journal.last_run()
         if last_run is not None:
-            last_run["outcome"] = run_outcome(path, last_run)
+            outcome, said = run_outcome(path, last_run)
+            killed = outcome is RunOutcome.KILLED
+            last = dataclasses.asdict(last_run) | {"outcome": said}
         for name in names:
             row = journal.latest(name)
             if row is None:
-                stages.append({"name": name, "status": "never run"})
+                stages.append({"name": name, "status": NEVER_RUN})
                 continue
             rows[name] = row
-            stages.append({"name": name, **{k: row[k] for k in _FIELDS}, "seconds": seconds(row)})
-    killed = last_run is not None and str(last_run["outcome"]).startswith("killed")
-    for s in stages:
-        if killed and s["status"] == "running":  # its process is gone: what it was doing will not finish by itself
-            s["status"] = "interrupted"
-    promote = next((s.name for s in release.stages if s.kind == "promote"), None)
-    rollout = _rollout(release.out, rows.get(promote or ""), last_run)
-    return {"release": release.name, "journal": str(path), "last_run": last_run, "rollout": rollout,
+            fields = {k: getattr(row, k) for k in _FIELDS}
+            if killed and row.status is StageStatus.RUNNING:
+                fields["status"] = INTERRUPTED
+            stages.append({"name": name, **fields, "seconds": seconds(row)})
+    promote = next((s.name for s in release.stages if TABLE[s.kind].moves_traffic), None)
+    rollout = _rollout(release.out, rows.get(promote or ""), last_run, killed)
+    return {"release": release.name, "journal": str(path), "last_run": last, "rollout": rollout,
             "stages": stages}
 
 
-def seconds(row: dict[str, Any]) -> float | None:
+def seconds(row: StageRow) -> float | None:
     """How long the stage took (to the second, as journaled); None while it runs."""
-    if not row.get("finished_at"):
+    if not row.finished_at:
         return None
-    took = datetime.fromisoformat(row["finished_at"]) - datetime.fromisoformat(row["started_at"])
+    took = datetime.fromisoformat(row.finished_at) - datetime.fromisoformat(row.started_at)
     return took.total_seconds()
 
 
-def _rollout(out: Path, row: dict[str, Any] | None, last_run: dict[str, Any] | None) -> dict[str, Any] | None:
+def _rollout(out: Path, row: StageRow | None, last_run: RunRow | None, killed: bool) -> dict[str, Any] | None:
     if row is None:
         return None
-    result = row["result"]
-    if row["status"] == "running":  # the journal of this run's rollout; its process may be gone
-        journal = rollout_journal(out, int(last_run["id"])) if last_run else None
-        killed = last_run is not None and str(last_run["outcome"]).startswith("killed")
-        return {"state": "interrupted" if killed else "running", "reason": "", "journal": str(journal) if journal
-                else None}
-    if "state" not in result:  # it failed before the rollout began (e.g. the router refused it)
-        return {"state": "not started", "reason": result.get("error", ""), "journal": None}
-    return {"state": result["state"], "reason": result.get("reason", ""), "journal": result.get("journal")}
+    if row.status is StageStatus.RUNNING:  # the journal of this run's rollout; its process may be gone
+        journal = rollout_journal(out, last_run.id) if last_run else None
+        return {"state": INTERRUPTED if killed else "running", "reason": "",
+                "journal": str(journal) if journal else None}
+    state = rollout_state(row.result)
+    if state is None:  # it failed before the rollout began (e.g. the router refused it)
+        return {"state": "not started", "reason": row.result.get("error", ""), "journal": None}
+    return {"state": state, "reason": row.result.get("reason", ""), "journal": row.result.get("journal")}
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:

@@ -1,0 +1,131 @@
+"""What each live stage kind does in the release's live plan, as the stage table names it: what its key is made
+of, and how it starts (serve: ``qlift.serve.start``; router: ``qlift.router.start``; promote: ``qlift.rollout.run``,
+with chat traffic through the router where the file asks for it).
+
+A ``key_inputs`` function gets the plan being made (the servers' keys are known before the router's and
+promote's); a ``start`` function gets the run so far (the servers' URLs, the router's) and returns what the
+journal keeps of the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from qlift.errors import GateFailedError
+from qlift.models.ref import ModelRef
+from qlift.release import live
+from qlift.release.journal import StageStatus
+from qlift.release.spec import RouterStageOptions, ServeStageOptions, Stage
+from qlift.serialize import to_jsonable
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from qlift.release.liveplan import LivePlan, LiveRun
+    from qlift.router.config import RouterConfig
+    from qlift.router.handle import RouterHandle
+    from qlift.serve.handle import ServeHandle
+
+
+def serve_key(plan: LivePlan, stage: Stage) -> dict[str, str]:
+    """The model it serves: a running server's own where its admin answers, else the one the pipeline chose
+    for this machine (its input, or its fallback where vLLM cannot run the input here)."""
+    o, p = stage.opts(ServeStageOptions), plan.pipeline
+    if o.url:
+        from qlift.rollout.evalgate import served_model_dir
+
+        served = served_model_dir(o.url)
+        ref = ModelRef.of(served) if served is not None else p.models[stage.input]
+        plan.notes[stage.name] = f"a running server: {o.url}"
+    else:
+        name, plan.notes[stage.name] = p.choices[stage.name]
+        ref = p.models[name]
+    plan.models[stage.name] = ref
+    return {"model": ref.content_hash}
+
+
+def start_serve(run: LiveRun, stage: Stage) -> dict[str, Any]:
+    """Start its server in the background (journaled by pid), or take the running one its url names."""
+    o, model = stage.opts(ServeStageOptions), run.plan.models[stage.name]
+    if o.url:
+        run.urls[o.role] = o.url
+        result: dict[str, Any] = {"url": o.url, "started": False}
+    else:
+        server = run.procs.start(stage.name, _serve(model, o), lambda h: h.base_url, keep=o.keep_running)
+        run.urls[o.role] = server.base_url
+        result = {"url": server.base_url, "started": True, "pid": server.pid}
+    return result | {"model": str(model.base), "content_hash": model.content_hash, "role": o.role}
+
+
+def _serve(model: ModelRef, o: ServeStageOptions) -> Callable[[Callable[[int], None]], ServeHandle]:
+    from qlift import serve
+
+    inputs, options = live.serve_request(model.base, o)
+    return lambda started: serve.start(inputs, options, keep=o.keep_running, on_started=started)
+
+
+def router_key(plan: LivePlan, stage: Stage) -> dict[str, list[str]]:
+    return {"servers": plan.serve_keys()}
+
+
+def start_router(run: LiveRun, stage: Stage) -> dict[str, Any]:
+    """Start the router in front of the stable and candidate servers (all traffic on stable), or take the
+    running one its url names."""
+    o = stage.opts(RouterStageOptions)
+    run.public_model = o.public_model
+    if o.url:
+        run.router_url = o.url
+        return {"url": o.url, "started": False}
+    config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]}, stage=stage.name)
+    log = run.plan.pipeline.release.out / "logs" / f"{stage.name}.log"
+    router = run.procs.start(stage.name, _router(config, run.token, log), lambda h: h.url, keep=o.keep_running)
+    run.router_url, run.router_started = router.url, True
+    return {"url": router.url, "started": True, "public_model": o.public_model}
+
+
+def _router(config: RouterConfig, token: str, log: Path) -> Callable[[Callable[[int], None]], RouterHandle]:
+    from qlift import router
+
+    return lambda started: router.start(router.RouterInputs(token), config, log_path=log, on_started=started)
+
+
+def promote_key(plan: LivePlan, stage: Stage) -> dict[str, Any]:
+    return {"servers": plan.serve_keys(), "eval": plan.eval_key, "load": to_jsonable(stage.load)}
+
+
+def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
+    """The rollout of the candidate through the router, judged against the eval stage's report, with the file's
+    chat traffic through the router while it runs; a rollout that does not promote raises GateFailedError
+    after its result is journaled."""
+    from qlift.release.liveplan import rollout_journal
+    from qlift.rollout.api import raise_for_outcome, status
+    from qlift.rollout.spec import RolloutSpec
+
+    plan, p = run.plan, run.plan.pipeline
+    candidate = plan.candidate()
+    assert candidate is not None, "a promote stage follows a router, which needs a candidate server"
+    data = {**stage.opts(RolloutSpec).model_dump(exclude_unset=True), "stable": "stable", "canary": "canary",
+            "router": run.router_url, "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
+    if plan.eval_report is not None:
+        data["eval_report"] = str(plan.eval_report)
+    spec = RolloutSpec.model_validate(data)
+    journal = rollout_journal(p.release.out, p.run_id)
+    token = run.token if run.router_started else None
+    if stage.load is not None:
+        with live.Traffic(run.router_url, run.public_model, stage.load) as traffic:
+            final = live.promote(spec, journal, token)
+        sent = sum(traffic.status.values())
+        load = {"sent": sent, "failed": sent - traffic.status[200],
+                "statuses": {str(k): n for k, n in traffic.status.items()}}
+        p.echo(f"{stage.name}: {sent} requests through the router, {load['failed']} failed")
+    else:
+        final, load = live.promote(spec, journal, token), None
+    result = {"state": final.state, "reason": final.reason, "journal": str(journal),
+              **({"traffic": load} if load else {}), "rollout": status(journal)}
+    try:
+        raise_for_outcome(final)
+    except GateFailedError:
+        p.journal.end(stage.name, plan.keys[stage.name], StageStatus.FAILED, result=result)
+        raise
+    return result

@@ -56,6 +56,8 @@ BAD = [
     ({"stage": "quantize", "options": {"method": "gptq"}}, "quantize", "options.method", "gptq"),
     ({"stage": "eval", "options": {"prompts": "p.jsonl", "max_tokens": "many"}}, "eval", "options.max_tokens",
      "integer"),
+    ({"stage": "eval", "options": {"prompts": "p.jsonl", "resamples": 5}}, "eval", "options.resamples",
+     "out of range"),  # its flag is --bootstrap; the file's field is named
     ({"stage": "eval", "options": {"prompts": "p.jsonl", "report_dir": "x"}}, "eval", "options.report_dir",
      "set by the release"),
     ({"stage": "serve", "name": "cand", "options": {"core": -1}}, "cand", "options.core", "greater than"),

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
 from qlift.models.ref import AdapterRef
+from qlift.options import field_flag
 from qlift.router.config import RouterConfig
 from qlift.serve.options import ServeOptions
 
@@ -290,7 +291,8 @@ def _dataclass_options(kind: str, model: type, data: dict[str, Any], *, where: s
     except ValidationError as exc:
         raise validation_error(exc, path=where, prefix="options", hint=HINT) from None
     except BadInputError as exc:  # the model's own range and choice checks name the CLI flag
-        field = "options." + (exc.field or "").removeprefix("--").replace("-", "_")
+        by_flag = {field_flag(f): f.name for f in dataclasses.fields(model)}  # --bootstrap is `resamples`
+        field = "options." + by_flag.get(exc.field or "", (exc.field or "").removeprefix("--").replace("-", "_"))
         message = exc.message.split(": ")[-1]
         raise BadInputError(message, path=where, field=field, hint=exc.hint) from None
 

@@ -64,6 +64,7 @@ BAD = [
     ({"stage": "router", "options": {"limits": {"requests_per_s": 0}}}, "router", "options.limits.requests_per_s",
      "greater than"),
     ({"stage": "router", "options": {"backends": []}}, "router", "options.backends", "set by the release"),
+    ({"stage": "router", "options": {"state_file": "w.json"}}, "router", "options.state_file", "set by the release"),
     ({"stage": "promote", "options": {"analysis": {"min_requests": 0}}}, "promote", "options.analysis.min_requests",
      "greater than"),
     ({"stage": "promote", "options": {"steps": [10, 100], "colour": 1}}, "promote", "options.colour", "xtra"),

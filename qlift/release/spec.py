@@ -191,7 +191,9 @@ MANAGED: dict[str, dict[str, str]] = {
               "gpu": "the release serves on this machine's hardware", "gpus": "the release serves on this machine's "
                                                                              "hardware"},
     "router": {"backends": "the release fills them: its stable and candidate servers",
-               "host": "a router the release starts binds 127.0.0.1"},
+               "host": "a router the release starts binds 127.0.0.1",
+               "state_file": "the release's router starts with every request on the stable; weights kept from "
+                             "another run would send users to a canary no promote step has judged"},
     "promote": {k: "the release fills it from its serve and router stages"
                 for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
                | {"eval_report": "the release passes its eval stage's report"},

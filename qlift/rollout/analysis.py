@@ -8,7 +8,7 @@ little canary traffic does (pause by default, never a rollback unless asked). It
 typed ``Phase``; the controller only acts on it.
 
 Shadow windows (the canary answering mirrored copies of live prompts) go through the same
-object: their own judge (``shadow.judge_shadow``) measures them, the same policy decides. A
+object and the same judge (judge.py, whose registry holds the checks of answer pairs too). A
 window whose evidence source failed is measured ``Verdict.ERROR``: no evidence is no pass, and
 it holds toward the same limit as an inconclusive window, never as too little traffic.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from qlift.rollout.evidence import NO_PRIMARY, Evidence
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
-from qlift.rollout.shadow import ShadowEvidence, judge_shadow, judge_window
+from qlift.rollout.shadow import ShadowEvidence, judge_window
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import Phase
 
@@ -151,7 +151,7 @@ class Analysis:
         assert shadow is not None
         window.judged = judge_window(window, shadow)
         ev = self.with_carry(SHADOW_STEP, window)
-        d = judge_shadow(ev, self.spec)
+        d = judge(ev, self.spec.analysis, shadow)
         self.carry = (SHADOW_STEP, ev) if d.action == Action.HOLD else None
         if d.action == Action.ROLLBACK:
             return Assessment(Phase.ROLLBACK, f"shadow phase: {d.reason}", d, ev, holds, passes)

@@ -126,3 +126,22 @@ def test_a_controller_killed_with_sigkill_is_replaced_by_one_that_keeps_the_coun
     final = _run(journal, rid, sp, Outage(clock, [DOWN]), clock, MemoryPlane())
     assert [d["action"] for d in journal.history(rid)["decisions"]] == ["start", "hold", "hold", "hold", "rollback"]
     assert final.state == "rolled_back" and "no evidence for 4 windows in a row" in final.reason
+
+
+def test_a_journal_of_an_older_qlift_gets_the_count(tmp_path: Path) -> None:
+    """A journal without the errors column (written before it existed) reads as 0 errors, and gains the column
+    the first time it is opened for writing."""
+    import sqlite3
+
+    path = tmp_path / "j.sqlite"
+    sp = _spec()
+    with Journal(path) as journal:
+        rid = journal.create(sp.model_dump(mode="json"), "s", "c").id
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE rollouts DROP COLUMN errors")
+    with Journal(path, readonly=True) as old:
+        assert old.get(rid).errors == 0
+    with Journal(path) as journal:
+        with journal.tx() as db:
+            journal.update(db, rid, errors=2)
+        assert journal.get(rid).errors == 2

@@ -81,7 +81,7 @@ def test_errors_in_a_row_hold_up_to_the_limit_apart_from_inconclusive_and_a_meas
     assert final.reason.startswith("no evidence for 4 windows in a row (consecutive_error_limit 3): the evidence "
                                    "source failed: router at http://127.0.0.1:1 did not answer"), final.reason
     assert all("evidence source failed" in w["notes"][0] for w in h["windows"] if w["action"] == "hold")
-    assert final.holds == 0  # no error window was an inconclusive hold
+    assert (final.holds, final.errors) == (0, 4)  # no error window was an inconclusive hold
 
 
 def test_the_default_limit_is_max_inconclusive(tmp_path: Path) -> None:

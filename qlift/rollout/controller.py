@@ -309,7 +309,8 @@ class Controller:
         def also(db: Any) -> None:
             self._journal_window(db, idx, v, reason=v.reason)
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.ROLLED_BACK)
-            self.journal.transition(db, self.rid, r.state, State.ROLLED_BACK, v.reason, desired_version=r.stable)
+            self.journal.transition(db, self.rid, r.state, State.ROLLED_BACK, v.reason, desired_version=r.stable,
+                                    errors=v.errors)
 
         # The state is final from here; if the plane refuses the weights, _converge_final retries until applied.
         if self.journal.change_weights(self.rid, r.weights_for(0), "rollback", self.plane.set_weights,

@@ -8,7 +8,7 @@ Chinese or refuse more often than the stable's. Prints, on this CPU:
 
 - (a) ``answer_flags`` over all 2N answers, cold (the registry's caches cleared): every metric once; and
   each metric's own flag over them, alone;
-- (b) the whole shadow judge (``judge_shadow``: the operational checks, json_valid, agreement and the
+- (b) the whole shadow judge (``judge`` on a shadow window: the operational checks, json_valid, agreement and the
   four answer checks) on the window, cold, then again with the answers' flags memoised (what a held
   window costs on its next look); the answer metrics' share of the cold judge is (cold - warm) / cold;
 - the fastest of ``--repeat`` runs of each (the machine may be shared);
@@ -34,8 +34,9 @@ from typing import Any
 from qlift.hardware import detect_cpu
 from qlift.quality import language, refusal, registry, schema
 from qlift.quality.registry import answer_flags
-from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, judge_shadow
-from qlift.rollout.spec import ShadowSpec
+from qlift.rollout.judge import judge
+from qlift.rollout.shadow import Answer, Pair, ShadowEvidence
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 TARGET_S = 2.0
 
@@ -220,9 +221,9 @@ def main() -> None:
                        for m in registry.ANSWER_METRICS}
 
     spec = ShadowSpec(min_pairs=10)
-    res["judge_cold_s"] = _best(args.repeat, lambda: judge_shadow(ev, spec))
-    d = judge_shadow(ev, spec)
-    res["judge_warm_s"] = _best(args.repeat, lambda: judge_shadow(ev, spec), cold=False)
+    res["judge_cold_s"] = _best(args.repeat, lambda: judge(ev, AnalysisSpec(), spec))
+    d = judge(ev, AnalysisSpec(), spec)
+    res["judge_warm_s"] = _best(args.repeat, lambda: judge(ev, AnalysisSpec(), spec), cold=False)
     res["answer_metric_share"] = (res["judge_cold_s"] - res["judge_warm_s"]) / res["judge_cold_s"]
     res["decision"] = d.action
     res["checks"] = {c.name: c.status for c in d.checks}
@@ -240,7 +241,7 @@ def main() -> None:
     print(f"(a) answer_flags over {len(answers)} answers, cold: {res['answer_flags_s']:.2f} s "
           f"({1e6 * res['answer_flags_s'] / len(answers):.0f} us an answer); each metric alone: "
           + ", ".join(f"{k} {v:.2f} s" for k, v in res["metric_s"].items()))
-    print(f"(b) judge_shadow on {args.pairs} pairs: cold {res['judge_cold_s']:.2f} s, flags memoised "
+    print(f"(b) the shadow judge on {args.pairs} pairs: cold {res['judge_cold_s']:.2f} s, flags memoised "
           f"{res['judge_warm_s']:.2f} s; answer metrics {res['answer_metric_share']:.0%} of the cold judge "
           f"({d.action}: " + ", ".join(f"{k} {v}" for k, v in res["checks"].items() if v != "pass") + ")")
     print(f"py3langid import {res['py3langid']['import_s']:.3f} s + first classify (model load) "

@@ -1,4 +1,4 @@
-"""What judging one shadow window costs the controller: ``judge_shadow`` over N answer pairs.
+"""What judging one shadow window costs the controller: the judge over N answer pairs.
 
 The agreement check scores ROUGE-L (qlift eval's rouge-score scorer, quadratic in the answers'
 lengths) on an even sample of pairs and each answer's opening words, so a busy window costs
@@ -15,8 +15,9 @@ import argparse
 import random
 import time
 
-from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, judge_shadow
-from qlift.rollout.spec import ShadowSpec
+from qlift.rollout.judge import judge
+from qlift.rollout.shadow import Answer, Pair, ShadowEvidence
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 VOCAB = [f"w{i}" for i in range(400)]
 
@@ -47,7 +48,7 @@ def main() -> None:
     for n in sizes:
         ev = window(n, args.words)
         t0 = time.perf_counter()
-        d = judge_shadow(ev, spec)
+        d = judge(ev, AnalysisSpec(), spec)
         seconds[n] = time.perf_counter() - t0
         print(f"{n:>5} pairs x {args.words} words: {seconds[n]:.2f} s ({d.action})")
     lo, hi = min(sizes), max(sizes)

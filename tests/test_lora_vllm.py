@@ -294,7 +294,8 @@ def wait_for_copies(router: RouterProcess, source: Any, requests: int, timeout_s
 @pytest.mark.parametrize("adapter", list(BAD))
 def test_a_bad_fine_tune_is_rolled_back_by_its_metric_in_the_shadow_phase(clean: Any, adapter: str,
                                                                            tmp_path: Path) -> None:
-    from qlift.rollout.shadow import ShadowSource, judge_shadow
+    from qlift.rollout.judge import judge
+    from qlift.rollout.shadow import ShadowSource
     from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
     metric, max_tokens = BAD[adapter]
@@ -319,7 +320,7 @@ def test_a_bad_fine_tune_is_rolled_back_by_its_metric_in_the_shadow_phase(clean:
         router.stop()
     assert served == {"stable"} and len(answers) == len(prompts)
     # the adapter's CPU LoRA path is 3-6x slower per token: latency is not what this test is about
-    d = judge_shadow(ev, ShadowSpec(min_pairs=8), AnalysisSpec(max_latency_ratio=8.0, max_ttft_ratio=8.0))
+    d = judge(ev, AnalysisSpec(max_latency_ratio=8.0, max_ttft_ratio=8.0), ShadowSpec(min_pairs=8))
     checks = {c.name: c for c in d.checks}
     said = [(p.shadow.text, p.primary.text) for p in ev.pairs[:2]]
     assert d.action == "rollback" and checks[metric].status == "fail", \

@@ -14,8 +14,9 @@ from faults import ScriptedJudge
 
 from qlift.errors import BadInputError
 from qlift.quality.judge import JudgeSettings, judge_pairs, parse_target, verdict
-from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, judge_shadow, judge_window
-from qlift.rollout.spec import ShadowSpec
+from qlift.rollout.judge import judge
+from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, judge_window
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 
 def _evidence(n: int, canary: str) -> ShadowEvidence:
@@ -49,7 +50,7 @@ def test_a_worse_canary_is_rolled_back_on_the_judge_and_a_position_biased_judge_
         worse.judged = judge_window(worse, spec)
     assert worse.judged is not None and (worse.judged.losses, worse.judged.wins, worse.judged.ties) == (16, 0, 0)
     assert j.calls == 32  # each pair twice, order swapped
-    d = judge_shadow(worse, spec)
+    d = judge(worse, AnalysisSpec(), spec)
     checks = {c.name: c for c in d.checks}
     assert d.action == "rollback" and checks["judge"].status == "fail" and checks["judge"].test == "sign", d.reason
     same = _evidence(16, "Order A{i:03d} is refunded.")
@@ -59,21 +60,21 @@ def test_a_worse_canary_is_rolled_back_on_the_judge_and_a_position_biased_judge_
         worse.judged = judge_window(worse, spec)
     for ev in (same, worse):
         assert ev.judged is not None and ev.judged.ties == ev.judged.swapped_disagreed == 16
-        assert {c.name: c.status for c in judge_shadow(ev, spec).checks}["judge"] == "pass"
+        assert {c.name: c.status for c in judge(ev, AnalysisSpec(), spec).checks}["judge"] == "pass"
 
 
 @pytest.mark.parametrize("fault", ["down", "stalled"])
 def test_a_judge_that_is_down_or_slow_is_inconclusive_never_a_failure_never_a_hang(fault: str) -> None:
     ev = _evidence(12, "I don't know about order A{i:03d}.")
-    judge = ScriptedJudge(_prefers_refunded, status=503) if fault == "down" else \
+    scripted = ScriptedJudge(_prefers_refunded, status=503) if fault == "down" else \
         ScriptedJudge(_prefers_refunded, stall_s=30)
-    with judge:
-        spec = ShadowSpec(min_pairs=8, judge=f"{judge.url}#judge", judge_timeout_s=1, judge_deadline_s=2)
+    with scripted:
+        spec = ShadowSpec(min_pairs=8, judge=f"{scripted.url}#judge", judge_timeout_s=1, judge_deadline_s=2)
         t0 = time.monotonic()
         ev.judged = judge_window(ev, spec)
         took = time.monotonic() - t0
     assert took < 5 and ev.judged is not None and ev.judged.judged == 0 and ev.judged.unjudged == 12
-    d = judge_shadow(ev, spec)
+    d = judge(ev, AnalysisSpec(), spec)
     check = {c.name: c for c in d.checks}["judge"]
     assert check.status == "inconclusive" and d.action == "hold", d.reason
 

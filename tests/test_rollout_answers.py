@@ -15,7 +15,7 @@ from faults import RouterProcess, ScriptedJudge, TinyBackend, send_chats
 
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.judge import judge
-from qlift.rollout.shadow import ShadowSource, judge_shadow
+from qlift.rollout.shadow import ShadowSource
 from qlift.rollout.sources import RouterSource
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 from qlift.rollout.split_pairs import SplitPairs
@@ -104,7 +104,7 @@ def test_the_shadow_phase_catches_a_drift_into_chinese_and_no_user_sees_it(tmp_p
         ev = source.collect()
         source.stop()
     assert all(a.startswith("Your order") for a in answers)  # users got the stable's answers only
-    d = judge_shadow(ev, ShadowSpec(min_pairs=10))
+    d = judge(ev, AnalysisSpec(), ShadowSpec(min_pairs=10))
     checks = {c.name: c for c in d.checks}
     assert d.action == "rollback" and checks["off_language"].status == "fail", d.reason
     example = checks["off_language"].examples[0]

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from faults import FaultProxy, RouterProcess, send_chats
 
-from qlift.rollout.shadow import ShadowSource, judge_shadow
+from qlift.rollout.judge import judge
+from qlift.rollout.shadow import ShadowSource
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 pytestmark = pytest.mark.vllm
@@ -63,7 +64,7 @@ def test_a_real_canary_gone_wrong_is_rolled_back_by_its_metric_in_the_shadow_pha
         source.stop()
         served = {r.backend for r in router.admin().requests(since=0).requests}  # users' requests, not copies
     assert served == {"stable"} and len(answers) == len(PROMPTS)
-    d = judge_shadow(ev, ShadowSpec(min_pairs=8), AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+    d = judge(ev, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0), ShadowSpec(min_pairs=8))
     checks = {c.name: c for c in d.checks}
     assert d.action == "rollback" and checks[bad].status == "fail", d.reason
     assert checks[bad].examples and checks[bad].examples[0]["other"] is not None  # the stable's answer beside it

@@ -1,5 +1,5 @@
 """The shadow judge on real answers: the qlift router mirrors live requests to the canary (users see only
-the stable's answers), ShadowSource reads the pairs, judge_shadow compares them prompt by prompt.
+the stable's answers), ShadowSource reads the pairs, the judge compares them prompt by prompt.
 
 A canary that answers fast but wrong (every prompt answered as if it were another one: FaultProxy
 rewrites the request) or rambles (ignore_eos) fails; a healthy canary passes. The recorded pairs of
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from faults import FaultProxy, RouterProcess, TinyBackend, run_load
 
-from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, ShadowSource, judge_shadow, wants_json
+from qlift.rollout.judge import judge
+from qlift.rollout.shadow import Answer, Pair, ShadowEvidence, ShadowSource, wants_json
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 TOKEN = "shadow-test-token"
@@ -54,7 +55,7 @@ def test_pairs_from_the_router_and_a_passing_twin(tmp_path: Path) -> None:
         assert load.errors == 0 and set(load.backends) == {"stable"}
         assert len(ev.pairs) == 16 and {p.shadow.backend for p in ev.pairs} == {"canary"}
         assert all(p.stream for p in ev.pairs)
-        d = judge_shadow(ev, SPEC)
+        d = judge(ev, AnalysisSpec(), SPEC)
         assert d.action == "advance", d.reason
         checks = {c.name: c for c in d.checks}
         assert checks["agreement"].canary == pytest.approx(1.0) and checks["json_valid"].status == "skipped"
@@ -79,10 +80,10 @@ def _pairs(stable: list[str], canary: list[str], *, json_prompt: bool = False) -
 def test_json_that_breaks_fails_and_too_few_pairs_hold() -> None:
     good = [json.dumps({"intent": "refund", "order_id": f"A{i:05d}"}) for i in range(20)]
     broken = [f"Sure! The intent is refund for order A{i:05d}." for i in range(20)]
-    d = judge_shadow(_pairs(good, broken, json_prompt=True), SPEC)
+    d = judge(_pairs(good, broken, json_prompt=True), AnalysisSpec(), SPEC)
     assert d.action == "rollback" and "json_valid" in d.reason
-    assert judge_shadow(_pairs(good, good, json_prompt=True), SPEC).action == "advance"
-    few = judge_shadow(_pairs(good[:5], good[:5]), SPEC)
+    assert judge(_pairs(good, good, json_prompt=True), AnalysisSpec(), SPEC).action == "advance"
+    few = judge(_pairs(good[:5], good[:5]), AnalysisSpec(), SPEC)
     assert (few.action, few.verdict) == ("hold", "insufficient")
 
 
@@ -98,7 +99,7 @@ def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path
                                                                      "smollm2") as r:
         load, ev = _shadow_window(r, requests=12, stream=False, max_tokens=24)
         assert load.errors == 0 and set(load.backends) == {"stable"}  # no user saw a canary answer
-        d = judge_shadow(ev, spec)
+        d = judge(ev, AnalysisSpec(), spec)
         # never advanced: agreement is not shown, so the window holds (or, mixed up, fails)
         assert d.action in ("hold", "rollback") and "agreement" in d.reason, d.reason
     with FaultProxy(base, body_patch={"ignore_eos": True}) as rambling, _router(tmp_path / "b", base, rambling.url,
@@ -106,12 +107,12 @@ def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path
         # room enough that the stable mostly stops on its own: the rambler is cut every time
         load, ev = _shadow_window(r, requests=12, stream=True, max_tokens=64)
         assert load.errors == 0 and set(load.backends) == {"stable"}
-        d = judge_shadow(ev, spec)
+        d = judge(ev, AnalysisSpec(), spec)
         assert d.action == "rollback" and "finish_length" in d.reason, d.reason
     with FaultProxy(base) as twin, _router(tmp_path / "c", base, twin.url, "smollm2") as r:
         load, ev = _shadow_window(r, requests=12, stream=True, max_tokens=24)
         assert load.errors == 0 and set(load.backends) == {"stable"}
-        d = judge_shadow(ev, spec, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+        d = judge(ev, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0), spec)
         assert d.action == "advance", d.reason
 
 
@@ -124,7 +125,7 @@ def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
         Pair(p["seq"], p["request"], Answer.from_record(p["primary"]), Answer.from_record(p["shadow"]))
         for p in data["shadow_pairs"]])
     assert len(ev.pairs) >= 30
-    d = judge_shadow(ev, ShadowSpec(min_pairs=20), AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+    d = judge(ev, AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0), ShadowSpec(min_pairs=20))
     checks = {c.name: c for c in d.checks}
     assert checks["json_valid"].status == "pass" and checks["agreement"].status == "pass", d.reason
     # prose to JSON on purpose: no answer check (loops, language, refusals, schemas) holds it against it
@@ -133,8 +134,8 @@ def test_a_deliberate_change_of_style_passes_the_shadow_phase() -> None:
     # the same answers shifted by one ticket: JSON for another customer's ticket is no answer
     shifted = [Pair(p.seq, p.request, p.primary, ev.pairs[(i + 1) % len(ev.pairs)].shadow)
                for i, p in enumerate(ev.pairs)]
-    wrong = judge_shadow(ShadowEvidence("smollm2", "tickets", shifted), ShadowSpec(min_pairs=20),
-                         AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0))
+    wrong = judge(ShadowEvidence("smollm2", "tickets", shifted),
+                  AnalysisSpec(max_latency_ratio=3.0, max_ttft_ratio=3.0), ShadowSpec(min_pairs=20))
     # ... but ROUGE-L shows no significant evidence against it either: it holds (the phase extends, then
     # pauses for a person), it never advances; a judge model (--judge) is what can tell
     assert wrong.action == "hold" and "agreement: " in wrong.reason and "not yet shown" in wrong.reason, wrong.reason
@@ -149,7 +150,7 @@ def test_an_agreement_that_only_leans_the_canarys_way_holds_then_passes_with_eno
         canary = ['{"intent": "refund", "order": "B000"}'] + ['{"intent": "refund", "order": "unknown"}'] * (n - 1)
         return _pairs(stable, canary)
 
-    few, enough = judge_shadow(pairs(15), SPEC), judge_shadow(pairs(24), SPEC)
+    few, enough = judge(pairs(15), AnalysisSpec(), SPEC), judge(pairs(24), AnalysisSpec(), SPEC)
     few_check = {c.name: c for c in few.checks}["agreement"]
     assert few.action == "hold" and few_check.status == "inconclusive" and few_check.p_value > 0.05
     check = {c.name: c for c in enough.checks}["agreement"]

@@ -3,14 +3,17 @@
 The judge (judge.py) says what one window's evidence shows. This object owns what the
 rollout does with it, the policy Argo Rollouts keeps in its AnalysisRun: evidence of held
 windows carried into the next one, passes needed per step (``intervals_per_step``), holds
-tolerated (``max_inconclusive``), the early stop on significant canary errors, and what too
-little canary traffic does (pause by default, never a rollback unless asked). It returns a
-typed ``Phase``; the controller only acts on it.
+tolerated (``max_inconclusive``), windows without evidence tolerated in a row
+(``consecutive_error_limit``), the early stop on significant canary errors, and what too little
+canary traffic does (pause by default, never a rollback unless asked). It returns a typed
+``Phase``; the controller only acts on it.
 
 Shadow windows (the canary answering mirrored copies of live prompts) go through the same
-object: their own judge (``shadow.judge_shadow``) measures them, the same policy decides. A
-window whose evidence source failed is measured ``Verdict.ERROR``: no evidence is no pass, and
-it holds toward the same limit as an inconclusive window, never as too little traffic.
+object and the same judge (judge.py, whose registry holds the checks of answer pairs too). A
+window whose evidence source failed is measured ``Verdict.ERROR``: no evidence is no pass. It
+holds, as Argo's AnalysisRun counts an errored measurement: toward ``consecutive_error_limit``
+windows in a row (then a rollback), apart from the inconclusive holds, and any measured window
+starts the count again.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 
 from qlift.rollout.evidence import NO_PRIMARY, Evidence
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
-from qlift.rollout.shadow import ShadowEvidence, judge_shadow, judge_window
-from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.shadow import ShadowEvidence, judge_window
+from qlift.rollout.spec import AnalysisSpec, RolloutSpec
 from qlift.rollout.states import Phase
 
 SHADOW_STEP = -1  # the step index shadow windows are journaled (and their evidence carried) under
@@ -41,6 +44,7 @@ class Assessment:
     evidence: Evidence | ShadowEvidence
     holds: int  # the step's held windows after this one
     passes: int  # the step's passing windows after this one
+    errors: int = 0  # windows in a row without evidence (its source failed), this one included
 
     def record(self) -> dict[str, Any]:
         """The window as the journal keeps it (``Journal.add_window``)."""
@@ -60,6 +64,11 @@ class Assessment:
 def on_insufficient(spec: RolloutSpec) -> Phase:
     """What too little canary traffic does after max_inconclusive windows: pause (default) or rollback."""
     return Phase(spec.analysis.on_insufficient)
+
+
+def error_limit(a: AnalysisSpec) -> int:
+    """Windows in a row without evidence tolerated: ``consecutive_error_limit``, else ``max_inconclusive``."""
+    return a.max_inconclusive if a.consecutive_error_limit is None else a.consecutive_error_limit
 
 
 def is_insufficient(d: Decision, ev: Evidence) -> bool:
@@ -115,11 +124,15 @@ class Analysis:
         ev = self.with_carry(step, peek)
         return bool(early_failures(ev, self.spec.analysis))
 
-    def assess(self, step: int, weight: int, window: Evidence, *, holds: int, passes: int) -> Assessment:
+    def assess(self, step: int, weight: int, window: Evidence, *, holds: int, passes: int, errors: int = 0
+               ) -> Assessment:
+        """One split window; ``holds``, ``passes`` and ``errors``: the journal's counts before it."""
         a = self.spec.analysis
         window.weight = weight  # the judge sizes windows by the planned share
         ev = self.with_carry(step, window)
         d = judge(ev, a)
+        if d.verdict == Verdict.ERROR:
+            return self._no_measurement(step, d, ev, holds, passes, errors + 1)
         if d.action == Action.ROLLBACK:
             self.carry = None
             return Assessment(Phase.ROLLBACK, d.reason, d, ev, holds, passes)
@@ -128,7 +141,7 @@ class Analysis:
             if passes + 1 < a.intervals_per_step:
                 return Assessment(Phase.PASS, d.reason, d, ev, holds, passes + 1)
             return Assessment(Phase.ADVANCE, d.reason, d, ev, 0, 0)
-        # held: inconclusive, too little traffic, or no evidence (the source failed)
+        # held: inconclusive or too little traffic
         self.carry = (step, ev)
         if holds + 1 <= a.max_inconclusive:
             return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
@@ -142,6 +155,19 @@ class Analysis:
         reason = f"inconclusive for {holds + 1} windows (max_inconclusive {a.max_inconclusive}): {d.reason}"
         return Assessment(Phase.ROLLBACK, reason, d, ev, holds + 1, passes)
 
+    def _no_measurement(self, step: int, d: Decision, ev: Evidence, holds: int, passes: int, errors: int
+                        ) -> Assessment:
+        """A window whose evidence source failed: held (its held evidence carried on) up to
+        ``consecutive_error_limit`` such windows in a row; one more rolls back, as Argo's Error phase aborts."""
+        limit = error_limit(self.spec.analysis)
+        if errors <= limit:
+            self.carry = (step, ev)
+            return Assessment(Phase.HOLD, d.reason, d, ev, holds, passes, errors)
+        self.carry = None
+        reason = (f"no evidence for {errors} windows in a row (consecutive_error_limit {limit}): the evidence "
+                  f"source failed: {ev.error}")
+        return Assessment(Phase.ROLLBACK, reason, d, ev, holds, passes, errors)
+
     def assess_shadow(self, window: ShadowEvidence, *, holds: int, passes: int) -> Assessment:
         """One shadow window: the judge model's verdicts on its pairs (bounded by shadow.judge_deadline_s), the
         held windows' pairs added up (as a step's held evidence is), then the same policy: a failing check rolls
@@ -151,7 +177,7 @@ class Analysis:
         assert shadow is not None
         window.judged = judge_window(window, shadow)
         ev = self.with_carry(SHADOW_STEP, window)
-        d = judge_shadow(ev, self.spec)
+        d = judge(ev, self.spec.analysis, shadow)
         self.carry = (SHADOW_STEP, ev) if d.action == Action.HOLD else None
         if d.action == Action.ROLLBACK:
             return Assessment(Phase.ROLLBACK, f"shadow phase: {d.reason}", d, ev, holds, passes)

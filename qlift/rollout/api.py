@@ -144,7 +144,8 @@ def pause(journal_path: Path | None = None) -> Rollout:
         r = _latest(journal)
         _not_final(journal, r)
         with journal.tx() as db:
-            if journal.transition(db, r.id, tuple(RUNNING), State.PAUSED, "paused by an operator", holds=0):
+            if journal.transition(db, r.id, tuple(RUNNING), State.PAUSED, "paused by an operator",
+                                  holds=0, errors=0):
                 journal.decide(db, r.id, r.step, "pause", "paused by an operator", manual=True)
         return journal.get(r.id)
 
@@ -169,7 +170,8 @@ def resume(journal_path: Path | None = None) -> Rollout:
         if r.state == State.PAUSED:
             back = paused_from(journal, r)
             with journal.tx() as db:
-                if journal.transition(db, r.id, State.PAUSED, back, "resumed by an operator", holds=0):
+                if journal.transition(db, r.id, State.PAUSED, back, "resumed by an operator",
+                                      holds=0, errors=0):
                     journal.decide(db, r.id, r.step, "resume", "resumed by an operator", manual=True)
         with journal.controller_lock() as mine:
             if not mine:

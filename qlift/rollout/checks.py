@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 
 from qlift.quality.registry import ANSWER_METRICS, AnswerMetric, count, examples
+from qlift.rollout.check_types import BOTH, CheckResult, CheckStatus, Window, WindowKind
 from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.pair_checks import check_agreement, check_json_valid, check_judge_model
 from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exported: deploy.argo imports it here)
     ArgoForm,
     Promql,
@@ -30,31 +31,7 @@ from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exporte
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
 
-
-class CheckStatus(StrEnum):
-    """One check's verdict on one window; skipped where the evidence source cannot give its numbers."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-    SKIPPED = "skipped"
-
-
-@dataclass
-class CheckResult:
-    name: str
-    status: CheckStatus
-    canary: float | None = None
-    stable: float | None = None
-    ratio: float | None = None
-    limit: float | None = None
-    test: str | None = None
-    p_value: float | None = None
-    detail: str = ""
-    examples: list[dict[str, str | None]] = field(default_factory=list)  # answer checks: what a person reads
-
-
-Runner = Callable[[VersionEvidence, VersionEvidence, AnalysisSpec], "CheckResult | None"]
+Runner = Callable[[Window, AnalysisSpec], "CheckResult | None"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +45,7 @@ class Check:
     run: Runner
     argo: ArgoForm | None
     doc: str
+    applies: frozenset[WindowKind] = BOTH  # the kinds of window it runs in
 
     def describe(self, a: AnalysisSpec) -> dict[str, object]:
         """What this check compares under ``a`` (for `status` and docs)."""
@@ -79,7 +57,9 @@ class Check:
 
 
 def tested_checks() -> int:
-    return sum(1 for c in CHECKS if c.tested)
+    """The tested checks of a split window that sees answers, without a judge model: what ``alpha`` is divided
+    by before a window's own family is known (``window_spec`` rescales it to the window's)."""
+    return sum(1 for c in CHECKS if c.tested and WindowKind.SPLIT in c.applies and c.reads != ("judged",))
 
 
 def check_alpha(a: AnalysisSpec) -> float:
@@ -307,7 +287,8 @@ def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
 
 def _answer_check(m: AnswerMetric) -> Runner:
     """The canary's share of ``m``'s bad answers against the stable's (on the same prompts in the shadow phase)."""
-    def run(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
+    def run(w: Window, a: AnalysisSpec) -> CheckResult:
+        c, s = w.canary, w.stable
         if c.answers is None or s.answers is None:
             r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
             r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
@@ -331,70 +312,112 @@ def answer_checks() -> tuple[Check, ...]:
                        doc=m.doc) for m in ANSWER_METRICS)
 
 
+def versions(check: Callable[[VersionEvidence, VersionEvidence, AnalysisSpec], CheckResult | None]) -> Runner:
+    """A check of the two versions' evidence alone, as the registry runs it."""
+    return lambda w, a: check(w.canary, w.stable, a)
+
+
+def _canary_requests(w: Window, a: AnalysisSpec) -> CheckResult:
+    r = check_canary_requests(w.canary, w.stable, a)
+    if w.kind == WindowKind.SHADOW:  # a shadow window counts answered pairs (min_requests is shadow.min_pairs)
+        r.detail = r.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")
+    return r
+
+
+def _json_valid(w: Window, a: AnalysisSpec) -> CheckResult | None:
+    return None if w.pairs is None or w.shadow is None else check_json_valid(w.pairs, w.shadow, a, check_alpha(a))
+
+
+def _agreement(w: Window, a: AnalysisSpec) -> CheckResult | None:
+    if w.pairs is None or w.shadow is None:
+        return None
+    return check_agreement(w.pairs, w.shadow, a, check_alpha(a), pass_alpha=w.alpha)
+
+
+def _judge(w: Window, a: AnalysisSpec) -> CheckResult | None:
+    return None if w.judge_margin is None else check_judge_model(w.judged, w.judge_margin, check_alpha(a))
+
+
 CHECKS: tuple[Check, ...] = (
     Check("canary_requests", ("requests",), "count >= limit", ("min_requests",), tested=False, early=False,
-          run=check_canary_requests, argo=argo_requests,
+          run=_canary_requests, argo=argo_requests,
           doc="Enough canary traffic to judge; too little pauses (on_insufficient), never fails."),
     Check("error_rate", ("requests", "errors", "bad_answers"),
           "rate <= limit, else one-sided two-proportion (vs stable) or binomial (vs limit) test",
-          ("max_error_rate",), tested=True, early=True, run=check_error_rate, argo=argo_errors,
+          ("max_error_rate",), tested=True, early=True, run=versions(check_error_rate), argo=argo_errors,
           doc="5xx, connection errors, and 200 answers that are not answers (unparseable, no choices, "
               "a stream without [DONE])."),
     Check("latency", ("token_latency_s", "latency_s"), "quantile ratio, then one-sided Mann-Whitney U",
           ("max_latency_ratio", "latency_quantile", "min_latency_increase_s", "min_token_latency_increase_s"),
-          tested=True, early=False, run=check_latency,
+          tested=True, early=False, run=versions(check_latency),
           argo=argo_latency("latency", "latency-ratio", "max_latency_ratio", "min_latency_increase_s"),
           doc="Seconds per completion token (e2e when tokens are unknown); streamed and non-streamed."),
     Check("ttft", ("ttft_s",), "quantile ratio, then one-sided Mann-Whitney U",
           ("max_ttft_ratio", "latency_quantile", "min_ttft_increase_s"), tested=True, early=False,
-          run=check_ttft, argo=argo_latency("ttft", "ttft-ratio", "max_ttft_ratio", "min_ttft_increase_s"),
+          run=versions(check_ttft), argo=argo_latency("ttft", "ttft-ratio", "max_ttft_ratio", "min_ttft_increase_s"),
           doc="Time to first token of streamed requests only."),
     Check("finish_length", ("finishes", "length_finishes"), "share ratio, then one-sided proportion test",
-          ("max_length_share_ratio", "min_share_increase"), tested=True, early=False, run=check_finish_length,
-          argo=argo_finish_length, doc="Rambles: cut at max_tokens significantly more often than the stable."),
+          ("max_length_share_ratio", "min_share_increase"), tested=True, early=False,
+          run=versions(check_finish_length), argo=argo_finish_length,
+          doc="Rambles: cut at max_tokens significantly more often than the stable."),
     Check("completion_tokens", ("completion_tokens", "completions", "completion_tokens_sum"),
           "mean ratio within [min_tokens_ratio x (1 - stable cut share), max_tokens_ratio], then Mann-Whitney U",
-          ("min_tokens_ratio", "max_tokens_ratio"), tested=True, early=False, run=check_completion_tokens,
+          ("min_tokens_ratio", "max_tokens_ratio"), tested=True, early=False, run=versions(check_completion_tokens),
           argo=argo_tokens, doc="Goes quiet (relative to an uncut stable) or verbose."),
     Check("empty_completions", ("completions", "empty"), "share ratio, then one-sided proportion test",
-          ("max_empty_share_ratio", "min_share_increase"), tested=True, early=True, run=check_empty_completions,
-          argo=argo_empty, doc="Answers with zero completion tokens."),
+          ("max_empty_share_ratio", "min_share_increase"), tested=True, early=True,
+          run=versions(check_empty_completions), argo=argo_empty, doc="Answers with zero completion tokens."),
     Check("tpot", ("vllm",), "vLLM mean time per output token ratio <= limit (only when set)", ("max_tpot_ratio",),
-          tested=False, early=False, run=check_tpot, argo=None, doc="The engine's own per-token time."),
+          tested=False, early=False, run=versions(check_tpot), argo=None, doc="The engine's own per-token time.",
+          applies=frozenset({WindowKind.SPLIT})),
     *answer_checks(),
+    # the checks of answer pairs (pair_checks.py): the shadow phase's, and the judge model's wherever it ran
+    Check("json_valid", ("pairs",), "share not JSON where JSON was asked, then one-sided proportion test",
+          ("min_share_increase",), tested=True, early=False, run=_json_valid, argo=None,
+          doc="Not JSON where the prompt asked for JSON (shadow.max_json_invalid_share).",
+          applies=frozenset({WindowKind.SHADOW})),
+    Check("agreement", ("pairs",), "mean ROUGE-L F1 >= limit, else Mann-Whitney U: own prompt vs others'",
+          ("min_samples",), tested=True, early=False, run=_agreement, argo=None,
+          doc="The canary's answer fits its own prompt's stable answer (shadow.min_agreement).",
+          applies=frozenset({WindowKind.SHADOW})),
+    Check("judge", ("judged",), "loss - win share <= margin, else one-sided sign test", (), tested=True,
+          early=False, run=_judge, argo=None,
+          doc="A judge model prefers the stable's answer (shadow.judge, shadow.max_judge_loss_margin)."),
 )
 BY_NAME = {c.name: c for c in CHECKS}
 
 
-def family(c: VersionEvidence, s: VersionEvidence) -> int:
-    """The tested checks this evidence can feed: the Bonferroni family of one window. Answer checks join it
-    only where the source sees answers, so a Prometheus window is judged at the level it always was."""
-    blind = c.answers is None or s.answers is None
-    return sum(1 for k in CHECKS if k.tested and not (blind and k.reads == ("answers",)))
+def family(w: Window) -> int:
+    """The tested checks this window can feed: its Bonferroni family. Answer checks join it only where the
+    source sees answers (a Prometheus window is judged at the level it always was), the pair checks in shadow
+    windows, the judge model's where it ran."""
+    return sum(1 for k in CHECKS if k.tested and w.feeds(k))
 
 
-def window_spec(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec, extra: int = 0) -> AnalysisSpec:
-    """``a`` with alpha scaled so that ``check_alpha`` divides it by this window's family (plus ``extra``
-    tested checks of the caller's own, as the shadow judge's) instead of by every tested check."""
-    return a.model_copy(update={"alpha": a.alpha * tested_checks() / (family(c, s) + extra)})
+def window_spec(w: Window, a: AnalysisSpec) -> AnalysisSpec:
+    """``a`` with alpha scaled so that ``check_alpha`` divides it by this window's family instead of by
+    ``tested_checks``."""
+    return a.model_copy(update={"alpha": a.alpha * tested_checks() / family(w)})
 
 
-def run_checks(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec, *, early_only: bool = False,
-               extra: int = 0) -> list[CheckResult]:
-    a = window_spec(c, s, a, extra)
+def run_checks(w: Window, a: AnalysisSpec, *, early_only: bool = False) -> list[CheckResult]:
+    """Every check that applies to ``w``'s kind, in the registry's order, at the window's Bonferroni level."""
+    w.alpha = a.alpha
+    a = window_spec(w, a)
     out = []
     for check in CHECKS:
-        if early_only and not check.early:
+        if w.kind not in check.applies or (early_only and not check.early):
             continue
-        r = check.run(c, s, a)
+        r = check.run(w, a)
         if r is not None:
             out.append(r)
     return out
 
 
 def describe(a: AnalysisSpec) -> list[dict[str, object]]:
-    """Every check with its limits under ``a`` (what `status` shows the judge compares)."""
-    return [c.describe(a) for c in CHECKS if c.name != "tpot" or a.max_tpot_ratio is not None]
+    """Every check of a split window with its limits under ``a`` (what `status` shows the judge compares)."""
+    return [c.describe(a) for c in CHECKS if WindowKind.SPLIT in c.applies and c.reads != ("judged",)
+            and (c.name != "tpot" or a.max_tpot_ratio is not None)]
 
 
 def argo_metrics(preset: dict[str, str], a: AnalysisSpec, window: str) -> list[PromqlMetric]:

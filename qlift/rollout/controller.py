@@ -220,7 +220,7 @@ class Controller:
                 ev = self._no_evidence(r, exc.one_line())
         if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
             ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
-        v = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes)
+        v = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes, errors=r.errors)
         log_window(f"window at {weight}%: canary {ev.canary.requests} requests, stable {ev.stable.requests}",
                    v.phase, v.reason, v.decision.checks)
         self._act(r, v)
@@ -232,7 +232,7 @@ class Controller:
             return False
         self.analysis.reset()  # never judge the new model on the old one's evidence
         with self.journal.tx() as db:
-            if not self.journal.transition(db, self.rid, r.state, State.PAUSED, why, holds=0, passes=0):
+            if not self.journal.transition(db, self.rid, r.state, State.PAUSED, why, holds=0, passes=0, errors=0):
                 return True
             self.journal.set_carry(db, self.rid, None)
             self.journal.decide(db, self.rid, r.step, "pause", why)
@@ -241,7 +241,7 @@ class Controller:
         return True
 
     def _no_evidence(self, r: Rollout, failure: str) -> Evidence:
-        # No evidence is no pass: the window holds (and counts toward max_inconclusive).
+        # No evidence is no pass: the window holds (and counts toward consecutive_error_limit).
         note = f"evidence source failed: {failure}"
         log.warning("no evidence this window: %s", note)
         now = self.clock()
@@ -272,7 +272,7 @@ class Controller:
             if self.journal.get(self.rid).state != r.state:
                 return
             self._journal_window(db, idx, v)
-            self.journal.update(db, self.rid, holds=v.holds, passes=v.passes)
+            self.journal.update(db, self.rid, holds=v.holds, passes=v.passes, errors=v.errors)
         self._notify(r, v.phase, v.reason, v.decision.p_values)
 
     def _journal_window(self, db: sqlite3.Connection, idx: int, v: Assessment, *, reason: str | None = None) -> None:
@@ -283,7 +283,7 @@ class Controller:
 
     def _pause(self, r: Rollout, v: Assessment, idx: int) -> None:
         with self.journal.tx() as db:
-            if not self.journal.transition(db, self.rid, r.state, State.PAUSED, v.reason, holds=0):
+            if not self.journal.transition(db, self.rid, r.state, State.PAUSED, v.reason, holds=0, errors=0):
                 return
             self._journal_window(db, idx, v, reason=v.reason)
         log.warning("paused: %s", v.reason)
@@ -297,7 +297,7 @@ class Controller:
             self._journal_window(db, r.step, v)
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.PASSED)
             self.journal.start_step(db, self.rid, nxt, weight)
-            self.journal.update(db, self.rid, step=nxt, holds=0, passes=0)
+            self.journal.update(db, self.rid, step=nxt, holds=0, passes=0, errors=0)
 
         reason = f"step {nxt + 1}/{len(r.steps)}: canary {weight}%"
         if self.journal.change_weights(self.rid, r.weights_for(weight), reason, self.plane.set_weights,
@@ -309,7 +309,8 @@ class Controller:
         def also(db: Any) -> None:
             self._journal_window(db, idx, v, reason=v.reason)
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.ROLLED_BACK)
-            self.journal.transition(db, self.rid, r.state, State.ROLLED_BACK, v.reason, desired_version=r.stable)
+            self.journal.transition(db, self.rid, r.state, State.ROLLED_BACK, v.reason, desired_version=r.stable,
+                                    errors=v.errors)
 
         # The state is final from here; if the plane refuses the weights, _converge_final retries until applied.
         if self.journal.change_weights(self.rid, r.weights_for(0), "rollback", self.plane.set_weights,
@@ -381,7 +382,7 @@ class Controller:
     def _leave_shadow(self, r: Rollout, v: Assessment) -> None:
         with self.journal.tx() as db:
             if not self.journal.transition(db, self.rid, State.SHADOWING, State.PROGRESSING, v.reason,
-                                           holds=0, passes=0):
+                                           holds=0, passes=0, errors=0):
                 return
             self._journal_window(db, SHADOW_STEP, v, reason=v.reason)
         self._notify(r, "advance", v.reason, v.decision.p_values)

@@ -58,6 +58,7 @@ class Rollout:
     passes: int
     desired_version: str
     reason: str
+    errors: int = 0  # windows in a row whose evidence source failed (not in a journal of an older qlift)
 
     def __post_init__(self) -> None:
         self.state = State(self.state)

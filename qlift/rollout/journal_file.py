@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
   id INTEGER PRIMARY KEY, created_at TEXT NOT NULL, updated_at TEXT NOT NULL, state TEXT NOT NULL,
   stable TEXT NOT NULL, canary TEXT NOT NULL, spec TEXT NOT NULL, step INTEGER NOT NULL DEFAULT 0,
   holds INTEGER NOT NULL DEFAULT 0, passes INTEGER NOT NULL DEFAULT 0,
-  desired_version TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '');
+  desired_version TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', errors INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS steps (
   rollout_id INTEGER NOT NULL, idx INTEGER NOT NULL, weight INTEGER NOT NULL, started_at TEXT NOT NULL,
   finished_at TEXT, outcome TEXT, PRIMARY KEY (rollout_id, idx));
@@ -48,6 +48,13 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Columns a journal written by an older qlift lacks (read-only, the rollout's defaults stand in)."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(rollouts)")}
+    if "errors" not in columns:  # windows in a row without evidence (AnalysisSpec.consecutive_error_limit)
+        db.execute("ALTER TABLE rollouts ADD COLUMN errors INTEGER NOT NULL DEFAULT 0")
 
 
 class JournalFile:
@@ -86,6 +93,7 @@ class JournalFile:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
+            _migrate(db)
             db.execute("BEGIN IMMEDIATE")  # writable, and not locked by another writer forever
             db.execute("ROLLBACK")
         except BadInputError:

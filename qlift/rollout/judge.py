@@ -1,16 +1,21 @@
-"""The judge: every check of ``checks.CHECKS`` compares the canary with the stable over one window.
+"""The judge: every check of ``checks.CHECKS`` that applies to the window compares the canary with the stable
+over one window, a split window (``Evidence``: each version answers its own users) or a shadow one
+(``ShadowEvidence``: both answer the same mirrored prompts; its pairs feed the pair checks too). One function,
+``judge``, for both.
 
 A check passes, fails or is inconclusive (``skipped`` where the evidence source cannot give
 its numbers). The window's verdict, in this order:
 
 - ``fail``: any check failed -> action ``rollback``, at once, below ``min_requests`` too (a
   canary answering garbage is rolled back in its first window once that is significant);
-- ``insufficient``: the canary served fewer than ``min_requests`` -> action ``hold``, with
-  ``Decision.sizing`` saying how to size the window (weight x requests/s x interval >=
-  min_requests). Too little traffic is no evidence against the canary: the analysis pauses
-  (``AnalysisSpec.on_insufficient``) instead of counting it toward a rollback;
+- ``insufficient``: the canary served fewer than ``min_requests`` (a shadow window: fewer than
+  ``shadow.min_pairs`` pairs) -> action ``hold``, with ``Decision.sizing`` saying how to size a split
+  window (weight x requests/s x interval >= min_requests). Too little traffic is no evidence against
+  the canary: the analysis pauses (``AnalysisSpec.on_insufficient``) instead of counting it toward a
+  rollback;
 - ``inconclusive``: a limit exceeded without significance, or no numbers -> action ``hold``;
-- ``pass``: every check passed -> action ``advance``.
+- ``pass``: every check passed -> action ``advance``;
+- ``error``: a split window whose evidence source failed (``Evidence.error``) holds, measured nothing.
 
 ``Decision.action`` keeps the three actions a controller acts on; ``Decision.verdict`` tells
 an insufficient hold from an inconclusive one.
@@ -20,12 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from qlift.rollout.checks import (  # noqa: F401  (re-exported: the controller and tests import them here)
     CHECKS,
     CheckResult,
     CheckStatus,
+    Window,
+    WindowKind,
     check_alpha,
     check_completion_tokens,
     check_error_rate,
@@ -35,12 +41,8 @@ from qlift.rollout.checks import (  # noqa: F401  (re-exported: the controller a
 )
 from qlift.rollout.checks import run_checks as _run
 from qlift.rollout.evidence import Evidence
-from qlift.rollout.spec import AnalysisSpec
-from qlift.rollout.stats import binomial_greater
-
-if TYPE_CHECKING:
-    from qlift.quality.judge import JudgeResult
-
+from qlift.rollout.shadow import ShadowEvidence
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 
 class Action(StrEnum):
@@ -103,14 +105,28 @@ class Decision:
 TESTED_CHECKS = tested_checks()
 
 
+def window_of(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | None = None
+              ) -> tuple[Window, AnalysisSpec]:
+    """The window the checks read, and the limits it is judged under: a shadow window needs ``shadow.min_pairs``
+    answered pairs where a split one needs ``min_requests`` canary requests."""
+    if isinstance(ev, ShadowEvidence):
+        spec = shadow or ShadowSpec.model_validate({})
+        margin = spec.max_judge_loss_margin if spec.judge is not None else None
+        w = Window(WindowKind.SHADOW, ev.side("shadow"), ev.side("primary"), ev, spec, ev.judged, margin)
+        return w, a.model_copy(update={"min_requests": spec.min_pairs})
+    margin = None if ev.judged is None else ev.judge_margin  # the judge model's check joins the family
+    return Window(WindowKind.SPLIT, ev.canary, ev.stable, judged=ev.judged, judge_margin=margin), a
+
+
 def run_checks(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
-    return _run(ev.canary, ev.stable, a)
+    return _run(window_of(ev, a)[0], a)
 
 
 def early_failures(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
     """Failures of the checks that may end a window before its end (errors, garbage, empty answers):
     what a controller peeking at a window in progress acts on."""
-    return [c for c in _run(ev.canary, ev.stable, a, early_only=True) if c.status == CheckStatus.FAIL]
+    w = Window(WindowKind.SPLIT, ev.canary, ev.stable)
+    return [c for c in _run(w, a, early_only=True) if c.status == CheckStatus.FAIL]
 
 
 def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
@@ -123,54 +139,37 @@ def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
     return Sizing(ev.canary.requests, a.min_requests, window_s, rps, share, needed)
 
 
-def check_judge_model(j: JudgeResult | None, margin: float, a: AnalysisSpec) -> CheckResult:
-    """The judge model prefers the stable's answer by more than ``margin`` of the judged pairs, and a one-sided
-    sign test over the pairs it did not call a tie agrees. No verdicts: inconclusive, never a failure."""
-    r = CheckResult("judge", CheckStatus.INCONCLUSIVE, limit=margin)
-    if j is None or not j.judged:
-        note = "; ".join(j.notes) if j is not None and j.notes else "no verdicts"
-        r.detail = f"the judge gave no verdicts ({note}): inconclusive, never a failure"
-        return r
-    win, loss = j.share("wins") or 0.0, j.share("losses") or 0.0
-    r.canary, r.stable = win, loss
-    ci = j.interval("losses")
-    described = (f"judge {j.model}: canary better in {j.wins}, tie {j.ties} ({j.swapped_disagreed} by swapped order), "
-                 f"stable better in {j.losses} of {j.judged} pairs (loss share {loss:.2f}, 95% CI "
-                 f"{ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
-    if loss - win <= margin:
-        r.status, r.detail = CheckStatus.PASS, described + f"; loss - win {loss - win:.2f} <= {margin}"
-        return r
-    t = binomial_greater(j.losses, j.wins + j.losses, 0.5)
-    r.test, r.p_value = "sign", t.p_value
-    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
-    r.detail = described + f"; loss - win {loss - win:.2f} > {margin}; sign test " \
-                           f"p={t.p_value:.3g}" + ("" if r.status == CheckStatus.FAIL else " (not significant)")
-    return r
-
-
-def judge(ev: Evidence, a: AnalysisSpec) -> Decision:
-    d = _judge(ev, a)
-    if ev.error is not None and d.action == Action.HOLD:  # nothing measured: no verdict on the canary either way
-        d.verdict = Verdict.ERROR
+def judge(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | None = None) -> Decision:
+    """One window of either kind under ``a`` (and ``shadow``, the shadow section, for a shadow window)."""
+    w, a = window_of(ev, a, shadow)
+    d = _decide(ev, w, a, _run(w, a))
+    if isinstance(ev, Evidence) and ev.error is not None and d.action == Action.HOLD:
+        d.verdict = Verdict.ERROR  # nothing measured: no verdict on the canary either way
     return d
 
 
-def _judge(ev: Evidence, a: AnalysisSpec) -> Decision:
-    if ev.judged is None:
-        checks = run_checks(ev, a)
-    else:  # the judge model's check joins the window's family (Bonferroni)
-        checks = _run(ev.canary, ev.stable, a, extra=1)
-        checks.append(check_judge_model(ev.judged, ev.judge_margin, window_spec(ev.canary, ev.stable, a, extra=1)))
+def _decide(ev: Evidence | ShadowEvidence, w: Window, a: AnalysisSpec, checks: list[CheckResult]) -> Decision:
+    paired = isinstance(ev, ShadowEvidence)
     failed = [c for c in checks if c.status == CheckStatus.FAIL]
     if failed:
-        return Decision(Action.ROLLBACK, "; ".join(f"{c.name}: {c.detail}" for c in failed), checks, Verdict.FAIL)
-    if ev.canary.requests < a.min_requests:
+        reason = "; ".join(f"{c.name}: {c.detail}" for c in failed)
+        return Decision(Action.ROLLBACK, ("shadow: " if paired else "") + reason, checks, Verdict.FAIL)
+    if w.canary.requests < a.min_requests:
+        if paired:
+            return Decision(Action.HOLD, f"insufficient: {w.canary.requests} shadow pairs < min_pairs "
+                                         f"{a.min_requests} (raise the shadow percent or the interval)", checks,
+                            Verdict.INSUFFICIENT)
+        assert isinstance(ev, Evidence)
         size = sizing(ev, a)
         return Decision(Action.HOLD, f"insufficient: canary served {ev.canary.requests} requests < min_requests "
                                      f"{a.min_requests} ({size.advice()})", checks, Verdict.INSUFFICIENT, size)
     unsure = [c for c in checks if c.status == CheckStatus.INCONCLUSIVE]
     if unsure:
-        return Decision(Action.HOLD, "inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure), checks)
+        return Decision(Action.HOLD, ("shadow inconclusive: " if paired else "inconclusive: ")
+                        + "; ".join(f"{c.name}: {c.detail}" for c in unsure), checks)
+    if paired:
+        return Decision(Action.ADVANCE, f"shadow: every check passed over {w.canary.requests} pairs", checks,
+                        Verdict.PASS)
     if all(c.status == CheckStatus.SKIPPED for c in checks if c.name != "canary_requests"):
         return Decision(Action.HOLD, "inconclusive: the evidence source gave no numbers to judge", checks)
     return Decision(Action.ADVANCE, "every check passed", checks, Verdict.PASS)

@@ -1,11 +1,11 @@
 """`qlift promote report`: one rollout of the journal as a self-contained HTML page (inline CSS and SVG, no
 script, nothing fetched), in the style of eval's report.html, for a change ticket.
 
-It reads what `promote status --json` prints (``api.status``), so the page shows the journal's numbers and
-nothing else: the weights over time, each window's verdict, canary vs stable per-token latency and TTFT
-with the limits, each check's measure per window, the reason the rollout ended, and the answers the
-answer checks kept (the router redacted secrets before they reached the journal). Every journal text
-is escaped.
+It reads the typed ``RolloutStatus`` that `promote status --json` prints (``status.rollout_status``), so
+the page shows the journal's numbers and nothing else: the weights over time, each window's verdict,
+canary vs stable per-token latency and TTFT with the limits, each check's measure per window, the reason
+the rollout ended, and the answers the answer checks kept (the router redacted secrets before they
+reached the journal). Every journal text is escaped.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from qlift.eval.html import _CSS as EVAL_CSS
 from qlift.rollout import report_svg as charts
 from qlift.rollout.checks import CheckStatus
 from qlift.rollout.states import State
+from qlift.rollout.status import RolloutStatus
 from qlift.rollout.view import VERDICTS, measure, traffic
 
 CSS = EVAL_CSS + """
@@ -38,16 +39,16 @@ border-radius:6px;border:2px solid #ddd}.state.promoted{border-color:#137333;bac
 STATE_WORDS = {State.PROMOTED: "PROMOTED", State.ROLLED_BACK: "ROLLED BACK", State.ABORTED: "ABORTED"}
 
 
-def windows_of(st: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def windows_of(st: RolloutStatus) -> tuple[list[dict[str, Any]], list[str]]:
     """Every judged window in order (the shadow phase first) and a short label for each."""
     windows, labels = [], []
-    for i, w in enumerate(st["shadow"]["windows"] if st.get("shadow") else []):
+    for i, w in enumerate(st.shadow.windows if st.shadow else []):
         windows.append(w)
         labels.append(f"shadow {i + 1}")
-    for s in st["steps"]:
-        for i, w in enumerate(s["windows"]):
+    for s in st.steps:
+        for i, w in enumerate(s.windows):
             windows.append(w)
-            labels.append(f"{s['weight']}%" + (f" #{i + 1}" if len(s["windows"]) > 1 else ""))
+            labels.append(f"{s.weight}%" + (f" #{i + 1}" if len(s.windows) > 1 else ""))
     return windows, labels
 
 
@@ -64,7 +65,8 @@ def _check_table(windows: list[dict[str, Any]], labels: list[str]) -> str:
             if c is None:
                 cells.append('<td class="check none">-</td>')
                 continue
-            verdict = VERDICTS.get(c["status"], c["status"])
+            status = CheckStatus(c["status"])
+            verdict = VERDICTS.get(status, status.value)
             p = "" if c.get("p_value") is None else f"<br><small>p={c['p_value']:.3g}</small>"
             cells.append(f'<td class="check {escape(verdict)}" data-check="{escape(name)}" '
                          f'title="{escape(c["detail"])}">{escape(measure(c))} {escape(verdict)}{p}</td>')
@@ -91,7 +93,7 @@ def worst_examples(windows: list[dict[str, Any]], labels: list[str], per_check: 
     for w, label in zip(windows, labels, strict=True):
         for c in w.get("checks") or []:
             for e in c.get("examples") or []:
-                found.setdefault(c["name"], []).append((c["status"] != CheckStatus.FAIL, label, e))
+                found.setdefault(c["name"], []).append((CheckStatus(c["status"]) != CheckStatus.FAIL, label, e))
     out = []
     for name, rows in found.items():
         seen: set[tuple[Any, Any]] = set()
@@ -116,16 +118,16 @@ def _examples(windows: list[dict[str, Any]], labels: list[str]) -> str:
     return f'<table class="examples">{head}{"".join(rows)}</table>'
 
 
-def _decisions(st: dict[str, Any]) -> str:
+def _decisions(st: RolloutStatus) -> str:
     rows = [f'<tr><td>{d["at"][:19].replace("T", " ")}</td><td>{escape(d["action"])}'
-            f'{" (manual)" if d["manual"] else ""}</td><td>{escape(d["reason"])}</td></tr>' for d in st["decisions"]]
+            f'{" (manual)" if d["manual"] else ""}</td><td>{escape(d["reason"])}</td></tr>' for d in st.decisions]
     return ('<table class="decisions"><tr><th>at (UTC)</th><th>decision</th><th>reason</th></tr>'
             f'{"".join(rows)}</table>')
 
 
-def _compares(st: dict[str, Any]) -> str:
+def _compares(st: RolloutStatus) -> str:
     rows = [f"<tr><td>{escape(c['name'])}</td><td>{escape(', '.join(f'{k} {v}' for k, v in c['limits'].items()))}"
-            f"</td><td>{escape(str(c['statistic']))}</td></tr>" for c in st["compares"]]
+            f"</td><td>{escape(str(c['statistic']))}</td></tr>" for c in st.compares]
     return ("<table class=compares><tr><th>check</th><th>limits</th><th>decided by</th></tr>"
             f"{''.join(rows)}</table>")
 
@@ -135,24 +137,24 @@ def _latency_title(windows: list[dict[str, Any]]) -> str:
     return "per-token latency" if any("token_latency" in d for d in details) else "latency"
 
 
-def render_report(st: dict[str, Any]) -> str:
+def render_report(st: RolloutStatus) -> str:
     windows, labels = windows_of(st)
-    state = st["state"]
-    title = f"{escape(st['canary'])} over {escape(st['stable'])}"
-    weights = " / ".join(f"{escape(k)} {v}%" for k, v in (st["weights"] or {}).items()) or "-"
+    state = st.state.value
+    title = f"{escape(st.canary)} over {escape(st.stable)}"
+    weights = " / ".join(f"{escape(k)} {v}%" for k, v in (st.weights or {}).items()) or "-"
     legend = ('<p class="legend"><span><i class="key canary"></i>canary</span><span><i class="key stable"></i>'
               'stable</span><span><i class="key limit"></i>limit: stable x the check\'s ratio limit</span></p>')
-    shadow = st.get("shadow")
-    lead = (f"Rollout {st['id']} from <code>{escape(st['journal'])}</code>, started {st['created_at'][:19]} UTC, "
-            f"last change {st['updated_at'][:19]} UTC; steps {', '.join(str(s['weight']) + '%' for s in st['steps'])}"
-            + (f" after a shadow phase ({shadow['spec']['percent']}% mirrored)" if shadow else "")
+    shadow = st.shadow
+    lead = (f"Rollout {st.id} from <code>{escape(st.journal)}</code>, started {st.created_at[:19]} UTC, "
+            f"last change {st.updated_at[:19]} UTC; steps {', '.join(str(s.weight) + '%' for s in st.steps)}"
+            + (f" after a shadow phase ({shadow.spec['percent']}% mirrored)" if shadow else "")
             + f"; weights now {weights}.")
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>qlift promote: {title}</title><style>{CSS}</style></head><body>"
         f"<h1>qlift promote: {title}</h1><p>{lead}</p>"
-        f'<p class="state {escape(state)}" data-state="{escape(state)}"><b>{STATE_WORDS.get(state, escape(state))}'
-        f'</b>: <span class="reason">{escape(st["reason"] or st["state_doc"])}</span></p>'
+        f'<p class="state {escape(state)}" data-state="{escape(state)}"><b>{STATE_WORDS.get(st.state, escape(state))}'
+        f'</b>: <span class="reason">{escape(st.reason or st.state_doc)}</span></p>'
         "<h2>Weights over time</h2><p>The canary's share of users; dots under the axis: each judged window's "
         "verdict where it ended.</p>" + charts.weights_chart(st, windows)
         + "<h2>Window verdicts</h2>" + charts.verdict_strip(windows, labels)
@@ -178,13 +180,14 @@ def write_report(out: Path, journal: Path | None, rollout_id: int | None = None,
     """Render the rollout into ``out`` atomically; an existing ``out`` only with ``force``."""
     from qlift.errors import BadInputError, OutputExistsError
     from qlift.fsutil import check_output_path, rename_noreplace
-    from qlift.rollout.api import default_journal, status
+    from qlift.rollout.api import default_journal
+    from qlift.rollout.status import rollout_status
 
     path = Path(journal or default_journal())
     check_output_path(out, force=force, inputs=[path])
     if out.is_dir():
         raise BadInputError(f"{out} is a directory; the report is one file", hint="Pass a file path to -o.")
-    st = status(path, rollout_id)
+    st = rollout_status(path, rollout_id)
     page = render_report(st)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
     try:
@@ -203,5 +206,5 @@ def write_report(out: Path, journal: Path | None, rollout_id: int | None = None,
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return {"report": str(out), "journal": str(path), "rollout": st["id"], "state": st["state"],
-            "reason": st["reason"], "windows": len(windows_of(st)[0]), "bytes": len(page.encode())}
+    return {"report": str(out), "journal": str(path), "rollout": st.id, "state": st.state,
+            "reason": st.reason, "windows": len(windows_of(st)[0]), "bytes": len(page.encode())}

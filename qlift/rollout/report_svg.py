@@ -8,9 +8,12 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qlift.rollout.states import State
+
+if TYPE_CHECKING:
+    from qlift.rollout.status import RolloutStatus
 
 W, H = 760, 210
 LEFT, RIGHT, TOP, BOTTOM = 56, 14, 14, 34
@@ -70,21 +73,21 @@ def svg(kind: str, label: str, body: str, height: int = H) -> str:
             f'aria-label="{escape(label)}">{body}</svg>')
 
 
-def weights_chart(st: dict[str, Any], windows: list[dict[str, Any]]) -> str:
+def weights_chart(st: RolloutStatus, windows: list[dict[str, Any]]) -> str:
     """The canary's weight (percent of users) over time as a step line; the shadow phase shaded with the
     share it mirrored; each judged window a dot in its verdict's colour where it ended."""
-    canary = st["canary"]
+    canary = st.canary
     changes = [(ts(c["applied_at"] or c["journaled_at"]), int(c["weights"].get(canary, 0)))
-               for c in st["weight_changes"]]
-    start = ts(st["created_at"])
-    times = [start, ts(st["updated_at"])] + [t for t, _ in changes] + [ts(w["ended_at"]) for w in windows]
+               for c in st.weight_changes]
+    start = ts(st.created_at)
+    times = [start, ts(st.updated_at)] + [t for t, _ in changes] + [ts(w["ended_at"]) for w in windows]
     end = max(max(times), start + 1.0)
     ax = Axes(start, end + (end - start) * 0.04, 100.0)  # room after the last change: the final weight shows
     parts = [y_axis(ax, "%")]
     shadow = shadow_span(st, end)
-    if shadow is not None:
+    if shadow is not None and st.shadow is not None:
         x1, x2 = ax.x(shadow[0]), ax.x(shadow[1])
-        percent = st["shadow"]["spec"]["percent"]
+        percent = st.shadow.spec["percent"]
         parts.append(f'<rect class="shadow-phase" x="{x1:.1f}" y="{TOP}" width="{max(x2 - x1, 1):.1f}" '
                      f'height="{H - TOP - BOTTOM}"><title>shadow phase: {percent}% of requests mirrored to the '
                      f'canary, users see none of its answers</title></rect>'
@@ -98,7 +101,7 @@ def weights_chart(st: dict[str, Any], windows: list[dict[str, Any]]) -> str:
     parts.append(f'<polyline class="weight canary" points="{path}"/>')
     for t, w in changes:
         parts.append(f'<circle class="change" data-weight="{w}" cx="{ax.x(t):.1f}" cy="{ax.y(w):.1f}" r="3">'
-                     f'<title>{clock(t, st["created_at"])}: canary {w}%</title></circle>')
+                     f'<title>{clock(t, st.created_at)}: canary {w}%</title></circle>')
     for win in windows:
         t = ts(win["ended_at"])
         parts.append(f'<circle class="verdict {escape(win["action"])}" cx="{ax.x(t):.1f}" cy="{H - BOTTOM + 8}" '
@@ -106,17 +109,17 @@ def weights_chart(st: dict[str, Any], windows: list[dict[str, Any]]) -> str:
     for frac in (0.0, 0.5, 1.0):
         t = start + (end - start) * frac
         anchor = ("start", "middle", "end")[int(frac * 2)]
-        parts.append(f'<text x="{ax.x(t):.1f}" y="{H - 6}" text-anchor="{anchor}">{clock(t, st["created_at"])}'
+        parts.append(f'<text x="{ax.x(t):.1f}" y="{H - 6}" text-anchor="{anchor}">{clock(t, st.created_at)}'
                      "</text>")
     return svg("weights", f"{canary}'s weight over time", "".join(parts))
 
 
-def shadow_span(st: dict[str, Any], end: float) -> tuple[float, float] | None:
+def shadow_span(st: RolloutStatus, end: float) -> tuple[float, float] | None:
     """From the start to the move out of ``shadowing`` (or the last record, if it never left)."""
-    if not st.get("shadow"):
+    if not st.shadow:
         return None
-    left = [ts(e["at"]) for e in st["events"] if e["kind"] == "state" and e["detail"].get("from") == State.SHADOWING]
-    return ts(st["created_at"]), (left[0] if left else end)
+    left = [ts(e["at"]) for e in st.events if e["kind"] == "state" and State(e["detail"]["from"]) is State.SHADOWING]
+    return ts(st.created_at), (left[0] if left else end)
 
 
 def verdict_strip(windows: list[dict[str, Any]], labels: list[str]) -> str:

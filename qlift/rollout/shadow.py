@@ -1,21 +1,12 @@
-"""The shadow judge: the canary answers copies of live prompts that only the stable answers for users.
+"""Shadow evidence: the canary answers copies of live prompts that only the stable answers for users.
 
 ``ShadowSource`` reads the qlift router's answer pairs (``GET /admin/shadow?since=SEQ``: the
-request, the primary's answer and the shadow copy's answer) over one window; ``judge_shadow``
-compares the two versions on the same prompts:
-
-- the judge's own checks (``checks.CHECKS``: errors and answers that are not answers, latency,
-  TTFT of streamed prompts, cut at max_tokens, going quiet, empty answers) on the two sides;
-- ``json_valid``: where the prompt asked for JSON (``response_format`` json_object/json_schema, or
-  the word JSON in it), the canary's answers that do not parse, against the stable's;
-- ``agreement``: ROUGE-L F1 between the two answers to the same prompt (qlift.eval's scorer). A
-  canary that changes style on purpose (short JSON for prose) agrees little word for word, but its
-  answer still shares the prompt's particulars with the stable's answer to that prompt, more than
-  with the stable's answers to other prompts. So the check passes on a mean agreement at or above
-  ``min_agreement`` (near-identical answers), or on agreement with the same prompt's answer
-  significantly above that with other prompts' answers (one-sided Mann-Whitney); it fails when
-  neither holds over ``min_pairs``: an answer that fits any prompt as well as its own is no answer
-  to it (templated JSON for another ticket agrees ~0.5 with every ticket's answer).
+request, the primary's answer and the shadow copy's answer) over one window into ``ShadowEvidence``.
+The one judge (judge.py) compares the two versions on the same prompts: the registry's checks
+(``checks.CHECKS``: errors and answers that are not answers, latency, TTFT of streamed prompts, cut at
+max_tokens, going quiet, empty answers, the answer checks) on the two sides, and the checks of the pairs
+themselves (pair_checks.py: ``json_valid``, ``agreement``, and the judge model's ``judge``, whose verdicts
+``judge_window`` asks for).
 """
 
 from __future__ import annotations
@@ -26,14 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric, sample
+from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric
 from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.registry import message_text, user_text
-from qlift.rollout.checks import CheckResult, CheckStatus, check_alpha, run_checks, window_spec
 from qlift.rollout.evidence import VersionEvidence, unique
-from qlift.rollout.judge import Action, Decision, Verdict, check_judge_model
-from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
-from qlift.rollout.stats import mann_whitney_greater, mean, proportion_greater
+from qlift.rollout.spec import ShadowSpec
 from qlift.router.metrics import token_latency
 
 log = logging.getLogger(__name__)
@@ -157,114 +145,6 @@ def wants_json(request: dict[str, Any]) -> bool:
     return any(_JSON_WORD.search(t) for t in texts)
 
 
-def is_json(text: str | None) -> bool:
-    from qlift.quality.schema import parse_json_output
-
-    return text is not None and parse_json_output(text.strip())[0]
-
-
-# ROUGE-L is quadratic in the answers' lengths (rouge-score: ~110 ms for two 300-word answers on a
-# Zen 5 core), so a window's agreement is scored on an even sample of pairs and each answer's opening.
-AGREEMENT_PAIRS = 60
-AGREEMENT_WORDS = 100
-AGREEMENT_LEAN_PAIRS = 20  # answered pairs before an agreement that only leans the canary's way passes
-
-
-def rouge_l(a: str, b: str) -> float:
-    from qlift.eval.metrics import _rouge
-
-    def head(text: str) -> str:
-        return " ".join(text.split()[:AGREEMENT_WORDS])
-
-    return float(_rouge().score(head(a), head(b))["rougeL"].fmeasure)
-
-
-# -- the shadow-only checks ---------------------------------------------------------------------
-
-
-def check_json_valid(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
-    asked = [p for p in ev.pairs if p.wants_json and p.primary.ok and p.shadow.ok]
-    r = CheckResult("json_valid", CheckStatus.INCONCLUSIVE, limit=spec.max_json_invalid_share)
-    if not asked:
-        r.status, r.detail = CheckStatus.SKIPPED, "no answered prompt asked for JSON"
-        return r
-    cbad = sum(1 for p in asked if not is_json(p.shadow.text))
-    sbad = sum(1 for p in asked if not is_json(p.primary.text))
-    n = len(asked)
-    cshare, sshare = cbad / n, sbad / n
-    r.canary, r.stable = cshare, sshare
-    if cshare <= spec.max_json_invalid_share or cshare - sshare < a.min_share_increase:
-        r.status = CheckStatus.PASS
-        r.detail = f"not JSON where JSON was asked: canary {cbad}/{n}, stable {sbad}/{n}"
-        return r
-    t = proportion_greater(cbad, n, sbad, n)
-    r.test, r.p_value = t.test, t.p_value
-    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
-    r.detail = (f"not JSON where JSON was asked: canary {cbad}/{n} vs stable {sbad}/{n} > "
-                f"{spec.max_json_invalid_share}; {t.test} p={t.p_value:.3g}"
-                + ("" if r.status == CheckStatus.FAIL else " (not significant)"))
-    return r
-
-
-def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, pass_alpha: float | None = None
-                    ) -> CheckResult:
-    """``a``'s per-check alpha (Bonferroni) decides a failure, as every check's does; showing a style is a test
-    *for* the canary, outside the family that guards good canaries against false rollbacks: it runs at
-    ``pass_alpha``, the window's own alpha (default: ``a``'s per-check one)."""
-    both = [p for p in ev.pairs if p.primary.ok and p.shadow.ok and p.primary.text is not None
-            and p.shadow.text is not None]
-    r = CheckResult("agreement", CheckStatus.INCONCLUSIVE, limit=spec.min_agreement)
-    if not both:
-        no_text = ev.pairs and all(p.primary.text is None for p in ev.pairs)
-        r.status = CheckStatus.SKIPPED if no_text else CheckStatus.INCONCLUSIVE
-        r.detail = "no answered pairs with text yet"
-        return r
-    answered = len(both)
-    both = sample(both, AGREEMENT_PAIRS)
-    same = [rouge_l(p.primary.text or "", p.shadow.text or "") for p in both]
-    prompts = [_prompt_key(p.request) for p in both]
-    # The canary's answer against the stable's answers to other prompts: what agreement by chance is.
-    other: list[float] = []
-    for i, p in enumerate(both):
-        for k in range(1, min(3, len(both))):
-            j = (i + k) % len(both)
-            if prompts[j] != prompts[i]:
-                other.append(rouge_l(both[j].primary.text or "", p.shadow.text or ""))
-    agreement = mean(same) or 0.0
-    r.canary, r.stable = agreement, mean(other) if other else None
-    described = (f"ROUGE-L canary vs stable on the same prompt {agreement:.3g} (mean of {len(same)} of {answered} "
-                 f"pairs), on other "
-                 f"prompts {'-' if r.stable is None else f'{r.stable:.3g}'}")
-    if agreement >= spec.min_agreement:
-        r.status, r.detail = CheckStatus.PASS, described + f" >= {spec.min_agreement}"
-        return r
-    alpha = check_alpha(a)
-    shown = alpha if pass_alpha is None else pass_alpha
-    if len(same) < a.min_samples or mann_whitney_greater([1.0] * len(same), [0.0] * len(other)).p_value >= shown:
-        r.detail = described + f" (too few pairs for a test at alpha {shown:.2g} yet: not run)"
-        return r
-    t = mann_whitney_greater(same, other)
-    r.test, r.p_value = t.test, t.p_value
-    if t.p_value < shown:
-        r.status = CheckStatus.PASS
-        r.detail = described + f"; each answer fits its own prompt better than others' (p={t.p_value:.3g}): a style"
-        return r
-    mixed = mann_whitney_greater(other, same)
-    if mixed.p_value < alpha:  # evidence against the canary, not only no evidence for it
-        r.status, r.p_value = CheckStatus.FAIL, mixed.p_value
-        r.detail = described + f"; answers fit other prompts' answers better than their own (p={mixed.p_value:.3g})"
-        return r
-    if answered >= max(spec.min_pairs, AGREEMENT_LEAN_PAIRS) and r.stable is not None and agreement > r.stable:
-        # ROUGE-L is a weak signal between prose and JSON: the healthy examples/adapter still read p = 0.08 at
-        # 39 pairs. Leaning to its own prompt, with no evidence against it, is no reason to hold it.
-        r.status = CheckStatus.PASS
-        r.detail = described + f"; leans to its own prompt (p={t.p_value:.3g}, not significant): no evidence against it"
-        return r
-    r.detail = described + (f"; not yet shown to fit its own prompt better than others' (p={t.p_value:.3g}): "
-                            f"more pairs decide (a larger --shadow share or a longer --interval)")
-    return r
-
-
 def judge_window(ev: ShadowEvidence, spec: ShadowSpec) -> JudgeResult | None:
     """The judge model's verdicts on an even sample of the window's answered pairs (None without shadow.judge)."""
     if spec.judge is None:
@@ -276,48 +156,6 @@ def judge_window(ev: ShadowEvidence, spec: ShadowSpec) -> JudgeResult | None:
     triples = [(user_text(p.request), p.primary.text or "", p.shadow.text or "") for p in ev.pairs
                if p.primary.ok and p.shadow.ok and p.primary.text is not None and p.shadow.text is not None]
     return judge_pairs(triples, settings)
-
-
-def check_judge(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec) -> CheckResult:
-    return check_judge_model(ev.judged, spec.max_judge_loss_margin, a)
-
-
-def _prompt_key(request: dict[str, Any]) -> str:
-    return repr(request.get("messages") or request.get("prompt"))
-
-
-def judge_shadow(ev: ShadowEvidence, spec: ShadowSpec | RolloutSpec, analysis: AnalysisSpec | None = None
-                 ) -> Decision:
-    """The canary's shadow answers against the stable's, pair by pair: ``rollback`` on any failing check,
-    ``hold`` (verdict ``insufficient``) below ``min_pairs`` answered pairs, else ``advance`` when all pass.
-    ``spec`` is the shadow section, or the whole rollout spec (its shadow and analysis sections)."""
-    if isinstance(spec, RolloutSpec):
-        analysis = analysis or spec.analysis
-        spec = spec.shadow or ShadowSpec.model_validate({})
-    base = (analysis or AnalysisSpec.model_validate({})).model_copy(update={"min_requests": spec.min_pairs})
-    stable, canary = ev.side("primary"), ev.side("shadow")
-    # two more tested checks (json_valid, agreement) share the window's family-wise alpha (Bonferroni)
-    extra = 3 if spec.judge is not None else 2
-    checks = [c for c in run_checks(canary, stable, base, extra=extra) if c.name != "tpot"]
-    a = window_spec(canary, stable, base, extra=extra)
-    for c in checks:
-        if c.name == "canary_requests":
-            c.detail = c.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")
-    checks += [check_json_valid(ev, spec, a), check_agreement(ev, spec, a, pass_alpha=base.alpha)]
-    if spec.judge is not None:
-        checks.append(check_judge(ev, spec, a))
-    failed = [c for c in checks if c.status == CheckStatus.FAIL]
-    if failed:
-        return Decision(Action.ROLLBACK, "shadow: " + "; ".join(f"{c.name}: {c.detail}" for c in failed), checks,
-                        Verdict.FAIL)
-    if len(ev.pairs) < spec.min_pairs:
-        return Decision(Action.HOLD, f"insufficient: {len(ev.pairs)} shadow pairs < min_pairs {spec.min_pairs} "
-                                     f"(raise the shadow percent or the interval)", checks, Verdict.INSUFFICIENT)
-    unsure = [c for c in checks if c.status == CheckStatus.INCONCLUSIVE]
-    if unsure:
-        return Decision(Action.HOLD, "shadow inconclusive: " + "; ".join(f"{c.name}: {c.detail}" for c in unsure),
-                        checks)
-    return Decision(Action.ADVANCE, f"shadow: every check passed over {len(ev.pairs)} pairs", checks, Verdict.PASS)
 
 
 # -- the router's pairs ------------------------------------------------------------------------

@@ -106,6 +106,10 @@ class AnalysisSpec(_Strict):
     min_samples: int = Field(5, ge=2, description="Samples per version before a statistical test is used.")
     max_inconclusive: int = Field(
         5, ge=0, description="Inconclusive windows tolerated per step before the canary is rolled back.")
+    consecutive_error_limit: int | None = Field(
+        None, ge=0, description="Windows in a row whose evidence source failed (no measurement: an outage, not a "
+        "quiet canary) tolerated before the canary is rolled back, as Argo Rollouts' consecutiveErrorLimit; "
+        "counted apart from max_inconclusive, reset by any measured window (default: max_inconclusive).")
     on_insufficient: Literal["pause", "rollback"] = Field(
         "pause", description="What too little canary traffic (fewer than min_requests in a window) does: pause "
         "the rollout and say how to size the window, or count toward max_inconclusive and roll back.")

@@ -57,6 +57,7 @@ class RolloutStatus:
     weights_applied: bool
     step: int
     holds: int
+    errors: int  # windows in a row whose evidence source failed (AnalysisSpec.consecutive_error_limit)
     reason: str
     created_at: str
     updated_at: str
@@ -141,8 +142,8 @@ def rollout_status(journal_path: Path | None = None, rollout_id: int | None = No
         return RolloutStatus(
             journal=str(path), id=r.id, state=state, state_doc=DESCRIPTIONS[state], stable=r.stable, canary=r.canary,
             desired_version=r.desired_version, weights=last.weights if last else None,
-            weights_applied=bool(last and last.applied_at), step=r.step, holds=r.holds, reason=r.reason,
-            created_at=r.created_at, updated_at=r.updated_at, controller_pid=pid,
+            weights_applied=bool(last and last.applied_at), step=r.step, holds=r.holds, errors=r.errors,
+            reason=r.reason, created_at=r.created_at, updated_at=r.updated_at, controller_pid=pid,
             controller=ControllerStatus(pid, pid is not None, None if age is None else round(age, 1),
                                         age is not None and age > max(HEARTBEAT_STALE_S, 3 * spec.interval)),
             abort_not_journaled=unjournaled_abort, compares=_compares(spec), answer_checks=answer_checks_run(spec),

@@ -2,7 +2,8 @@
 with its ratio against its limit and its verdict, then the window's notes, wrapped to the terminal.
 
 Everything here reads the ``RolloutStatus`` that `status --json` prints (status.py), so the text and the
-JSON never disagree; the HTML report (report.py) reads the same as JSON values, and these cells.
+JSON never disagree; the HTML report (report.py) reads the same, and these cells. A journaled window or check is
+a record (JSON values): its action and status are read through their enums (Phase, CheckStatus).
 """
 
 from __future__ import annotations
@@ -50,13 +51,14 @@ def measure(c: dict[str, Any]) -> str:
 
 def check_cell(c: dict[str, Any]) -> str:
     """``latency 1.20x/1.5 ok``: the check, its measure, its verdict (ok, hold, FAIL)."""
-    return " ".join(p for p in (c["name"], measure(c), VERDICTS.get(c["status"], c["status"])) if p)
+    status = CheckStatus(c["status"])
+    return " ".join(p for p in (c["name"], measure(c), VERDICTS.get(status, status.value)) if p)
 
 
 def check_cells(checks: list[dict[str, Any]]) -> list[str]:
     """Every judged check's cell; the skipped ones (no data for them in this source) named in one cell."""
-    cells = [check_cell(c) for c in checks if c["status"] != CheckStatus.SKIPPED]
-    skipped = [c["name"] for c in checks if c["status"] == CheckStatus.SKIPPED]
+    cells = [check_cell(c) for c in checks if CheckStatus(c["status"]) is not CheckStatus.SKIPPED]
+    skipped = [c["name"] for c in checks if CheckStatus(c["status"]) is CheckStatus.SKIPPED]
     return cells + ([f"skipped: {', '.join(skipped)}"] if skipped else [])
 
 
@@ -102,7 +104,7 @@ def window_lines(w: dict[str, Any], cols: int) -> list[str]:
             f"stable {traffic(w['stable'])}")
     out = [head]
     out += wrap_cells(check_cells(w.get("checks") or []), indent="    ", cols=cols)
-    if w["action"] not in (Phase.PASS, Phase.ADVANCE):
+    if Phase(w["action"]) not in (Phase.PASS, Phase.ADVANCE):
         out += wrap_text(w["reason"], indent="    ", cols=cols, first="why: ")
     for note in w.get("notes") or []:
         out += wrap_text(note, indent="    ", cols=cols, first="note: ")
@@ -168,7 +170,7 @@ def failed_examples(st: RolloutStatus) -> list[tuple[dict[str, Any], dict[str, A
     """(window, check) for each failed check that kept answers: what a person reads before trusting it."""
     windows = (st.shadow.windows if st.shadow else []) + [w for s in st.steps for w in s.windows]
     return [(w, c) for w in windows for c in w.get("checks") or []
-            if c.get("status") == CheckStatus.FAIL and c.get("examples")]
+            if CheckStatus(c["status"]) is CheckStatus.FAIL and c.get("examples")]
 
 
 def example_lines(st: RolloutStatus, cols: int) -> list[str]:
@@ -191,9 +193,8 @@ def log_window(what: str, action: str, reason: str, checks: list[Any]) -> None:
 
     log = logging.getLogger("qlift.rollout.controller")
     log.info("%s: %s (%s)", what, action, reason)
-    shown = [asdict(c) for c in checks if c.name in ("latency", "ttft")
-             or c.status in (CheckStatus.FAIL, CheckStatus.INCONCLUSIVE)]
-    rest = sum(1 for c in checks if c.status == CheckStatus.PASS) - sum(1 for c in shown
-                                                                     if c["status"] == CheckStatus.PASS)
+    shown = [c for c in checks if c.name in ("latency", "ttft") or c.status in (CheckStatus.FAIL,
+                                                                                 CheckStatus.INCONCLUSIVE)]
+    rest = sum(1 for c in checks if c.status is CheckStatus.PASS and c not in shown)
     if shown or rest:
-        log.info("  %s", " · ".join([check_cell(c) for c in shown] + ([f"{rest} more ok"] if rest else [])))
+        log.info("  %s", " · ".join([check_cell(asdict(c)) for c in shown] + ([f"{rest} more ok"] if rest else [])))

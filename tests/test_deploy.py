@@ -202,6 +202,7 @@ def test_argo_metrics_hold_on_no_data_like_promote(models) -> None:
         assert metric["consecutiveSuccessLimit"] == a.intervals_per_step
         assert metric["count"] == a.max_inconclusive + a.intervals_per_step
         assert (metric["failureLimit"], metric["inconclusiveLimit"]) == (0, a.max_inconclusive)
+        assert metric["consecutiveErrorLimit"] == a.max_inconclusive  # promote's default, not Argo's 4
 
 
 def test_argo_rollout_steps_and_route(models) -> None:

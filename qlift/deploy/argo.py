@@ -18,6 +18,7 @@ from typing import Any
 
 from qlift.deploy import k8s
 from qlift.deploy.options import DeployOptions
+from qlift.rollout.analysis import error_limit
 from qlift.rollout.checks import PromqlMetric, argo_metrics
 from qlift.rollout.prometheus import PRESETS, window_label
 from qlift.rollout.spec import AnalysisSpec
@@ -53,7 +54,8 @@ def analysis_template(opts: DeployOptions, analysis: AnalysisSpec, *, window_s: 
     """promote's checks against ``opts.prometheus_url``, with the queries of the PromQL ``preset``."""
     # Measured once per window, as promote judges: a failure ends the analysis at once, the
     # first intervals_per_step passes in a row end it successfully, and max_inconclusive
-    # windows without a verdict are tolerated; one more makes the analysis inconclusive.
+    # windows without a verdict are tolerated; one more makes the analysis inconclusive; as many
+    # measurements in a row that error (no data from Prometheus) as promote tolerates.
     found = checks(preset, analysis, window_s)
     metrics = [{
         "name": c.name,
@@ -64,6 +66,7 @@ def analysis_template(opts: DeployOptions, analysis: AnalysisSpec, *, window_s: 
         "consecutiveSuccessLimit": analysis.intervals_per_step,
         "failureLimit": 0,
         "inconclusiveLimit": analysis.max_inconclusive,
+        "consecutiveErrorLimit": error_limit(analysis),  # promote's, not Argo's default of 4
         "provider": {"prometheus": {"address": opts.prometheus_url, "query": c.query}},
     } for c in found]
     return {

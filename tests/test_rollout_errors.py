@@ -145,3 +145,45 @@ def test_a_journal_of_an_older_qlift_gets_the_count(tmp_path: Path) -> None:
         with journal.tx() as db:
             journal.update(db, rid, errors=2)
         assert journal.get(rid).errors == 2
+
+
+class ShadowOutage:
+    """The router's shadow pairs with its ring unreadable (DOWN) or ``n`` identical pairs, a window at a time."""
+
+    def __init__(self, clock: FakeClock, script: list[Any]) -> None:
+        from rollout_journals import ClockedShadow
+
+        self.good, self.script, self.windows = ClockedShadow(clock, [12]), script, 0
+
+    def start(self, version: str, percent: float, max_inflight: int) -> dict[str, Any]:
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+    def begin(self) -> None:
+        self.good.begin()
+
+    def collect(self) -> Any:
+        i, self.windows = self.windows, self.windows + 1
+        if self.script[min(i, len(self.script) - 1)] == DOWN:
+            raise ExternalToolError("router at http://127.0.0.1:1 did not answer GET /admin/shadow", tool="router")
+        return self.good.collect()
+
+
+def test_a_shadow_phase_without_pairs_counts_errors_and_rolls_back_past_the_limit(tmp_path: Path) -> None:
+    """The shadow ring unreadable is no pass and no endless retry: the same limit as a split window's."""
+    from qlift.rollout.states import State
+
+    sp = RolloutSpec.model_validate({**_spec().model_dump(mode="json"),
+                                     "shadow": {"percent": 20, "windows": 2, "min_pairs": 8}})
+    journal, clock = Journal(tmp_path / "j.sqlite"), FakeClock()
+    rid = journal.create(sp.model_dump(mode="json"), "s", "c", state=State.SHADOWING).id
+    source = ShadowOutage(clock, [DOWN, "ok", DOWN, DOWN, DOWN, DOWN])
+    final = Controller(journal, rid, sp, MemoryPlane(), Outage(clock, [GOOD]),  # type: ignore[arg-type]
+                       pace=Pace(sleep=clock.sleep, clock=clock.time), shadow_source=source).run()
+    h = journal.history(rid)
+    assert [d["action"] for d in h["decisions"]][1:] == ["hold", "pass", "hold", "hold", "hold", "rollback"]
+    assert final.state == "rolled_back" and final.errors == 4
+    assert final.reason.startswith("shadow phase: no evidence for 4 windows in a row (consecutive_error_limit 3)")
+    assert source.windows == 6

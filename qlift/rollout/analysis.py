@@ -155,8 +155,8 @@ class Analysis:
         reason = f"inconclusive for {holds + 1} windows (max_inconclusive {a.max_inconclusive}): {d.reason}"
         return Assessment(Phase.ROLLBACK, reason, d, ev, holds + 1, passes)
 
-    def _no_measurement(self, step: int, d: Decision, ev: Evidence, holds: int, passes: int, errors: int
-                        ) -> Assessment:
+    def _no_measurement(self, step: int, d: Decision, ev: Evidence | ShadowEvidence, holds: int, passes: int,
+                        errors: int) -> Assessment:
         """A window whose evidence source failed: held (its held evidence carried on) up to
         ``consecutive_error_limit`` such windows in a row; one more rolls back, as Argo's Error phase aborts."""
         limit = error_limit(self.spec.analysis)
@@ -164,20 +164,24 @@ class Analysis:
             self.carry = (step, ev)
             return Assessment(Phase.HOLD, d.reason, d, ev, holds, passes, errors)
         self.carry = None
-        reason = (f"no evidence for {errors} windows in a row (consecutive_error_limit {limit}): the evidence "
+        phase = "shadow phase: " if step == SHADOW_STEP else ""
+        reason = (f"{phase}no evidence for {errors} windows in a row (consecutive_error_limit {limit}): the evidence "
                   f"source failed: {ev.error}")
         return Assessment(Phase.ROLLBACK, reason, d, ev, holds, passes, errors)
 
-    def assess_shadow(self, window: ShadowEvidence, *, holds: int, passes: int) -> Assessment:
+    def assess_shadow(self, window: ShadowEvidence, *, holds: int, passes: int, errors: int = 0) -> Assessment:
         """One shadow window: the judge model's verdicts on its pairs (bounded by shadow.judge_deadline_s), the
         held windows' pairs added up (as a step's held evidence is), then the same policy: a failing check rolls
         back; a pass advances once ``shadow.windows`` windows passed; a hold holds up to max_inconclusive
-        windows, then pauses (or rolls back, with on_insufficient rollback)."""
+        windows, then pauses (or rolls back, with on_insufficient rollback). A window whose pairs could not be
+        read counts toward consecutive_error_limit, as a split window's failed evidence source does."""
         shadow = self.spec.shadow
         assert shadow is not None
         window.judged = judge_window(window, shadow)
         ev = self.with_carry(SHADOW_STEP, window)
         d = judge(ev, self.spec.analysis, shadow)
+        if d.verdict == Verdict.ERROR:
+            return self._no_measurement(SHADOW_STEP, d, ev, holds, passes, errors + 1)
         self.carry = (SHADOW_STEP, ev) if d.action == Action.HOLD else None
         if d.action == Action.ROLLBACK:
             return Assessment(Phase.ROLLBACK, f"shadow phase: {d.reason}", d, ev, holds, passes)

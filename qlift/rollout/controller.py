@@ -28,7 +28,7 @@ from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
 from qlift.rollout.reconcile import Drift, Reconciler
-from qlift.rollout.shadow import ShadowSource
+from qlift.rollout.shadow import ShadowEvidence, ShadowSource
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.split_pairs import SplitPairs
@@ -365,14 +365,24 @@ class Controller:
                                     start_step=None):
             return
         source.start(r.canary, shadow.percent, shadow.max_inflight)  # every window: a restarted router forgets it
-        void, _, _ = self._watch(r, source.begin, None)
+        void, _, failure = self._watch(r, source.begin, None)
         if void is not None:
             self._discard(r, void)
             return
         if self._canary_changed(r):
             return
-        window = source.collect()
-        v = self.analysis.assess_shadow(window, holds=r.holds, passes=r.passes)
+        window = None
+        if failure is None:
+            try:
+                window = source.collect()
+            except QliftError as exc:
+                failure = exc.one_line()
+        if window is None:  # no pairs to judge: no pass (counts toward consecutive_error_limit)
+            log.warning("no shadow pairs this window: evidence source failed: %s", failure)
+            now = self.clock()
+            window = ShadowEvidence(r.stable, r.canary, started_at=now - self.spec.interval, ended_at=now,
+                                    notes=[f"evidence source failed: {failure}"], error=failure)
+        v = self.analysis.assess_shadow(window, holds=r.holds, passes=r.passes, errors=r.errors)
         log_window(f"shadow window ({shadow.percent}% mirrored): {len(getattr(v.evidence, 'pairs', []))} pairs",
                    v.phase, v.decision.reason, v.decision.checks)
         self._act(r, v, step=SHADOW_STEP)

@@ -143,7 +143,7 @@ def judge(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | N
     """One window of either kind under ``a`` (and ``shadow``, the shadow section, for a shadow window)."""
     w, a = window_of(ev, a, shadow)
     d = _decide(ev, w, a, _run(w, a))
-    if isinstance(ev, Evidence) and ev.error is not None and d.action == Action.HOLD:
+    if ev.error is not None and d.action == Action.HOLD:
         d.verdict = Verdict.ERROR  # nothing measured: no verdict on the canary either way
     return d
 

@@ -80,12 +80,13 @@ class ShadowEvidence:
     unpaired: int = 0  # copies dropped (over max_inflight) or never answered: not evidence either way
     notes: list[str] = field(default_factory=list)
     judged: JudgeResult | None = None  # the judge model's verdicts on a sample of the pairs (shadow.judge)
+    error: str | None = None  # the router's shadow ring could not be read: no measurement (Verdict.ERROR)
 
     def merged(self, later: ShadowEvidence) -> ShadowEvidence:
         judged = later.judged if self.judged is None else (
             self.judged if later.judged is None else self.judged.merged(later.judged))
         return ShadowEvidence(self.stable, self.canary, self.pairs + later.pairs, self.started_at, later.ended_at,
-                              self.unpaired + later.unpaired, unique(self.notes + later.notes), judged)
+                              self.unpaired + later.unpaired, unique(self.notes + later.notes), judged, later.error)
 
     def side(self, which: str) -> VersionEvidence:
         """One side folded into the judge's evidence (TTFT from streamed prompts only)."""

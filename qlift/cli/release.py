@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from qlift.cli.output import STATE, emit, json_option
+
+if TYPE_CHECKING:
+    from qlift.release.report import StageReport
+    from qlift.release.spec import Release
 
 GROUP_EPILOG = """\b
 Examples:
@@ -57,7 +61,7 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
     from qlift.release import load_release, run_release
 
     release = _with_out(load_release(file), out)
-    reports: list[Any] = []
+    reports: list[StageReport] = []
     try:
         run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress, reports=reports)
     except QliftError as exc:
@@ -77,7 +81,7 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
           "stages": reports}, human)
 
 
-def _with_out(release: Any, out: Path | None) -> Any:
+def _with_out(release: Release, out: Path | None) -> Release:
     import dataclasses
 
     return release if out is None else dataclasses.replace(release, out=out.resolve(), out_from="--out")

@@ -18,7 +18,6 @@ from qlift.cli.deploy import k8s_cmd
 from qlift.cli.download import download_cmd
 from qlift.cli.eval import eval_cmd
 from qlift.cli.merge import merge_cmd
-from qlift.cli.options import cli_args
 from qlift.cli.quantize import quantize_cmd
 from qlift.cli.serve import serve_cmd
 from qlift.cli.tune import tune_cmd
@@ -129,24 +128,6 @@ BAD_VALUES = [
 def test_a_bad_value_is_exit_2_naming_the_flag(run_cli, tmp_path, argv: list[str], flag: str) -> None:
     one_line(run_cli(*[a.format(out=tmp_path / "out") for a in argv]), 2, flag)
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("options", [
-    ServeOptions(recipe="cpu", workload="long-doc", sets=("max_model_len=2048", "seed=1"), port=0,
-                 served_model_name="s", lora_runtime=True, dry_run=True, timeout_s=12.5, gpu="T4", gpus=2),
-    DownloadOptions(source="auto", include=("*.json", "*.safetensors"), max_workers=3, dry_run=True, force=True),
-    BatchOptions(recipe="cpu", temperature=0.5, resume=True, ray_address="local", timeout_s=60),
-    MergeOptions(dtype="bf16", verify=False, tolerance=0.1),
-    QuantizeOptions(method="awq", group_size=64, ignore=("re:.*gate",), threads=1),
-], ids=lambda o: type(o).__name__)
-def test_cli_args_give_the_options_back(options: Any) -> None:
-    name = next(n for n, entry in COMMANDS.items() if entry[1] is type(options))
-    cmd, cls, excluded, _, least = COMMANDS[name]
-    with click.Context(cli, info_name="qlift", **cli.context_settings) as parent:
-        given = cmd.make_context(name, [*least, *cli_args(options, exclude=tuple(excluded))], parent=parent).params
-    for f in dataclasses.fields(cls):
-        if f.name not in excluded:
-            assert given[f.name] == getattr(options, f.name), f.name
 
 
 def test_router_flags_are_its_config_fields() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from qlift.cli.params import URL, Number
-from qlift.options import OptionField, choice_texts, choice_values, field_flag, option_fields
+from qlift.options import OptionField, choice_texts, choice_values, option_fields
 
 
 def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
@@ -84,26 +84,3 @@ def _base_type(hint: Any) -> tuple[Any, bool]:
     if hint is Path:
         return click.Path(path_type=Path), False
     return (hint if hint in (int, float, str) else None), False
-
-
-def cli_args(options: Any, *, exclude: tuple[str, ...] = ()) -> list[str]:
-    """The flags that give ``options`` back through ``click_options`` (its fields left at their defaults are
-    left out): how a stage that runs another qlift command passes it a typed options object."""
-    args: list[str] = []
-    for field in dataclasses.fields(options):
-        value, meta, opt = getattr(options, field.name), field.metadata, field_flag(field)
-        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        if field.name in exclude or value == default:
-            continue
-        if "parse" in meta or isinstance(value, dict):
-            raise TypeError(f"{type(options).__name__}.{field.name} has no generic CLI spelling")
-        if meta.get("flag_pair"):
-            args.append(opt if value else f"--no-{opt.removeprefix('--')}")
-        elif isinstance(value, bool):
-            args.append(opt)  # a non-default bool is the flag's own value (--x, or --no-x for a True default)
-        elif isinstance(value, tuple):
-            args += [a for v in value for a in (opt, str(v))]
-        else:
-            texts = dict(zip(choice_values(meta), choice_texts(meta), strict=True)) if "choices" in meta else {}
-            args += [opt, str(texts.get(value, value))]
-    return args

@@ -208,13 +208,18 @@ def _torch_gpus() -> list[GpuInfo]:
 
 
 def detect() -> Hardware:
-    """This machine's GPUs (NVML first, torch if NVML is missing) and CPU."""
+    """This machine's GPUs (NVML first, torch if NVML is missing) and CPU.
+
+    Without NVML and without an NVIDIA device node torch is not asked: it would find no CUDA GPU
+    either, and importing it is 10-15 s of a `qlift plan` or a batch run on a CPU-only machine."""
     cpu = detect_cpu()
     notes = []
     try:
         return Hardware(gpus=nvml_gpus(), cpu=cpu, source="nvml")
     except Exception as exc:  # no driver, no library, no GPU: all mean "ask torch"
         notes.append(f"NVML unavailable ({type(exc).__name__})")
+    if not any(Path("/dev").glob("nvidia*")) and not Path("/proc/driver/nvidia").exists():
+        return Hardware(gpus=[], cpu=cpu, source="none", notes=[*notes, "no NVIDIA device nodes"])
     try:
         gpus = _torch_gpus()
         if gpus:

@@ -179,3 +179,15 @@ def test_usage_error_from_the_console_script_is_one_line() -> None:
     out = subprocess.run([sys.executable, "-m", "qlift", "eval"], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.splitlines() == ["error: missing argument 'CANDIDATE'. See `qlift eval --help`."]
+
+
+@pytest.mark.skipif(any(__import__("pathlib").Path("/dev").glob("nvidia*")), reason="an NVIDIA machine asks torch")
+def test_plan_on_a_machine_without_an_nvidia_gpu_imports_no_torch(smollm2_dir) -> None:
+    """Asking torch for CUDA GPUs where there is no NVIDIA device node was 10-15 s of every `qlift plan`."""
+    code = (
+        "import sys; from click.testing import CliRunner; from qlift.cli import cli;"
+        f"r = CliRunner().invoke(cli, ['plan', {str(smollm2_dir)!r}, '--recipe', 'cpu', '--json']);"
+        "assert r.exit_code == 0, r.output; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr

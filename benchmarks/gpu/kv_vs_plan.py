@@ -23,12 +23,12 @@ _NOT_ENGINE = {"model", "host", "port", "served-model-name"}
 
 
 def rows(model: Path, base: str, runs: Path) -> list[dict[str, Any]]:
+    from qlift.hardware import detect
     from qlift.models.modeldir import ModelDir
-    from qlift.perf.engine import quick_hardware
     from qlift.serve.plan import plan_memory
     from qlift.serve.recipes import EngineSpec, load_recipe
 
-    md, hw, recipe = ModelDir.open(model), quick_hardware(), load_recipe(base)
+    md, hw, recipe = ModelDir.open(model), detect(), load_recipe(base)
     out = []
     for run in sorted(p for p in runs.iterdir() if (p / "config.yaml").is_file() and (p / "vllm.log").is_file()):
         cfg = yaml.safe_load((run / "config.yaml").read_text())

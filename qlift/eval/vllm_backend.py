@@ -32,11 +32,12 @@ class VllmBackend(Backend):
 
         require_cpu_support(model.path, what=f"evaluate the {model.role}",
                             alternative="--backend transformers (slower; it dequantizes the checkpoint)")
-        from qlift.perf.engine import in_process_threads, quick_hardware
+        from qlift.hardware import detect
+        from qlift.perf.engine import in_process_threads
 
         # On the CPU the engine runs in the worker's process: vLLM would start two more interpreters (engine core,
         # model worker), each importing torch and vLLM again, 13-25 s of every model's run on 2 cores.
-        threads = in_process_threads(model.engine_args, {}, quick_hardware())
+        threads = in_process_threads(model.engine_args, {}, detect())
         args = {**model.engine_args, "distributed_executor_backend": "uni"} if threads else model.engine_args
         job = VllmEvalJob(model=str(model.path), requests=requests, sampling=sampling,
                           max_model_len=self._max_len(model.path), dtype=self._dtype(model.path),

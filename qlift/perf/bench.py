@@ -146,7 +146,7 @@ def run_bench(endpoint: str, model: str, options: BenchOptions | None = None, *,
     """Bench ``model`` at ``endpoint`` with the load ``options`` define, one vLLM client run per level.
 
     ``worker``: a ``Worker(BENCH_WORKER)`` started earlier (tune starts it with the server)."""
-    from qlift.perf.engine import quick_hardware
+    from qlift.hardware import detect
 
     o = options or BenchOptions()
     dataset, slo, timeout_s = o.dataset, o.slo, o.timeout_s
@@ -174,7 +174,7 @@ def run_bench(endpoint: str, model: str, options: BenchOptions | None = None, *,
             log.warning("bench: stopped at the %.0f s limit; keeping the levels that finished", timeout_s)
             complete = False
         raw_levels = [json.loads(t) for t in levels_path.read_text().splitlines()] if levels_path.exists() else []
-    hw = quick_hardware()
+    hw = detect()
     return BenchResult(
         kind=RESULT_KIND, endpoint=base, model=model, tokenizer=tok,
         date=datetime.now(UTC).isoformat(timespec="seconds"),

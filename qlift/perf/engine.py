@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qlift.hardware import Hardware, detect_cpu, nvml_gpus, resolve
+from qlift.hardware import Hardware, detect
 from qlift.models.modeldir import ModelDir
 from qlift.serve.launch import check_plan
 from qlift.serve.plan import MemoryPlan, fit_to_model, plan_memory
@@ -33,7 +33,7 @@ def engine_for(model: Path, *, recipe: str = "auto", workload: str = "batch", se
     ``in_process``: where ``in_process_threads`` allows it, run the engine in the caller's process."""
     md = ModelDir.open(model)
     md.require_weights()
-    hw = hardware or quick_hardware()
+    hw = hardware or detect()
     chosen = choose_recipe(hw, workload=workload, model=md).recipe if recipe == "auto" else load_recipe(recipe)
     chosen, notes = fit_to_model(apply_overrides(chosen, sets or []), md)
     plan = plan_memory(md, chosen, hw)
@@ -72,19 +72,3 @@ def in_process_threads(args: dict[str, Any], env: dict[str, str], hw: Hardware) 
     if chosen.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ:
         return None
     return max(1, hw.cpu.cores - 1)
-
-
-def quick_hardware() -> Hardware:
-    """This machine, without importing torch where there is plainly no NVIDIA GPU.
-
-    ``qlift.hardware.detect`` asks torch when NVML fails; on a CPU-only machine that
-    import is ~10 s of a batch run that is ~1 minute on vllm-cpu. No NVIDIA device node and
-    no NVML means no CUDA GPU for torch either.
-    """
-    try:
-        return Hardware(gpus=nvml_gpus(), cpu=detect_cpu(), source="nvml")
-    except Exception:  # no driver, no library: fall through
-        pass
-    if not any(Path("/dev").glob("nvidia*")) and not Path("/proc/driver/nvidia").exists():
-        return Hardware(gpus=[], cpu=detect_cpu(), source="none", notes=["no NVIDIA device nodes"])
-    return resolve(None, None)

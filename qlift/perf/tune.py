@@ -30,11 +30,10 @@ from typing import Any
 import yaml
 
 from qlift.errors import BadInputError, ExternalToolError, QliftError
-from qlift.hardware import Hardware
+from qlift.hardware import Hardware, detect
 from qlift.models.modeldir import ModelDir
 from qlift.perf.bench import BENCH_WORKER, BenchResult, LevelResult, run_bench
 from qlift.perf.counter import CounterRate, CounterSampler
-from qlift.perf.engine import quick_hardware
 from qlift.perf.options import BenchOptions, TuneOptions
 from qlift.serve.launch import config_server, config_yaml, new_run_dir
 from qlift.serve.options import ServeOptions
@@ -269,7 +268,7 @@ def tune(model: Path, out: Path, options: TuneOptions, plot: Path | None = None)
     md = ModelDir.open(model)
     md.require_weights()
     base = load_recipe(options.recipe)
-    hw = quick_hardware()
+    hw = detect()
     limit_note = raise_open_files_limit()
     if limit_note:
         log.info("tune: %s", limit_note)

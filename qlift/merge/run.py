@@ -25,6 +25,7 @@ from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
 from qlift.models.dtypes import CODE_OF_NAME, FLOAT_CODES, TORCH_NAMES
 from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
+from qlift.models.ref import ModelRef
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class MergeResult:
     warnings: list[str] = field(default_factory=list)
     verify: VerifyResult | None = None
     verify_not_run: str | None = None  # why a --verify that was on could not compare (the merge stands)
+    model_ref: ModelRef | None = None  # the output, hashed once (from the qlift.json it was written with)
 
 
 def _base_matches(adapter: Adapter, base: ModelDir) -> bool:
@@ -264,7 +266,7 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
             log.info("merge: hashing the inputs for the lineage manifest")
         input_hashes = input_hasher.result()
         log.debug("inputs hashed, %.2f s after the rest", time.perf_counter() - t1)
-        write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
+        manifest = write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
                        precomputed=written.hashes | input_hashes)
     return MergeResult(
         output=out, base=mdir.path, adapters=[a.path for a in loaded], dtype=dtype_name, shards=written.files,
@@ -274,6 +276,7 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         wall_s=time.perf_counter() - t0,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, tokenizer_from=tok_dir,
         notes=plan.notes, warnings=warnings, verify=checked, verify_not_run=not_run,
+        model_ref=ModelRef.written(out, manifest.outputs),
     )
 
 

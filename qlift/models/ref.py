@@ -44,6 +44,21 @@ class ModelRef(BaseModel):
         return cls(base=Path(base), adapters=tuple(adapters),
                    content_hash=ref_hash(Path(base), tuple(adapters), memo=memo))
 
+    @classmethod
+    def written(cls, base: Path, outputs: dict[str, lineage.FileRecord]) -> ModelRef:
+        """The ref of a directory a stage just wrote, from the file records its ``qlift.json`` holds
+        (``lineage.write_manifest``'s ``outputs``): no file is read again."""
+        return cls(base=Path(base), adapters=(), content_hash=lineage.content_hash(outputs))
+
+    def with_adapters(self, adapters: tuple[AdapterRef, ...] | list[AdapterRef], *,
+                      memo: Path | None = None) -> ModelRef:
+        """This plain model with ``adapters`` on top: its hash is reused, only the adapters are hashed."""
+        if self.adapters:
+            raise ValueError(f"{self.base} already carries adapters; add them to its plain ref")
+        adapters = tuple(adapters)
+        return ModelRef(base=self.base, adapters=adapters,
+                        content_hash=_combined(self.content_hash, adapters, memo))
+
     @property
     def short(self) -> str:
         return self.content_hash.removeprefix("sha256:")[:12]
@@ -83,7 +98,10 @@ def dir_hash(path: Path, memo: Path | None = None) -> str:
 
 def ref_hash(base: Path, adapters: tuple[AdapterRef, ...] = (), *, memo: Path | None = None) -> str:
     """A plain directory's lineage hash; with adapters, one digest over base and (name, hash) of each."""
-    base_hash = dir_hash(base, memo)
+    return _combined(dir_hash(base, memo), adapters, memo)
+
+
+def _combined(base_hash: str, adapters: tuple[AdapterRef, ...], memo: Path | None) -> str:
     if not adapters:
         return base_hash
     h = hashlib.sha256(base_hash.encode())

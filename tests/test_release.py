@@ -411,6 +411,7 @@ def test_shipped_example_plans(run_cli) -> None:
 
 def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> None:
     """A serve stage's options are `qlift serve`'s own (--lora included, relative to the file), plus the release's."""
+    from qlift.models.ref import ModelRef
     from qlift.release import load_release
     from qlift.release.live import serve_request
     from qlift.serve.options import ServeOptions
@@ -420,10 +421,11 @@ def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> Non
         "role": "stable", "recipe": "cpu", "sets": ["max_model_len=2048"], "timeout_s": 120, "core": 1,
         "loras": {"tickets": "adapters/tickets"}}}]}), encoding="utf-8")
     stage = load_release(f).stages[0]
-    inputs, given = serve_request(Path("m"), stage.options)  # type: ignore[arg-type]
+    model = ModelRef(base=Path("m"), content_hash="sha256:0")
+    inputs, given = serve_request(model, stage.options)  # type: ignore[arg-type]
     assert isinstance(given, ServeOptions)
     assert (inputs.model, given.recipe, given.sets, given.port, given.timeout_s, given.served_model_name) == \
-        (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
+        (model, "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
     assert given.loras == {"tickets": tmp_path / "adapters" / "tickets"} and given.host == "127.0.0.1"
     assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
 
@@ -444,13 +446,14 @@ def test_a_router_stage_passes_the_router_its_own_settings(tmp_path: Path) -> No
         encoding="utf-8")
     stage = load_release(f).stages[2]
     config = router_config(stage.options, {"stable": "http://127.0.0.1:8001/v1",  # type: ignore[arg-type]
-                                           "canary": "http://127.0.0.1:8002"})
+                                           "canary": "http://127.0.0.1:8002"},
+                           model_hashes={"stable": "sha256:aa", "canary": "sha256:bb"})
     assert type(config) is RouterConfig
     assert (config.port, config.public_model, config.host, config.api_keys_file, config.access_log) == \
         (8100, "release", "127.0.0.1", tmp_path / "keys.txt", "-")
     assert (config.limits.requests_per_s, config.timeouts.idle_s, config.timeouts.connect_s) == (5, 9, 5.0)
-    assert [(b.name, b.url, b.weight) for b in config.backends] == [("stable", "http://127.0.0.1:8001", 100),
-                                                                      ("canary", "http://127.0.0.1:8002", 0)]
+    assert [(b.name, b.url, b.weight, b.model_hash) for b in config.backends] == [
+        ("stable", "http://127.0.0.1:8001", 100, "sha256:aa"), ("canary", "http://127.0.0.1:8002", 0, "sha256:bb")]
 
 
 def test_a_killed_runs_router_is_stopped_by_pid_and_a_reused_pid_left_alone(tmp_path: Path) -> None:

@@ -117,10 +117,11 @@ def test_status_shows_the_rollouts_outcome_reason_journal_and_each_stages_durati
 
 
 def test_a_serve_stage_takes_a_port_and_refuses_clashes(run_cli, tmp_path: Path, tiny_qwen2_tied: Path) -> None:
+    from qlift.models.ref import ModelRef
     from qlift.release.live import serve_request
     from qlift.release.spec import ServeStageOptions
 
-    _, options = serve_request(tiny_qwen2_tied, ServeStageOptions(port=8001))
+    _, options = serve_request(ModelRef(base=tiny_qwen2_tied, content_hash="sha256:0"), ServeStageOptions(port=8001))
     assert options.port == 8001 and options.host == "127.0.0.1"
     serve = [{"stage": "serve", "name": "stable", "input": "base", "options": {"role": "stable", "port": 8001}},
              {"stage": "serve", "name": "canary", "options": {"role": "candidate", "port": 8001}},

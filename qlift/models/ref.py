@@ -4,9 +4,13 @@ top of it (in order), and one content hash over all of them.
 The hash of a plain directory is its lineage content hash (``qlift.lineage.describe_input``:
 path, size and sha256 of every file, reusing the digests a ``qlift.json`` records for unchanged
 files), the digest `qlift eval` writes as ``candidate.content_hash`` (eval hashes its local
-models through ``ModelRef.of``) and the eval gate matches, against the rollout spec's
-``canary_hash`` or the canary's dir. `qlift serve` records the ModelRef it serves
+models through ``ModelRef.of``, or takes the ref it is given) and the eval gate matches, against the
+rollout spec's ``canary_hash`` or the canary's dir. `qlift serve` records the ModelRef it serves
 (``model.json``), and a router backend entry can carry its hash (``model_hash``).
+
+Identity is computed once and carried: merge, quantize and download return their output's ref
+(``ModelRef.written``, from the records of the ``qlift.json`` they wrote), and the stages' inputs take
+a ref, so a release hashes each model directory at most once (docs/release.md, "ModelRef").
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 
 from qlift.errors import BadInputError, QliftError
 from qlift.fsutil import file_lock, lock_holder, make_output_dirs
-from qlift.models.ref import ModelRef, dir_hash
+from qlift.models.ref import ModelRef
 from qlift.release import live
 from qlift.release.cache import file_stats, verified_stats
 from qlift.release.journal import NAME as JOURNAL_NAME
@@ -189,12 +189,11 @@ class Pipeline:
         """What the stage works on: its input model (with the release's adapters where it takes them) and an
         eval's baseline (a model stage's output, else a directory the options name)."""
         src = self.models[stage.input]
-        model = ModelRef.of(src.base, self.release.adapters) if TABLE[stage.kind].takes_adapters else src
+        model = src.with_adapters(self.release.adapters) if TABLE[stage.kind].takes_adapters else src
         if baseline in self.models:
-            ref = self.models[baseline]
-            return StageCall(stage, model, ref.base, ref.content_hash)
+            return StageCall(stage, model, self.models[baseline], baseline_is_stage=True)
         if baseline is not None and Path(baseline).exists():
-            return StageCall(stage, model, None, dir_hash(Path(baseline)))
+            return StageCall(stage, model, ModelRef.of(Path(baseline)))
         return StageCall(stage, model)
 
     def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], object], *,

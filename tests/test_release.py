@@ -34,6 +34,21 @@ def _stages(gates: list[str] | None = None) -> list[dict]:
             {"stage": "eval", "options": {**EVAL, "gates": gates or EVAL["gates"]}}]
 
 
+def _count_dir_hashes(monkeypatch: pytest.MonkeyPatch) -> dict[Path, int]:
+    """How many times each directory is hashed (``qlift.models.ref.dir_hash``, behind every ``ModelRef.of``)."""
+    from qlift.models import ref
+
+    counts: dict[Path, int] = {}
+    real = ref.dir_hash
+
+    def counting(path: Path, memo: Path | None = None) -> str:
+        counts[Path(path).resolve()] = counts.get(Path(path).resolve(), 0) + 1
+        return real(path, memo)
+
+    monkeypatch.setattr(ref, "dir_hash", counting)
+    return counts
+
+
 def _actions(stdout: str) -> dict[str, str]:
     return {s["name"]: s["action"] for s in json.loads(stdout)["stages"]}
 
@@ -160,7 +175,7 @@ def test_schema_spells_out_every_stage(run_cli) -> None:
 
 
 def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_qwen2_tied: Path,
-                                                 tiny_lora_tied: Path) -> None:
+                                                 tiny_lora_tied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, _stages())
     r = run_cli("release", "run", f, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
@@ -169,6 +184,7 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     assert plan[1]["reason"] == "never run" and plan[2]["reason"].startswith("needs merge")
     assert not (tmp_path / "out").exists()  # a plan writes nothing
 
+    hashed = _count_dir_hashes(monkeypatch)
     r = run_cli("release", "run", f, "--json")
     assert r.exit_code == 0, r.stderr
     first = json.loads(r.stdout)["stages"]
@@ -177,6 +193,11 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     merged = Path(first[1]["output"])
     report = json.loads((Path(first[2]["output"]) / "report.json").read_text())
     assert report["candidate"]["content_hash"] == first[1]["content_hash"]  # the eval gate's hash is the ModelRef's
+    # Identity is computed once and carried: the base and the adapter hashed once each, the merge's output never
+    # (its result carries its ref), and eval hashes neither its candidate nor its baseline again.
+    assert hashed == {tiny_qwen2_tied.resolve(): 1, tiny_lora_tied.resolve(): 1,
+                      Path(first[2]["output"]).resolve(): 1}, hashed  # the last: eval's report dir, for the journal
+    assert report["baseline"]["content_hash"] == first[0]["content_hash"]
 
     # A second run, in a fresh process: every stage skipped, each with its reason, well under 15 s.
     t0 = time.monotonic()

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from hubserver import Fault, HubServer
 
+from qlift.models.ref import dir_hash
+
 REPO = "acme/tiny-chat"
 BIG = "model.safetensors"
 
@@ -92,6 +94,7 @@ def test_full_download_is_pinned_locked_and_inspectable(run_cli, hub, tiny_qwen2
         n: (len(d), sha(d)) for n, d in files.items() if n != "pytorch_model.bin"
     }
     assert json.loads(r.stdout)["commit"] == commit
+    assert json.loads(r.stdout)["model_ref"]["content_hash"] == dir_hash(out)  # hashed once, as it was written
     manifest = json.loads((out / "qlift.json").read_text())
     assert manifest["operation"] == "download"
     assert manifest["parameters"]["commit"] == commit and manifest["parameters"]["source"] == "hf"

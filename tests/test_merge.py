@@ -13,6 +13,7 @@ from conftest import _cached
 from substrate import read_config, tensors_of
 
 from qlift.fsutil import sha256_file
+from qlift.models.ref import dir_hash
 
 BF16_EPS = 2.0**-7  # one bf16 ulp, relative
 
@@ -123,6 +124,8 @@ def test_plain_lora_tied_matches_peft_and_carries_serving_files(run_cli, tmp_pat
     for rel, rec in manifest["outputs"].items():  # digests taken while streaming are the real ones
         assert rec["sha256"] == sha256_file(out / rel), rel
     assert res["modified_tensors"] == 14 and res["tie_word_embeddings"] is True
+    # The result carries the output's ModelRef, hashed as it was written: what hashing the dir again gives.
+    assert res["model_ref"] == {"base": str(out), "adapters": [], "content_hash": dir_hash(out)}
 
 
 @pytest.mark.parametrize("name", ["dora", "bias", "rslora", "emb", "emb_dora", "mts", "plain_u"])

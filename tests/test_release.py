@@ -34,6 +34,21 @@ def _stages(gates: list[str] | None = None) -> list[dict]:
             {"stage": "eval", "options": {**EVAL, "gates": gates or EVAL["gates"]}}]
 
 
+def _count_dir_hashes(monkeypatch: pytest.MonkeyPatch) -> dict[Path, int]:
+    """How many times each directory is hashed (``qlift.models.ref.dir_hash``, behind every ``ModelRef.of``)."""
+    from qlift.models import ref
+
+    counts: dict[Path, int] = {}
+    real = ref.dir_hash
+
+    def counting(path: Path, memo: Path | None = None) -> str:
+        counts[Path(path).resolve()] = counts.get(Path(path).resolve(), 0) + 1
+        return real(path, memo)
+
+    monkeypatch.setattr(ref, "dir_hash", counting)
+    return counts
+
+
 def _actions(stdout: str) -> dict[str, str]:
     return {s["name"]: s["action"] for s in json.loads(stdout)["stages"]}
 
@@ -160,7 +175,7 @@ def test_schema_spells_out_every_stage(run_cli) -> None:
 
 
 def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_qwen2_tied: Path,
-                                                 tiny_lora_tied: Path) -> None:
+                                                 tiny_lora_tied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = _write(tmp_path / "release.yaml", tiny_qwen2_tied, tiny_lora_tied, _stages())
     r = run_cli("release", "run", f, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
@@ -169,6 +184,7 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     assert plan[1]["reason"] == "never run" and plan[2]["reason"].startswith("needs merge")
     assert not (tmp_path / "out").exists()  # a plan writes nothing
 
+    hashed = _count_dir_hashes(monkeypatch)
     r = run_cli("release", "run", f, "--json")
     assert r.exit_code == 0, r.stderr
     first = json.loads(r.stdout)["stages"]
@@ -177,6 +193,11 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     merged = Path(first[1]["output"])
     report = json.loads((Path(first[2]["output"]) / "report.json").read_text())
     assert report["candidate"]["content_hash"] == first[1]["content_hash"]  # the eval gate's hash is the ModelRef's
+    # Identity is computed once and carried: the base and the adapter hashed once each, the merge's output never
+    # (its result carries its ref), and eval hashes neither its candidate nor its baseline again.
+    assert hashed == {tiny_qwen2_tied.resolve(): 1, tiny_lora_tied.resolve(): 1,
+                      Path(first[2]["output"]).resolve(): 1}, hashed  # the last: eval's report dir, for the journal
+    assert report["baseline"]["content_hash"] == first[0]["content_hash"]
 
     # A second run, in a fresh process: every stage skipped, each with its reason, well under 15 s.
     t0 = time.monotonic()
@@ -411,6 +432,7 @@ def test_shipped_example_plans(run_cli) -> None:
 
 def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> None:
     """A serve stage's options are `qlift serve`'s own (--lora included, relative to the file), plus the release's."""
+    from qlift.models.ref import ModelRef
     from qlift.release import load_release
     from qlift.release.live import serve_request
     from qlift.serve.options import ServeOptions
@@ -420,10 +442,11 @@ def test_a_serve_stage_passes_the_serve_stage_its_options(tmp_path: Path) -> Non
         "role": "stable", "recipe": "cpu", "sets": ["max_model_len=2048"], "timeout_s": 120, "core": 1,
         "loras": {"tickets": "adapters/tickets"}}}]}), encoding="utf-8")
     stage = load_release(f).stages[0]
-    inputs, given = serve_request(Path("m"), stage.options)  # type: ignore[arg-type]
+    model = ModelRef(base=Path("m"), content_hash="sha256:0")
+    inputs, given = serve_request(model, stage.options)  # type: ignore[arg-type]
     assert isinstance(given, ServeOptions)
     assert (inputs.model, given.recipe, given.sets, given.port, given.timeout_s, given.served_model_name) == \
-        (Path("m"), "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
+        (model, "cpu", ("max_model_len=2048",), 0, 120, "qlift-stable")
     assert given.loras == {"tickets": tmp_path / "adapters" / "tickets"} and given.host == "127.0.0.1"
     assert inputs.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
 
@@ -444,13 +467,14 @@ def test_a_router_stage_passes_the_router_its_own_settings(tmp_path: Path) -> No
         encoding="utf-8")
     stage = load_release(f).stages[2]
     config = router_config(stage.options, {"stable": "http://127.0.0.1:8001/v1",  # type: ignore[arg-type]
-                                           "canary": "http://127.0.0.1:8002"})
+                                           "canary": "http://127.0.0.1:8002"},
+                           model_hashes={"stable": "sha256:aa", "canary": "sha256:bb"})
     assert type(config) is RouterConfig
     assert (config.port, config.public_model, config.host, config.api_keys_file, config.access_log) == \
         (8100, "release", "127.0.0.1", tmp_path / "keys.txt", "-")
     assert (config.limits.requests_per_s, config.timeouts.idle_s, config.timeouts.connect_s) == (5, 9, 5.0)
-    assert [(b.name, b.url, b.weight) for b in config.backends] == [("stable", "http://127.0.0.1:8001", 100),
-                                                                      ("canary", "http://127.0.0.1:8002", 0)]
+    assert [(b.name, b.url, b.weight, b.model_hash) for b in config.backends] == [
+        ("stable", "http://127.0.0.1:8001", 100, "sha256:aa"), ("canary", "http://127.0.0.1:8002", 0, "sha256:bb")]
 
 
 def test_a_killed_runs_router_is_stopped_by_pid_and_a_reused_pid_left_alone(tmp_path: Path) -> None:

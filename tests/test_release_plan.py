@@ -117,10 +117,11 @@ def test_status_shows_the_rollouts_outcome_reason_journal_and_each_stages_durati
 
 
 def test_a_serve_stage_takes_a_port_and_refuses_clashes(run_cli, tmp_path: Path, tiny_qwen2_tied: Path) -> None:
+    from qlift.models.ref import ModelRef
     from qlift.release.live import serve_request
     from qlift.release.spec import ServeStageOptions
 
-    _, options = serve_request(tiny_qwen2_tied, ServeStageOptions(port=8001))
+    _, options = serve_request(ModelRef(base=tiny_qwen2_tied, content_hash="sha256:0"), ServeStageOptions(port=8001))
     assert options.port == 8001 and options.host == "127.0.0.1"
     serve = [{"stage": "serve", "name": "stable", "input": "base", "options": {"role": "stable", "port": 8001}},
              {"stage": "serve", "name": "canary", "options": {"role": "candidate", "port": 8001}},
@@ -168,3 +169,24 @@ def test_statuses_are_enums_in_code_and_the_same_words_in_the_journal(tmp_path: 
         row, run = journal.stage("eval", "sha256:e"), journal.last_run()
         assert row is not None and row.status is StageStatus.FAILED and row.result == {}
         assert run is not None and run.outcome is RunOutcome.FAILED
+
+
+def test_a_serve_stage_serves_the_releases_ref_hashing_only_its_adapters(tiny_qwen2_tied: Path, tiny_lora_tied: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release's serve stage hands serve the model's ref: the version it records (model.json) is that hash with
+    the --lora adapters, and only the adapters are hashed."""
+    from qlift.models import ref as refs
+    from qlift.release.live import serve_request
+    from qlift.release.spec import ServeStageOptions
+    from qlift.serve.launch import prepare
+
+    model = refs.ModelRef.of(tiny_qwen2_tied)
+    hashed: list[Path] = []
+    real = refs.dir_hash
+    monkeypatch.setattr(refs, "dir_hash", lambda path, memo=None: hashed.append(Path(path)) or real(path, memo))
+    inputs, options = serve_request(model, ServeStageOptions(recipe="cpu", loras={"t": tiny_lora_tied}))
+    spec = prepare(inputs.model, options)
+    assert hashed == [tiny_lora_tied.resolve()]
+    assert spec.model_ref is not None and spec.model_ref.base == model.base
+    assert [(a.name, a.path) for a in spec.model_ref.adapters] == [("t", tiny_lora_tied.resolve())]
+    assert spec.model_ref.content_hash == refs.ref_hash(tiny_qwen2_tied, spec.model_ref.adapters)

@@ -45,6 +45,11 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     traffic = stages["promote"]["result"]["traffic"]
     assert traffic["sent"] > 0 and traffic["failed"] == 0 and traffic["statuses"] == {"200": traffic["sent"]}
     assert "requests through the router" in r.stderr
+    # The rollout read the canary's identity off the router: the model_hash the release gave it, the served ref's.
+    with sqlite3.connect(stages["promote"]["result"]["journal"]) as db:
+        seen = [json.loads(d)["identity"] for (d,) in db.execute("SELECT detail FROM events WHERE kind = ?",
+                                                                  ("canary_identity",))]
+    assert seen == [f"hash {dir_hash(canary_dir)}"]
 
     # The router the release started is stopped, by pid, and journaled as such.
     with sqlite3.connect(tmp_path / "out" / "release.sqlite") as db:

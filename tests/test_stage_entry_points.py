@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from qlift.errors import QliftError
+from qlift.models.ref import ModelRef
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "examples" / "prompts" / "smoke.jsonl"
@@ -110,14 +111,15 @@ def test_the_release_goes_through_each_stage_run(run_cli, monkeypatch: pytest.Mo
     from qlift.quantize.api import QuantizeResult
 
     def copy_model(real: Any, inputs: Any, options: Any, **kw: Any) -> QuantizeResult:
-        shutil.copytree(inputs.model, inputs.output)
+        shutil.copytree(inputs.model.base, inputs.output)
         return QuantizeResult(str(inputs.output), options.method, "FP8_DYNAMIC", "float-quantized", "cpu", None,
                               None, None, None, [], [], 0, 0, 0.0, "-", "-", False, "")
 
     def passing_report(real: Any, inputs: Any, options: Any, **kw: Any) -> EvalResult:
         options.report_dir.mkdir(parents=True)
         (options.report_dir / "report.md").write_text("passed\n")
-        return EvalResult(EvalModel("candidate", inputs.candidate), None, str(options.prompts), 0, "-", Sampling(),
+        candidate = EvalModel("candidate", str(inputs.candidate.base), ref=inputs.candidate)
+        return EvalResult(candidate, None, str(options.prompts), 0, "-", Sampling(),
                           [], [], {}, [], True, [], CacheStats(), {})
 
     handles: list[_Handle] = []
@@ -168,9 +170,20 @@ def test_the_release_goes_through_each_stage_run(run_cli, monkeypatch: pytest.Mo
     [(_, config, _)] = spies["router"].calls
     assert [(b.name, b.url, b.weight) for b in config.backends] == [("stable", "http://127.0.0.1:9", 100),
                                                                       ("canary", "http://127.0.0.1:9", 0)]
+    # One identity, carried from stage to stage: each stage's model input is the ref the one before it made.
+    [(merged_from, _, _)], [(quantized_from, _, _)] = spies["merge"].calls, spies["quantize"].calls
+    [(evaluated, _, _)] = spies["eval"].calls
+    served = {o.served_model_name: i.model for i, o, _ in spies["serve"].calls}
+    assert isinstance(merged_from.base, ModelRef) and [a.path for a in merged_from.base.adapters] == [tiny_lora_tied]
+    assert quantized_from.model.base.name.startswith("merge-")
+    assert evaluated.candidate is served["qlift-candidate"] and evaluated.baseline is served["qlift-stable"]
+    assert evaluated.candidate.base.name.startswith("quantize-")
+    assert [b.model_hash for b in config.backends] == [served["qlift-stable"].content_hash,
+                                                       evaluated.candidate.content_hash]
     assert not routers[0].running()  # a real router process, stopped when the release failed
     [(_, spec, _)] = spies["promote"].calls
     assert (spec.stable, spec.canary, spec.steps, spec.router) == ("stable", "canary", [100], routers[0].url)
+    assert spec.canary_hash == evaluated.candidate.content_hash
 
 
 def test_perf_run_refuses_a_mismatched_pair(tmp_path: Path) -> None:

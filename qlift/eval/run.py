@@ -102,18 +102,21 @@ def _make_backend(name: str, *, concurrency: int, max_model_len: int, api_key: s
     return TransformersBackend()
 
 
-def _local_model(role: str, path_str: str, *, chat: bool) -> EvalModel:
-    """``chat``: the prompts have 'messages', which only a model with a chat template can render."""
+def _local_model(role: str, path_str: str, *, chat: bool, ref: ModelRef | None = None) -> EvalModel:
+    """``chat``: the prompts have 'messages', which only a model with a chat template can render; ``ref``: the
+    model's ref where the caller has it (its hash is used, not computed again)."""
     from qlift.models import ModelDir
 
     md = ModelDir.open(path_str)
     md.require_weights()
+    if ref is not None and Path(ref.base).resolve() != md.path.resolve():
+        ref = None  # the ref of another directory than the one named: hash the one named
     if chat and md.chat_template is None:
         raise IncompatibleError(f"the {role} model {path_str} has no chat template, so the prompt file's "
                                 "'messages' cannot be rendered",
                                 hint="Use 'prompt' instead of 'messages' for this model.")
     # File hashes remembered: a hand-made checkpoint is hashed once, not per run.
-    return EvalModel(role, str(path_str), ref=ModelRef.of(md.path, memo=hash_memo()))
+    return EvalModel(role, str(path_str), ref=ref or ModelRef.of(md.path, memo=hash_memo()))
 
 
 def _check_gates(gates: list[Gate], examples: list[Example], has_baseline: bool, prompts: Path) -> None:
@@ -155,20 +158,25 @@ def _judge(gate: Gate, result: EvalResult) -> GateResult:
 
 @dataclass(frozen=True)
 class EvalInputs:
-    """What an eval consumes: the candidate (a model directory, a built-in name, or the model an endpoint serves)."""
+    """What an eval consumes: the candidate (a model directory or its ``ModelRef``, a built-in name, or the model an
+    endpoint serves); ``baseline``: the ``ModelRef`` of the directory the options' baseline names, where the caller
+    has it. A ref's content hash is the report's, not computed again."""
 
-    candidate: str
+    candidate: str | ModelRef
+    baseline: ModelRef | None = None
 
 
 def run(inputs: EvalInputs, options: EvalOptions) -> EvalResult:
     """The eval stage's entry point: ``evaluate`` the candidate; a failed gate is in the result, not raised."""
-    return evaluate(inputs.candidate, options)
+    return evaluate(inputs.candidate, options, baseline_ref=inputs.baseline)
 
 
-def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) -> EvalResult:
+def evaluate(candidate: str | ModelRef, options: EvalOptions | None = None, *, baseline_ref: ModelRef | None = None,
+             **fields: Any) -> EvalResult:
     """Generate with both models, score, compare, judge the gates, and write the reports.
 
-    ``options`` (or ``EvalOptions`` field names as keywords, e.g. ``prompts=...``) say how.
+    ``options`` (or ``EvalOptions`` field names as keywords, e.g. ``prompts=...``) say how. A ``ModelRef`` candidate
+    (and ``baseline_ref``, the baseline's) carries its hash: the report's, not computed again.
     Raises nothing for a failed gate (see ``EvalResult.passed`` and ``require_pass``);
     every backend failure raises ``ExternalToolError``.
     """
@@ -178,6 +186,8 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
     report_dir, force, max_tokens, resamples, seed = o.report_dir, o.force, o.max_tokens, o.resamples, o.seed
     use_cache, concurrency, max_model_len, api_key = o.use_cache, o.concurrency, o.max_model_len, o.api_key
     t0 = time.monotonic()
+    candidate_ref = candidate if isinstance(candidate, ModelRef) else None
+    candidate = str(candidate.base) if isinstance(candidate, ModelRef) else candidate
     examples = load_prompts(prompts)
     parsed_gates = [parse_gate(g) for g in gates]
     names = parse_metrics(metrics)
@@ -201,10 +211,10 @@ def evaluate(candidate: str, options: EvalOptions | None = None, **fields: Any) 
             models.append(EvalModel("baseline", baseline, endpoint=baseline_endpoint or endpoint))
     else:
         chat = any(ex.messages is not None for ex in examples)
-        models = [_local_model("candidate", candidate, chat=chat)]
+        models = [_local_model("candidate", candidate, chat=chat, ref=candidate_ref)]
         models[0].engine_args = engine_args
         if baseline is not None:
-            models.append(_local_model("baseline", baseline, chat=chat))
+            models.append(_local_model("baseline", baseline, chat=chat, ref=baseline_ref))
 
     sampling = Sampling(max_tokens=max_tokens, seed=seed)
     requests = [Request.of(ex) for ex in examples]

@@ -29,6 +29,7 @@ from qlift.hub.files import RemoteFile, RepoSnapshot, check_safe_path, git_blob_
 from qlift.hub.lock import LOCK_NAME, Lock, LockedFile, local_path, write_lock
 from qlift.hub.options import SOURCES, DownloadOptions
 from qlift.lineage import utc_now, write_manifest
+from qlift.models.ref import ModelRef
 from qlift.threads import map_unordered
 
 log = logging.getLogger("qlift.hub")
@@ -61,6 +62,7 @@ class DownloadResult:
     reused: int = 0  # files a killed earlier run had already verified
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    model_ref: ModelRef | None = None  # the output once written, hashed once (from its qlift.json's records)
 
 
 def open_source(name: str, *, endpoint: str | None, token: str | None) -> Source:
@@ -166,13 +168,14 @@ def download(repo: str, options: DownloadOptions | None = None) -> DownloadResul
                 (tmp / rec.path).parent.mkdir(parents=True, exist_ok=True)
                 link_or_copy(staging / (rec.repo_path or rec.path), tmp / rec.path)
             write_lock(tmp, lock)
-            write_manifest(tmp, operation="download", inputs={}, started_at=started, parameters={
+            manifest = write_manifest(tmp, operation="download", inputs={}, started_at=started, parameters={
                 "repo": repo, "source": snap.source, "endpoint": snap.endpoint, "revision": snap.revision,
                 "commit": snap.commit, "include": list(opts.include), "exclude": list(opts.exclude),
                 "lockfile": LOCK_NAME,
             })
     shutil.rmtree(staging, ignore_errors=True)
     result.files = list(lock.files)
+    result.model_ref = ModelRef.written(out, manifest.outputs)
     result.seconds = round(time.monotonic() - t0, 2)
     return result
 

@@ -25,6 +25,7 @@ from qlift.merge.verify import VerifyResult
 from qlift.models.configs import GenerationConfig
 from qlift.models.dtypes import CODE_OF_NAME, FLOAT_CODES, TORCH_NAMES
 from qlift.models.modeldir import GENERATION_CONFIG, INDEX_NAME, TOKENIZER_FILES, ModelDir
+from qlift.models.ref import ModelRef
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class MergeResult:
     warnings: list[str] = field(default_factory=list)
     verify: VerifyResult | None = None
     verify_not_run: str | None = None  # why a --verify that was on could not compare (the merge stands)
+    model_ref: ModelRef | None = None  # the output, hashed once (from the qlift.json it was written with)
 
 
 def _base_matches(adapter: Adapter, base: ModelDir) -> bool:
@@ -148,16 +150,21 @@ class _Run:
 
 @dataclass(frozen=True)
 class MergeInputs:
-    """What a merge consumes: the base model, its LoRA adapters (applied in order), and where the result goes."""
+    """What a merge consumes: the base model, its LoRA adapters (applied in order), and where the result goes.
+    ``base`` may be a ``ModelRef`` (a release's): its adapters, if it carries any, are applied before ``adapters``."""
 
-    base: Path
+    base: Path | ModelRef
     adapters: list[Path]
     output: Path
 
 
 def run(inputs: MergeInputs, options: MergeOptions) -> MergeResult:
     """The merge stage's entry point: ``merge_model`` on ``inputs`` as ``options`` say."""
-    return merge_model(base=inputs.base, adapters=list(inputs.adapters), out=inputs.output, options=options)
+    if isinstance(inputs.base, ModelRef):
+        base, adapters = inputs.base.base, [a.path for a in inputs.base.adapters]
+    else:
+        base, adapters = inputs.base, []
+    return merge_model(base=base, adapters=adapters + list(inputs.adapters), out=inputs.output, options=options)
 
 
 def merge_model(*, base: Path, adapters: list[Path], out: Path, options: MergeOptions | None = None,
@@ -264,7 +271,7 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
             log.info("merge: hashing the inputs for the lineage manifest")
         input_hashes = input_hasher.result()
         log.debug("inputs hashed, %.2f s after the rest", time.perf_counter() - t1)
-        write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
+        manifest = write_manifest(tmp, operation="merge", inputs=inputs, parameters=params, started_at=started,
                        precomputed=written.hashes | input_hashes)
     return MergeResult(
         output=out, base=mdir.path, adapters=[a.path for a in loaded], dtype=dtype_name, shards=written.files,
@@ -274,6 +281,7 @@ def _merge(run: _Run, adapters: list[Path], out: Path, opts: MergeOptions) -> Me
         wall_s=time.perf_counter() - t0,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, tokenizer_from=tok_dir,
         notes=plan.notes, warnings=warnings, verify=checked, verify_not_run=not_run,
+        model_ref=ModelRef.written(out, manifest.outputs),
     )
 
 

@@ -4,9 +4,13 @@ top of it (in order), and one content hash over all of them.
 The hash of a plain directory is its lineage content hash (``qlift.lineage.describe_input``:
 path, size and sha256 of every file, reusing the digests a ``qlift.json`` records for unchanged
 files), the digest `qlift eval` writes as ``candidate.content_hash`` (eval hashes its local
-models through ``ModelRef.of``) and the eval gate matches, against the rollout spec's
-``canary_hash`` or the canary's dir. `qlift serve` records the ModelRef it serves
+models through ``ModelRef.of``, or takes the ref it is given) and the eval gate matches, against the
+rollout spec's ``canary_hash`` or the canary's dir. `qlift serve` records the ModelRef it serves
 (``model.json``), and a router backend entry can carry its hash (``model_hash``).
+
+Identity is computed once and carried: merge, quantize and download return their output's ref
+(``ModelRef.written``, from the records of the ``qlift.json`` they wrote), and the stages' inputs take
+a ref, so a release hashes each model directory at most once (docs/release.md, "ModelRef").
 """
 
 from __future__ import annotations
@@ -43,6 +47,21 @@ class ModelRef(BaseModel):
         ``memo``: see ``dir_hash``."""
         return cls(base=Path(base), adapters=tuple(adapters),
                    content_hash=ref_hash(Path(base), tuple(adapters), memo=memo))
+
+    @classmethod
+    def written(cls, base: Path, outputs: dict[str, lineage.FileRecord]) -> ModelRef:
+        """The ref of a directory a stage just wrote, from the file records its ``qlift.json`` holds
+        (``lineage.write_manifest``'s ``outputs``): no file is read again."""
+        return cls(base=Path(base), adapters=(), content_hash=lineage.content_hash(outputs))
+
+    def with_adapters(self, adapters: tuple[AdapterRef, ...] | list[AdapterRef], *,
+                      memo: Path | None = None) -> ModelRef:
+        """This plain model with ``adapters`` on top: its hash is reused, only the adapters are hashed."""
+        if self.adapters:
+            raise ValueError(f"{self.base} already carries adapters; add them to its plain ref")
+        adapters = tuple(adapters)
+        return ModelRef(base=self.base, adapters=adapters,
+                        content_hash=_combined(self.content_hash, adapters, memo))
 
     @property
     def short(self) -> str:
@@ -83,7 +102,10 @@ def dir_hash(path: Path, memo: Path | None = None) -> str:
 
 def ref_hash(base: Path, adapters: tuple[AdapterRef, ...] = (), *, memo: Path | None = None) -> str:
     """A plain directory's lineage hash; with adapters, one digest over base and (name, hash) of each."""
-    base_hash = dir_hash(base, memo)
+    return _combined(dir_hash(base, memo), adapters, memo)
+
+
+def _combined(base_hash: str, adapters: tuple[AdapterRef, ...], memo: Path | None) -> str:
     if not adapters:
         return base_hash
     h = hashlib.sha256(base_hash.encode())

@@ -18,6 +18,7 @@ from qlift.errors import ExternalToolError, IncompatibleError
 from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, dir_size
 from qlift.lineage import utc_now, write_manifest
 from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
+from qlift.models.ref import ModelRef
 from qlift.quantize import options
 from qlift.quantize.calib import BUILTIN_NAME, load_calibration
 from qlift.quantize.compute import compute_plan
@@ -57,6 +58,7 @@ class QuantizeResult:
     env_created: bool
     log: str
     extra: dict[str, Any] = field(default_factory=dict)
+    model_ref: ModelRef | None = None  # the output, hashed once (from the qlift.json it was written with)
 
 
 def linear_input_dims(model: ModelDir, ignore: list[str]) -> dict[str, int]:
@@ -146,7 +148,7 @@ def quantize(
         params |= {"method": method, "scheme": SCHEMES[method], "format": fmt,
                    "calibration": str(calib) if calib else (BUILTIN_NAME if method == "awq" else None),
                    "llmcompressor": result.get("llmcompressor")}
-        write_manifest(tmp, operation="quantize", inputs=inputs, parameters=params, started_at=started)
+        manifest = write_manifest(tmp, operation="quantize", inputs=inputs, parameters=params, started_at=started)
     return QuantizeResult(
         output=str(out), method=method, scheme=SCHEMES[method], format=fmt, device=result["device"],
         group_size=result.get("group_size"), num_samples=result.get("num_samples"),
@@ -158,6 +160,7 @@ def quantize(
                "calibration_seconds": result.get("calibration_seconds"),
                "calibration_cpu_seconds": result.get("calibration_cpu_seconds"),
                "compute_dtype": result.get("compute_dtype"), "threads": result.get("threads")},
+        model_ref=ModelRef.written(Path(out), manifest.outputs),
     )
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qlift.models.ref import ModelRef
+
 if TYPE_CHECKING:
     from qlift.quantize.api import QuantizeResult
     from qlift.quantize.options import QuantizeOptions
@@ -18,9 +20,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class QuantizeInputs:
-    """What a quantization consumes: the model directory, and where the quantized checkpoint goes."""
+    """What a quantization consumes: the model directory (or a release's ``ModelRef`` of it), and where the
+    quantized checkpoint goes."""
 
-    model: Path
+    model: Path | ModelRef
     output: Path
 
 
@@ -30,5 +33,6 @@ def run(inputs: QuantizeInputs, options: QuantizeOptions, *, on_status: Callable
     messages (default: the log), ``on_step(done, total)`` AWQ's per-layer progress, ``echo_log`` the tool's log."""
     from qlift.quantize.api import quantize
 
-    return quantize(inputs.model, inputs.output, options, on_status=on_status,
+    model = inputs.model.base if isinstance(inputs.model, ModelRef) else inputs.model
+    return quantize(model, inputs.output, options, on_status=on_status,
                     on_step=on_step, echo_log=echo_log)

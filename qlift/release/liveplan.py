@@ -116,12 +116,14 @@ class LivePlan:
 @dataclass
 class LiveRun:
     """What the live stages of one run share as they start: the servers started (stopped when the run ends), the
-    servers' URLs by role, the router's URL and public model, and the admin token of a router the release starts."""
+    servers' URLs and models' hashes by role, the router's URL and public model, and the admin token of a router
+    the release starts."""
 
     plan: LivePlan
     procs: live.Processes
     token: str
     urls: dict[str, str] = field(default_factory=dict)  # role -> its server's URL
+    hashes: dict[str, str] = field(default_factory=dict)  # role -> the content hash of the model its server serves
     router_url: str = ""
     router_started: bool = False  # promote drives it with ``token``; a running router's token is the caller's
     public_model: str = "release"

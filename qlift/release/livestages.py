@@ -48,6 +48,7 @@ def serve_key(plan: LivePlan, stage: Stage) -> dict[str, str]:
 def start_serve(run: LiveRun, stage: Stage) -> dict[str, Any]:
     """Start its server in the background (journaled by pid), or take the running one its url names."""
     o, model = stage.opts(ServeStageOptions), run.plan.models[stage.name]
+    run.hashes[o.role] = model.content_hash
     if o.url:
         run.urls[o.role] = o.url
         result: dict[str, Any] = {"url": o.url, "started": False}
@@ -61,7 +62,7 @@ def start_serve(run: LiveRun, stage: Stage) -> dict[str, Any]:
 def _serve(model: ModelRef, o: ServeStageOptions) -> Callable[[Callable[[int], None]], ServeHandle]:
     from qlift import serve
 
-    inputs, options = live.serve_request(model.base, o)
+    inputs, options = live.serve_request(model, o)
     return lambda started: serve.start(inputs, options, keep=o.keep_running, on_started=started)
 
 
@@ -77,7 +78,8 @@ def start_router(run: LiveRun, stage: Stage) -> dict[str, Any]:
     if o.url:
         run.router_url = o.url
         return {"url": o.url, "started": False}
-    config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]}, stage=stage.name)
+    config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]}, stage=stage.name,
+                                model_hashes={"stable": run.hashes["stable"], "canary": run.hashes["candidate"]})
     log = run.plan.pipeline.release.out / "logs" / f"{stage.name}.log"
     router = run.procs.start(stage.name, _router(config, run.token, log), lambda h: h.url, keep=o.keep_running)
     run.router_url, run.router_started = router.url, True

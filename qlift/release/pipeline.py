@@ -22,7 +22,7 @@ from typing import Any
 
 from qlift.errors import BadInputError, QliftError
 from qlift.fsutil import file_lock, lock_holder, make_output_dirs
-from qlift.models.ref import ModelRef, dir_hash
+from qlift.models.ref import ModelRef
 from qlift.release import live
 from qlift.release.cache import file_stats, verified_stats
 from qlift.release.journal import NAME as JOURNAL_NAME
@@ -121,7 +121,7 @@ class Pipeline:
             return
         key = stage_key(kind, {}, base_identity(base))
         self._file_stage("base", kind, key, lambda out: run_base(base, out),
-                         on_done=lambda out: self.models.__setitem__("base", ModelRef.of(out)))
+                         on_done=lambda ref: self.models.__setitem__("base", ref))
 
     # -- which models this machine serves --------------------------------------------------------
     def _planned_quantization(self, name: str) -> dict[str, Any] | None:
@@ -177,11 +177,11 @@ class Pipeline:
         call = self._call(stage, baseline)
         key = stage_key(stage.kind, stage.options, kind.key_inputs(call))
 
-        def done(out: Path) -> None:
+        def done(ref: ModelRef) -> None:
             if kind.makes_model:
-                self.models[stage.name] = ModelRef.of(out)
+                self.models[stage.name] = ref
             if kind.checks:
-                self.evals[stage.name] = _Eval(call.model.content_hash, out, key)
+                self.evals[stage.name] = _Eval(call.model.content_hash, ref.base, key)
 
         self._file_stage(stage.name, stage.kind, key, lambda out: run(call, out), on_done=done)
 
@@ -189,16 +189,17 @@ class Pipeline:
         """What the stage works on: its input model (with the release's adapters where it takes them) and an
         eval's baseline (a model stage's output, else a directory the options name)."""
         src = self.models[stage.input]
-        model = ModelRef.of(src.base, self.release.adapters) if TABLE[stage.kind].takes_adapters else src
+        model = src.with_adapters(self.release.adapters) if TABLE[stage.kind].takes_adapters else src
         if baseline in self.models:
-            ref = self.models[baseline]
-            return StageCall(stage, model, ref.base, ref.content_hash)
+            return StageCall(stage, model, self.models[baseline], baseline_is_stage=True)
         if baseline is not None and Path(baseline).exists():
-            return StageCall(stage, model, None, dir_hash(Path(baseline)))
+            return StageCall(stage, model, ModelRef.of(Path(baseline)))
         return StageCall(stage, model)
 
     def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], object], *,
-                    on_done: Callable[[Path], None]) -> None:
+                    on_done: Callable[[ModelRef], None]) -> None:
+        """Skip the stage where its output still holds what the journal says, else run it; ``on_done`` gets the
+        output's ref, its hash the journal's (checked) or the one the stage computed as it wrote it: never again."""
         out = self.release.out / f"{name}-{short(key)}"
         row = self.journal.stage(name, key)
         stats = verified_stats(out, row.content_hash, row.files) \
@@ -206,7 +207,7 @@ class Pipeline:
         if row is not None and stats is not None:
             if stats != row.files and not self.dry_run:
                 self.journal.set_files(name, key, stats)
-            on_done(out)
+            on_done(ModelRef(base=out, adapters=(), content_hash=row.content_hash))
             self._report(StageReport(name, kind, Action.skip(self.dry_run), f"cached {short(key)}",
                                      key, str(out), row.content_hash, result=row.result))
             return
@@ -227,10 +228,11 @@ class Pipeline:
                 self._report(StageReport(name, kind, Action.FAILED, first_line(exc), key, str(out),
                                          seconds=round(time.monotonic() - t0, 2)))
             raise
-        content = dir_hash(out)
+        ref = getattr(result, "model_ref", None) or ModelRef.of(out)  # a model stage's result carries it
+        content = ref.content_hash
         self.journal.end(name, key, StageStatus.DONE, content_hash=content, result=to_jsonable(result),
                          files=file_stats(out))
-        on_done(out)
+        on_done(ref)
         self._report(StageReport(name, kind, Action.RAN, why, key, str(out), content, round(time.monotonic() - t0, 2),
                                  to_jsonable(result)))
 

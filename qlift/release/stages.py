@@ -38,12 +38,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StageCall:
     """What a file stage is run on: the stage, the model it works on (merge: the base with the release's
-    adapters), and for eval its baseline (a model stage's output, None: its options' own) and that's hash."""
+    adapters), and for eval its baseline's ref (a model stage's output or the directory its options name; None:
+    none). The refs are the ones the pipeline made once: the stages read their hashes, never hash again."""
 
     stage: Stage
     model: ModelRef
-    baseline_dir: Path | None = None
-    baseline_hash: str | None = None
+    baseline: ModelRef | None = None
+    baseline_is_stage: bool = False  # the baseline is a model stage's output (not the options' own directory)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,7 @@ def run_merge(call: StageCall, out: Path) -> MergeResult:
     from qlift.merge.options import MergeOptions
 
     options = call.stage.opts(MergeOptions)
-    ref = call.model
-    return merge.run(merge.MergeInputs(base=ref.base, adapters=[a.path for a in ref.adapters], output=out),
-                     replace(options, force=True))
+    return merge.run(merge.MergeInputs(base=call.model, adapters=[], output=out), replace(options, force=True))
 
 
 def quantize_key(call: StageCall) -> dict[str, str]:
@@ -146,7 +145,7 @@ def run_quantize(call: StageCall, out: Path) -> QuantizeResult:
     options = call.stage.opts(QuantizeOptions)
     bar = StepBar("calibrating layers", unit="layer")  # AWQ's per-layer progress, as `qlift quantize` shows it
     try:
-        return quantize.run(quantize.QuantizeInputs(call.model.base, out), replace(options, force=True),
+        return quantize.run(quantize.QuantizeInputs(call.model, out), replace(options, force=True),
                             on_step=bar.update)
     finally:
         bar.close()
@@ -195,8 +194,8 @@ def eval_baseline(stage: Stage) -> str | None:
 
 def eval_key(call: StageCall) -> dict[str, str]:
     inputs = {"candidate": call.model.content_hash} | file_inputs(call.stage.options)
-    if call.baseline_hash is not None:
-        inputs["baseline"] = call.baseline_hash
+    if call.baseline is not None:
+        inputs["baseline"] = call.baseline.content_hash
     return inputs
 
 
@@ -206,10 +205,10 @@ def run_eval(call: StageCall, out: Path) -> EvalResult:
     from qlift.eval.options import EvalOptions
 
     options, candidate, stage = call.stage.opts(EvalOptions), call.model, call.stage.name
-    baseline = call.baseline_dir
-    opts = replace(options, baseline=str(baseline) if baseline else options.baseline, report_dir=out, force=True,
-                   backend=eval_backend(options, candidate))
-    result = run(EvalInputs(str(candidate.base)), opts)
+    baseline = call.baseline
+    opts = replace(options, baseline=str(baseline.base) if baseline and call.baseline_is_stage else options.baseline,
+                   report_dir=out, force=True, backend=eval_backend(options, candidate))
+    result = run(EvalInputs(candidate, baseline), opts)
     if not result.passed:
         failed = [g for g in result.gates if not g.passed]
         raise GateFailedError(

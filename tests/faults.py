@@ -238,13 +238,19 @@ class LoadResult:
         return statistics.quantiles(vals, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
 
 
+# 40 prompts over and over: a steady mix. Greedy SmolLM2 answers "Count to ten. (k)" with 3 to 64 tokens
+# depending on k, in runs (k = 120..199 nearly all under 10), so a load that walked through k would change
+# its mix from one promotion window to the next. Left out: the k whose 64-token answer loops on SmolLM2 or
+# on the healthy canary (canary_dir) in bfloat16 or float32 (1, 13, 18), so the healthy canary loops no more
+# than the stable on this deck (with k = 13 and 18 in it, float32 on a CPU without bf16 units looped 3/40
+# against 1/40, and the loop check rolled the "healthy" canary back).
+LOAD_DECK = [k for k in range(43) if k not in (1, 13, 18)]
+
+
 def _chat_body(model: str, i: int, *, stream: bool, max_tokens: int) -> dict[str, Any]:
-    # 40 prompts over and over: a steady mix. Greedy SmolLM2 answers "Count to ten. (i)" with 3 to
-    # 64 tokens depending on i, in runs (i = 120..199 nearly all under 10), so a load that walked
-    # through i would change its mix from one promotion window to the next.
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": f"Count to ten. ({i % 40})"}],
+        "messages": [{"role": "user", "content": f"Count to ten. ({LOAD_DECK[i % len(LOAD_DECK)]})"}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,

@@ -54,8 +54,11 @@ def test_recipe_auto_turns_fp8_kv_on_only_where_the_newest_gate_report_passed(ru
     assert on["kv_notes"][0].startswith("FP8 KV cache on (kv_cache_dtype=fp8): eval gate report "
                                         "/reports/2026-12-01T10:00:00+00:00/report.json of 2026-12-01T10:00:00+00:00")
     assert "rougeL >= baseline - 0.02 (0.41 vs 0.39)" in on["kv_notes"][0] and h[7:19] in on["kv_notes"][0]
-    # FP8 KV halves the KV bytes per token, and the plan counts it
-    assert on["plan"]["kv_bytes_per_token"] * 2 == none["plan"]["kv_bytes_per_token"]
+    # FP8 KV stores one byte per element where the model's dtype stores two (bfloat16) or, on a CPU
+    # without bf16 units where auto serves float32, four; the plan counts it
+    element_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[none["plan"]["dtype"]]
+    assert none["plan"]["kv_cache_dtype"] in ("auto", none["plan"]["dtype"])
+    assert on["plan"]["kv_bytes_per_token"] * element_bytes == none["plan"]["kv_bytes_per_token"]
 
     # A --set or a named recipe chooses for itself: no rule, no note.
     for args in (("--recipe", "auto", "--set", "kv-cache-dtype=auto"), ("--recipe", "cpu")):

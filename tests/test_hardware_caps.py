@@ -7,6 +7,7 @@ libraries loaded into torch) runs on whatever CPU the tests run on.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -174,3 +175,31 @@ def test_the_demo_serves_bf16_where_the_cpu_cannot_serve_int4(tmp_path: Path, mo
     assert note is not None and "\n" not in note and "serves bf16 stable and canary" in note
     assert "AWQ checkpoint is still made and evaluated" in note
     assert demo.int4_serving_note(fake_cpu(tmp_path, *TURIN)) is None
+
+
+EMULATED_AVX2 = """
+import json, torch
+from qlift.cpu_support import kernel_library
+from qlift.hardware import detect_cpu
+from vllm.platforms.cpu import CpuPlatform
+
+cpu = detect_cpu()
+CpuPlatform.import_kernels()
+print(json.dumps({"aten": torch.backends.cpu.get_cpu_capability(), "avx512": torch.cpu._is_avx512_supported(),
+                  "bf16": torch.cpu._is_avx512_bf16_supported(), "isa": cpu.vector_isa, "native_bf16": cpu.native_bf16,
+                  "library": kernel_library(cpu), "wna16": hasattr(torch.ops._C, "cpu_gemm_wna16")}))
+"""
+
+
+def test_the_emulated_avx2_host_is_avx2_to_torch_vllm_and_qlift() -> None:
+    """`QLIFT_EMULATE_AVX2=1 bash .ci/run` times the suite as an AVX2-only host: every layer that picks
+    kernels by the CPU's flags must see AVX2 only, or the run measures the wrong machine."""
+    installed_vllm()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo / ".ci" / "avx2"), "ATEN_CPU_CAPABILITY": "avx2",
+           "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    proc = subprocess.run([sys.executable, "-c", EMULATED_AVX2], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"aten": "AVX2", "avx512": False, "bf16": False, "isa": "AVX2 without AVX-512",
+                    "native_bf16": False, "library": "_C_AVX2", "wna16": False}

@@ -100,8 +100,11 @@ def test_fast_but_wrong_and_rambling_canaries_fail_a_healthy_one_passes(tmp_path
         load, ev = _shadow_window(r, requests=12, stream=False, max_tokens=24)
         assert load.errors == 0 and set(load.backends) == {"stable"}  # no user saw a canary answer
         d = judge(ev, AnalysisSpec(), spec)
-        # never advanced: agreement is not shown, so the window holds (or, mixed up, fails)
-        assert d.action in ("hold", "rollback") and "agreement" in d.reason, d.reason
+        # never advanced, and agreement is not shown (inconclusive, or, mixed up, failed) whichever check
+        # speaks first: the answers about fruit are also all cut at max_tokens, where the stable's counts
+        # to ten stop on their own in some windows and not in others
+        agreement = {c.name: c for c in d.checks}["agreement"]
+        assert d.action in ("hold", "rollback") and agreement.status in ("inconclusive", "fail"), d.reason
     with FaultProxy(base, body_patch={"ignore_eos": True}) as rambling, _router(tmp_path / "b", base, rambling.url,
                                                                                  "smollm2") as r:
         # room enough that the stable mostly stops on its own: the rambler is cut every time

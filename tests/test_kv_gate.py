@@ -12,6 +12,7 @@ import yaml
 from qlift.eval.gate_index import index_dir, records, write_record
 from qlift.eval.generation import EvalModel
 from qlift.models.ref import ModelRef, hash_memo
+from qlift.serve.plan import DTYPE_BYTES
 
 
 def _record(content_hash: str, *, passed: bool, date: str, kv: str | None = "fp8") -> dict[str, Any]:
@@ -56,7 +57,7 @@ def test_recipe_auto_turns_fp8_kv_on_only_where_the_newest_gate_report_passed(ru
     assert "rougeL >= baseline - 0.02 (0.41 vs 0.39)" in on["kv_notes"][0] and h[7:19] in on["kv_notes"][0]
     # FP8 KV stores one byte per element where the model's dtype stores two (bfloat16) or, on a CPU
     # without bf16 units where auto serves float32, four; the plan counts it
-    element_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[none["plan"]["dtype"]]
+    element_bytes = DTYPE_BYTES[none["plan"]["dtype"]]
     assert none["plan"]["kv_cache_dtype"] in ("auto", none["plan"]["dtype"])
     assert on["plan"]["kv_bytes_per_token"] * element_bytes == none["plan"]["kv_bytes_per_token"]
 

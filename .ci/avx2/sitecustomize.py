@@ -1,9 +1,9 @@
 """Emulated AVX2-only CPU for timing `.ci/run` on an AVX-512 machine (QLIFT_EMULATE_AVX2=1 puts this
 directory on PYTHONPATH, so every Python process of the run, vLLM servers and `qlift` children
-included, imports it at start-up).
+included, imports it at start-up, before torch).
 
 What an AVX2-only host changes, made to happen here:
-- torch's ATen kernels: ATEN_CPU_CAPABILITY=avx2 and oneDNN's ONEDNN_MAX_CPU_ISA=AVX2 (set by .ci/run);
+- torch's ATen kernels: ATEN_CPU_CAPABILITY=avx2, and oneDNN's ONEDNN_MAX_CPU_ISA=AVX2 (set here);
 - vLLM's kernel library: vllm/platforms/cpu.py picks _C_AVX2 (no W4A16 kernel) when torch's
   ``torch.cpu._is_avx512_*`` checks say no, so those answer False here;
 - qlift's own decisions (float32 where no bf16 units, W4A16 refused): ``qlift.hardware.detect_cpu``
@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from typing import Any
+
+os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
 
 _DROPPED_PREFIXES = ("avx512", "amx")
 

@@ -8,7 +8,10 @@ and zero-width spellings, and most of the fields the new one reads.
 
     .venv/bin/python benchmarks/router_filter.py [--rules 2000] [--prompts 500] [--chars 2000] [--json]
 
-Prints checks per second of each, and the ratio new / old.
+Prints checks per second of each, and the ratio new / old. Then the answer filter (issue 43), same rules:
+a streamed answer's chunks through ``answerfilter.StreamFilter`` (its held window, one check a chunk)
+against the same chunks only parsed (what the relay does without it), in microseconds a chunk; and whole
+answers checked at once, per second.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from qlift.router.answerfilter import AnswerFilter, StreamFilter, filter_whole
 from qlift.router.filters import WordListFilter, prompt_text
 
 WORDS = ("model", "token", "stream", "server", "router", "canary", "weight", "answer", "prompt", "budget")
@@ -82,11 +86,56 @@ def rate(fn, items: list[dict[str, object]], min_s: float = 2.0) -> float:  # ty
     return done / (time.perf_counter() - t0)
 
 
+def make_streams(n: int, chunks: int, rng: random.Random) -> list[list[bytes]]:
+    """``n`` streamed chat answers of ``chunks`` SSE data lines (a token of 2-8 characters each), no rule in them."""
+    streams = []
+    for _ in range(n):
+        lines = []
+        for _ in range(chunks):
+            token = rng.choice(WORDS)[: rng.randint(2, 8)] + (" " if rng.random() < 0.5 else "")
+            event = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}]}
+            lines.append(b"data: " + json.dumps(event, separators=(",", ":")).encode())
+        streams.append(lines)
+    return streams
+
+
+def stream_cost(streams: list[list[bytes]], flt: AnswerFilter | None, min_s: float = 2.0) -> float:
+    """Microseconds a chunk: parse each data line, and with ``flt`` pass it through a StreamFilter."""
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < min_s:
+        for lines in streams:
+            sf = StreamFilter(flt) if flt is not None else None
+            for line in lines:
+                event = json.loads(line[5:])
+                if sf is not None:
+                    sf.line(line, event)
+                    sf.line(b"")
+            if sf is not None:
+                sf.line(b"data: [DONE]", done=True)
+            done += len(lines)
+    return (time.perf_counter() - t0) / done * 1e6
+
+
+def answer_results(flt: AnswerFilter, rng: random.Random, answers: int, chunks: int) -> dict[str, float]:
+    streams = make_streams(answers, chunks, rng)
+    plain_us, filtered_us = stream_cost(streams, None), stream_cost(streams, flt)
+    wholes = [{"choices": [{"index": 0, "message": {"content": "".join(json.loads(ln[5:])["choices"][0]["delta"]
+                                                                         ["content"] for ln in lines)}}]}
+              for lines in streams]
+    whole_rate = rate(lambda a: filter_whole(flt, a), wholes)  # type: ignore[arg-type]
+    return {"answer_chunks": chunks, "hold_chars": flt.hold, "parse_us_per_chunk": round(plain_us, 2),
+            "filtered_us_per_chunk": round(filtered_us, 2), "filter_us_per_chunk": round(filtered_us - plain_us, 2),
+            "whole_answers_per_s": round(whole_rate, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rules", type=int, default=2000)
     ap.add_argument("--prompts", type=int, default=500)
     ap.add_argument("--chars", type=int, default=2000)
+    ap.add_argument("--answers", type=int, default=50, help="streamed answers for the answer filter's figures")
+    ap.add_argument("--answer-chunks", type=int, default=500)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rng = random.Random(0)
@@ -110,6 +159,7 @@ def main() -> None:
               "blocked_new": blocked, "blocked_old": sum(old_check(b) for b in bodies),
               "old_checks_per_s": round(old_rate, 1), "new_checks_per_s": round(new_rate, 1),
               "ratio_new_over_old": round(new_rate / old_rate, 2)}
+    result |= answer_results(AnswerFilter.of(new), rng, args.answers, args.answer_chunks)
     if args.json:
         print(json.dumps(result))
     else:
@@ -117,6 +167,11 @@ def main() -> None:
         print(f"  old (a regex per rule): {old_rate:10.1f} checks/s   blocked {result['blocked_old']}")
         print(f"  new (Aho-Corasick):     {new_rate:10.1f} checks/s   blocked {blocked}")
         print(f"  new / old: {result['ratio_new_over_old']}x")
+        print(f"answers ({args.answers} streams of {args.answer_chunks} chunks, {result['hold_chars']} chars held):")
+        print(f"  parse only:         {result['parse_us_per_chunk']:10.2f} us/chunk")
+        print(f"  parse + filter:     {result['filtered_us_per_chunk']:10.2f} us/chunk "
+              f"(filter {result['filter_us_per_chunk']:.2f} us)")
+        print(f"  whole answers:      {result['whole_answers_per_s']:10.1f} checks/s")
 
 
 if __name__ == "__main__":

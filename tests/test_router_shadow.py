@@ -183,3 +183,32 @@ def test_a_partner_copies_either_versions_requests_to_the_other_and_nothing_else
     for bad in ("canary", "nobody", 3):
         with pytest.raises(ValueError, match="partner"):
             ShadowSettings.parse({"version": "canary", "percent": 10, "partner": bad}, known)
+
+
+def test_shadowed_requests_of_many_small_messages_do_not_grow_the_router(tmp_path: Path) -> None:
+    """Issue 43: shadowed chats of thousands of small messages grew the router ~2 MiB a request with no plateau
+    (347 MiB against 17 MiB unshadowed after 160): the pair ring counted JSON bytes, not the dicts and strings
+    it kept (8,000 one-character messages: ~2 MiB of objects, ~240 KB of JSON). Pairs keep at most
+    MESSAGES_KEPT messages, as bytes, bounded in memory."""
+    with ScriptedBackend("m-stable") as stable, ScriptedBackend("m-canary") as canary, \
+            _router(tmp_path, stable.url, canary.url) as router:
+        assert router.proc is not None
+        router.admin().set_shadow("canary", 100, max_inflight=8)
+        body = {"model": "pub", "max_tokens": 4,
+                "messages": [{"role": "user" if i % 2 else "assistant", "content": "ok"} for i in range(6000)]}
+        payload = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        with httpx.Client(timeout=60) as client:
+            def send(n: int, done: int) -> None:
+                for _ in range(n):
+                    assert client.post(router.url + "/v1/chat/completions", content=payload,
+                                       headers=headers).status_code == 200
+                _wait(lambda: router.admin().shadow_pairs(since=done - 1).next == done, timeout=60)
+
+            send(20, 20)
+            before = _rss_kib(router.proc.pid)
+            send(140, 160)
+        grown_mib = (_rss_kib(router.proc.pid) - before) / 1024
+        pairs = router.admin().shadow_pairs(since=150).pairs
+        assert len(pairs) == 10 and all(len(p.request["messages"]) == 64 for p in pairs)
+        assert grown_mib < 24, grown_mib  # was ~280 MiB over these 140 requests

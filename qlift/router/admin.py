@@ -101,7 +101,7 @@ class AdminApi:
         text = request.query.get("since", "0")
         if not text.isdigit() or len(text) > 18:
             return json_error(400, "since must be a non-negative integer (a pair's seq)", "invalid_request_error")
-        return web.json_response(self.router.data.pair_ring.since(int(text)))
+        return web.Response(body=self.router.data.pair_ring.since_json(int(text)), content_type="application/json")
 
     async def admin_requests(self, request: web.Request) -> web.Response:
         refusal = self.refusal(request)

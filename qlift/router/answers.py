@@ -1,9 +1,11 @@
 """Answer samples in the request log: what the rollout's answer checks read in split windows.
 
 For a sampled completion request the record carries ``answer``: the user's message (its last
-user turn, capped), the request's ``response_format`` when it sends a json_schema (small ones
-only), and the answer's text (capped). Only the newest records keep theirs, bounded in count and
-bytes, so a busy router holds at most ``MAX_BYTES`` of them whatever clients send.
+user turn, capped), the system prompt (every system message's text, capped; absent when there is
+none), the request's ``response_format`` of any type (small ones only), and the answer's text
+(capped). Only the newest records keep theirs, bounded in count and in their measured memory
+(``memsize.deep_size``: a response_format of many tiny JSON values costs far more than its JSON),
+so a busy router holds at most ``MAX_BYTES`` of them whatever clients send.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import random
 from collections import deque
 from typing import Any
 
+from qlift.router.memsize import deep_size
+
 PROMPT_CHARS = 2000
+SYSTEM_CHARS = 2000  # the system prompt (all system messages, joined by "\n") at most
 TEXT_CHARS = 8000
 MAX_SCHEMA_BYTES = 16 * 1024
 MAX_KEPT = 4000
@@ -26,13 +31,27 @@ def user_message(body: dict[str, Any]) -> str:
     return user_text(body)[:PROMPT_CHARS]
 
 
+def system_message(body: dict[str, Any]) -> str:
+    """Every system message's text, joined by a line break, capped: the judge reads what the model was told."""
+    from qlift.quality.registry import message_text
+
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    parts = [message_text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+    return "\n".join(parts)[:SYSTEM_CHARS]
+
+
 def sample(body: dict[str, Any], text: str) -> dict[str, Any]:
+    """What a record keeps of a sampled request and its answer: ``prompt``, ``text``, ``system`` (when there is
+    one) and ``response_format`` (any type, when its JSON is at most MAX_SCHEMA_BYTES)."""
     out: dict[str, Any] = {"prompt": user_message(body), "text": text[:TEXT_CHARS]}
+    system = system_message(body)
+    if system:
+        out["system"] = system
     fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        raw = json.dumps(fmt)
-        if len(raw) <= MAX_SCHEMA_BYTES:
-            out["response_format"] = fmt
+    if isinstance(fmt, dict) and len(json.dumps(fmt)) <= MAX_SCHEMA_BYTES:
+        out["response_format"] = fmt
     return out
 
 
@@ -68,7 +87,5 @@ class AnswerSamples:
 
     def attach(self, record: dict[str, Any], body: dict[str, Any], text: str) -> None:
         record["answer"] = s = sample(body, text)
-        size = len(s["prompt"]) + len(s["text"]) + (len(json.dumps(s["response_format"])) if "response_format" in s
-                                                    else 0)
-        for old in self.kept.add(record, size):
+        for old in self.kept.add(record, deep_size(s)):
             old.pop("answer", None)

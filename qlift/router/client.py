@@ -57,14 +57,19 @@ class RouterState(BaseModel):
 
 
 class AnswerRecord(BaseModel):
-    """A sampled answer (the router's ``answer_sample``): the user's message, the answer, a json_schema."""
+    """A sampled answer (the router's ``answer_sample``): the user's message, the answer, the system prompt
+    (every system message's text; None without one) and the request's response_format (any type)."""
 
     prompt: str
     text: str
+    system: str | None = None
     response_format: dict[str, Any] | None = None
 
     def request(self) -> dict[str, Any]:
+        """The request as the answer checks read it: ``prompt``, and ``system`` and ``response_format`` when set."""
         out: dict[str, Any] = {"prompt": self.prompt}
+        if self.system is not None:
+            out["system"] = self.system
         if self.response_format is not None:
             out["response_format"] = self.response_format
         return out

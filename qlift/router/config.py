@@ -153,6 +153,9 @@ class RouterConfig(_Strict):
     port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
     api_keys_file: Path | None = Field(default=None, description="Keys or sha256:HEX hashes, one a line; none = open.")
     filter_file: Path | None = Field(default=None, description="Blocked words / re:PATTERN lines; reloaded on change.")
+    filter_answers: bool = Field(default=True, description="Check answers with the filter_file too (chat and "
+                                 "completions): cut before a blocked word, finish_reason content_filter. Off: "
+                                 "prompts only.")
     metrics_token_file: Path | None = Field(default=None, description="A file holding a token that may read /metrics "
                                             "(besides the admin token): what Prometheus's credentials_file points "
                                             "at. /metrics needs one of them once API keys, the admin token or this "
@@ -289,7 +292,7 @@ def parse_weight_flag(text: str) -> tuple[str, int]:
 
 
 # RouterConfig's fields that `qlift router` takes as flags (the rest live in --config).
-FLAG_FIELDS = ("public_model", "host", "port", "state_file")
+FLAG_FIELDS = ("public_model", "host", "port", "state_file", "filter_file", "filter_answers")
 
 
 def build_config(*, config_path: Path | None, backends: list[str], weights: list[str],

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from qlift.router.accesslog import AccessLog
+from qlift.router.answerfilter import AnswerFilter
 from qlift.router.answers import AnswerSamples
 from qlift.router.balancer import Backend
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
@@ -193,6 +194,7 @@ class DataPath:
         first_byte_s = t.first_byte_for(stream)
         deadline = t0 + t.request_s
         validate = request.path in COMPLETIONS
+        answer_filter = self._answer_filter() if validate else None
         pair = self._mirror(request.path, client_body, backend, rid) if validate else None
         sampled = validate and self.answers.wanted()
         retried_from: str | None = None
@@ -207,7 +209,7 @@ class DataPath:
                 self._begin(backend)
                 try:
                     up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage,
-                                  show_backend=request["show_backend"])
+                                  show_backend=request["show_backend"], answer_filter=answer_filter)
                     await attempt(request, self.sessions[backend.name], up, att)
                 finally:
                     self._end(backend)
@@ -250,6 +252,12 @@ class DataPath:
             return response
         assert att.response is not None  # attempt() answered the client
         return att.response
+
+    def _answer_filter(self) -> AnswerFilter | None:
+        """The content filter as answers are checked with it (its rules as they are now), when answers are filtered."""
+        if self.content_filter is None or not self.config.filter_answers:
+            return None
+        return AnswerFilter.of(self.content_filter)
 
     def _charge(self, request: web.Request, key: str, att: Attempt) -> None:
         """Settle the tokens/min limit: usage (or what was streamed) less the prompt estimate charged up front."""
@@ -342,6 +350,8 @@ class DataPath:
             m.empty_completions.labels(name).inc()
         if att.finish_reason:
             m.finish_reason.labels(name, att.finish_reason).inc()
+        if att.filtered:
+            m.answers_filtered.labels(name).inc()
         if replayed:
             m.retries.labels(name).inc()
         self.seq += 1

@@ -1,4 +1,6 @@
-"""Content filters applied to prompts. A filter is anything with ``check(text) -> FilterHit | None``.
+"""Content filters applied to prompts (and, through ``answerfilter``, to answers). A filter is anything with
+``check(text) -> FilterHit | None``; ``max_match_chars``, when it has one, is the longest text a match spans
+(how much of a streamed answer is held back).
 
 The shipped one reads a word list file: one blocked word a line (case-insensitive, whole
 words), or ``re:PATTERN`` for a regular expression; ``#`` starts a comment. The file is
@@ -17,6 +19,7 @@ from typing import Any, Protocol
 
 from qlift.errors import BadInputError
 from qlift.router.textnorm import (
+    has_unspaced,
     is_unspaced,
     join_unspaced,
     mark_word_edges,
@@ -25,6 +28,10 @@ from qlift.router.textnorm import (
 )
 
 log = logging.getLogger(__name__)
+
+# A regular expression's match, in normalised characters, at most this long as far as streamed answers go:
+# a pattern with no bounded width (``+``, ``*``) is taken to match no more; a longer match may pass a stream.
+REGEX_MATCH_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -45,13 +52,19 @@ class Rules:
     """
 
     count: int
+    longest: int  # the longest match a rule can make, in normalised characters (regexes: at most REGEX_MATCH_CHARS)
     words: Any  # ahocorasick.Automaton: normalised rule with its word edges marked -> rule name
     unspaced: Any  # the same for rules with CJK (or Thai, ...) in them, matched with the spaces taken out
     regexes: tuple[tuple[str, re.Pattern[str]], ...]
 
     def first_hit(self, text: str) -> str | None:
-        """The name of a rule matching normalised ``text``, or None."""
-        for automaton, variant in ((self.words, text), (self.unspaced, join_unspaced(text) if self.unspaced else "")):
+        """The name of a rule matching normalised ``text``, or None.
+
+        The CJK automaton runs only on text with a CJK (Thai, ...) character in it: a rule holding one can match
+        nowhere else, and pyahocorasick looks a character up among the root's children one by one (hundreds of
+        CJK rules: ~9 us for a short English text, most of a streamed answer's check)."""
+        unspaced = self.unspaced if self.unspaced is not None and not text.isascii() and has_unspaced(text) else None
+        for automaton, variant in ((self.words, text), (unspaced, join_unspaced(text) if unspaced else "")):
             if automaton is not None:
                 for _end, name in automaton.iter(mark_word_edges(variant)):
                     return str(name)
@@ -81,7 +94,18 @@ def _compile(path: Path, text: str) -> Rules:
             words.setdefault(word, name)
     spaced = {w: n for w, n in words.items() if not any(is_unspaced(c) for c in w)}
     unspaced = {join_unspaced(w): n for w, n in words.items() if w not in spaced}
-    return Rules(len(words) + len(regexes), _automaton(spaced), _automaton(unspaced), tuple(regexes))
+    longest = max([len(w) for w in words] + [_width(p) for _, p in regexes] + [1])
+    return Rules(len(words) + len(regexes), longest, _automaton(spaced), _automaton(unspaced), tuple(regexes))
+
+
+def _width(pattern: re.Pattern[str]) -> int:
+    """A pattern's longest match (sre's own width), capped at REGEX_MATCH_CHARS."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        return min(int(_parser.parse(pattern.pattern, pattern.flags).getwidth()[1]), REGEX_MATCH_CHARS)
+    except Exception:  # a private module: if it moves, the cap
+        return REGEX_MATCH_CHARS
 
 
 def _automaton(words: dict[str, str]) -> Any:
@@ -111,7 +135,7 @@ class WordListFilter:
         self.on_reload_failed = on_reload_failed
         self._stamp: tuple[int, int] | None = None
         self._checked_at = 0.0
-        self.rules = Rules(0, None, None, ())
+        self.rules = Rules(0, 1, None, None, ())
         self.reload(strict=True)
 
     def _file_stamp(self) -> tuple[int, int]:
@@ -158,6 +182,12 @@ class WordListFilter:
             stamp = None
         if stamp != self._stamp:
             self.reload()
+
+    @property
+    def max_match_chars(self) -> int:
+        """The longest match the current rules make (normalised characters): what a stream holds back."""
+        self._maybe_reload()
+        return self.rules.longest
 
     def check(self, text: str) -> FilterHit | None:
         self._maybe_reload()

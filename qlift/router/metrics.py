@@ -63,6 +63,9 @@ class RouterMetrics:
         self.filter_reload_failures = Counter("qlift_router_filter_reload_failures", "Filter file reloads refused "
                                               "(unreadable, not UTF-8, bad pattern, emptied): old rules kept.",
                                               registry=r)
+        self.answers_filtered = Counter("qlift_router_answers_filtered", "Answers the content filter cut before a "
+                                        "blocked word (finish_reason content_filter), by backend.", ["backend"],
+                                        registry=r)
         self.connections_refused = Counter("qlift_router_connections_refused", "Client connections over "
                                            "server.max_connections, answered 503.", registry=r)
         self.client_timeouts = Counter("qlift_router_client_timeouts", "Client requests too slow to arrive, by "
@@ -79,6 +82,7 @@ class RouterMetrics:
         self.completion_tokens.labels(name)
         self.empty_completions.labels(name)
         self.retries.labels(name)
+        self.answers_filtered.labels(name)
         self.in_flight.labels(name).set(0)
         self.healthy.labels(name).set(int(healthy))
         self.weight.labels(name).set(weight)

@@ -4,33 +4,57 @@ capped, in a ring bounded in pairs and in bytes, so no client can make the route
 The judge (``qlift.rollout.shadow``) reads a pair's ``request["messages"]`` (role and text),
 ``request["prompt"]``, ``request["response_format"]`` and ``request["stream"]``, and each answer's
 ``text``: those are kept, in those shapes, up to the caps below; the rest of a body is not kept.
+
+The ring is bounded in memory, not in JSON: a filed pair is kept as its compact JSON bytes (what
+``GET /admin/shadow`` sends, joined), and counted as the bytes object plus PAIR_OVERHEAD_BYTES for the
+ring's own tuples and counters. Whatever clients send, the ring holds at most RING_BYTES of memory
+(a test fills it with adversarial shapes under tracemalloc). Before, it kept parsed dicts bounded by
+their JSON: a request of 8,000 one-character messages kept ~2 MiB of dicts and strings for ~240 KB of
+JSON, and the router grew ~2 MiB a shadowed request (issue 43). Messages are capped per pair too
+(MESSAGES_KEPT), so the pair in flight, a dict until both answers are in, stays small.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from qlift.quality.registry import message_text
 from qlift.router.answers import MAX_SCHEMA_BYTES, Bounded
+from qlift.router.memsize import compact_json
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
 
 PAIRS_KEPT = 2000
-RING_BYTES = 64 << 20  # the ring's pairs, measured as their JSON, at most this; the oldest go first
+RING_BYTES = 64 << 20  # the ring's memory (pairs as JSON bytes + PAIR_OVERHEAD_BYTES each) at most; oldest go first
+PAIR_OVERHEAD_BYTES = 256  # a filed pair's tuples, ints and deque slot beside its bytes (measured ~210 on 3.11)
 PROMPT_CHARS = 8000  # a pair's prompt text (its messages' together, or its prompt) at most
+MESSAGES_KEPT = 64  # messages a pair keeps at most: the last ones, and the first SYSTEM_KEPT system messages
+SYSTEM_KEPT = 8
 TEXT_CHARS = CAPTURE_CHARS  # an answer's text at most (Attempt stops capturing there)
+Blob = bytes  # a filed pair's JSON (PairRing.bytes, a count, shadows the name inside the class)
 RESPONSE_FORMAT_BYTES = MAX_SCHEMA_BYTES  # a larger response_format is kept as its type only
 
 
+def _chosen(messages: list[Any]) -> tuple[list[dict[str, Any]], bool]:
+    """The messages a pair may keep: the first SYSTEM_KEPT system messages and the last of the others, at most
+    MESSAGES_KEPT in all, in their order; True when some were left out."""
+    dicts = [m for m in messages if isinstance(m, dict)]
+    if len(dicts) <= MESSAGES_KEPT:
+        return dicts, False
+    system = [i for i, m in enumerate(dicts) if m.get("role") == "system"][:SYSTEM_KEPT]
+    others = [i for i in range(len(dicts)) if i not in set(system)][-(MESSAGES_KEPT - len(system)):]
+    return [dicts[i] for i in sorted(system + others)], True
+
+
 def _messages(messages: list[Any], budget: int) -> tuple[list[dict[str, str]], bool]:
-    """Role and text of each message, PROMPT_CHARS in all: the last messages first (the question asked),
-    each cut to what is left; earlier messages past the budget are left out."""
+    """Role and text of each chosen message (``_chosen``), PROMPT_CHARS in all: the last messages first (the
+    question asked), each cut to what is left; earlier messages past the budget are left out."""
     kept: list[dict[str, str]] = []
-    cut = False
-    for m in reversed(messages):
-        if not isinstance(m, dict):
-            continue
+    chosen, cut = _chosen(messages)
+    for m in reversed(chosen):
         text = message_text(m.get("content"))
         if budget <= 0:
             cut = True
@@ -83,8 +107,8 @@ class Pair:
 
 
 class PairRing:
-    """Finished pairs, oldest first: the last ``pairs_kept`` of them and at most ``max_bytes`` of JSON
-    (they outlive a shadow turned off)."""
+    """Finished pairs, oldest first, each as (seq, its JSON bytes): the last ``pairs_kept`` of them and at most
+    ``max_bytes`` of memory, PAIR_OVERHEAD_BYTES a pair included (they outlive a shadow turned off)."""
 
     def __init__(self, pairs_kept: int = PAIRS_KEPT, max_bytes: int = RING_BYTES) -> None:
         self.ring = Bounded(pairs_kept, max_bytes)
@@ -101,9 +125,20 @@ class PairRing:
         self.seq += 1
         record = {"seq": self.seq, "rid": pair.rid, "ts": pair.ts, "path": pair.path, "request": pair.request,
                   "primary": pair.primary, "shadow": pair.shadow}
-        self.ring.add(record, len(json.dumps(record).encode()))
+        blob = compact_json(record)
+        self.ring.add((self.seq, blob), sys.getsizeof(blob) + PAIR_OVERHEAD_BYTES)
+
+    def _after(self, seq: int) -> Iterator[tuple[int, Blob]]:
+        start = seq if seq <= self.seq else 0  # a seq from before a restart: everything kept
+        return (item for item, _ in self.ring.items if item[0] > start)
+
+    def since_json(self, seq: int) -> Blob:
+        """``GET /admin/shadow``'s body: ``{"next": N, "pairs": [...]}``, joined from the kept bytes."""
+        kept = list(self._after(seq))
+        nxt = kept[-1][0] if kept else self.seq
+        return b'{"next":%d,"pairs":[%s]}' % (nxt, b",".join(blob for _, blob in kept))
 
     def since(self, seq: int) -> dict[str, Any]:
-        start = seq if seq <= self.seq else 0  # a seq from before a restart: everything kept
-        pairs = [p for p, _ in self.ring.items if p["seq"] > start]
-        return {"next": pairs[-1]["seq"] if pairs else self.seq, "pairs": pairs}
+        """The same, parsed (tests and in-process readers)."""
+        out: dict[str, Any] = json.loads(self.since_json(seq))
+        return out

@@ -4,7 +4,8 @@ byte, pass the answer to the client (SSE event by event, unbuffered).
 An answer on a completion route is checked on its way: a non-streamed 200 must be JSON with
 ``choices`` (not an error object), a stream must end with ``[DONE]``. A non-streamed answer
 that is not an answer is held back and replayed like a 5xx; a stream is checked as it passes
-(its bytes are already the client's) and recorded as failed.
+(its bytes are already the client's) and recorded as failed. With an answer filter (``answerfilter``),
+an answer's text is checked too: cut before a blocked word, ``finish_reason`` ``content_filter``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from qlift.router.answerfilter import AnswerFilter, StreamFilter, filter_whole, whole_answer_text
 from qlift.router.balancer import Backend
 from qlift.router.config import redact_url
+from qlift.router.memsize import compact_json
 from qlift.router.rewrite import ModelRewriter, is_usage_only
 
 # A 200 that is not an answer, each its own reason (access log, records, metric label).
@@ -73,6 +76,7 @@ class Attempt:
     connect_failed: bool = False
     dropped: bool = False  # the backend closed the connection before answering (a stale pooled one, usually)
     response: web.StreamResponse | None = None  # what the client got, once responded
+    filtered: bool = False  # the answer filter cut the answer (finish_reason content_filter)
     text_parts: list[str] = field(default_factory=list)
     captured: int = 0  # characters in text_parts: capture stops past CAPTURE_CHARS
 
@@ -92,6 +96,13 @@ class Attempt:
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+    def filter_cut(self, text_end: int | None) -> None:
+        """The answer filter cut the answer: recorded as content_filter, the captured text cut where the client's
+        was (records and pairs never keep what the client did not get)."""
+        self.filtered, self.finish_reason = True, "content_filter"
+        if text_end is not None and self.text_parts:
+            self.text_parts = [self.text[:text_end]]
 
     def client_left(self) -> None:
         """The client closed its connection. Once a stream's [DONE] has reached it, that is how a stream
@@ -160,10 +171,12 @@ class SseRelay:
     """Passes a stream through line by line: notes usage, finish_reason, [DONE] and error
     events, rewrites the model name, drops the usage chunk the client did not ask for."""
 
-    def __init__(self, att: Attempt, rewrite: ModelRewriter, strip_usage: bool) -> None:
+    def __init__(self, att: Attempt, rewrite: ModelRewriter, strip_usage: bool,
+                 answer_filter: AnswerFilter | None = None) -> None:
         self.att = att
         self.rewrite = rewrite
         self.strip_usage = strip_usage
+        self.filter = None if answer_filter is None else StreamFilter(answer_filter, rewrite if rewrite else None)
         self.done = False
         self.error_event = False
         self._tail = b""
@@ -178,35 +191,58 @@ class SseRelay:
                 self._skip_blank = False
                 if line in (b"", b"\r"):
                     continue
-            if line.startswith(b"data:"):
-                if not self._data_line(line):
-                    self._skip_blank = True
-                    continue
-                if self.rewrite:
-                    line = self.rewrite(line)
-            out.append(line)
+            out += self._line(line)
         return b"\n".join(out) + b"\n" if out else b""
+
+    @property
+    def cut(self) -> bool:
+        """The answer filter cut the stream: its content_filter chunk and [DONE] went out; read no more."""
+        return self.filter is not None and self.filter.stopped
+
+    def _line(self, line: bytes) -> list[bytes]:
+        event: Any = None
+        if line.startswith(b"data:"):
+            keep, event = self._data_line(line)
+            if not keep:
+                self._skip_blank = True
+                return []
+            if self.rewrite:
+                line = self.rewrite(line)
+        if self.filter is None:
+            return [line]
+        out = self.filter.line(line, event, done=line.startswith(b"data: [DONE]"))
+        if self.filter.stopped:
+            self.att.filter_cut(self.filter.cut_at(0))
+        return out
 
     def flush(self) -> bytes:
         tail, self._tail = self._tail, b""
-        return self.rewrite(tail) if self.rewrite else tail
+        if self.filter is None:
+            return self.rewrite(tail) if self.rewrite else tail
+        lines = self._line(tail) if tail else []
+        lines += self.filter.end()
+        if self.filter.stopped:
+            self.att.filter_cut(self.filter.cut_at(0))
+        return b"\n".join(lines) + b"\n" if lines else b""
 
-    def _data_line(self, line: bytes) -> bool:
-        """Note what the line says; False to drop it."""
+    def _data_line(self, line: bytes) -> tuple[bool, Any]:
+        """Note what the line says: (False to drop it, the event when it was parsed)."""
         att = self.att
         if line.startswith(b"data: [DONE]"):
             self.done = True
-            return True
+            return True, None
         att.events += 1
         if line.startswith((b'data: {"error"', b'data:{"error"', b'data: {"object":"error"')):
             self.error_event = True
-        if att.capture or b'"usage":{' in line or b'"usage": {' in line or (
+        event: Any = None
+        if self.filter is not None or att.capture or b'"usage":{' in line or b'"usage": {' in line or (
             b'"finish_reason":' in line and b'"finish_reason":null' not in line
             and b'"finish_reason": null' not in line
         ):
             with contextlib.suppress(ValueError):
-                att.take_event(json.loads(line[5:]))
-        return not (self.strip_usage and is_usage_only(line))
+                event = json.loads(line[5:])
+                att.take_event(event)
+        return not (self.strip_usage and is_usage_only(line)), event
 
 
 def response_headers(request_id: str, backend: Backend | None, content_type: str | None = None) -> dict[str, str]:
@@ -232,6 +268,7 @@ class Upstream:
     rewrite: ModelRewriter
     strip_usage: bool = False  # drop the usage-only chunk the router asked for and the client did not
     show_backend: bool = False  # send X-Qlift-Backend (the admin token's caller, or expose_backend_header)
+    answer_filter: AnswerFilter | None = None  # check the answer's text (completion routes, filter on)
 
 
 async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upstream, att: Attempt) -> None:
@@ -279,14 +316,14 @@ async def attempt(request: web.Request, session: aiohttp.ClientSession, up: Upst
             att.fail("no_done", "stream ended before its first event")
             return
         await _relay_stream(request, upstream, up, content_type, first_chunk, att,
-                            SseRelay(att, up.rewrite, up.strip_usage))
+                            SseRelay(att, up.rewrite, up.strip_usage, up.answer_filter))
     except asyncio.CancelledError:
         att.client_left()
         raise
     finally:
         att.latency_s = time.monotonic() - att.started
         if upstream is not None:
-            if att.completed:
+            if att.completed and not att.filtered:
                 upstream.release()
             else:  # drop the connection: vLLM sees the disconnect and aborts the request
                 upstream.close()
@@ -316,7 +353,14 @@ async def _answer_whole(request: web.Request, up: Upstream, content_type: str, b
     if status == 200:
         if content_type.startswith("application/json"):
             with contextlib.suppress(ValueError):
-                att.take_event(json.loads(body))
+                answer = json.loads(body)
+                att.take_event(answer)
+                if up.answer_filter is not None and isinstance(answer, dict) and filter_whole(up.answer_filter,
+                                                                                               answer):
+                    body = compact_json(answer)
+                    att.filter_cut(None)
+                    if att.capture:
+                        att.text_parts = [whole_answer_text(answer)]
     else:
         att.fail(f"http_{status // 100}xx", f"HTTP {status}")
     if rewrite and content_type.startswith("application/json"):
@@ -343,7 +387,9 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
             data = relay.feed(chunk)
             if data:
                 await out.write(data)
-                att.done_sent = relay.done
+                att.done_sent = relay.done or relay.cut
+            if relay.cut:  # the answer filter ended the client's stream: the backend's rest is dropped
+                break
             try:
                 async with asyncio.timeout(max(0.0, min(idle_s, deadline - time.monotonic()))):
                     chunk = await upstream.content.readany()
@@ -356,15 +402,17 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
                     att.fail("stream_broke", f"stream from backend broke: {type(exc).__name__}")
                 message = f"backend {backend.name}: {att.error}"
                 event = json.dumps(error_body(message, "upstream_error", 502))
-                await out.write(relay.flush() + f"data: {event}\n\n".encode())
+                tail = relay.flush()
+                await out.write(tail if relay.cut else tail + f"data: {event}\n\n".encode())
                 break
             if not chunk:
                 tail = relay.flush()
                 if tail:
                     await out.write(tail)
+                att.done_sent = att.done_sent or relay.cut
                 if relay.error_event:
                     att.fail("error_event", "stream carried an error event")
-                elif not relay.done and att.validate:
+                elif not relay.done and not relay.cut and att.validate:
                     att.fail("no_done", "stream from backend ended without [DONE]")
                 break
         await out.write_eof()

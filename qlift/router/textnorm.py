@@ -67,6 +67,11 @@ def join_unspaced(text: str) -> str:
     return _SPACE_IN_UNSPACED.sub("", text) if " " in text else text
 
 
+def has_unspaced(text: str) -> bool:
+    """Some character of ``text`` is of a script without spaces between words."""
+    return _UNSPACED.search(text) is not None
+
+
 def is_unspaced(char: str) -> bool:
     """A character of a script without spaces between words (CJK, Thai, ...)."""
     return bool(_UNSPACED.match(char))

@@ -1,26 +1,21 @@
 """Repetition: the share of an answer's n-grams that repeat, and whether it ends in a loop.
 
-Tokens are words, and single characters of scripts written without spaces (CJK), so a Chinese
-answer that loops is seen as one that repeats words. Punctuation is not a token: a markdown
-table's ``|---|`` rules do not count.
+Tokens are ``qlift.quality.text``'s: words, and single characters of scripts written without spaces
+(CJK), so a Chinese answer that loops is seen as one that repeats words. Punctuation is not a token:
+a markdown table's ``|---|`` rules do not count.
 """
 
 from __future__ import annotations
 
-import re
+from qlift.quality.text import CJK as CJK  # re-exported: language.py and older callers import it here
+from qlift.quality.text import tokens as tokens
 
-CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # scripts written without spaces
-_TOKEN = re.compile(rf"[{CJK}]|[^\W{CJK}]+")
 NGRAM = 4
 MIN_TOKENS = 8  # shorter answers have no repetition share
 LOOP_MIN_TOKENS = 12  # a loop covers at least this many tokens ...
 LOOP_MIN_REPEATS = 3  # ... and its unit repeats at least this many times, to the end of the answer
 LOOP_MAX_UNIT = 64  # the longest repeating unit looked for, in tokens
 LOOP_TAIL = 1024  # tokens of the answer's end that are searched
-
-
-def tokens(text: str) -> list[str]:
-    return _TOKEN.findall(text.lower())
 
 
 def repeated_share(text: str, n: int = NGRAM) -> float | None:

@@ -676,11 +676,20 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 
 class ScriptedJudge(ThreadedApp):
-    """Answers each judge call with ``rule(answer_a, answer_b)``; ``stall_s`` sleeps first."""
+    """Answers each judge call with ``rule(answer_a, answer_b)``, the answers read back out of their blocks
+    (unescaped, as the systems wrote them); ``stall_s`` sleeps first. ``bodies`` keeps each call's request."""
 
     def __init__(self, rule: Any, *, stall_s: float = 0.0, status: int = 200) -> None:
         self.rule, self.stall_s, self.status, self.calls = rule, stall_s, status, 0
+        self.bodies: list[dict[str, Any]] = []
         super().__init__()
+
+    @staticmethod
+    def block(text: str, tag: str) -> str:
+        """What ``<tag>`` holds in the judge's message (qlift.quality.judge.block), unescaped."""
+        import html
+
+        return html.unescape(text.split(f"<{tag}>\n", 1)[1].split(f"\n</{tag}>", 1)[0])
 
     def make_app(self) -> web.Application:
         app = web.Application()
@@ -694,7 +703,7 @@ class ScriptedJudge(ThreadedApp):
             await asyncio.sleep(self.stall_s)
         if self.status != 200:
             return web.json_response({"error": {"message": "down"}}, status=self.status)
+        self.bodies.append(body)
         text = body["messages"][1]["content"]
-        a = text.split("[Answer A]\n")[1].split("\n\n[Answer B]")[0]
-        b = text.split("[Answer B]\n")[1].split("\n\nWhich answer")[0]
+        a, b = self.block(text, "answer_a"), self.block(text, "answer_b")
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.rule(a, b)}}]})

@@ -17,7 +17,7 @@ Chinese or refuse more often than the stable's. Prints, on this CPU:
 
 PASS when the cold judge of the window takes under 2 s.
 
-    .venv/bin/python benchmarks/quality_checks.py [--pairs 2000] [--seed 0] [--repeat 3] [--json]
+    .venv/bin/python benchmarks/quality_checks.py [--pairs 2000] [--words 600-900] [--seed 0] [--repeat 3] [--json]
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from qlift.hardware import detect_cpu
-from qlift.quality import language, refusal, registry, schema
+from qlift.quality import language, registry
 from qlift.quality.registry import answer_flags
+from qlift.rollout.checks import check_alpha
 from qlift.rollout.judge import judge
+from qlift.rollout.pair_checks import check_agreement, check_json_valid
 from qlift.rollout.shadow import Answer, Pair, ShadowEvidence
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
@@ -124,8 +126,9 @@ def _ticket(rng: random.Random, oid: str, *, broken: bool) -> str:
     return json.dumps(value)
 
 
-def _answers(rng: random.Random, kind: str) -> tuple[dict[str, Any], str, str]:
-    """(request, stable answer, canary answer) for one prompt."""
+def _answers(rng: random.Random, kind: str, length: tuple[int, int] | None = None) -> tuple[dict[str, Any], str, str]:
+    """(request, stable answer, canary answer) for one prompt; ``length``: the prose answers' length range
+    (default 20-200 English words, 20-120 Chinese)."""
     oid = f"A{rng.randint(10000, 99999)}"
     if kind == "json":
         req = {"messages": [{"role": "system", "content": "Classify the ticket."},
@@ -134,9 +137,10 @@ def _answers(rng: random.Random, kind: str) -> tuple[dict[str, Any], str, str]:
         return req, _ticket(rng, oid, broken=rng.random() < 0.01), _ticket(rng, oid, broken=rng.random() < 0.05)
     if kind == "zh":
         req = {"messages": [{"role": "user", "content": _fill(rng.choice(ZH_QUESTIONS), rng)}]}
-        return req, _prose(rng, ZH_SENTENCES, 20, 120, cjk=True), _prose(rng, ZH_SENTENCES, 20, 120, cjk=True)
+        lo, hi = length or (20, 120)
+        return req, _prose(rng, ZH_SENTENCES, lo, hi, cjk=True), _prose(rng, ZH_SENTENCES, lo, hi, cjk=True)
     req = {"messages": [{"role": "user", "content": _fill(rng.choice(EN_QUESTIONS), rng)}]}
-    stable = _prose(rng, EN_SENTENCES, 20, 200)
+    stable = _prose(rng, EN_SENTENCES, *(length or (20, 200)))
     words = stable.split()  # the canary paraphrases: most words kept
     canary_text = " ".join(w if rng.random() < 0.85 else rng.choice(words) for w in words)
     texts = []
@@ -145,20 +149,21 @@ def _answers(rng: random.Random, kind: str) -> tuple[dict[str, Any], str, str]:
         if r < rates[0]:
             text = _loop(rng, text, rng.choice(LOOP_TAILS))
         elif r < rates[0] + rates[1]:  # drifts to Chinese after an English opening
-            text = " ".join(text.split()[:rng.randint(0, 8)]) + " " + _prose(rng, ZH_SENTENCES, 20, 80, cjk=True)
+            text = " ".join(text.split()[:rng.randint(0, 8)]) + " " + _prose(rng, ZH_SENTENCES,
+                                                                               *(length or (20, 80)), cjk=True)
         elif r < sum(rates):
             text = rng.choice(REFUSALS)
         texts.append(text)
     return req, texts[0], texts[1]
 
 
-def window(pairs: int, seed: int = 0) -> ShadowEvidence:
+def window(pairs: int, seed: int = 0, words: tuple[int, int] | None = None) -> ShadowEvidence:
     rng = random.Random(seed)
     ev = ShadowEvidence("stable", "canary")
     for i in range(pairs):
         r = rng.random()
         kind = "json" if r < 1 / 3 else "zh" if r < 1 / 3 + 0.08 else "en"
-        req, stable, canary = _answers(rng, kind)
+        req, stable, canary = _answers(rng, kind, words)
         n_s, n_c = len(stable.split()), len(canary.split())
         ev.pairs.append(Pair(i, req,
                              Answer("stable", 200, True, 2.0, ttft_s=0.2, text=stable, finish_reason="stop",
@@ -168,12 +173,18 @@ def window(pairs: int, seed: int = 0) -> ShadowEvidence:
     return ev
 
 
+KEEP_WARM = {"_langid"}  # py3langid's model: loaded once a process (measured apart, in a fresh interpreter)
+
+
 def clear_caches() -> None:
-    """The quality caches a fresh window meets cold (py3langid's model stays loaded: it loads once)."""
-    registry._flags.cache_clear()
-    schema._validator.cache_clear()
-    refusal.patterns.cache_clear()
-    language._script.cache_clear()
+    """Every memo of qlift.quality and qlift.rollout a fresh window meets cold: the registry's flags, each text's
+    language profile, schema validators, refusal patterns, and whatever metrics are added later."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("qlift.quality", "qlift.rollout")):
+            continue
+        for attr, value in vars(module).items():
+            if attr not in KEEP_WARM and callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
 
 
 def _best(repeat: int, work: Callable[[], object], *, cold: bool = True) -> float:
@@ -196,6 +207,17 @@ def langid_import_s() -> dict[str, float]:
     return {"import_s": float(out[0]), "first_classify_s": float(out[1])}
 
 
+def _word_range(spec: str) -> tuple[int, int]:
+    lo, _, hi = spec.partition("-")
+    try:
+        low, high = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI words, e.g. 600-900, not {spec!r}") from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, not {spec!r}")
+    return low, high
+
+
 def cpu_label() -> str:
     cpu = detect_cpu()
     return f"{cpu.model} ({cpu.vector_isa}), {cpu.cores} cores"
@@ -205,14 +227,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2000, help="pairs in the window")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--words", type=_word_range, default=None, metavar="LO-HI",
+                        help="prose answers of LO-HI words (Chinese: 3 characters a word), e.g. 600-900; "
+                             "default 20-200 (JSON answers stay tickets)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each timing; the fastest is reported")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    res: dict[str, Any] = {"cpu": cpu_label(), "pairs": args.pairs, "seed": args.seed}
+    res: dict[str, Any] = {"cpu": cpu_label(), "pairs": args.pairs, "seed": args.seed,
+                           "words": None if args.words is None else "-".join(map(str, args.words))}
     res["py3langid"] = langid_import_s()
     language._langid().classify("warm the model up before timing")  # paid once: measured above
 
-    ev = window(args.pairs, args.seed)
+    ev = window(args.pairs, args.seed, args.words)
     answers = [a for which in ("primary", "shadow") for a in (ev.side(which).answers or [])]
     res["answer_flags_s"] = _best(args.repeat, lambda: [answer_flags(a) for a in answers])
     flags = [answer_flags(a) for a in answers]
@@ -221,6 +247,10 @@ def main() -> None:
                        for m in registry.ANSWER_METRICS}
 
     spec = ShadowSpec(min_pairs=10)
+    alpha = check_alpha(AnalysisSpec())
+    res["pair_check_s"] = {
+        "json_valid": _best(args.repeat, lambda: check_json_valid(ev, spec, AnalysisSpec(), alpha)),
+        "agreement": _best(args.repeat, lambda: check_agreement(ev, spec, AnalysisSpec(), alpha))}
     res["judge_cold_s"] = _best(args.repeat, lambda: judge(ev, AnalysisSpec(), spec))
     d = judge(ev, AnalysisSpec(), spec)
     res["judge_warm_s"] = _best(args.repeat, lambda: judge(ev, AnalysisSpec(), spec), cold=False)
@@ -235,12 +265,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=1))
         return
-    print(f"CPU: {res['cpu']}; {args.pairs} pairs (seed {args.seed}), {len(answers)} answers")
+    words = sum(len(a.text.split()) for a in answers) / len(answers)
+    print(f"CPU: {res['cpu']}; {args.pairs} pairs (seed {args.seed}), {len(answers)} answers "
+          f"(prose {res['words'] or '20-200'} words; {words:.0f} space-separated words an answer on average)")
     print("flagged / judged (stable, canary): " + ", ".join(
         f"{k} {v['stable'][0]}/{v['stable'][1]}, {v['canary'][0]}/{v['canary'][1]}" for k, v in res["flagged"].items()))
     print(f"(a) answer_flags over {len(answers)} answers, cold: {res['answer_flags_s']:.2f} s "
           f"({1e6 * res['answer_flags_s'] / len(answers):.0f} us an answer); each metric alone: "
           + ", ".join(f"{k} {v:.2f} s" for k, v in res["metric_s"].items()))
+    print("    pair checks alone, cold: " + ", ".join(f"{k} {v:.2f} s" for k, v in res["pair_check_s"].items()))
     print(f"(b) the shadow judge on {args.pairs} pairs: cold {res['judge_cold_s']:.2f} s, flags memoised "
           f"{res['judge_warm_s']:.2f} s; answer metrics {res['answer_metric_share']:.0%} of the cold judge "
           f"({d.action}: " + ", ".join(f"{k} {v}" for k, v in res["checks"].items() if v != "pass") + ")")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from qlift.quality.registry import ANSWER_METRICS, Answer
 from qlift.quality.registry import BY_NAME as QUALITY
 from qlift.quality.repetition import repeated_share
 from qlift.quality.schema import matches_schema, parse_json_output  # noqa: F401  (parse_json_output: re-exported)
+from qlift.quality.text import rouge_l
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,10 @@ _ANSWER_METRICS = tuple(Metric(m.name, False, "all", f"Share of {m.what}: {m.doc
                         if m.offline)
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ppl", False, "reference", "Perplexity of the reference given the prompt (token-level)."),
-    Metric("exact_match", True, "reference", "Output equals the reference (surrounding whitespace ignored)."),
-    Metric("rougeL", True, "reference", "ROUGE-L F1 against the reference (rouge-score), 0-1."),
+    Metric("exact_match", True, "reference", "Output equals the reference (surrounding whitespace ignored, "
+           "Unicode NFC)."),
+    Metric("rougeL", True, "reference", "ROUGE-L F1 against the reference, 0-1, over words and CJK characters "
+           "(rouge-score's figures on ASCII text; see docs/eval.md)."),
     Metric("chrF", True, "reference", "chrF against the reference (sacrebleu), 0-100."),
     Metric("json_valid", True, "json", "Output parses as JSON (a ```json fence is allowed), 0-1."),
     Metric("schema_pass", True, "schema", "Output validates against the example's json_schema, 0-1."),
@@ -79,13 +82,6 @@ def applies(metric: str, ex: Example) -> bool:
     return not checks.is_empty()
 
 
-@lru_cache(maxsize=1)
-def _rouge() -> Any:
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
-
-
 def _schema_ok(schema: dict[str, Any], text: str) -> bool:
     return matches_schema(schema, text)
 
@@ -101,9 +97,15 @@ def _checks_ok(ex: Example, text: str) -> bool:
         return False
     if c.contains is not None:
         needles = [c.contains] if isinstance(c.contains, str) else c.contains
-        if not all(n in text for n in needles):
+        if not all(_nfc(n) in _nfc(text) for n in needles):
             return False
     return not (c.max_chars is not None and len(text) > c.max_chars)
+
+
+def _nfc(text: str) -> str:
+    """One spelling of each character: an accented letter typed as letter + combining accent (NFD, as
+    macOS file names and some tokenizers produce) equals its precomposed form."""
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
 @dataclass
@@ -128,9 +130,9 @@ def score(metric: str, ex: Example, gen: Generation, *, refusal_patterns: Path |
         return Score(math.exp(nll / gen.ref_tokens), nll, float(gen.ref_tokens))
     v: float
     if metric == "exact_match":
-        v = float(text.strip() == ref.strip())
+        v = float(_nfc(text).strip() == _nfc(ref).strip())
     elif metric == "rougeL":
-        v = float(_rouge().score(ref, text)["rougeL"].fmeasure)
+        v = rouge_l(ref, text)
     elif metric == "chrF":
         import sacrebleu
 
@@ -152,7 +154,8 @@ def score(metric: str, ex: Example, gen: Generation, *, refusal_patterns: Path |
             return None
         v = share
     elif metric in QUALITY:
-        flag = QUALITY[metric].flag(Answer(ex.prompt_key(), text, refusal_patterns=refusal_patterns))
+        flag = QUALITY[metric].flag(Answer(ex.prompt_key(), text, refusal_patterns=refusal_patterns,
+                                           finish_reason=gen.finish_reason))
         if flag is None:
             return None
         v = float(flag)

@@ -5,13 +5,22 @@ counted in units (a CJK character or a word of any other script, so "iPhone" in 
 is one unit, not six letters); then, within one script, py3langid (its model ships inside its
 wheel: nothing is downloaded) on texts long enough for it. Code blocks, inline code, URLs and
 JSON structure are not language: a JSON answer is judged on its string values.
+
+A share catches an answer that drifted; a code switch is one clause of another language inside an
+answer in the right one ("Your refund is processed, 请耐心等待三到五个工作日, and ..."), under any
+share. It is a run of SWITCH_UNITS+ consecutive units of another script that reads as language,
+not as a name: a Han run holds a function character (的, 了, 请 ...; a city, an address or a brand
+has none), a Latin run holds English function words ("iPhone 15 Pro Max" has none). A quoted run
+("the phrase “一路顺风” means ...") is a quotation, not a switch.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any
 
 from qlift.quality.repetition import CJK
@@ -21,10 +30,13 @@ MIN_LANGID_LETTERS = 40  # py3langid within one script only above about this man
 LANGID_CHARS = 600  # the opening py3langid reads: enough to tell, and its cost grows with the text
 FOREIGN_SHARE = 0.3  # an answer with this share of its units in another script drifted ...
 MIN_FOREIGN_UNITS = 6  # ... if there are at least this many of them
+SWITCH_UNITS = 6  # a run of this many units of another script, read as language: a code switch
 
 _CODE = re.compile(r"```.*?(```|$)|`[^`\n]*`", re.DOTALL)
 _URL = re.compile(r"\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.-]+")
 _UNITS = re.compile(rf"[{CJK}]|[^\W\d_{CJK}]+")  # a CJK character, or a run of other letters
+_ASCII_LETTERS = str.maketrans({chr(c): chr(c) if chr(c).isalpha() else " " for c in range(128)})  # _UNITS on ASCII
+_ENGLISH_WORD = re.compile(r"[A-Za-z']+")
 _SCRIPT_OF_NAME = {"CJK": "han", "HIRAGANA": "kana", "KATAKANA": "kana", "HANGUL": "hangul", "LATIN": "latin",
                    "CYRILLIC": "cyrillic", "GREEK": "greek", "ARABIC": "arabic", "HEBREW": "hebrew",
                    "DEVANAGARI": "devanagari", "THAI": "thai"}
@@ -48,7 +60,9 @@ def prose(text: str) -> str:
     ok, value = parse_json_output(text)
     if ok and isinstance(value, dict | list):
         text = "\n".join(_strings(value))
-    return _URL.sub(" ", _CODE.sub(" ", text))
+    if "`" in text:  # the substitutions cost a scan each, so only texts that can match pay for one
+        text = _CODE.sub(" ", text)
+    return _URL.sub(" ", text) if "://" in text or "@" in text else text
 
 
 @lru_cache(maxsize=4096)
@@ -58,11 +72,15 @@ def _script(ch: str) -> str:
 
 
 def script_units(text: str) -> dict[str, int]:
-    """Units of text per script."""
+    """Units of text per script, in the order each script first appears (``max`` breaks ties by it). Counted
+    per distinct first character, not per unit: a long answer has thousands of units and a few hundred."""
+    if text.isascii():  # every unit is a run of Latin letters
+        n = len(text.translate(_ASCII_LETTERS).split())
+        return {"latin": n} if n else {}
     counts: dict[str, int] = {}
-    for unit in _UNITS.findall(text):
-        s = _script(unit[0])
-        counts[s] = counts.get(s, 0) + 1
+    for ch, n in Counter(map(itemgetter(0), _UNITS.findall(text))).items():
+        s = _script(ch)
+        counts[s] = counts.get(s, 0) + n
     return counts
 
 
@@ -105,8 +123,42 @@ _ENGLISH = frozenset({"the", "a", "an", "is", "are", "was", "be", "to", "of", "a
 
 
 def _looks_english(text: str) -> bool:
-    words = [w.lower() for w in re.findall(r"[A-Za-z']+", text)]
-    return bool(words) and sum(w in _ENGLISH for w in words) / len(words) >= 0.2
+    words = _ENGLISH_WORD.findall(text)
+    return bool(words) and sum(map(_ENGLISH.__contains__, map(str.lower, words))) / len(words) >= 0.2
+
+
+_HAN_FUNCTION = frozenset("的了是我您你请們们吗呢这這那会會将將已把被在")
+_QUOTES_OPEN = "\"'“‘「『《(（"
+_QUOTES_CLOSE = "\"'”’」』》)）"
+
+
+def _reads_as_language(script: str, units: list[str]) -> bool:
+    if script == "han":
+        return sum(u in _HAN_FUNCTION for u in units) >= 1
+    if script == "latin":
+        return sum(u.lower() in _ENGLISH for u in units) >= 2
+    return True
+
+
+def switches(allowed: frozenset[str], body: str) -> bool:
+    """The answer's prose ``body`` holds a run of SWITCH_UNITS+ units of a script outside ``allowed`` that
+    reads as language and is not quoted (see the module)."""
+    runs: list[tuple[str, list[re.Match[str]]]] = []
+    for m in _UNITS.finditer(body):
+        s = _script(m.group()[0])
+        if s in allowed:
+            runs.append(("", []))
+        elif runs and runs[-1][0] == s:
+            runs[-1][1].append(m)
+        else:
+            runs.append((s, [m]))
+    for script, run in runs:
+        if len(run) < SWITCH_UNITS or not _reads_as_language(script, [r.group() for r in run]):
+            continue
+        before, after = body[:run[0].start()].rstrip()[-1:], body[run[-1].end():].lstrip()[:1]
+        if not (before and before in _QUOTES_OPEN and after and after in _QUOTES_CLOSE):
+            return True
+    return False
 
 
 def off_language(prompt: str, answer: str) -> bool | None:
@@ -116,12 +168,28 @@ def off_language(prompt: str, answer: str) -> bool | None:
     if sum(p_units.values()) < MIN_UNITS or sum(a_units.values()) < MIN_UNITS:
         return None
     p_script = max(p_units, key=lambda s: p_units[s])
-    foreign = sum(n for s, n in a_units.items() if s != p_script and s != "other")
+    # the scripts of the prompt's language: Japanese writes Han and kana, so a kana prompt allows both
+    allowed = frozenset({p_script, "other"} | ({"han", "kana"} if p_units.get("kana") else set()))
+    foreign = sum(n for s, n in a_units.items() if s not in allowed)
     if foreign >= MIN_FOREIGN_UNITS and foreign / sum(a_units.values()) >= FOREIGN_SHARE:
         return True
+    if foreign >= SWITCH_UNITS and switches(allowed, _profile(answer)[0]):
+        return True
+    if p_script == "kana" and not a_units.get("kana") and a_units.get("han", 0) >= MIN_FOREIGN_UNITS:
+        return True  # Japanese writes kana between its Han words: all Han and no kana is Chinese
     if p_script in _LANG_OF_SCRIPT:
         return False
     p_lang, a_lang = detect(prompt), detect(answer)
     if p_lang is None or a_lang is None:
         return None
     return p_lang != a_lang
+
+
+def prompt_script(prompt: str) -> str | None:
+    """The writing system most of a prompt is in ("han", "latin", "cyrillic", ...), or None under MIN_UNITS:
+    what the rollout's answer checks group prompts by, so a canary worse on one language's prompts is seen
+    even where it is better on another's."""
+    units = dict(_profile(prompt)[1])
+    if sum(units.values()) < MIN_UNITS:
+        return None
+    return max(units, key=lambda s: units[s])

@@ -54,3 +54,30 @@ def request_schema(request: dict[str, Any]) -> dict[str, Any] | None:
     except Exception:  # jsonschema's SchemaError, or a schema it cannot resolve
         return None
     return schema
+
+
+# Asking for JSON output, not talking about JSON ("How do I parse JSON in Python?" asks for prose and code).
+_ASKS_JSON = re.compile(
+    r"\b(respond|reply|answer|return|output|format|formatted|only|valid)\b[^.?!\n]{0,30}\bjson\b"
+    r"|\b(in|as|as an?)\s+json\b"
+    r"|\bjson\b\s*(only|format|output|response|reply|answer)\b"
+    r"|(以|用|返回|输出|回复|格式为|輸出|回覆)\s*json|json\s*(格式|对象|對象)", re.IGNORECASE)
+_JSON_WORD = re.compile(r"\bjson\b", re.IGNORECASE)
+
+
+def asks_json(request: dict[str, Any], system: str = "", user: str = "") -> bool:
+    """The request asks for a JSON answer: response_format json_object or json_schema, the word JSON in
+    its system prompt (a system prompt that names JSON sets the output format), or a user message that
+    asks for JSON output ("answer in JSON", "return only JSON", "以JSON格式")."""
+    fmt = request.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        return True
+    return bool(_JSON_WORD.search(system) or _ASKS_JSON.search(user))
+
+
+def json_invalid(asked: bool, text: str) -> bool | None:
+    """True when JSON was asked and the answer does not parse (one markdown fence tolerated); None when
+    JSON was not asked or the answer is empty (the empty-answer check counts those)."""
+    if not asked or not text.strip():
+        return None
+    return not parse_json_output(text.strip())[0]

@@ -94,6 +94,21 @@ class AnalysisSpec(_Strict):
     max_refusal_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of refusals.")
     max_schema_broken_share_ratio: float = Field(
         2.0, gt=0, description="Highest canary/stable share of answers that break their request's json_schema.")
+    max_json_invalid_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that are no JSON where the request asked "
+        "for JSON (response_format, the system prompt or the user message).")
+    max_unfinished_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that end mid-sentence although the server "
+        "finished them (finish_reason stop).")
+    max_near_repetition_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that restate one claim several ways "
+        "(qlift.quality).")
+    max_leak_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that repeat a verbatim run of their "
+        "system prompt.")
+    max_content_filtered_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers cut by the router's content filter "
+        "(finish_reason content_filter).")
     refusal_patterns: Path | None = Field(
         None, description="A file of more refusal patterns (one regular expression a line) beside the shipped "
         "English and Chinese ones.")

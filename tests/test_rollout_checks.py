@@ -56,8 +56,8 @@ def test_every_check_is_one_entry_the_judge_argo_and_status_read() -> None:
         assert all(f in AnalysisSpec.model_fields for f in c.limits), c.name
     # a split window runs every check that applies to split windows, but the judge model's (it has no verdicts)
     split = [c.name for c in CHECKS if WindowKind.SPLIT in c.applies and c.name not in ("tpot", "judge")]
-    assert TESTED_CHECKS == sum(BY_NAME[n].tested for n in split) == 10  # 4 of them read answers (qlift.quality)
-    assert check_alpha(a) == pytest.approx(a.alpha / 10)
+    assert TESTED_CHECKS == sum(BY_NAME[n].tested for n in split) == 15  # 9 of them read answers (qlift.quality)
+    assert check_alpha(a) == pytest.approx(a.alpha / 15)
     rng = random.Random(0)
     ev = evidence([record("stable", i, latency=rng.uniform(1, 2)) for i in range(60)],
                   [record("canary", i, latency=rng.uniform(1, 2)) for i in range(30)])

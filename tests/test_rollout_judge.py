@@ -77,7 +77,9 @@ def test_healthy_canary_advances_with_p_values_only_where_tested() -> None:
     assert {c.name: c.status for c in d.checks} == {
         "canary_requests": "pass", "error_rate": "pass", "latency": "pass", "ttft": "pass", "finish_length": "pass",
         "completion_tokens": "pass", "empty_completions": "pass",  # this source sees no answers:
-        "loops": "skipped", "off_language": "skipped", "refusal": "skipped", "schema_broken": "skipped"}
+        "loops": "skipped", "off_language": "skipped", "refusal": "skipped", "schema_broken": "skipped",
+        "unfinished": "skipped", "near_repetition": "skipped", "json_invalid": "skipped", "leak": "skipped",
+        "content_filtered": "skipped"}
 
 
 def test_no_data_never_passes() -> None:

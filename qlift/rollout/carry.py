@@ -39,7 +39,8 @@ def _version(d: dict[str, Any]) -> VersionEvidence:
     ev = VersionEvidence(**d)
     if answers is not None:
         ev.answers = [QualityAnswer(a["request"], a["text"], a.get("other"),
-                                    Path(a["refusal_patterns"]) if a.get("refusal_patterns") else None)
+                                    Path(a["refusal_patterns"]) if a.get("refusal_patterns") else None,
+                                    a.get("finish_reason"))
                       for a in answers]
     return ev
 

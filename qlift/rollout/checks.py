@@ -13,7 +13,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qlift.quality.registry import ANSWER_METRICS, AnswerMetric, count, examples
+from qlift.quality.registry import ANSWER_METRICS
+from qlift.rollout.answer_checks import answer_check
 from qlift.rollout.check_types import BOTH, CheckResult, CheckStatus, Window, WindowKind
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.pair_checks import check_agreement, check_json_valid, check_judge_model
@@ -114,10 +115,12 @@ MIN_REST_SHARE = 0.2
 
 
 def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: int | None,
-                 limit: float, a: AnalysisSpec, what: str, rest: str = "") -> CheckResult:
+                 limit: float, a: AnalysisSpec, what: str, rest: str = "", alpha: float | None = None
+                 ) -> CheckResult:
     """The canary's share of ``what`` against the stable's: worse when the ratio is over ``limit`` (or, with
     ``rest`` named, when the complementary shares are under 1/``limit`` of each other) and the share is also
-    ``min_share_increase`` higher; then worse only if a one-sided proportion test says so."""
+    ``min_share_increase`` higher; then worse only if a one-sided proportion test says so (at ``alpha``,
+    default the check's level)."""
     cshare = cx / cn if cx is not None and cn else None
     sshare = sx / sn if sx is not None and sn else None
     r = CheckResult(name, CheckStatus.INCONCLUSIVE, cshare, sshare, _ratio(cshare, sshare), limit)
@@ -138,7 +141,8 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
         return r
     t = proportion_greater(cx, cn, sx, sn)
     r.test, r.p_value = t.test, t.p_value
-    r.status = CheckStatus.FAIL if t.p_value < check_alpha(a) else CheckStatus.INCONCLUSIVE
+    r.status = CheckStatus.FAIL if t.p_value < (check_alpha(a) if alpha is None else alpha) \
+        else CheckStatus.INCONCLUSIVE
     how = (f"ratio {r.ratio:.3g} > {limit}" if r.ratio > limit else
            f"{rest} {1 - cshare:.3g} vs {1 - sshare:.3g}, under 1/{limit} of the stable's")
     r.detail = (f"{what}: canary {cshare:.3g} ({cx}/{cn}) vs stable {sshare:.3g} ({sx}/{sn}), {how}; "
@@ -263,7 +267,23 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
     r.limit = a.max_tokens_ratio if longer else lo
     what = "verbose" if longer else "goes quiet"
     detail = f"canary {what}: mean completion tokens {cv:.3g} vs {sv:.3g} (ratio {r.ratio:.3g})" + cut
+    if not longer:
+        detail += completeness(c)
     return _rank_verdict(r, detail, c.completion_tokens, s.completion_tokens, c, a, larger=longer)
+
+
+def completeness(c: VersionEvidence) -> str:
+    """Whether a quiet canary's short answers were complete or cut off (the ``unfinished`` answer flag): a
+    complete, correct short answer is a style a person may accept; a cut-off one is not."""
+    from qlift.quality.registry import answer_flags
+
+    flags = [f for x in c.answers or [] if (f := answer_flags(x).get("unfinished")) is not None]
+    if not flags:
+        return ""
+    cut_off = sum(flags)
+    return (f"; {len(flags) - cut_off} of its {len(flags)} answers end complete, {cut_off} cut off mid-sentence"
+            + (" (short but complete: a style? --min-tokens-ratio lowers the limit)" if cut_off * 10 < len(flags)
+               else ""))
 
 
 def check_empty_completions(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
@@ -285,30 +305,10 @@ def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
     return r
 
 
-def _answer_check(m: AnswerMetric) -> Runner:
-    """The canary's share of ``m``'s bad answers against the stable's (on the same prompts in the shadow phase)."""
-    def run(w: Window, a: AnalysisSpec) -> CheckResult:
-        c, s = w.canary, w.stable
-        if c.answers is None or s.answers is None:
-            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
-            r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
-            return r
-        cx, cn = count(c.answers, m.name, a.refusal_patterns)
-        sx, sn = count(s.answers, m.name, a.refusal_patterns)
-        if not cn or not sn:
-            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
-            r.detail = f"applies to no answer of the {'canary' if not cn else 'stable'} in this window ({m.applies})"
-            return r
-        r = _share_check(m.name, cx, cn, sx, sn, getattr(a, m.limit), a, f"share of {m.what}")
-        if r.status != CheckStatus.PASS or cx:
-            r.examples = examples(c.answers, m.name, a.refusal_patterns)
-        return r
-    return run
-
-
 def answer_checks() -> tuple[Check, ...]:
-    return tuple(Check(m.name, ("answers",), "share ratio, then one-sided proportion test",
-                       (m.limit, "min_share_increase"), tested=True, early=False, run=_answer_check(m), argo=None,
+    return tuple(Check(m.name, ("answers",), "split: share ratio, then one-sided proportion test; shadow: paired "
+                       "McNemar; each over the window and per prompt script",
+                       (m.limit, "min_share_increase"), tested=True, early=False, run=answer_check(m), argo=None,
                        doc=m.doc) for m in ANSWER_METRICS)
 
 

@@ -168,7 +168,7 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
             continue
         sample = getattr(r, "answer", None)
         if sample is not None and r.ok:
-            answers.append(Answer(sample.request(), sample.text))
+            answers.append(Answer(sample.request(), sample.text, finish_reason=r.finish_reason))
         ev.requests += 1
         if not r.ok:
             ev.errors = (ev.errors or 0) + 1

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from qlift.quality.judge import sample
 from qlift.rollout.check_types import CheckResult, CheckStatus
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
-from qlift.rollout.stats import binomial_greater, mann_whitney_greater, mean, proportion_greater
+from qlift.rollout.stats import binomial_greater, mann_whitney_greater, mcnemar_greater, mean
 
 if TYPE_CHECKING:
     from qlift.quality.judge import JudgeResult
@@ -43,12 +43,11 @@ def is_json(text: str | None) -> bool:
 
 
 def rouge_l(a: str, b: str) -> float:
-    from qlift.eval.metrics import _rouge
+    """ROUGE-L F1 over each answer's first AGREEMENT_WORDS tokens (qlift.quality.text: words, and CJK
+    characters, so a Chinese answer's head is its first characters, not one space-less "word")."""
+    from qlift.quality.text import rouge_l as rouge_l_text
 
-    def head(text: str) -> str:
-        return " ".join(text.split()[:AGREEMENT_WORDS])
-
-    return float(_rouge().score(head(a), head(b))["rougeL"].fmeasure)
+    return rouge_l_text(a, b, max_tokens=AGREEMENT_WORDS)
 
 
 def _prompt_key(request: dict[str, Any]) -> str:
@@ -70,11 +69,13 @@ def check_json_valid(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, alph
         r.status = CheckStatus.PASS
         r.detail = f"not JSON where JSON was asked: canary {cbad}/{n}, stable {sbad}/{n}"
         return r
-    t = proportion_greater(cbad, n, sbad, n)
+    # paired: the prompts where only the canary's answer is not JSON against those where only the stable's is
+    worse = sum(1 for p in asked if not is_json(p.shadow.text) and is_json(p.primary.text))
+    t = mcnemar_greater(worse, worse - (cbad - sbad))
     r.test, r.p_value = t.test, t.p_value
     r.status = CheckStatus.FAIL if t.p_value < alpha else CheckStatus.INCONCLUSIVE
     r.detail = (f"not JSON where JSON was asked: canary {cbad}/{n} vs stable {sbad}/{n} > "
-                f"{spec.max_json_invalid_share}; {t.test} p={t.p_value:.3g}"
+                f"{spec.max_json_invalid_share}, only the canary's on {worse} prompts; {t.test} p={t.p_value:.3g}"
                 + ("" if r.status == CheckStatus.FAIL else " (not significant)"))
     return r
 
@@ -139,17 +140,22 @@ def check_agreement(ev: ShadowEvidence, spec: ShadowSpec, a: AnalysisSpec, alpha
 
 def check_judge_model(j: JudgeResult | None, margin: float, alpha: float) -> CheckResult:
     """The judge model prefers the stable's answer by more than ``margin`` of the judged pairs, and a one-sided
-    sign test over the pairs it did not call a tie agrees. No verdicts: inconclusive, never a failure."""
+    sign test over the pairs it did not call a tie agrees. No verdicts: inconclusive, never a failure.
+
+    The decided quantity is ``loss - win`` (the stable's share of the judged pairs less the canary's), so that is
+    the check's ``canary`` number against its ``limit`` (the margin), as the status line shows a check's number:
+    not the canary's win share, which says nothing against a loss margin."""
     r = CheckResult("judge", CheckStatus.INCONCLUSIVE, limit=margin)
     if j is None or not j.judged:
         note = "; ".join(j.notes) if j is not None and j.notes else "no verdicts"
         r.detail = f"the judge gave no verdicts ({note}): inconclusive, never a failure"
         return r
     win, loss = j.share("wins") or 0.0, j.share("losses") or 0.0
-    r.canary, r.stable = win, loss
+    r.canary = loss - win
     ci = j.interval("losses")
+    injected = f", {j.injections} decided on an answer addressing the evaluator" if j.injections else ""
     described = (f"judge {j.model}: canary better in {j.wins}, tie {j.ties} ({j.swapped_disagreed} by swapped order), "
-                 f"stable better in {j.losses} of {j.judged} pairs (loss share {loss:.2f}, 95% CI "
+                 f"stable better in {j.losses} of {j.judged} pairs{injected} (loss share {loss:.2f}, 95% CI "
                  f"{ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
     if loss - win <= margin:
         r.status, r.detail = CheckStatus.PASS, described + f"; loss - win {loss - win:.2f} <= {margin}"

@@ -19,7 +19,7 @@ from typing import Any
 
 from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric
 from qlift.quality.registry import Answer as QualityAnswer
-from qlift.quality.registry import message_text, user_text
+from qlift.quality.registry import user_text
 from qlift.rollout.evidence import VersionEvidence, unique
 from qlift.rollout.spec import ShadowSpec
 from qlift.router.metrics import token_latency
@@ -97,7 +97,8 @@ class ShadowEvidence:
         for p in self.pairs:
             a, other = (p.primary, p.shadow) if which == "primary" else (p.shadow, p.primary)
             if a.ok and a.text is not None:
-                answers.append(QualityAnswer(p.request, a.text, other.text if other.ok else None))
+                answers.append(QualityAnswer(p.request, a.text, other.text if other.ok else None,
+                                             finish_reason=a.finish_reason))
             ev.requests += 1
             if not a.ok:
                 ev.errors = (ev.errors or 0) + 1
@@ -135,15 +136,12 @@ class ShadowEvidence:
 
 
 def wants_json(request: dict[str, Any]) -> bool:
-    """The prompt asked for JSON: response_format json_object / json_schema, or it says JSON."""
-    fmt = request.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        return True
-    texts: list[str] = []
-    if isinstance(request.get("prompt"), str):
-        texts.append(request["prompt"])
-    texts += [message_text(m.get("content")) for m in request.get("messages") or [] if isinstance(m, dict)]
-    return any(_JSON_WORD.search(t) for t in texts)
+    """The request asked for JSON, as the ``json_invalid`` answer check reads it (``qlift.quality.schema``):
+    response_format json_object / json_schema, JSON named in the system prompt, or asked for by the user."""
+    from qlift.quality.registry import system_text, user_text
+    from qlift.quality.schema import asks_json
+
+    return asks_json(request, system_text(request), user_text(request))
 
 
 def judge_window(ev: ShadowEvidence, spec: ShadowSpec) -> JudgeResult | None:

@@ -116,3 +116,9 @@ def quantile(samples: Sequence[float], q: float) -> float | None:
 
 def mean(samples: Sequence[float]) -> float | None:
     return sum(samples) / len(samples) if samples else None
+
+
+def mcnemar_greater(worse: int, better: int) -> TestResult:
+    """Exact one-sided McNemar test on paired flags: of the pairs where the two versions differ, ``worse``
+    flag only the canary's answer and ``better`` only the stable's; H1: the canary's side is flagged more."""
+    return TestResult("mcnemar", binomial_greater(worse, worse + better, 0.5).p_value)

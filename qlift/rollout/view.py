@@ -12,6 +12,7 @@ import math
 import shutil
 from typing import TYPE_CHECKING, Any
 
+from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.checks import CheckStatus
 from qlift.rollout.states import Phase
 
@@ -33,6 +34,10 @@ def num(x: Any, spec: str = ".3g") -> str:
     return format(x, spec)
 
 
+# checks whose number is not the canary's own: what it is, shown before it
+MEASURE_LABELS = {"judge": "loss-win"}
+
+
 def measure(c: dict[str, Any]) -> str:
     """What a check compared against its limit: the canary/stable ratio (``1.20x/1.5``), else the canary's
     own number (requests, error rate, agreement) against the limit (``12/5``); '' when it has neither, or
@@ -45,7 +50,10 @@ def measure(c: dict[str, Any]) -> str:
         shown = "inf" if math.isinf(ratio) else f"{ratio:.2f}x"  # inf: the stable had none at all
         return shown + ("" if limit is None else f"/{num(limit, 'g')}")
     if c.get("canary") is not None and limit is not None:
-        return f"{num(c['canary'])}/{num(limit, 'g')}"
+        label = MEASURE_LABELS.get(c["name"])
+        return ("" if label is None else label + " ") + f"{num(c['canary'])}/{num(limit, 'g')}"
+    if c.get("canary") is not None and c.get("stable") is not None:  # paired shares: no ratio, no limit
+        return f"{num(c['canary'])} vs {num(c['stable'])}"
     return ""
 
 
@@ -145,7 +153,7 @@ def status_lines(st: RolloutStatus, cols: int | None = None) -> list[str]:
     cols = cols or width()
     out = head_lines(st) + compares_lines(st, cols)
     out += wrap_text(st.answer_checks["note"], indent="", cols=cols,
-                     first="answer checks (loops, off_language, refusal, schema_broken) run in: ")
+                     first=f"answer checks ({', '.join(m.name for m in ANSWER_METRICS)}) run in: ")
     if st.shadow:
         spec = st.shadow.spec
         out.append(f"shadow phase: {spec['percent']}% of requests mirrored to the canary, "

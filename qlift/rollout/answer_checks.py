@@ -35,7 +35,7 @@ ALL = "all prompts"
 
 @dataclass
 class PairedFlags:
-    """One prompt both versions answered: its script and each answer's flag (None: does not apply)."""
+    """One prompt both versions answered: its script and each answer's flag."""
 
     script: str | None
     canary: bool
@@ -63,8 +63,10 @@ def _paired(m: AnswerMetric, ev: ShadowEvidence, patterns: Path | None) -> tuple
     out = []
     for c, s in zip(canary, stable, strict=True):
         cf, sf = _flag(c, m.name, patterns), _flag(s, m.name, patterns)
-        if cf is not None and sf is not None:
-            out.append(PairedFlags(prompt_script(c.prompt), cf, sf))
+        # One side not judgeable (too short to loop or to restate, cut at max_tokens) is not flagged on that
+        # side: a short stable answer sets the standard a restating canary answer to the same prompt misses.
+        if cf is not None or sf is not None:
+            out.append(PairedFlags(prompt_script(c.prompt), bool(cf), bool(sf)))
     return out, canary
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from qlift.router.accesslog import AccessLog
-from qlift.router.answerfilter import AnswerFilter
+from qlift.router.answerfilter import AnswerFilter, cut_before_hit
 from qlift.router.answers import AnswerSamples
 from qlift.router.balancer import Backend
 from qlift.router.filters import ContentFilter, WordListFilter, prompt_text
@@ -253,6 +253,14 @@ class DataPath:
         assert att.response is not None  # attempt() answered the client
         return att.response
 
+    def _filter_copy(self, att: Attempt) -> None:
+        """A shadow copy's answer reaches no client, but is judged as one would be: cut where the client's
+        answer would have been, so the judge counts the canary's filtered answers before users see any."""
+        flt = self._answer_filter()
+        if flt is None or not att.ok or not att.text or flt.check(att.text) is None:
+            return
+        att.filter_cut(cut_before_hit(flt.check, att.text, final=True))
+
     def _answer_filter(self) -> AnswerFilter | None:
         """The content filter as answers are checked with it (its rules as they are now), when answers are filtered."""
         if self.content_filter is None or not self.config.filter_answers:
@@ -305,6 +313,7 @@ class DataPath:
             finally:
                 await shadow.release()
             self.metrics.shadow.labels(target.name, "ok" if att.ok else "failed").inc()
+            self._filter_copy(att)
             pair.shadow = answer_record(att)
             self.pair_ring.finish(pair)
 

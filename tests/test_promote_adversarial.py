@@ -149,7 +149,8 @@ def _broken_json(body: dict[str, Any]) -> tuple[str, str]:
 
 
 def _shorter(body: dict[str, Any], text: str) -> str:
-    return f"Your order {order_of(body)} has been fully refunded; expect the money within five business days."
+    return (f"I'm sorry about order {order_of(body)}. A full refund is on its way and reaches your original "
+            f"payment method within five business days.")
 
 
 def _bullets(body: dict[str, Any], text: str) -> str:
@@ -168,6 +169,20 @@ BAD: dict[str, tuple[Answerer, str]] = {
     "leaks_system_prompt": (_on_prose(_leak), "leak"),
     "blocked_word": (_on_prose(_blocked), "content_filtered"),
 }
+def stable_english_only(body: dict[str, Any]) -> tuple[str, str]:
+    """A stable with noise of its own: it answers its Chinese prompts in English."""
+    return stable({**body, "messages": [{"role": "user", "content": "Please refund order " + order_of(body)}]}) \
+        if kind_of(body) == "zh" else stable(body)
+
+
+def fixes_chinese_drifts_english(body: dict[str, Any]) -> tuple[str, str]:
+    """Better than that stable on the Chinese prompts, worse on 30% of the English ones: over all prompts its
+    off-language share is lower than the stable's."""
+    if kind_of(body) == "en" and int(order_of(body)[1:]) % 10 < 3:
+        return _drift_zh(body, ""), "stop"
+    return stable(body)
+
+
 HEALTHY: dict[str, Answerer] = {
     "shorter": _on_prose(_shorter),
     "reformatted": _on_prose(_bullets),
@@ -292,8 +307,8 @@ def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QLIFT_ROUTER_TOKEN", TOKEN)
 
 
-def promote(run_cli: Any, tmp_path: Path, canary: Answerer, *, shadow: bool, chinese_only: bool = False
-            ) -> tuple[Any, dict[str, Any], DeckLoad]:
+def promote(run_cli: Any, tmp_path: Path, canary: Answerer, *, shadow: bool, chinese_only: bool = False,
+            stable_answerer: Answerer = stable) -> tuple[Any, dict[str, Any], DeckLoad]:
     """``qlift promote start`` of ``canary`` behind a real router with a content filter, under the deck's
     traffic: (CLI result, its --json status, the load with what clients read)."""
     words = tmp_path / "blocked.txt"
@@ -301,7 +316,7 @@ def promote(run_cli: Any, tmp_path: Path, canary: Answerer, *, shadow: bool, chi
     cfg = tmp_path / "router.yaml"
     cfg.write_text(f"filter_file: {words}\n")
     extra = ["--shadow", "30%", "--shadow-min-pairs", "20", "--shadow-windows", "2"] if shadow else []
-    with ContentBackend("m-stable", stable) as s, ContentBackend("m-canary", canary) as c, \
+    with ContentBackend("m-stable", stable_answerer) as s, ContentBackend("m-canary", canary) as c, \
             RouterProcess("--backend", f"stable={s.url}@m-stable", "--backend", f"canary={c.url}@m-canary",
                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "pub",
                           "--config", cfg, log_path=tmp_path / "router.log", token=TOKEN) as router, \
@@ -337,6 +352,19 @@ def test_each_gaming_canary_is_rolled_back_by_the_check_meant_for_it(run_cli: An
         assert {tuple(sorted(w["weights"].items())) for w in st["weight_changes"]} == {
             (("canary", 0), ("stable", 100))}
     assert not any(BLOCKED in t for t in load.texts)  # a filtered word never reaches a client
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["split", "shadow"])
+def test_a_stables_own_noise_hides_no_canary_worse_on_one_languages_prompts(run_cli: Any, tmp_path: Path,
+                                                                            shadow: bool) -> None:
+    r, st, _ = promote(run_cli, tmp_path, fixes_chinese_drifts_english, shadow=shadow,
+                       stable_answerer=stable_english_only)
+    assert r.exit_code == 10 and "off_language" in failed_checks(st), (failed_checks(st), st["reason"])
+    off = [c for w in windows(st) if w["action"] == "rollback" for c in w["checks"] if c["name"] == "off_language"]
+    # a split window sees both languages' prompts and names the English ones; a shadow window's mirrored sample
+    # may hold English prompts alone, where the paired test needs no strata
+    assert not shadow or "only the canary's in" in off[-1]["detail"], off[-1]["detail"]
+    assert shadow or off[-1]["detail"].startswith("on latin prompts:"), off[-1]["detail"]
 
 
 @pytest.mark.parametrize("shadow", [False, True], ids=["split", "shadow"])

@@ -136,3 +136,23 @@ def test_a_paired_check_under_the_minimum_increase_passes_and_names_both_sides()
     d = judge(shadow_of(rows), AnalysisSpec(), ShadowSpec(min_pairs=20))
     check = {c.name: c for c in d.checks}["off_language"]
     assert check.status == "pass" and "only the canary's in 1, only the stable's in 0" in check.detail, check.detail
+
+
+def test_a_quiet_canary_is_told_apart_complete_or_cut_off() -> None:
+    """The default still rolls back a canary at 0.3x the stable's length; its reason says whether its short
+    answers were complete (a style a person may accept) or cut off mid-sentence."""
+    def ev(texts: list[str], tokens: float, name: str) -> VersionEvidence:
+        v = VersionEvidence(name, requests=len(texts), errors=0, bad_answers=0, finishes=len(texts),
+                            length_finishes=0, completions=len(texts), completion_tokens_sum=tokens * len(texts),
+                            empty=0)
+        v.latency_s, v.completion_tokens = [0.5] * len(texts), [tokens] * len(texts)
+        v.answers = [QualityAnswer(_request(en_prompt(i)), t, finish_reason="stop") for i, t in enumerate(texts)]
+        return v
+    stable = ev([en_answer(i) for i in range(40)], 60.0, "stable")
+    for texts, said in (([f"Order A{i:04d} is refunded." for i in range(40)], "40 of its 40 answers end complete"),
+                        ([f"Your order A{i:04d} will be refunded within five business days to the card you"
+                          for i in range(40)], "40 cut off")):
+        d = judge(Evidence(stable, ev(texts, 18.0, "canary"), 0.0, 30.0, "router", weight=50),
+                  AnalysisSpec(min_requests=10))
+        check = {c.name: c for c in d.checks}["completion_tokens"]
+        assert check.status == "fail" and "goes quiet" in check.detail and said in check.detail, check.detail

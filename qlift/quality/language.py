@@ -20,6 +20,7 @@ import re
 import unicodedata
 from collections import Counter
 from functools import lru_cache
+from itertools import islice
 from operator import itemgetter
 from typing import Any
 
@@ -27,6 +28,7 @@ from qlift.quality.repetition import CJK
 
 MIN_UNITS = 4  # fewer units of text: no language to tell
 MIN_LANGID_LETTERS = 40  # py3langid within one script only above about this many letters
+ENGLISH_TEST_CHARS = 3000  # the opening the stopword test reads: a long answer's language is settled by then
 LANGID_CHARS = 600  # the opening py3langid reads: enough to tell, and its cost grows with the text
 FOREIGN_SHARE = 0.3  # an answer with this share of its units in another script drifted ...
 MIN_FOREIGN_UNITS = 6  # ... if there are at least this many of them
@@ -109,7 +111,7 @@ def detect(text: str) -> str | None:
         return "ja"
     if script in _LANG_OF_SCRIPT:
         return _LANG_OF_SCRIPT[script]
-    if script == "latin" and _looks_english(body):
+    if script == "latin" and _looks_english(body[:ENGLISH_TEST_CHARS]):
         return "en"  # the stopword test settles most English at a fraction of py3langid's cost
     if script == "latin" and units[script] * 5 < MIN_LANGID_LETTERS:
         return None
@@ -140,22 +142,29 @@ def _reads_as_language(script: str, units: list[str]) -> bool:
     return True
 
 
+_SCRIPT_CODE = {s: chr(ord("A") + i) for i, s in enumerate(sorted({*_SCRIPT_OF_NAME.values(), "other"}))}
+_RUN = re.compile(rf"([^.])\1{{{SWITCH_UNITS - 1},}}")  # SWITCH_UNITS+ units of one script outside ``allowed``
+
+
+def _unit_span(body: str, first: int, last: int) -> tuple[int, int]:
+    """Where units ``first`` to ``last`` - 1 (indices in ``_UNITS.findall(body)``) start and end in ``body``."""
+    spans = [m.span() for m in islice(_UNITS.finditer(body), first, last)]
+    return spans[0][0], spans[-1][1]
+
+
 def switches(allowed: frozenset[str], body: str) -> bool:
     """The answer's prose ``body`` holds a run of SWITCH_UNITS+ units of a script outside ``allowed`` that
-    reads as language and is not quoted (see the module)."""
-    runs: list[tuple[str, list[re.Match[str]]]] = []
-    for m in _UNITS.finditer(body):
-        s = _script(m.group()[0])
-        if s in allowed:
-            runs.append(("", []))
-        elif runs and runs[-1][0] == s:
-            runs[-1][1].append(m)
-        else:
-            runs.append((s, [m]))
-    for script, run in runs:
-        if len(run) < SWITCH_UNITS or not _reads_as_language(script, [r.group() for r in run]):
+    reads as language and is not quoted (see the module). The units are written as one letter each, their
+    script's ("." where allowed), and one regex finds the runs in that string: no Python step per unit."""
+    units = _UNITS.findall(body)
+    firsts = list(map(itemgetter(0), units))
+    code = {ch: "." if (s := _script(ch)) in allowed else _SCRIPT_CODE[s] for ch in set(firsts)}
+    for run in _RUN.finditer("".join(map(code.__getitem__, firsts))):
+        first, last = run.span()
+        if not _reads_as_language(_script(firsts[first]), units[first:last]):
             continue
-        before, after = body[:run[0].start()].rstrip()[-1:], body[run[-1].end():].lstrip()[:1]
+        start, end = _unit_span(body, first, last)
+        before, after = body[:start].rstrip()[-1:], body[end:].lstrip()[:1]
         if not (before and before in _QUOTES_OPEN and after and after in _QUOTES_CLOSE):
             return True
     return False

@@ -135,7 +135,7 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
                  "a list item, table row, heading, code block, JSON, URL, emoji or sign-off line is an ending. "
                  "A one-line answer under 8 words is terse, not cut. Not applicable without a finish reason."),
     AnswerMetric("near_repetition", "answers that restate themselves", lambda a: near_repetition(a.text),
-                 "max_near_repetition_share_ratio", True, "answers of 4+ sentences with 3+ content words",
+                 "max_near_repetition_share_ratio", True, "answers with a sentence of 3+ content words",
                  "3+ sentences, a quarter or more of those judged, restate the 4 before them: half or more of "
                  "their content words (CJK: character pairs) are in those sentences, without any exact repeat. "
                  "Code, tables and URLs are not judged."),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
 
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # scripts written without spaces
 
@@ -35,7 +36,6 @@ def _mark_ranges(stop: int = 0x20000) -> str:
 
 
 _MARKS = _mark_ranges()
-_MARK = re.compile(f"[{_MARKS}]")
 # The same tokens on ASCII text, lowercased and split in one pass (1.6x a findall over ``[a-z0-9]+``).
 _ASCII_WORDS = str.maketrans({chr(c): chr(c).lower() if chr(c).isalnum() else " " for c in range(128)})
 _TOKEN = re.compile(rf"[{CJK}]|[^\W_{CJK}]+")
@@ -47,7 +47,18 @@ def tokens(text: str) -> list[str]:
     if text.isascii():
         return text.translate(_ASCII_WORDS).split()
     text = unicodedata.normalize("NFC", text).lower()
-    return (_MARKED_TOKEN if _MARK.search(text) else _TOKEN).findall(text)
+    return (_MARKED_TOKEN if _has_mark(text) else _TOKEN).findall(text)
+
+
+@lru_cache(maxsize=65536)
+def _is_mark(ch: str) -> bool:
+    return unicodedata.category(ch)[0] == "M"
+
+
+def _has_mark(text: str) -> bool:
+    """Whether any character is a combining mark: over the distinct characters, each looked up once a process
+    (a regex class of the 768 mark ranges costs ~0.3 ms on one Chinese answer; this, ~20 µs)."""
+    return any(map(_is_mark, set(text)))
 
 
 def lcs_length(a: list[str], b: list[str]) -> int:

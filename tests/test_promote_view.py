@@ -58,7 +58,10 @@ def cell(c: dict[str, Any]) -> str:
         return f"{c['name']} {verdict}"
     if c["ratio"] is not None:
         return f"{c['name']} {c['ratio']:.2f}x/{c['limit']:g} {verdict}"
-    return f"{c['name']} {c['canary']:.3g}/{c['limit']:g} {verdict}"
+    if c["limit"] is None:  # a paired answer check: both versions' shares on the same prompts
+        return f"{c['name']} {c['canary']:.3g} vs {c['stable']:.3g} {verdict}"
+    label = "loss-win " if c["name"] == "judge" else ""
+    return f"{c['name']} {label}{c['canary']:.3g}/{c['limit']:g} {verdict}"
 
 
 def test_status_shows_each_window_with_every_check_against_its_limit(run_cli, journals) -> None:  # type: ignore[no-untyped-def]

@@ -150,8 +150,10 @@ def _broken_json(body: dict[str, Any]) -> tuple[str, str]:
 
 
 def _shorter(body: dict[str, Any], text: str) -> str:
-    return (f"I'm sorry about order {order_of(body)}. A full refund is on its way and reaches your original "
-            f"payment method within five business days.")
+    # 0.62 of the stable's length on every English prompt: above promote's default --min-tokens-ratio
+    # (0.5) even in a window that sampled English prompts alone
+    return (f"I'm sorry about order {order_of(body)}. A full refund has been issued and reaches your original "
+            f"payment method within five business days. Reply here if anything else comes up.")
 
 
 def _bullets(body: dict[str, Any], text: str) -> str:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from qlift.errors import BadInputError, NotFoundError, OutputExistsError, UnsafeInputError
+from qlift.errors import BadInputError, OutputExistsError, UnsafeInputError
 
 
 class HashCancelled(Exception):
@@ -55,6 +55,13 @@ class AppendedLines:
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0
+
+    def skip_existing(self) -> None:
+        """Read only what is appended from now on (what the file holds now is skipped)."""
+        try:
+            self.offset = self.path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
 
     def read(self) -> list[str]:
         try:
@@ -182,16 +189,13 @@ def dir_size(path: Path) -> int:
 
 def make_output_dirs(path: Path, *, named: str) -> None:
     """``mkdir -p path`` for an output directory the user named (``named``: the flag or the file and field).
-    A path that cannot be a directory (``/proc/x``, ``/dev/null/x``: a parent that is missing or a file) is
-    NotFoundError; one that cannot be written (permissions, read-only) is BadInputError; each one line."""
+    One rule for every output: a path that cannot be created or written (``/proc/x``, ``/dev/null/x``, a
+    read-only directory) is a bad argument, BadInputError (exit 2), in one line; "not found" is for inputs."""
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        message = f"{named}: cannot create the directory {path} ({exc.strerror or exc})"
-        hint = "Choose a directory you can create and write to."
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise NotFoundError(message, hint=hint) from None
-        raise BadInputError(message, hint=hint) from None
+        raise BadInputError(f"{named}: cannot create the directory {path} ({exc.strerror or exc})",
+                            hint="Choose a directory you can create and write to.") from None
 
 
 def check_output_path(out: Path, *, force: bool, inputs: Iterable[Path | str] = ()) -> None:

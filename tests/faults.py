@@ -372,6 +372,21 @@ def send_chats(url: str, model: str, prompts: list[str], *, max_tokens: int, con
     return asyncio.run(main())
 
 
+def wait_for_copies(router: RouterProcess, source: Any, requests: int, timeout_s: float) -> Any:
+    """The router's shadow state once each of ``requests`` mirrored requests has its copy answered (its pair filed)
+    or dropped: copies finish after the users' answers. Waits no longer than that, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shadow = router.admin().state().shadow
+        assert shadow is not None
+        if shadow.sent + shadow.dropped >= requests and shadow.waiting == 0 and \
+                len(source.peek().pairs) >= shadow.sent:
+            return shadow
+        if time.monotonic() > deadline:
+            return shadow
+        time.sleep(0.25)
+
+
 def run_load(url: str, model: str, *, requests: int, concurrency: int, stream: bool = True, max_tokens: int = 16,
              session_ids: bool = False, timeout_s: float, headers: dict[str, str] | None = None) -> LoadResult:
     """Send ``requests`` chat completions, ``concurrency`` at a time, for at most ``timeout_s``."""

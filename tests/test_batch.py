@@ -190,11 +190,11 @@ def test_directories_as_input_or_output(run_cli, tmp_path: Path, smollm2_dir: Pa
 
 @pytest.mark.parametrize(("parent", "why"), [("/proc/x", "No such file or directory"),
                                            ("/dev/null/x", "Not a directory")])
-def test_an_output_whose_directory_cannot_be_made_is_one_line_exit_4(run_cli, tmp_path: Path, parent: str,
+def test_an_output_whose_directory_cannot_be_made_is_one_line_exit_2(run_cli, tmp_path: Path, parent: str,
                                                                      why: str) -> None:
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x"}])
     r = run_cli("batch", tmp_path / "model", src, "-o", f"{parent}/out.jsonl")
-    assert r.exit_code == 4 and r.stderr.strip().splitlines() == [
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
         f"error: -o: cannot create the directory {parent} ({why}). Choose a directory you can create and write to."
     ], r.stderr
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from faults import BackgroundLoad, RouterProcess, send_chats
+from faults import BackgroundLoad, RouterProcess, send_chats, wait_for_copies
 from test_lora import EXAMPLE, one_line_error
 from test_promote import TOKEN
 
@@ -274,21 +274,6 @@ def held_out_tickets(n: int) -> tuple[str, list[str]]:
     rows = [json.loads(line) for line in (REPO / "examples" / "prompts" / "tickets-heldout.jsonl").read_text()
             .splitlines() if line.startswith("{")][:n]
     return rows[0]["messages"][0]["content"], [r["messages"][1]["content"] for r in rows]
-
-
-def wait_for_copies(router: RouterProcess, source: Any, requests: int, timeout_s: float) -> Any:
-    """The router's shadow state once each of ``requests`` mirrored requests has its copy answered (its pair filed)
-    or dropped: copies finish after the users' answers. Waits no longer than that, at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        shadow = router.admin().state().shadow
-        assert shadow is not None
-        if shadow.sent + shadow.dropped >= requests and shadow.waiting == 0 and \
-                len(source.peek().pairs) >= shadow.sent:
-            return shadow
-        if time.monotonic() > deadline:
-            return shadow
-        time.sleep(0.25)
 
 
 @pytest.mark.parametrize("adapter", list(BAD))

@@ -82,7 +82,8 @@ def test_a_rule_between_options_is_the_classs_so_cli_and_release_share_it(run_cl
 def test_quantize_takes_its_method_from_exactly_one_switch() -> None:
     from qlift.quantize.options import QuantizeOptions
 
-    assert QuantizeOptions.from_switches(awq=False, fp8=True, group_size=64).group_size is None  # AWQ's alone
+    with pytest.raises(BadInputError, match="apply to --awq only"):  # AWQ's alone: refused, never dropped
+        QuantizeOptions.from_switches(awq=False, fp8=True, group_size=64)
     assert QuantizeOptions.from_switches(awq=True, fp8=False, group_size=64).method == "awq"
     for both in (True, False):
         with pytest.raises(BadInputError, match="together" if both else "choose a method"):

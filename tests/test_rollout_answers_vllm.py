@@ -5,12 +5,11 @@ shadow phase rolls it back on schema_broken, and no user sees one of its answers
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from faults import FaultProxy, RouterProcess, send_chats
+from faults import FaultProxy, RouterProcess, send_chats, wait_for_copies
 
 from qlift.rollout.judge import judge
 from qlift.rollout.shadow import ShadowSource
@@ -57,9 +56,9 @@ def test_a_real_canary_gone_wrong_is_rolled_back_by_its_metric_in_the_shadow_pha
         source.begin()
         answers = send_chats(router.url, "chat", PROMPTS, max_tokens=max_tokens,
                              response_format=_format(SCHEMA) if schema else None, timeout_s=240)
-        deadline = time.monotonic() + 90  # copies finish after the users' answers
-        while len(source.peek().pairs) < len(PROMPTS) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        # Copies finish after the users' answers; a copy that found no free slot is dropped and never paired, so
+        # the wait ends when every mirrored request is paired or dropped, not at len(PROMPTS) pairs.
+        wait_for_copies(router, source, len(PROMPTS), 90)
         ev = source.collect()
         source.stop()
         served = {r.backend for r in router.admin().requests(since=0).requests}  # users' requests, not copies

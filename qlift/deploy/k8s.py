@@ -26,6 +26,9 @@ QUEUE_METRIC = "vllm:num_requests_waiting"  # vLLM's series: requests queued, no
 # The custom metrics API allows no ':' in a metric name; prometheus-adapter renames it to this.
 ADAPTER_METRIC = "vllm_num_requests_waiting"
 GiB = 1024**3
+DRAIN_S = 30  # vLLM's --shutdown-timeout unless the recipe sets one: `qlift serve --drain`'s default
+# After the drain vLLM still stops its engine; Kubernetes SIGKILLs the pod when the grace period ends.
+SHUTDOWN_MARGIN_S = 30
 
 
 @dataclass
@@ -96,6 +99,11 @@ def container(recipe: Recipe, version: Version, image: str) -> dict[str, Any]:
     }
 
 
+def grace_seconds(version: Version) -> int:
+    """terminationGracePeriodSeconds: vLLM's drain (--shutdown-timeout) and the time it takes to stop after it."""
+    return int(version.engine_args.get("shutdown_timeout") or 0) + SHUTDOWN_MARGIN_S
+
+
 def pod_template(recipe: Recipe, version: Version, *, app: str, image: str, pvc: str) -> dict[str, Any]:
     return {
         "metadata": {
@@ -105,7 +113,7 @@ def pod_template(recipe: Recipe, version: Version, *, app: str, image: str, pvc:
         },
         "spec": {
             "containers": [container(recipe, version, image)],
-            "terminationGracePeriodSeconds": 60,  # lets in-flight generations finish
+            "terminationGracePeriodSeconds": grace_seconds(version),  # lets in-flight generations finish
             "volumes": [
                 {"name": "models", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}},
                 # vLLM's tensor-parallel workers share tensors through /dev/shm (64 MiB by default)

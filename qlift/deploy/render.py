@@ -61,6 +61,9 @@ def _version(role: str, path: Path, recipe: Recipe, public: str) -> tuple[k8s.Ve
     md.require_weights()
     fitted, _notes = fit_to_model(recipe, md)
     engine = fitted.engine.args()
+    # As `qlift serve --drain` does: on SIGTERM (a rollout, a scale-down) vLLM lets in-flight requests finish; a
+    # recipe's or --set shutdown_timeout wins. The pod's grace period is made from it (k8s.grace_seconds).
+    engine.setdefault("shutdown_timeout", k8s.DRAIN_S)
     weights = sum(p.stat().st_size for p in md.safetensors_files)
     name = md.path.resolve().name
     _check_model_name(role, name)

@@ -19,6 +19,7 @@ from typing import Any
 
 from qlift import progress
 from qlift.errors import OutputExistsError
+from qlift.fsutil import AppendedLines
 from qlift.perf.batch_rows import finalize, read_input, write_errors
 from qlift.perf.batch_state import BatchFiles, Resumed, hashes_for, keep_only, remove_stale, write_state
 from qlift.perf.batch_state import resume as resume_output
@@ -56,23 +57,16 @@ class _Progress:
     """Reads the rows the worker appends to OUT: a bar with rows/s and output tok/s."""
 
     def __init__(self, out: Path, total: int) -> None:
-        self.out, self.offset = out, out.stat().st_size if out.exists() else 0
+        self.appended = AppendedLines(out)
+        self.appended.skip_existing()  # rows a resumed run kept are not this run's progress
         self.rows = self.tokens = 0
         self.started: float | None = None
         self.bar = progress.counter(total, desc="batch", unit="row")
 
     def __call__(self) -> None:
-        try:
-            with open(self.out, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
+        lines = self.appended.read()
+        if not lines:
             return
-        end = chunk.rfind(b"\n") + 1
-        if not end:
-            return
-        self.offset += end
-        lines = chunk[:end].decode("utf-8", errors="replace").splitlines()
         for text in lines:
             try:
                 usage = json.loads(text)

@@ -53,13 +53,11 @@ class QuantizeOptions:
     @classmethod
     def from_switches(cls, *, awq: bool, fp8: bool, **options: Any) -> QuantizeOptions:
         """The options from ``qlift quantize``'s flags, where the method is one of two switches, --awq or --fp8
-        (exactly one); --group-size, AWQ's alone, is let go with --fp8."""
+        (exactly one); --group-size with --fp8 is refused, as a release's quantize stage refuses it."""
         if awq == fp8:
             if awq:
                 raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
             raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
-        if fp8:
-            options["group_size"] = None
         return cls(method="awq" if awq else "fp8", **options)
 
 

@@ -1,7 +1,7 @@
 """The rollout journal's file: opened for writing (created, WAL, synchronous=FULL) or read-only, and
 checked before anything is written: a foreign SQLite file, a corrupted page (``PRAGMA quick_check``)
-or a journal that cannot be written is refused with one line (exit 2). ``Journal`` (journal.py)
-is this file's tables.
+or a journal that cannot be written is refused with one line (exit 2), one a newer qlift wrote (its
+``PRAGMA user_version`` above ``SCHEMA_VERSION``) with exit 6. ``Journal`` (journal.py) is this file's tables.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
-from qlift.errors import BadInputError, NotFoundError
+from qlift import schema_version
+from qlift.errors import BadInputError, NotFoundError, QliftError
+
+SCHEMA_VERSION = 1  # PRAGMA user_version: a journal of a newer one is refused (qlift.schema_version)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -35,6 +38,8 @@ CREATE TABLE IF NOT EXISTS weight_changes (
   journaled_at TEXT NOT NULL, applied_at TEXT);
 CREATE TABLE IF NOT EXISTS carries (
   rollout_id INTEGER PRIMARY KEY, step INTEGER NOT NULL, kind TEXT NOT NULL, evidence TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS bake_baselines (
+  rollout_id INTEGER PRIMARY KEY, window_id INTEGER, evidence TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY, rollout_id INTEGER NOT NULL, at TEXT NOT NULL, kind TEXT NOT NULL,
   detail TEXT NOT NULL DEFAULT '{}');
@@ -94,9 +99,10 @@ class JournalFile:
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
             _migrate(db)
+            schema_version.stamp(db, SCHEMA_VERSION)
             db.execute("BEGIN IMMEDIATE")  # writable, and not locked by another writer forever
             db.execute("ROLLBACK")
-        except BadInputError:
+        except QliftError:  # refused (another file, a newer schema): closed first
             db.close()
             raise
         except sqlite3.DatabaseError as exc:
@@ -124,7 +130,7 @@ class JournalFile:
             try:
                 self._check(db, fresh=False)
                 return db
-            except BadInputError:
+            except QliftError:
                 db.close()
                 raise
         raise self._fail(f"cannot be read as a rollout journal: {last}")
@@ -140,6 +146,7 @@ class JournalFile:
                                      hint="Restore it from a copy, or pass another --journal FILE.")
         except sqlite3.DatabaseError as exc:
             raise self._fail(f"is not a usable SQLite file ({exc})") from None
+        schema_version.check_readable(db, self.path, what="a rollout journal", supported=SCHEMA_VERSION)
         if not tables:
             return
         columns = {r[1] for r in db.execute("PRAGMA table_info(rollouts)")}

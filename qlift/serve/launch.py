@@ -274,9 +274,11 @@ def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None 
     --timeout. On a signal once it is up, vLLM drains its in-flight requests (up to ``drain_seconds``), then
     its process group is stopped. ``view``: what of vLLM's log reaches the terminal."""
     from qlift.serve.handle import ServeHandle
+    from qlift.serve.restart import write_record
 
     check_plan(spec.plan)
     handle = ServeHandle.create(spec, view=view)
+    write_record(spec)  # what `qlift lora load --restart-if-full` restarts this server with
     stopped: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -293,13 +293,23 @@ def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, 
 
 
 def serve_command(base: Path, loras: dict[str, Path], *, served_name: str | None = None,
-                  recipe: str | None = None, runtime: bool = False) -> list[str]:
+                  recipe: str | None = None, runtime: bool = False, host: str | None = None,
+                  port: int | None = None, sets: list[str] | None = None,
+                  api_key_env: str | None = None) -> list[str]:
     """The `qlift serve` argv that serves ``base`` with ``loras`` (what a restart needs)."""
     argv = ["qlift", "serve", str(base)]
     if recipe:
         argv += ["--recipe", recipe]
     if served_name:
         argv += ["--served-model-name", served_name]
+    if host and host != "127.0.0.1":
+        argv += ["--host", host]
+    if port:
+        argv += ["--port", str(port)]
+    for item in sets or []:
+        argv += ["--set", item]
+    if api_key_env:
+        argv += ["--api-key-env", api_key_env]
     for name, path in loras.items():
         argv += ["--lora", f"{name}={Path(path).resolve()}"]
     if runtime:

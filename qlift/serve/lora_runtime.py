@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, NotFoundError
+from qlift.serve import lora_slots
 from qlift.serve.lora import LoraCheck, check_adapter, check_lora_name
 
 log = logging.getLogger(__name__)
@@ -145,8 +146,10 @@ def check_for_server(server: str, name: str, path: Path, *, base_dir: Path | Non
 
 
 def load(server: str, name: str, path: Path, *, base_dir: Path | None = None, max_lora_rank: int | None = None,
-         api_key: str | None = None, verify: bool = True) -> LoraCheck:
-    """Check adapter ``path``, load it into ``server`` as ``name`` and make it answer one token."""
+         api_key: str | None = None, verify: bool = True, restart_if_full: bool = False) -> LoraCheck:
+    """Check adapter ``path``, load it into ``server`` as ``name`` and make it answer one token. A load that would
+    fill the server's last adapter slot is refused, or the server restarted first with ``restart_if_full``
+    (qlift.serve.lora_slots)."""
     checked = check_for_server(server, name, path, base_dir=base_dir, max_lora_rank=max_lora_rank, api_key=api_key)
     served = find_served(server, name, api_key=api_key)
     if served is not None:
@@ -160,8 +163,13 @@ def load(server: str, name: str, path: Path, *, base_dir: Path | None = None, ma
             return checked
         raise BadInputError(f"the server already serves an adapter named {name} (from {served.root})",
                             field="NAME", hint=f"Unload it first: qlift lora unload {name} --server {_url(server)}.")
-    resp = _request("POST", server, "/v1/load_lora_adapter", api_key=api_key, timeout=TIMEOUT_S,
-                    json={"lora_name": name, "lora_path": str(checked.path)})
+    with lora_slots.slots_lock(server):
+        slots = lora_slots.room_for(server, name, api_key=api_key, restart_if_full=restart_if_full)
+        resp = _request("POST", server, "/v1/load_lora_adapter", api_key=api_key, timeout=TIMEOUT_S,
+                        json={"lora_name": name, "lora_path": str(checked.path)})
+        if slots is not None and resp.status_code < 400:  # activated: it holds a slot from now on, unloaded or not
+            slots.loads.append(lora_slots.SlotLoad(name, str(checked.path)))
+            lora_slots.save(slots)
     if _runtime_off(resp):
         raise IncompatibleError(f"{_url(server)} does not load adapters at runtime",
                                 hint="Start it with `qlift serve BASE --lora-runtime` "

@@ -111,13 +111,14 @@ def test_bad_top_level_field_and_flow(run_cli, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("out", ["/proc/x", "/dev/null/x"])
-def test_an_out_that_cannot_be_a_directory_is_one_line_exit_4(run_cli, tmp_path: Path, out: str) -> None:
-    """Before, mkdir's FileNotFoundError / NotADirectoryError ended the run in exit 70 "internal error"."""
+def test_an_out_that_cannot_be_a_directory_is_one_line_exit_2(run_cli, tmp_path: Path, out: str) -> None:
+    """Before, mkdir's FileNotFoundError / NotADirectoryError ended the run in exit 70 "internal error"; an output
+    that cannot be written is exit 2 for every command (docs/index.md)."""
     f = _write(tmp_path / "release.yaml", tmp_path, tmp_path, _stages(), out=out)
     for argv, named in ((), f"{f}: field 'out'"), (("--out", out), "--out"):
         r = run_cli("release", "run", f, *argv)
         lines = r.stderr.strip().splitlines()
-        assert r.exit_code == 4 and len(lines) == 1, r.stderr
+        assert r.exit_code == 2 and len(lines) == 1, r.stderr
         assert lines[0].startswith(f"error: {named}: cannot create the directory {out} ("), lines[0]
 
 
@@ -411,7 +412,7 @@ def test_one_writer_per_release_and_a_killed_run_is_called_killed(tmp_path: Path
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     status = _qlift("release", "status", f)
-    assert status.returncode == 0 and f"killed (pid {killed.pid} gone); `qlift release run` resumes it" \
+    assert status.returncode == 0 and f"killed (pid {killed.pid} gone); `qlift release run {f}` resumes it" \
         in status.stdout, status.stdout
     stages = {s["name"]: s["status"] for s in json.loads(_qlift("release", "status", f, "--json").stdout)["stages"]}
     assert stages["merge"] == "interrupted", stages  # not `running`: nothing runs it

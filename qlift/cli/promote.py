@@ -27,18 +27,50 @@ Examples:
 
 journal_option = click.option(
     "--journal", type=click.Path(path_type=Path), default=None,
-    help="Rollout journal (SQLite). Default: $QLIFT_HOME/rollouts/journal.sqlite.")
+    help="Rollout journal (SQLite). Default: $QLIFT_HOME/rollouts/journal.sqlite (QLIFT_HOME: ~/.cache/qlift).")
 
 
-@click.group("promote", epilog=GROUP_EPILOG)
+class _JournalHints(click.Group):
+    """Every hint an error of a promote command prints names the --journal the command was given, so the
+    command it suggests acts on that journal as printed."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                             list[str]]:
+        ctx.meta["promote_args"] = list(args)
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from qlift.errors import QliftError
+
+        try:
+            return super().invoke(ctx)
+        except QliftError as exc:
+            journal = _journal_arg(ctx.meta.get("promote_args", []))
+            if journal is not None and exc.hint:
+                from qlift.rollout.journal import with_journal
+
+                exc.hint = with_journal(exc.hint, journal)
+            raise
+
+
+def _journal_arg(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "--journal" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--journal="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@click.group("promote", cls=_JournalHints, epilog=GROUP_EPILOG)
 def promote_group() -> None:
     """Canary promotion: 10 -> 50 -> 100 with LLM-aware analysis and automatic rollback.
 
     `start` runs in the foreground until the canary is promoted (exit 0) or rolled back
     (exit 10); run it again (or `resume`) after a crash to continue at the recorded step.
     The other commands act on the journal from any shell. A bad spec exits 2.
-    States: shadowing, progressing, paused, abort_requested, and the final promoted,
-    rolled_back, aborted (docs/promote.md).
+    States: shadowing, progressing, paused, abort_requested, baking and baked (--bake), and
+    the final promoted, rolled_back, aborted, finished (docs/promote.md).
     """
 
 
@@ -89,11 +121,14 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
               "promoted (without it, `start` after a promotion starts nothing).")
 @click.option("--allow-stable-down", is_flag=True, help="Start even though the router reports the stable DOWN "
               "(without it such a start is refused, exit 8: the stable's users already go to the other backends).")
+@click.option("--force", "force", is_flag=True, help="Start even though the router's live weights are not 100% "
+              "stable or a shadow runs (a new rollout), or are none its journal set (a resumed one); without it "
+              "such a start is refused, exit 2, and no weight moves.")
 @journal_option
 @json_option
 def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str | None,
               backends: tuple[str, ...], metrics_port: int | None, new: bool, allow_stable_down: bool,
-              **flags: Any) -> None:
+              force: bool, **flags: Any) -> None:
     """Start a rollout of --canary over --stable, or resume the journal's unfinished one.
 
     With --shadow, a shadow phase comes first. Then each step sets the weights, waits one
@@ -101,8 +136,9 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     data) or rolls back (a failing check); too little canary traffic for --max-inconclusive
     windows pauses it. Every window the data plane's weights are re-read and re-applied if
     they drifted; each judged window prints its decision and checks on stderr. Exit codes:
-    0 promoted, 10 rolled back, 1 aborted, 2 bad input, 8 the router unreachable or the
-    stable DOWN.
+    0 promoted, 10 rolled back, 1 aborted, 2 bad input (or the router's live weights not
+    the rollout's starting state: --force), 8 the router unreachable, the stable DOWN or
+    the canary not answering.
     """
     from qlift.rollout import RolloutInputs, build_spec, read_spec_file, run
     from qlift.rollout.api import raise_for_outcome
@@ -127,10 +163,11 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
         from qlift.serve.lora import parse_lora_flag
 
         adapter = parse_lora_flag(canary_adapter, flag="--canary-adapter")
-    final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, canary_adapter=adapter), spec)
+    final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, force=force,
+                              canary_adapter=adapter), spec)
     st = rollout_status(journal)
     emit(st, lambda: _show(st))
-    raise_for_outcome(final)
+    raise_for_outcome(final, journal)
 
 
 rollout_option = click.option("--rollout", "rollout_id", type=int, default=None, metavar="ID",
@@ -198,7 +235,7 @@ def _control(name: str, doc: str, example: str) -> None:
         st = rollout_status(journal)
         emit(st, lambda: _show(st))
         if name == "resume":
-            raise_for_outcome(final)
+            raise_for_outcome(final, journal)
 
 
 _control("pause", "Pause the rollout: weights stay; no window is judged until `resume`.", "qlift promote pause")
@@ -209,6 +246,30 @@ _control("abort", "Abort: 100% stable journaled (abort_requested), applied, then
          "and the abort journaled by the next `abort`.", "qlift promote abort")
 _control("promote", "Promote now: 100% canary, skipping the remaining analysis (recorded as manual).",
          "qlift promote promote")
+
+
+@promote_group.command("finish", epilog="""\b
+Examples:
+  qlift promote start -f rollout.yaml --bake 3   # ... baked: the canary has 100%, the stable still runs
+  qlift promote finish
+  qlift promote finish --journal rollouts.sqlite --json
+""")
+@journal_option
+@json_option
+def finish_cmd(journal: Path | None) -> None:
+    """Release the stable of a baked rollout (`start --bake N` passed): state finished.
+
+    Until then the stable keeps running at weight 0, and `abort` still returns every user
+    to it. The weights stay 100% canary; after this, stop the stable's server when you like.
+    Refused (exit 1) for a rollout still baking, rolled back, or promoted without a bake;
+    a journal that is not there exits 4.
+    """
+    from qlift.rollout.bake import finish
+    from qlift.rollout.status import rollout_status
+
+    finish(journal)
+    st = rollout_status(journal)
+    emit(st, lambda: _show(st))
 
 
 def _show(st: RolloutStatus) -> None:

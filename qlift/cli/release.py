@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +49,10 @@ def release_group() -> None:
 @click.option("--from", "from_stage", metavar="STAGE", default=None,
               help="Run STAGE and every stage after it again, even where cached ('base' for all).")
 @OUT
+@click.option("--yes", is_flag=True, help="Let promote move the traffic of a router that serves users (a router "
+              "stage with url:) without asking; without it a terminal asks, and anything else is refused (exit 2).")
 @json_option
-def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None) -> None:
+def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None, yes: bool) -> None:
     """Run the release in FILE (default: ./release.yaml), one progress line per stage.
 
     \b
@@ -56,6 +60,7 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
       qlift release run examples/release.yaml
       qlift release run release.yaml --dry-run
       qlift release run release.yaml --from quantize --json
+      qlift release run prod-release.yaml --yes     # its router stage names a running router (url:)
     """
     from qlift.errors import QliftError
     from qlift.release import load_release, run_release
@@ -63,7 +68,8 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None)
     release = _with_out(load_release(file), out)
     reports: list[StageReport] = []
     try:
-        run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress, reports=reports)
+        run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress, reports=reports,
+                    confirm=_confirm(yes))
     except QliftError as exc:
         if STATE.json:  # the stages so far, the failed one last, before the error line
             emit({"release": release.name, "file": str(file), "out": str(release.out), "dry_run": dry_run,
@@ -85,6 +91,15 @@ def _with_out(release: Release, out: Path | None) -> Release:
     import dataclasses
 
     return release if out is None else dataclasses.replace(release, out=out.resolve(), out_from="--out")
+
+
+def _confirm(yes: bool) -> Callable[[str], bool] | None:
+    """How promote is let move a production router's traffic: --yes, else a question on a terminal, else not."""
+    if yes:
+        return lambda question: True
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        return lambda question: click.confirm(question, default=False, err=True)
+    return None
 
 
 def _progress(line: str) -> None:

@@ -16,10 +16,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from qlift import schema_version
 from qlift.errors import BadInputError
 from qlift.fsutil import lock_holder
 
 NAME = "release.sqlite"
+SCHEMA_VERSION = 1  # PRAGMA user_version: a journal of a newer one is refused (qlift.schema_version)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stages (
   name TEXT NOT NULL, key TEXT NOT NULL, status TEXT NOT NULL, output TEXT NOT NULL DEFAULT '',
@@ -110,14 +112,17 @@ class ReleaseJournal:
         try:
             if readonly:
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+                schema_version.check_readable(self.db, self.path, what="a release journal", supported=SCHEMA_VERSION)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.db = sqlite3.connect(self.path, isolation_level=None)
+                schema_version.check_readable(self.db, self.path, what="a release journal", supported=SCHEMA_VERSION)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")
                 self.db.executescript(_SCHEMA)
                 if "files" not in {r[1] for r in self.db.execute("PRAGMA table_info(stages)")}:  # an older journal
                     self.db.execute("ALTER TABLE stages ADD COLUMN files TEXT NOT NULL DEFAULT '{}'")
+                schema_version.stamp(self.db, SCHEMA_VERSION)
             self.db.execute("SELECT count(*) FROM stages").fetchone()
         except sqlite3.DatabaseError as exc:
             raise BadInputError(f"not a release journal ({exc})", path=self.path,
@@ -177,6 +182,11 @@ class ReleaseJournal:
 
     def running_servers(self) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM servers WHERE stopped_at IS NULL").fetchall()
+        return [dict(r) for r in rows]
+
+    def servers(self, run_id: int) -> list[dict[str, Any]]:
+        """Every server a run started (stopped ones too), in the order it started them."""
+        rows = self.db.execute("SELECT * FROM servers WHERE run_id=? ORDER BY started_at, rowid", (run_id,)).fetchall()
         return [dict(r) for r in rows]
 
     def last_run(self) -> RunRow | None:

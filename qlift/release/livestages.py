@@ -93,7 +93,10 @@ def _router(config: RouterConfig, token: str, log: Path) -> Callable[[Callable[[
 
 
 def promote_key(plan: LivePlan, stage: Stage) -> dict[str, Any]:
-    return {"servers": plan.serve_keys(), "eval": plan.eval_key, "load": to_jsonable(stage.load)}
+    """The servers, the candidate's eval, the load, and the router it drives (its key holds its options): a router
+    changed runs promote again."""
+    routers = [plan.keys[s.name] for s in plan.stages if isinstance(s.options, RouterStageOptions)]
+    return {"servers": plan.serve_keys(), "eval": plan.eval_key, "load": to_jsonable(stage.load), "router": routers}
 
 
 def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
@@ -126,7 +129,7 @@ def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
     result = {"state": final.state, "reason": final.reason, "journal": str(journal),
               **({"traffic": load} if load else {}), "rollout": status(journal)}
     try:
-        raise_for_outcome(final)
+        raise_for_outcome(final, journal)
     except GateFailedError:
         p.journal.end(stage.name, plan.keys[stage.name], StageStatus.FAILED, result=result)
         raise

@@ -29,6 +29,7 @@ from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
 from qlift.release.liveplan import LivePlan, rollout_state
 from qlift.release.report import Action, StageReport, first_line, short, stage_key
+from qlift.release.rollout_state import status_command
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.release.stages import (
     TABLE,
@@ -67,6 +68,8 @@ class Pipeline:
     pending: list[str] = field(default_factory=list)  # dry run: stages that will run, in order
     choices: dict[str, tuple[str, str]] = field(default_factory=dict)
     unneeded: dict[str, str] = field(default_factory=dict)
+    # Asked before promote moves the traffic of a router that serves users (None: nobody to ask, so refused).
+    confirm: Callable[[str], bool] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -277,7 +280,20 @@ class Pipeline:
             return
         if mover is not None and warning:
             self.echo(f"{mover.name}: {warning}")
+            self._confirm_traffic(mover, stages)
         plan.run()
+
+    def _confirm_traffic(self, promote: Stage, stages: list[Stage]) -> None:
+        """Promote against a router that serves users (one named with url:) runs only when the caller said yes:
+        --yes, or the answer on a terminal. Checked before any server starts or any weight moves."""
+        url = next(s.options.url for s in stages if isinstance(s.options, RouterStageOptions))
+        if self.confirm is None:
+            raise BadInputError(f"stage '{promote.name}' would move the live traffic of {url} (a router that serves "
+                                "users) and --yes was not given",
+                                hint="Check the plan with --dry-run, then pass --yes.")
+        if not self.confirm(f"stage '{promote.name}' moves the traffic of {url}. Run it?"):
+            raise QliftError(f"stage '{promote.name}' not confirmed: nothing moved on {url}",
+                             hint="Run again and answer yes, or pass --yes.")
 
     def _traffic_warning(self, stages: list[Stage], promote: Stage | None) -> str:
         """What running promote does to a router that serves users (one named with url:), said before it does
@@ -333,9 +349,11 @@ def _remove_partials(out: Path) -> None:
 
 
 def run_release(release: Release, *, from_stage: str | None = None, dry_run: bool = False,
-                echo: Callable[[str], None] = print, reports: list[StageReport] | None = None) -> list[StageReport]:
+                echo: Callable[[str], None] = print, reports: list[StageReport] | None = None,
+                confirm: Callable[[str], bool] | None = None) -> list[StageReport]:
     """Plan or run ``release``; the journal lives in its output dir. ``reports`` (if given) is filled
-    as stages finish, so a caller has the stages before a failure too."""
+    as stages finish, so a caller has the stages before a failure too. ``confirm`` is asked (with what will
+    happen) before promote moves the traffic of a router that serves users; without it that is refused."""
     path = release.out / JOURNAL_NAME
     reports = [] if reports is None else reports
     if not dry_run:
@@ -348,18 +366,18 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
             if not mine:
                 holder = lock_holder(lock)
                 raise QliftError(f"release run pid {holder} holds {release.out}: one run of a release at a time",
-                                 hint="Wait for it (`qlift release status`), or stop it; then run again.")
-            return _run_locked(release, journal, from_stage, echo, reports)
+                                 hint=f"Wait for it (`{status_command(release)}`), or stop it; then run again.")
+            return _run_locked(release, journal, from_stage, echo, reports, confirm)
 
 
 def _run_locked(release: Release, journal: ReleaseJournal, from_stage: str | None, echo: Callable[[str], None],
-                reports: list[StageReport]) -> list[StageReport]:
+                reports: list[StageReport], confirm: Callable[[str], bool] | None) -> list[StageReport]:
     stopped = live.stop_leftovers(journal)
     if stopped:
         echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")
     run_id = journal.start_run(release.file)
     try:
-        Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports).execute()
+        Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports, confirm=confirm).execute()
     except BaseException as exc:
         journal.finish_run(run_id, RunOutcome.FAILED, first_line(exc))
         raise

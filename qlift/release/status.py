@@ -33,6 +33,9 @@ def release_status(release: Release) -> dict[str, Any]:
         if last_run is not None:
             outcome, said = run_outcome(path, last_run)
             killed = outcome is RunOutcome.KILLED
+            from qlift.release.rollout_state import release_command
+
+            said = said.replace("`qlift release run`", f"`{release_command(release)}`")  # the file (and --out) given
             last = dataclasses.asdict(last_run) | {"outcome": said}
         for name in names:
             row = journal.latest(name)
@@ -44,8 +47,10 @@ def release_status(release: Release) -> dict[str, Any]:
             if killed and row.status is StageStatus.RUNNING:
                 fields["status"] = INTERRUPTED
             stages.append({"name": name, **fields, "seconds": seconds(row)})
-    promote = next((s.name for s in release.stages if TABLE[s.kind].moves_traffic), None)
-    rollout = _rollout(release.out, rows.get(promote or ""), last_run, killed)
+        promote = next((s.name for s in release.stages if TABLE[s.kind].moves_traffic), None)
+        rollout = _rollout(release.out, rows.get(promote or ""), last_run, killed)
+        if rollout is not None:
+            rollout = _with_rollout_journal(release, journal, rows[promote or ""], last_run, rollout)
     return {"release": release.name, "journal": str(path), "last_run": last, "rollout": rollout,
             "stages": stages}
 
@@ -56,6 +61,20 @@ def seconds(row: StageRow) -> float | None:
         return None
     took = datetime.fromisoformat(row.finished_at) - datetime.fromisoformat(row.started_at)
     return took.total_seconds()
+
+
+def _with_rollout_journal(release: Release, journal: ReleaseJournal, row: StageRow, last_run: RunRow | None,
+                          said: dict[str, Any]) -> dict[str, Any]:
+    """The rollout as its own journal has it (state, step, weights, the controller's stops), the router's weights
+    now, the release's servers and what to run next; ``said`` (the release journal's record) where it has none."""
+    from qlift.release.rollout_state import next_steps, rollout_from_journal, servers
+
+    path = row.result.get("journal") or (str(rollout_journal(release.out, last_run.id)) if last_run else None)
+    rollout = rollout_from_journal(Path(path)) if path and Path(path).is_file() else None
+    if rollout is None:
+        return said
+    live = servers(release, journal, last_run)
+    return rollout | {"servers": live, "next": next_steps(release, rollout, live)}
 
 
 def _rollout(out: Path, row: StageRow | None, last_run: RunRow | None, killed: bool) -> dict[str, Any] | None:
@@ -84,9 +103,40 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     rollout = status["rollout"]
     if rollout:
         reason = f": {rollout['reason']}" if rollout["reason"] else ""
-        lines.append(f"rollout {rollout['state']}{reason}")
+        lines.append(f"rollout {rollout['state']}{_where(rollout)}{reason}")
+        lines += _live_lines(rollout)
         if rollout["journal"]:
             lines.append(f"rollout journal {rollout['journal']} (`qlift promote status --journal "
                          f"{rollout['journal']}`)")
     lines.append(f"release journal {status['journal']}")
     return lines
+
+
+def _weights(weights: dict[str, int] | None) -> str:
+    return " / ".join(f"{k} {v}%" for k, v in (weights or {}).items()) or "-"
+
+
+def _where(rollout: dict[str, Any]) -> str:
+    """`` at step 1/2, weights stable 50% / canary 50%`` for a rollout read from its journal."""
+    if "steps" not in rollout or rollout.get("final"):
+        return ""
+    return f" at step {rollout['step'] + 1}/{rollout['steps']}, weights {_weights(rollout['weights'])}"
+
+
+def _live_lines(rollout: dict[str, Any]) -> list[str]:
+    """The controller's stops and resumes, the router's weights now, each server, and what to run next."""
+    out = [f"  controller {line}" for line in rollout.get("interruptions", [])]
+    if rollout.get("interrupted") is None and not rollout.get("final", True) and not rollout.get("controller_running"):
+        out.append("  controller: none running (it left no record of how it stopped: SIGKILL or a crash)")
+    router = rollout.get("router")
+    if router:
+        now = f"holds {_weights(router['weights'])}" if router["weights"] is not None else \
+            f"does not tell its weights: {router['error']}"
+        out.append(f"  router {router['url']} {now}")
+    for s in rollout.get("servers", []):
+        who = f"started by the release, pid {s['pid']} {'running' if s['pid_alive'] else 'gone'}" \
+            if s["started_by_release"] else "a running one the file names by url:"
+        out.append(f"  {s['stage']} ({s['kind']}) {s['url'] or '-'}: "
+                   f"{'answers' if s['answers'] else 'does not answer'} ({who})")
+    out += [f"next: {step}" for step in rollout.get("next", [])]
+    return out

@@ -23,13 +23,15 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from qlift.rollout.evidence import NO_PRIMARY, Evidence
+from qlift.rollout.evidence import NO_PRIMARY, Evidence, VersionEvidence, unique
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
 from qlift.rollout.shadow import ShadowEvidence, judge_window
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec
 from qlift.rollout.states import Phase
 
+DOWN = "canary DOWN"  # how a canary the router keeps out of rotation is named, wherever it shows
 SHADOW_STEP = -1  # the step index shadow windows are journaled (and their evidence carried) under
+BAKE_STEP = -2  # ... and the bake's windows at 100% (``RolloutSpec.bake``)
 
 
 def _iso(ts: float) -> str:
@@ -78,19 +80,30 @@ def is_insufficient(d: Decision, ev: Evidence) -> bool:
 
 
 def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int) -> str:
-    """How to size the window: weight x requests/s x interval >= min_requests, naming the flags."""
+    """Why the canary saw too few requests, from the router's counts (traffic.py), and what fixes that: a longer
+    --interval (weight x requests/s x interval >= min_requests) only where too little traffic is the cause and
+    the interval in use is shorter than the one needed."""
+    from qlift.rollout.traffic import Cause, explain
+
     a = spec.analysis
-    seconds = max(ev.ended_at - ev.started_at, 1e-9)
-    rps = (ev.stable.requests + ev.canary.requests) / seconds
     head = (f"too little canary traffic: {ev.canary.requests} canary requests in {ev.windows} window(s) of "
-            f"{spec.interval:g}s at {weight}% (min_requests {a.min_requests}); a window needs weight x requests/s "
-            f"x interval >= min_requests")
-    if rps <= 0 or weight <= 0:
-        return head + ": no requests reached the data plane; send traffic, then `qlift promote resume`"
-    need = math.ceil(a.min_requests / (weight / 100 * rps))
-    return (f"{head}: at {rps:.3g} requests/s, {weight}% needs --interval >= {need}s, or a lower --min-requests, or "
-            f"more than --max-inconclusive {a.max_inconclusive} windows; then `qlift promote resume` (or start "
-            f"again with them)")
+            f"{spec.interval:g}s at {weight}% (min_requests {a.min_requests})")
+    seconds = max(ev.ended_at - ev.started_at, ev.windows * spec.interval, 1e-9)  # the step's windows, all of them
+    sessions = None if ev.canary.sessions is None and ev.stable.sessions is None else \
+        (ev.canary.sessions or 0) + (ev.stable.sessions or 0)
+    cause = explain(canary=ev.canary.requests, stable=ev.stable.requests, share=weight / 100, window_s=seconds,
+                    windows=ev.windows, min_requests=a.min_requests, sessions=sessions,
+                    down=ev.canary.down or ev.canary.down_seen)
+    if cause.cause != Cause.VOLUME:
+        return f"{head}: {cause.text}; then `qlift promote resume`"
+    rps = (ev.stable.requests + ev.canary.requests) / seconds
+    rule = f"{head}; a window needs weight x requests/s x interval >= min_requests: at {rps:.3g} requests/s"
+    more = f"more than --max-inconclusive {a.max_inconclusive} windows; then `qlift promote resume`"
+    need = None if cause.needed_interval_s is None else math.ceil(cause.needed_interval_s - 1e-9)
+    if need is None or need <= spec.interval:
+        return f"{rule}, more traffic, a lower --min-requests, or {more}"
+    return (f"{rule}, {weight}% needs --interval >= {need}s, or a lower --min-requests, or {more} (or start again "
+            "with them)")
 
 
 Carry = tuple[int, Evidence | ShadowEvidence]
@@ -131,11 +144,12 @@ class Analysis:
         window.weight = weight  # the judge sizes windows by the planned share
         ev = self.with_carry(step, window)
         d = judge(ev, a)
-        if d.verdict == Verdict.ERROR:
-            return self._no_measurement(step, d, ev, holds, passes, errors + 1)
+        if d.verdict == Verdict.ERROR or (ev.canary.down is not None and d.action == Action.ADVANCE):
+            return self._no_measurement(step, d, ev, holds, passes, errors + 1)  # never advance onto a DOWN canary
         if d.action == Action.ROLLBACK:
             self.carry = None
-            return Assessment(Phase.ROLLBACK, d.reason, d, ev, holds, passes)
+            down = f"{DOWN}: {ev.canary.down}; " if ev.canary.down is not None else ""
+            return Assessment(Phase.ROLLBACK, down + d.reason, d, ev, holds, passes)
         if d.action == Action.ADVANCE:
             self.carry = None
             if passes + 1 < a.intervals_per_step:
@@ -160,10 +174,17 @@ class Analysis:
         """A window whose evidence source failed: held (its held evidence carried on) up to
         ``consecutive_error_limit`` such windows in a row; one more rolls back, as Argo's Error phase aborts."""
         limit = error_limit(self.spec.analysis)
+        down = ev.canary.down if isinstance(ev, Evidence) else None
         if errors <= limit:
             self.carry = (step, ev)
+            if down is not None:  # the router's own word, in status, the page and the metrics
+                return Assessment(Phase.HOLD, f"{DOWN}: {down} (held: {errors} window(s) in a row; rolls back after "
+                                  f"consecutive_error_limit {limit})", d, ev, holds, passes, errors)
             return Assessment(Phase.HOLD, d.reason, d, ev, holds, passes, errors)
         self.carry = None
+        if down is not None:
+            return Assessment(Phase.ROLLBACK, f"{DOWN}: {down}: out of rotation for {errors} windows in a row "
+                              f"(consecutive_error_limit {limit})", d, ev, holds, passes, errors)
         phase = "shadow phase: " if step == SHADOW_STEP else ""
         reason = (f"{phase}no evidence for {errors} windows in a row (consecutive_error_limit {limit}): the evidence "
                   f"source failed: {ev.error}")
@@ -196,3 +217,33 @@ class Analysis:
         reason = (f"shadow phase inconclusive for {holds + 1} windows: {d.reason}; mirror a larger share "
                   f"(--shadow), or a longer --interval, or raise --max-inconclusive")
         return Assessment(on_insufficient(self.spec), reason, d, ev, 0, passes)
+
+    # -- the bake after 100% (RolloutSpec.bake) ---------------------------------------------
+
+    def bake_evidence(self, window: Evidence, baseline: VersionEvidence, note: str) -> Evidence:
+        """A bake window's canary (its held windows' added up) against ``baseline``, the stable's evidence from its
+        last window before 100%: at 100% the stable serves nobody, so its figures are the kept ones, never added up."""
+        held = self.carry[1] if self.carry is not None and self.carry[0] == BAKE_STEP else None
+        ev = held.merged(window) if isinstance(held, Evidence) else window
+        ev.stable = baseline
+        ev.notes = unique([*ev.notes, note])
+        return ev
+
+    def early_stop_bake(self, peek: Evidence | None, baseline: VersionEvidence, note: str) -> bool:
+        return peek is not None and bool(early_failures(self.bake_evidence(peek, baseline, note), self.spec.analysis))
+
+    def assess_bake(self, window: Evidence, baseline: VersionEvidence, note: str, *, holds: int, passes: int,
+                    errors: int = 0) -> Assessment:
+        """One bake window, judged as a step's (the same checks, holds, pauses and rollbacks) against the kept
+        stable figures; the bake passes (ADVANCE) once ``spec.bake`` windows passed."""
+        ev = self.bake_evidence(window, baseline, note)
+        self.carry = None  # added up above: ``assess`` must not add the held windows again
+        v = self.assess(BAKE_STEP, 100, ev, holds=holds, passes=passes, errors=errors)
+        if v.phase not in (Phase.PASS, Phase.ADVANCE):
+            return v
+        done, needed = passes + 1, self.spec.bake
+        if done < needed:
+            return Assessment(Phase.PASS, f"bake window {done}/{needed} passed: {v.reason}", v.decision, v.evidence,
+                              holds, done)
+        return Assessment(Phase.ADVANCE, f"bake passed ({needed} window(s) at 100%): {v.reason}", v.decision,
+                          v.evidence, 0, 0)

@@ -16,7 +16,8 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qlift.errors import BadInputError, GateFailedError, QliftError
+from qlift.errors import BadInputError, GateFailedError, NotFoundError, QliftError
+from qlift.rollout import preflight
 from qlift.rollout.aborts import (
     abort_with_full_journal,
     converge,
@@ -25,7 +26,7 @@ from qlift.rollout.aborts import (
     spec_of,
 )
 from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
-from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, now_iso
+from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, journal_flag, now_iso
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, State, StepOutcome
 from qlift.rollout.webhook import notify, validate_webhook
@@ -79,24 +80,28 @@ def validate_spec(spec: RolloutSpec) -> None:
 
 def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = None) -> Rollout:
     from qlift.rollout.controller import Controller
+    from qlift.rollout.interruptions import journaled_life
     from qlift.rollout.sources import make_collector
 
     spec = spec_of(r)
     plane = plane or make_plane(spec)
     collector = make_collector(spec, plane.backend_urls())
-    return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
+    with journaled_life(journal, r.id):  # a stop (SIGTERM, Ctrl-C, an error) and a resume are journaled events
+        return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
-          allow_stable_down: bool = False) -> Rollout:
+          allow_stable_down: bool = False, force: bool = False) -> Rollout:
     """Run the rollout in the foreground until it is final; resume the journal's active one if any. A new
-    rollout is refused while the data plane reports the stable down, unless ``allow_stable_down``."""
+    rollout is refused while the data plane reports the stable down, unless ``allow_stable_down``; one whose
+    live weights or shadow are not the starting state (or a resumed one's not its journal's), unless ``force``;
+    and one whose canary does not answer (preflight.py)."""
     path = Path(journal_path or default_journal())
     validate_spec(spec)
     with Journal(path) as journal, journal.controller_lock() as mine:
         if not mine:
             raise QliftError(f"a controller (pid {journal.controller_pid()}) is already running {path}",
-                             hint="Watch it with `qlift promote status`, or stop it first.")
+                             hint=f"Watch it with `qlift promote status{journal_flag(path)}`, or stop it first.")
         latest = journal.latest()
         if latest is not None and (journal.abort_marker.exists() or not (latest.state in RUNNING
                                                                          or latest.state == State.PAUSED)):
@@ -106,18 +111,24 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
             if (active.stable, active.canary) != (spec.stable, spec.canary):
                 raise BadInputError(
                     f"{path} has rollout {active.id} of {active.canary} over {active.stable} in progress",
-                    hint="Resume it with `qlift promote resume`, or `qlift promote abort` it first.")
+                    hint=f"Resume it with `qlift promote resume{journal_flag(path)}`, or "
+                         f"`qlift promote abort{journal_flag(path)}` it first.")
             log.info("resuming rollout %d at step %d/%d (%s)", active.id, active.step + 1, len(active.steps),
                      active.state)
-            return run_controller(journal, active)
-        if latest is not None and latest.state == State.PROMOTED and not new:
+            resumed_plane = make_plane(spec_of(active))
+            preflight.check_resume_state(resumed_plane, journal, active, force=force)
+            return run_controller(journal, active, plane=resumed_plane)
+        if latest is not None and latest.state in (State.PROMOTED, State.FINISHED) and not new:
             raise BadInputError(
                 f"rollout {latest.id} in {path} already promoted {latest.canary} (it has 100% of the traffic); "
                 f"a new rollout would move weights back to {spec.canary} {spec.steps[0]}%",
-                hint="Pass --new to start another rollout, or `qlift promote status` to see the last one.")
+                hint=f"Pass --new to start another rollout, or `qlift promote status{journal_flag(path)}` to see "
+                     "the last one.")
         plane = make_plane(spec)
         check_versions(plane, [spec.stable, spec.canary])
         check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
+        preflight.check_start_state(plane, spec, journal, journal_path, force=force)
+        preflight.check_canary_serves(plane, spec)
         models = getattr(plane, "backend_models", None)
         _eval_gate(spec, plane.backend_urls(), models() if callable(models) else None)
         first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
@@ -127,10 +138,22 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
         return run_controller(journal, r, plane=plane)
 
 
+def _existing_journal(journal_path: Path | None) -> Path:
+    """The journal a control command (pause, resume, abort, promote) acts on: never created here, where it would
+    hold no rollout to act on."""
+    path = Path(journal_path or default_journal())
+    if not path.exists():
+        raise NotFoundError(f"no rollout journal at {path}",
+                            hint="Pass the --journal FILE `qlift promote start` wrote, or start one.")
+    return path
+
+
 def _latest(journal: Journal) -> Rollout:
     r = journal.latest()
     if r is None:
-        raise QliftError(f"no rollout in {journal.path}", hint="Start one with `qlift promote start`.")
+        raise QliftError(f"no rollout in {journal.path}",
+                         hint=f"Start one with `qlift promote start{journal_flag(journal.path)}` and its --router, "
+                         "--stable and --canary (or -f SPEC).")
     return r
 
 
@@ -140,7 +163,7 @@ def _not_final(journal: Journal, r: Rollout) -> None:
 
 
 def pause(journal_path: Path | None = None) -> Rollout:
-    with Journal(Path(journal_path or default_journal())) as journal:
+    with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
         _not_final(journal, r)
         with journal.tx() as db:
@@ -161,7 +184,7 @@ def paused_from(journal: Journal, r: Rollout) -> State:
 def resume(journal_path: Path | None = None) -> Rollout:
     """Set a paused rollout going again (an unconfirmed abort: retry it); with no controller running,
     run one here (foreground)."""
-    with Journal(Path(journal_path or default_journal())) as journal:
+    with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
         spec = spec_of(r)
         if journal.abort_marker.exists() or r.state == State.ABORT_REQUESTED or r.state.final:
@@ -188,7 +211,7 @@ def resume(journal_path: Path | None = None) -> Rollout:
 
 def abort(journal_path: Path | None = None) -> Rollout:
     """Weights back to 100% stable (journaled first), state aborted once the data plane confirms."""
-    with Journal(Path(journal_path or default_journal())) as journal:
+    with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
         plane = make_plane(spec_of(r))
         try:
@@ -214,11 +237,12 @@ def abort(journal_path: Path | None = None) -> Rollout:
 
 def promote_now(journal_path: Path | None = None) -> Rollout:
     """Skip the remaining analysis: 100% canary, state promoted, recorded as manual."""
-    with Journal(Path(journal_path or default_journal())) as journal:
+    with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
         _not_final(journal, r)
         if r.state == State.ABORT_REQUESTED:
-            raise QliftError(f"rollout {r.id} has an abort requested", hint="Run `qlift promote abort` to finish it.")
+            raise QliftError(f"rollout {r.id} has an abort requested",
+                             hint=f"Run `qlift promote abort{journal_flag(journal.path)}` to finish it.")
         spec = spec_of(r)
         plane = make_plane(spec)
         reason = "manual promotion: remaining analysis skipped"
@@ -232,7 +256,7 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
         if not journal.change_weights(r.id, r.weights_for(100), reason, plane.set_weights,
                                       allowed_states=(r.state,), also=also):
             raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
-                             hint="See `qlift promote status`, then try again.")
+                             hint=f"See `qlift promote status{journal_flag(journal.path)}`, then try again.")
         shadow_off(spec, plane)
         notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": "promote", "state": State.PROMOTED.value,
                               "reason": reason, "stable": r.stable, "canary": r.canary, "manual": True,
@@ -266,10 +290,10 @@ def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, 
     return final, rec
 
 
-def raise_for_outcome(r: Rollout) -> None:
-    """Exit codes of `start`/`resume`: promoted 0, rolled back 10, aborted 1."""
+def raise_for_outcome(r: Rollout, journal_path: Path | None = None) -> None:
+    """Exit codes of `start`/`resume`: promoted 0, rolled back 10, aborted 1 (the hint names ``journal_path``)."""
     if r.state == State.ROLLED_BACK:
         raise GateFailedError(f"rollout {r.id} rolled back: {r.reason}",
-                              hint="See `qlift promote status` for the evidence.")
+                              hint=f"See `qlift promote status{journal_flag(journal_path)}` for the evidence.")
     if r.state in (State.ABORTED, State.ABORT_REQUESTED):
         raise QliftError(f"rollout {r.id} was aborted by an operator")

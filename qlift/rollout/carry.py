@@ -30,6 +30,14 @@ def load(kind: str, text: str) -> Held:
     return _shadow(data) if kind == "shadow" else _evidence(data)
 
 
+def dump_version(ev: VersionEvidence) -> str:
+    return json.dumps(to_jsonable(ev))
+
+
+def load_version(text: str) -> VersionEvidence:
+    return _version(json.loads(text))
+
+
 def _judged(d: dict[str, Any] | None) -> JudgeResult | None:
     return None if d is None else JudgeResult(**d)
 

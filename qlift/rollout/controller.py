@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from qlift.errors import QliftError
-from qlift.rollout import carry
+from qlift.rollout import bake, carry
 from qlift.rollout.aborts import confirm_abort, journal_marked_abort
-from qlift.rollout.analysis import SHADOW_STEP, Analysis, Assessment
+from qlift.rollout.analysis import BAKE_STEP, DOWN, SHADOW_STEP, Analysis, Assessment
 from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
+from qlift.rollout.preflight import out_of_rotation
 from qlift.rollout.reconcile import Drift, Reconciler
 from qlift.rollout.shadow import ShadowEvidence, ShadowSource
 from qlift.rollout.sources import Collector
@@ -66,6 +67,7 @@ class Controller:
         self.split_pairs = _split_pairs(spec, self.shadow_source)
         self.reconciler = Reconciler(journal, rollout_id, plane)
         self.webhook_failures = 0
+        self._down_seen: str | None = None  # the router's reason, where it took the canary out during this window
         self._retry_s = pace.tick
         self._next_paused_check = 0.0
 
@@ -84,7 +86,7 @@ class Controller:
                 if self.journal.abort_marker.exists() and not r.state.final:
                     self._abort_marked(r)
                     continue
-                if r.state.final:
+                if r.state.final or r.state == State.BAKED:  # baked: the stable awaits `promote finish`
                     self._converge_final(r)
                     return self.journal.get(self.rid)
                 self._step(r)
@@ -114,6 +116,8 @@ class Controller:
             self.sleep(self.tick)
         elif r.state == State.SHADOWING:
             self._shadow_window(r)
+        elif r.state == State.BAKING:
+            self._bake_window(r)
         else:
             weight = r.steps[r.step]
             if not self._ensure_weights(r, r.weights_for(weight), f"step {r.step + 1}/{len(r.steps)}: canary "
@@ -197,13 +201,33 @@ class Controller:
             return True
         return False
 
+    def _saw_down(self, r: Rollout) -> bool:
+        """Note the router's reason while it keeps the canary out of rotation during the window (never ends it)."""
+        why = out_of_rotation(self.plane, r.canary)
+        if why is not None:
+            self._down_seen = why
+        return False
+
+    def _mark_down(self, r: Rollout, ev: Evidence) -> None:
+        """A canary the router keeps out of rotation at the window's end: no measurement (held as ``canary DOWN``,
+        rolled back after consecutive_error_limit such windows); one that was out for part of it: a note."""
+        why = out_of_rotation(self.plane, r.canary)
+        ev.canary.down, ev.canary.down_seen = why, self._down_seen
+        if why is not None:
+            ev.error = ev.error or f"{DOWN}: {why}"
+            log.warning("%s: %s", DOWN, why)
+        elif self._down_seen is not None:
+            ev.notes.append(f"the router kept the canary out of rotation during the window ({self._down_seen}); "
+                            "it was back by the window's end")
+
     def _begin_window(self) -> None:
+        self._down_seen = None
         if self.split_pairs is not None:
             self.split_pairs.begin()
         self.collector.begin()
 
     def _window(self, r: Rollout, weight: int) -> None:
-        void, note, failure = self._watch(r, self._begin_window, lambda: self._peek(r))
+        void, note, failure = self._watch(r, self._begin_window, lambda: self._saw_down(r) or self._peek(r))
         if void is not None:
             self._discard(r, void)
             return
@@ -220,6 +244,7 @@ class Controller:
                 ev = self._no_evidence(r, exc.one_line())
         if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
             ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
+        self._mark_down(r, ev)
         v = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes, errors=r.errors)
         log_window(f"window at {weight}%: canary {ev.canary.requests} requests, stable {ev.stable.requests}",
                    v.phase, v.reason, v.decision.checks)
@@ -298,6 +323,8 @@ class Controller:
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.PASSED)
             self.journal.start_step(db, self.rid, nxt, weight)
             self.journal.update(db, self.rid, step=nxt, holds=0, passes=0, errors=0)
+            if weight == 100 and self.spec.bake and isinstance(v.evidence, Evidence):
+                bake.keep_baseline(db, self.rid, r.step, v.evidence.stable)
 
         reason = f"step {nxt + 1}/{len(r.steps)}: canary {weight}%"
         if self.journal.change_weights(self.rid, r.weights_for(weight), reason, self.plane.set_weights,
@@ -319,6 +346,8 @@ class Controller:
             self._notify(r, "rollback", v.reason, v.decision.p_values, state=State.ROLLED_BACK)
 
     def _promoted(self, r: Rollout) -> None:
+        if self.spec.bake and self._start_bake(r):
+            return
         reason = f"canary {r.canary} at 100%: promoted"
         with self.journal.tx() as db:
             if not self.journal.transition(db, self.rid, State.PROGRESSING, State.PROMOTED, reason,
@@ -403,6 +432,73 @@ class Controller:
             self.shadow_source.stop()
         except QliftError as exc:
             log.warning("could not turn the router's shadow mirroring off: %s", exc.one_line())
+
+    # -- the bake after 100% (bake.py) -----------------------------------------------
+
+    def _start_bake(self, r: Rollout) -> bool:
+        """progressing -> baking at the 100% step; False (promoted as before) when no stable figures were kept."""
+        if bake.baseline(self.journal, self.rid) is None:
+            log.warning("no stable figures were kept from before 100%%: promoted without a bake")
+            return False
+        reason = (f"canary {r.canary} at 100%: baking {self.spec.bake} window(s) against the stable's last figures; "
+                  f"the stable {r.stable} keeps running at weight 0")
+        with self.journal.tx() as db:
+            if self.journal.transition(db, self.rid, State.PROGRESSING, State.BAKING, reason, holds=0, passes=0,
+                                       errors=0):
+                self.journal.decide(db, self.rid, r.step, "bake", reason)
+        self.analysis.reset()
+        log.info(reason)
+        self._notify(r, "bake", reason, {}, state=State.BAKING)
+        return True
+
+    def _bake_window(self, r: Rollout) -> None:
+        if not self._ensure_weights(r, r.weights_for(100), "bake: canary 100%", start_step=None):
+            return
+        kept = bake.baseline(self.journal, self.rid)
+        assert kept is not None  # kept in the transaction that moved to 100% (_advance)
+        stable, about = kept
+
+        def peek() -> bool:
+            try:
+                ev = self.collector.peek()
+            except QliftError:
+                return False
+            if self.analysis.early_stop_bake(ev, stable, about):
+                log.info("canary errors are already significant: ending the bake window early")
+                return True
+            return False
+
+        void, note, failure = self._watch(r, self.collector.begin, peek)
+        if void is not None:
+            self._discard(r, void)
+            return
+        if self._canary_changed(r):
+            return
+        if failure is None:
+            try:
+                ev = self.collector.collect()
+                ev.notes += [note] if note else []
+            except QliftError as exc:
+                ev = self._no_evidence(r, exc.one_line())
+        else:
+            ev = self._no_evidence(r, failure)
+        v = self.analysis.assess_bake(ev, stable, about, holds=r.holds, passes=r.passes, errors=r.errors)
+        log_window(f"bake window at 100%: canary {ev.canary.requests} requests, stable's kept {stable.requests}",
+                   v.phase, v.reason, v.decision.checks)
+        if v.phase == Phase.ADVANCE:
+            self._baked(r, v)
+        else:
+            self._act(r, v, step=BAKE_STEP)
+
+    def _baked(self, r: Rollout, v: Assessment) -> None:
+        with self.journal.tx() as db:
+            if not self.journal.transition(db, self.rid, State.BAKING, State.BAKED, v.reason,
+                                           desired_version=r.canary, holds=0, passes=0, errors=0):
+                return
+            self._journal_window(db, BAKE_STEP, v, reason=v.reason)
+            self.journal.finish_step(db, self.rid, r.step, StepOutcome.PROMOTED)
+        log.info("%s; `qlift promote finish` releases the stable %s", v.reason, r.stable)
+        self._notify(r, "baked", v.reason, v.decision.p_values, state=State.BAKED)
 
     # -- notifications ---------------------------------------------------------------
 

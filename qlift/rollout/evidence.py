@@ -38,6 +38,9 @@ class VersionEvidence:
     vllm: dict[str, float | None] = field(default_factory=dict)  # from the backend's /metrics
     # the answers' texts with their requests (qlift.quality judges them); None: the source cannot see answers
     answers: list[Answer] | None = None
+    sessions: int | None = None  # requests that carried a session key (sticky to a version); None: cannot tell
+    down: str | None = None  # the router keeps it out of rotation at the window's end: its reason
+    down_seen: str | None = None  # ... at some check during the window (it may be back by the end)
 
     @property
     def error_rate(self) -> float | None:
@@ -92,7 +95,9 @@ class VersionEvidence:
             empty=add(self.empty, later.empty), quantiles=dict(later.quantiles or self.quantiles),
             vllm=dict(later.vllm or self.vllm),
             answers=None if self.answers is None and later.answers is None else
-            (self.answers or []) + (later.answers or []))
+            (self.answers or []) + (later.answers or []),
+            sessions=add(self.sessions, later.sessions), down=later.down,
+            down_seen=later.down_seen or later.down or self.down_seen or self.down)
 
     def summary(self) -> dict[str, Any]:
         """The numbers the journal and `status` keep (samples reduced to quantiles)."""
@@ -111,6 +116,10 @@ class VersionEvidence:
             out["vllm"] = dict(self.vllm)
         if self.answers is not None:
             out["answers"] = len(self.answers)
+        if self.sessions is not None:
+            out["sessions"] = self.sessions
+        if self.down is not None:
+            out["down"] = self.down
         return out
 
 
@@ -161,7 +170,7 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
     answer): those feed the latency and per-token samples only.
     """
     ev = VersionEvidence(version, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
-                         completion_tokens_sum=0.0, empty=0)
+                         completion_tokens_sum=0.0, empty=0, sessions=0)
     answers: list[Answer] = []
     for r in records:
         if r.client_disconnected:
@@ -170,6 +179,8 @@ def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidenc
         if sample is not None and r.ok:
             answers.append(Answer(sample.request(), sample.text, finish_reason=r.finish_reason))
         ev.requests += 1
+        if getattr(r, "session", False):
+            ev.sessions = (ev.sessions or 0) + 1
         if not r.ok:
             ev.errors = (ev.errors or 0) + 1
             if getattr(r, "reason", None) in BAD_ANSWER_REASONS:

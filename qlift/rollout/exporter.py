@@ -12,6 +12,10 @@ Series (``rollout`` is the journal's rollout id):
   qlift_rollout_step{rollout}                                  index into the spec's steps
   qlift_rollout_interval_seconds{rollout,canary}               the analysis window (--interval)
   qlift_rollout_windows_total{rollout,canary,action}           windows judged, by decision (advance, hold, ...)
+  qlift_rollout_canary_down{rollout,canary,reason}             1 while the last window found the canary out of
+                                                               the router's rotation (reason: the router's), else 0
+  qlift_rollout_bake_windows_left{rollout,canary}              --bake: passing windows at 100% still needed
+  qlift_rollout_bake_windows_total{rollout,canary,action}      --bake: bake windows judged, by decision
   qlift_nginx_responses_total{pool,status_class}               what nginx answered, by the version it chose
   qlift_nginx_upstream_responses_total{upstream,status_class}   each attempt on a server (host:port), retries too
 """
@@ -35,7 +39,9 @@ from qlift.fsutil import AppendedLines
 log = logging.getLogger(__name__)
 ROLLOUT_LABELS = ["rollout", "stable", "canary", "state", "data_plane"]
 SERIES = ("qlift_rollout_info", "qlift_rollout_canary_weight", "qlift_rollout_step", "qlift_rollout_interval_seconds",
-          "qlift_rollout_windows_total", "qlift_nginx_responses_total", "qlift_nginx_upstream_responses_total")
+          "qlift_rollout_windows_total", "qlift_rollout_canary_down", "qlift_nginx_responses_total",
+          "qlift_nginx_upstream_responses_total")
+BAKE_SERIES = ("qlift_rollout_bake_windows_left", "qlift_rollout_bake_windows_total")  # a rollout with --bake only
 
 
 def status_class(status: int | None) -> str:
@@ -116,6 +122,9 @@ class RolloutCollector(Collector):
         for action, n in sorted(Counter(str(w["action"]) for w in history.get("windows") or []).items()):
             windows.add_metric([rid, r.canary, action], n)
         yield windows
+        yield _canary_down(rid, r.canary, history.get("windows") or [])
+        if spec.get("bake"):
+            yield from _bake(r, history.get("windows") or [])
         prefix = (spec.get("nginx") or {}).get("prefix")
         if spec.get("data_plane") == "nginx" and prefix:
             yield from self._nginx(Path(prefix) / "logs" / "access.jsonl")
@@ -133,6 +142,36 @@ class RolloutCollector(Collector):
         for (addr, cls), n in sorted(self.nginx.upstream.items()):
             upstream.add_metric([addr, cls], n)
         yield upstream
+
+
+def _bake(r: Any, windows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The bake after 100%: windows still needed, and its windows by decision (they count in windows_total too)."""
+    from qlift.rollout.analysis import BAKE_STEP
+    from qlift.rollout.states import Phase, State
+
+    rid, baked = str(r.id), [w for w in windows if w["step"] == BAKE_STEP]
+    passed = sum(1 for w in baked if Phase(w["action"]) in (Phase.PASS, Phase.ADVANCE))
+    needed = int(r.spec["bake"])
+    left = GaugeMetricFamily("qlift_rollout_bake_windows_left", "Passing bake windows at 100% still needed (0 once "
+                             "the bake passed or the rollout ended).", labels=["rollout", "canary"])
+    left.add_metric([rid, r.canary], max(0, needed - passed) if not r.state.final and r.state != State.BAKED else 0)
+    yield left
+    counts = CounterMetricFamily("qlift_rollout_bake_windows", "Bake windows judged at 100%, by decision.",
+                                 labels=["rollout", "canary", "action"])
+    for action, n in sorted(Counter(str(w["action"]) for w in baked).items()):
+        counts.add_metric([rid, r.canary, action], n)
+    yield counts
+
+
+def _canary_down(rid: str, canary: str, windows: list[dict[str, Any]]) -> Metric:
+    from qlift.rollout.status import last_down
+
+    why = last_down(windows)
+    down = GaugeMetricFamily("qlift_rollout_canary_down", "1 while the router keeps the canary out of rotation "
+                             "(as the last judged window found it; reason: the router's), else 0.",
+                             labels=["rollout", "canary", "reason"])
+    down.add_metric([rid, canary, why or ""], 0 if why is None else 1)
+    return down
 
 
 def serve_metrics(journal: Path, port: int, host: str = "127.0.0.1") -> Any:

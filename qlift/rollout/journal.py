@@ -40,6 +40,28 @@ def default_journal() -> Path:
     return qlift_home() / "rollouts" / "journal.sqlite"
 
 
+def journal_flag(path: Path | str | None) -> str:
+    """`` --journal PATH`` for a hint's command, so it acts on the journal the command was given ('' for the
+    default one)."""
+    import shlex
+
+    if path is None or Path(path).expanduser().absolute() == default_journal().expanduser().absolute():
+        return ""
+    return f" --journal {shlex.quote(str(path))}"
+
+
+def with_journal(text: str, path: Path | str | None) -> str:
+    """Every `qlift promote CMD ...` quoted in ``text`` with `` --journal PATH`` (unless it has one), so a hint
+    printed for a journal other than the default acts on that journal as printed."""
+    import re
+
+    flag = journal_flag(path)
+    if not flag or not text or "--journal FILE" in text:  # a hint about which journal to pass: as it is
+        return text
+    return re.sub(r"`(qlift promote [a-z]+[^`]*)`",
+                  lambda m: m.group(0) if "--journal" in m.group(1) else f"`{m.group(1)}{flag}`", text)
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 

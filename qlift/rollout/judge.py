@@ -43,6 +43,7 @@ from qlift.rollout.checks import run_checks as _run
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.shadow import ShadowEvidence
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
+from qlift.rollout.traffic import TrafficCause, explain
 
 
 class Action(StrEnum):
@@ -74,15 +75,16 @@ class Sizing:
     window_s: float
     requests_per_s: float  # both versions together over the window
     canary_share: float  # the planned weight (0-1) where the evidence carries it, else the observed share
-    needed_interval_s: float | None  # the window that would see min_requests at this rate and share
+    # the window that would see min_requests at this rate and share; None where a longer one is not the fix
+    needed_interval_s: float | None
+    cause: TrafficCause | None = None  # why, from the router's counts (traffic.py)
 
     def advice(self) -> str:
+        if self.cause is not None:
+            return self.cause.text
         expected = self.canary_share * self.requests_per_s * self.window_s
-        text = (f"canary {self.canary_share:.0%} x {self.requests_per_s:.3g} req/s x {self.window_s:.0f}s = "
-                f"{expected:.1f} requests < min_requests {self.min_requests}")
-        if self.needed_interval_s is not None:
-            text += f"; needs --interval >= {self.needed_interval_s:.0f}s at this traffic"
-        return text + ", more traffic, or a lower --min-requests"
+        return (f"canary {self.canary_share:.0%} x {self.requests_per_s:.3g} req/s x {self.window_s:.0f}s = "
+                f"{expected:.1f} requests < min_requests {self.min_requests}, more traffic, or a lower --min-requests")
 
 
 @dataclass
@@ -135,8 +137,12 @@ def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
     rps = total / window_s
     observed = ev.canary.requests / total if total else 0.0
     share = ev.weight / 100 if ev.weight is not None else observed
-    needed = a.min_requests / (share * rps) if share > 0 and rps > 0 else None
-    return Sizing(ev.canary.requests, a.min_requests, window_s, rps, share, needed)
+    sessions = None if ev.canary.sessions is None and ev.stable.sessions is None else \
+        (ev.canary.sessions or 0) + (ev.stable.sessions or 0)
+    cause = explain(canary=ev.canary.requests, stable=ev.stable.requests, share=share, window_s=window_s,
+                    windows=ev.windows, min_requests=a.min_requests, sessions=sessions,
+                    down=ev.canary.down or ev.canary.down_seen)
+    return Sizing(ev.canary.requests, a.min_requests, window_s, rps, share, cause.needed_interval_s, cause)
 
 
 def judge(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | None = None) -> Decision:

@@ -21,7 +21,7 @@ from qlift.rollout import report_svg as charts
 from qlift.rollout.checks import CheckStatus
 from qlift.rollout.states import State
 from qlift.rollout.status import RolloutStatus
-from qlift.rollout.view import VERDICTS, measure, traffic
+from qlift.rollout.view import VERDICTS, down_line, measure, num, pass_reason, role_words, traffic
 
 CSS = EVAL_CSS + """
 .rollout-chart .grid{stroke:#eee}.rollout-chart polyline{fill:none;stroke-width:2}
@@ -33,10 +33,12 @@ stroke-dasharray:5 4;stroke-width:1.5}.point.canary{fill:#3b6fd8}.point.stable{f
 margin-right:4px}.key.canary{background:#3b6fd8}.key.stable{background:#777}.key.limit{background:#b3261e}
 td.check.ok{background:#e6f4ea}td.check.hold{background:#fef7e0}td.check.FAIL{background:#fdf0ef;
 color:#b3261e;font-weight:bold}td.check.skipped{color:#999}.state{font-size:1.1em;padding:8px 12px;
-border-radius:6px;border:2px solid #ddd}.state.promoted{border-color:#137333;background:#e6f4ea}
+border-radius:6px;border:2px solid #ddd}.state.promoted,.state.baked,.state.finished{border-color:#137333;
+background:#e6f4ea}.bake-phase{fill:#e6f4ea}
 .state.rolled_back{border-color:#b3261e;background:#fdf0ef}.scroll{overflow-x:auto}
 """
-STATE_WORDS = {State.PROMOTED: "PROMOTED", State.ROLLED_BACK: "ROLLED BACK", State.ABORTED: "ABORTED"}
+STATE_WORDS = {State.PROMOTED: "PROMOTED", State.ROLLED_BACK: "ROLLED BACK", State.ABORTED: "ABORTED",
+               State.BAKING: "BAKING", State.BAKED: "BAKED", State.FINISHED: "FINISHED"}
 
 
 def windows_of(st: RolloutStatus) -> tuple[list[dict[str, Any]], list[str]]:
@@ -49,7 +51,24 @@ def windows_of(st: RolloutStatus) -> tuple[list[dict[str, Any]], list[str]]:
         for i, w in enumerate(s.windows):
             windows.append(w)
             labels.append(f"{s.weight}%" + (f" #{i + 1}" if len(s.windows) > 1 else ""))
+    for i, w in enumerate(st.bake.windows if st.bake else []):
+        windows.append(w)
+        labels.append(f"bake {i + 1}")
     return windows, labels
+
+
+def _bake(st: RolloutStatus) -> str:
+    """The bake after 100%: where it stands, windows left, and the stable's kept figures it was judged against."""
+    b = st.bake
+    if b is None:
+        return ""
+    kept = "" if b.baseline is None else (
+        f" The stable's figures it is judged against: {escape(traffic(b.baseline))}, error rate "
+        f"{escape(num(b.baseline.get('error_rate')))}, latency p50 {escape(num(b.baseline.get('latency_p50')))}s "
+        f"({escape(str(b.baseline.get('note', '')))}).")
+    return (f'<h2>Bake after 100%</h2><p class="bake" data-phase="{escape(b.phase)}" data-left="{b.left}">'
+            f"<b>{escape(b.phase)}</b>: {b.passed}/{b.required} window(s) passed, {b.left} left; "
+            f"{escape(b.judged)}.{kept}</p>")
 
 
 def _check_table(windows: list[dict[str, Any]], labels: list[str]) -> str:
@@ -68,6 +87,7 @@ def _check_table(windows: list[dict[str, Any]], labels: list[str]) -> str:
             status = CheckStatus(c["status"])
             verdict = VERDICTS.get(status, status.value)
             p = "" if c.get("p_value") is None else f"<br><small>p={c['p_value']:.3g}</small>"
+            p += f"<br><small>{escape(why)}</small>" if (why := pass_reason(c)) else ""
             cells.append(f'<td class="check {escape(verdict)}" data-check="{escape(name)}" '
                          f'title="{escape(c["detail"])}">{escape(measure(c))} {escape(verdict)}{p}</td>')
         rows.append(f"<tr><td>{escape(name)}</td>{''.join(cells)}</tr>")
@@ -137,6 +157,25 @@ def _latency_title(windows: list[dict[str, Any]]) -> str:
     return "per-token latency" if any("token_latency" in d for d in details) else "latency"
 
 
+def _interruptions(st: RolloutStatus) -> str:
+    """The controller's stops and resumes (SIGTERM, Ctrl-C, a kill), and the router's weights while none runs."""
+    rows = [f'<li class="interruption">controller {escape(i.line())}</li>' for i in st.interruptions]
+    if st.live is not None:
+        now = ("does not answer: " + str(st.live["error"])) if st.live["weights"] is None else \
+            "holds " + " / ".join(f"{k} {v}%" for k, v in st.live["weights"].items())
+        rows.append(f'<li class="live">router {escape(st.live["url"])} now {escape(now)}</li>')
+    if not rows:
+        return ""
+    return "<h2>Interruptions</h2><ul class=interruptions>" + "".join(rows) + "</ul>"
+
+
+def _down(st: RolloutStatus) -> str:
+    """The router's reason, where the last window found the canary out of rotation."""
+    if st.canary_down is None:
+        return ""
+    return f'<p class="state rolled_back canary-down" data-canary-down="1"><b>{escape(down_line(st))}</b></p>'
+
+
 def render_report(st: RolloutStatus) -> str:
     windows, labels = windows_of(st)
     state = st.state.value
@@ -148,16 +187,18 @@ def render_report(st: RolloutStatus) -> str:
     lead = (f"Rollout {st.id} from <code>{escape(st.journal)}</code>, started {st.created_at[:19]} UTC, "
             f"last change {st.updated_at[:19]} UTC; steps {', '.join(str(s.weight) + '%' for s in st.steps)}"
             + (f" after a shadow phase ({shadow.spec['percent']}% mirrored)" if shadow else "")
+            + (f", then a bake of {st.bake.required} window(s) at 100%" if st.bake else "")
             + f"; weights now {weights}.")
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>qlift promote: {title}</title><style>{CSS}</style></head><body>"
         f"<h1>qlift promote: {title}</h1><p>{lead}</p>"
         f'<p class="state {escape(state)}" data-state="{escape(state)}"><b>{STATE_WORDS.get(st.state, escape(state))}'
-        f'</b>: <span class="reason">{escape(st.reason or st.state_doc)}</span></p>'
-        "<h2>Weights over time</h2><p>The canary's share of users; dots under the axis: each judged window's "
+        f'</b>: <span class="reason">{escape(role_words(st.reason or st.state_doc, st))}</span></p>'
+        + _interruptions(st) + _down(st)
+        + "<h2>Weights over time</h2><p>The canary's share of users; dots under the axis: each judged window's "
         "verdict where it ended.</p>" + charts.weights_chart(st, windows)
-        + "<h2>Window verdicts</h2>" + charts.verdict_strip(windows, labels)
+        + "<h2>Window verdicts</h2>" + charts.verdict_strip(windows, labels) + _bake(st)
         + f"<h2>Canary vs stable</h2>{legend}<div class=charts>"
         + f'<div class="chart"><h3>{_latency_title(windows)} (s, the judge\'s quantile)</h3>'
         + charts.compared_chart("latency", windows, labels) + "</div>"

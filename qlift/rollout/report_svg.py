@@ -92,6 +92,12 @@ def weights_chart(st: RolloutStatus, windows: list[dict[str, Any]]) -> str:
                      f'height="{H - TOP - BOTTOM}"><title>shadow phase: {percent}% of requests mirrored to the '
                      f'canary, users see none of its answers</title></rect>'
                      f'<text x="{x1 + 4:.1f}" y="{TOP + 12}">shadow: {percent}% mirrored</text>')
+    baking = bake_span(st, end)
+    if baking is not None:
+        x1, x2 = ax.x(baking[0]), ax.x(baking[1])
+        parts.append(f'<rect class="bake-phase" x="{x1:.1f}" y="{TOP}" width="{max(x2 - x1, 1):.1f}" '
+                     f'height="{H - TOP - BOTTOM}"><title>bake: the canary at 100% judged against the stable\'s '
+                     f'last figures</title></rect><text x="{x1 + 4:.1f}" y="{TOP + 24}">bake</text>')
     points, weight = [], 0
     for t, w in changes:
         points += [(t, weight), (t, w)]
@@ -120,6 +126,16 @@ def shadow_span(st: RolloutStatus, end: float) -> tuple[float, float] | None:
         return None
     left = [ts(e["at"]) for e in st.events if e["kind"] == "state" and State(e["detail"]["from"]) is State.SHADOWING]
     return ts(st.created_at), (left[0] if left else end)
+
+
+def bake_span(st: RolloutStatus, end: float) -> tuple[float, float] | None:
+    """From the move into ``baking`` to the move out of it (or the last record, if it is still baking)."""
+    moves = [e for e in st.events if e["kind"] == "state"]
+    into = [ts(e["at"]) for e in moves if State(e["detail"]["to"]) is State.BAKING]
+    if not into:
+        return None
+    out = [ts(e["at"]) for e in moves if State(e["detail"]["from"]) is State.BAKING and ts(e["at"]) >= into[0]]
+    return into[0], (out[-1] if out else end)
 
 
 def verdict_strip(windows: list[dict[str, Any]], labels: list[str]) -> str:

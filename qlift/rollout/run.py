@@ -23,6 +23,7 @@ class RolloutInputs:
     journal: Path | None = None
     new: bool = False
     allow_stable_down: bool = False
+    force: bool = False  # start although the live weights or shadow are not the starting state (preflight.py)
     canary_adapter: tuple[str, Path] | None = None
 
 
@@ -33,5 +34,6 @@ def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
 
         name, adapter = inputs.canary_adapter
         return start_with_adapter(options, inputs.journal, name, adapter, new=inputs.new,
-                                  allow_stable_down=inputs.allow_stable_down)[0]
-    return start(options, inputs.journal, new=inputs.new, allow_stable_down=inputs.allow_stable_down)
+                                  allow_stable_down=inputs.allow_stable_down, force=inputs.force)[0]
+    return start(options, inputs.journal, new=inputs.new, allow_stable_down=inputs.allow_stable_down,
+                 force=inputs.force)

@@ -299,6 +299,10 @@ class RolloutSpec(_Strict):
     webhook: str | None = Field(None, description="POST a JSON event here on every decision (failures are logged, "
                                 "never fatal).")
     shadow: ShadowSpec | None = Field(None, description="A shadow phase before the first step (qlift router only).")
+    bake: int = Field(
+        0, ge=0, description="Windows judged at canary 100% after the last step, against the stable's last figures "
+        "and answers (kept from its last window before the switch); a failure rolls back to the stable, which keeps "
+        "running at weight 0 until `qlift promote finish`. 0: promoted at once at 100%.")
 
     @field_validator("steps")
     @classmethod
@@ -313,6 +317,9 @@ class RolloutSpec(_Strict):
     def _consistent(self) -> RolloutSpec:
         if self.stable == self.canary:
             raise ValueError("stable and canary must be different versions")
+        if self.bake and len(self.steps) < 2:
+            raise ValueError("bake needs a step below 100 first: the bake judges the canary against the stable's "
+                             "figures from that step's last window")
         if self.data_plane == "builtin" and not self.router:
             raise ValueError("the builtin data plane needs router: URL (--router)")
         if self.data_plane == "nginx":
@@ -360,7 +367,7 @@ class RolloutSpec(_Strict):
 # section -> (model, flag prefix, fields left to hand-written flags)
 # "spec" is RolloutSpec's own top-level fields; those with a richer or no CLI form stay out.
 SPEC_FLAGS = ("stable", "canary", "router", "steps", "interval", "data_plane", "eval_report", "canary_model",
-              "webhook")
+              "webhook", "bake")
 OPTION_SECTIONS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
     "spec": (RolloutSpec, "", tuple(f for f in RolloutSpec.model_fields if f not in SPEC_FLAGS)),
     "analysis": (AnalysisSpec, "", ()),

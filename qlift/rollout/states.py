@@ -15,9 +15,12 @@ class State(StrEnum):
     PROGRESSING = "progressing"  # the canary serves its step's share of users; windows are judged
     PAUSED = "paused"  # weights held; no window judged until `resume` (an operator, or too little traffic)
     ABORT_REQUESTED = "abort_requested"  # abort journaled; the data plane has not confirmed 100/0 yet
+    BAKING = "baking"  # --bake: the canary has 100%; each window is judged against the stable's last figures
+    BAKED = "baked"  # the bake passed: the canary has 100%, the stable still runs until `promote finish`
     PROMOTED = "promoted"  # final: the canary has 100%
     ROLLED_BACK = "rolled_back"  # final: the judge failed the canary; the stable has 100%
     ABORTED = "aborted"  # final: an operator aborted and the data plane confirmed 100/0
+    FINISHED = "finished"  # final: a baked canary kept 100% and `promote finish` released the stable
 
     @property
     def final(self) -> bool:
@@ -29,18 +32,23 @@ class State(StrEnum):
         return not self.final
 
 
-FINAL = frozenset({State.PROMOTED, State.ROLLED_BACK, State.ABORTED})
-RUNNING = frozenset({State.SHADOWING, State.PROGRESSING})
+FINAL = frozenset({State.PROMOTED, State.ROLLED_BACK, State.ABORTED, State.FINISHED})
+RUNNING = frozenset({State.SHADOWING, State.PROGRESSING, State.BAKING})
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.SHADOWING: frozenset({State.PROGRESSING, State.PAUSED, State.ROLLED_BACK, State.ABORT_REQUESTED,
                                 State.PROMOTED}),
-    State.PROGRESSING: frozenset({State.PAUSED, State.ROLLED_BACK, State.ABORT_REQUESTED, State.PROMOTED}),
-    State.PAUSED: frozenset({State.PROGRESSING, State.SHADOWING, State.ABORT_REQUESTED, State.PROMOTED}),
+    State.PROGRESSING: frozenset({State.PAUSED, State.ROLLED_BACK, State.ABORT_REQUESTED, State.PROMOTED,
+                                  State.BAKING}),
+    State.PAUSED: frozenset({State.PROGRESSING, State.SHADOWING, State.ABORT_REQUESTED, State.PROMOTED,
+                             State.BAKING}),
     State.ABORT_REQUESTED: frozenset({State.ABORTED}),
+    State.BAKING: frozenset({State.PAUSED, State.ROLLED_BACK, State.ABORT_REQUESTED, State.PROMOTED, State.BAKED}),
+    State.BAKED: frozenset({State.FINISHED, State.ABORT_REQUESTED}),
     State.PROMOTED: frozenset(),
     State.ROLLED_BACK: frozenset(),
     State.ABORTED: frozenset(),
+    State.FINISHED: frozenset(),
 }
 
 DESCRIPTIONS: dict[State, str] = {
@@ -51,9 +59,14 @@ DESCRIPTIONS: dict[State, str] = {
                   "too little canary traffic, or by a canary whose model changed)",
     State.ABORT_REQUESTED: "abort journaled, the data plane has not confirmed 100% stable yet: `abort`, `resume` "
                            "or `start` retry until it does",
+    State.BAKING: "bake after 100%: the canary serves every user; each window is judged against the stable's "
+                  "last figures (kept from before the switch); a failing check rolls back to the still-running stable",
+    State.BAKED: "the bake passed: the canary serves every user and the stable still runs (weight 0); "
+                 "`qlift promote finish` releases it, `qlift promote abort` still returns every user to it",
     State.PROMOTED: "final: the canary has 100% of the traffic",
     State.ROLLED_BACK: "final: a check failed (or analysis stayed inconclusive); the stable has 100%",
     State.ABORTED: "final: an operator aborted; the data plane confirmed 100% stable",
+    State.FINISHED: "final: the canary baked at 100% and `qlift promote finish` released the stable",
 }
 
 
@@ -64,7 +77,7 @@ def can_move(src: State | str, dst: State | str) -> bool:
 class Phase(StrEnum):
     """What the analysis (analysis.py) does with a judged window: a window record's ``action``."""
 
-    ADVANCE = "advance"  # the step (or the shadow phase) passed: the next step's weights
+    ADVANCE = "advance"  # the step (or the shadow phase, or the bake) passed: the next step's weights
     PASS = "pass"  # this window passed; the step needs more passing windows
     HOLD = "hold"  # inconclusive: the evidence is carried into the next window
     ROLLBACK = "rollback"  # a check failed, or analysis stayed inconclusive for too long

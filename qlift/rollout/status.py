@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import NotFoundError
 from qlift.rollout.aborts import spec_of
+from qlift.rollout.analysis import BAKE_STEP, SHADOW_STEP
+from qlift.rollout.bake import BakeStatus, bake_status
+from qlift.rollout.interruptions import Interruption, interruptions, live_weights
 from qlift.rollout.journal import Journal, default_journal
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import DESCRIPTIONS, State, StepOutcome
@@ -74,6 +77,11 @@ class RolloutStatus:
     drifts: int
     webhook_failures: int
     canary_adapter: dict[str, Any] | None  # --canary-adapter: its load state, serve line
+    bake: BakeStatus | None = None  # --bake: the windows at 100% after the last step (bake.py)
+    interruptions: list[Interruption] = field(default_factory=list)  # the controller's stops and resumes
+    interrupted: Interruption | None = None  # the last stop, not resumed, with no controller running
+    live: dict[str, Any] | None = None  # the router's weights now ({url, weights, error}) with no controller
+    canary_down: str | None = None  # the router's reason, where its last judged window found the canary out of rotation
 
     @property
     def final(self) -> bool:
@@ -106,7 +114,14 @@ def answer_checks_run(spec: RolloutSpec) -> dict[str, Any]:
     return {"split_windows": split, "shadow": shadow, "note": note}
 
 
+def last_down(windows: list[Record]) -> str | None:
+    """Why the router kept the canary out of rotation at the end of the last judged window (None: it was in)."""
+    return windows[-1]["canary"].get("down") if windows else None
+
+
 def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
+    if weight == 100 and spec.bake:
+        return f"then the bake: {spec.bake} window(s) at 100% judged against the stable's last figures (below)"
     if weight == 100:
         return "no window: the canary is promoted when this step's weights are applied (the last judged step " \
                "decided it)" if count > 1 else "no window: the canary is promoted at once"
@@ -115,6 +130,19 @@ def _judged(spec: RolloutSpec, weight: int, count: int) -> str:
 
 
 def rollout_status(journal_path: Path | None = None, rollout_id: int | None = None) -> RolloutStatus:
+    """The journal's latest rollout (or ``rollout_id``), everything about it, its controller's stops and
+    resumes, and, while no controller runs it, the weights the router holds now."""
+    st = _journal_status(journal_path, rollout_id)
+    st.interruptions = interruptions(st.events)
+    if not st.final and not st.controller.alive:
+        last = st.interruptions[-1] if st.interruptions else None
+        st.interrupted = last if last is not None and last.resumed_at is None else None
+        with Journal(Path(st.journal), readonly=True) as journal:
+            st.live = live_weights(spec_of(journal.get(st.id)))
+    return st
+
+
+def _journal_status(journal_path: Path | None = None, rollout_id: int | None = None) -> RolloutStatus:
     """The journal's latest rollout (or ``rollout_id``), everything about it."""
     from qlift.rollout.adapter import adapter_status
 
@@ -149,8 +177,10 @@ def rollout_status(journal_path: Path | None = None, rollout_id: int | None = No
             abort_not_journaled=unjournaled_abort, compares=_compares(spec), answer_checks=answer_checks_run(spec),
             steps=steps,
             shadow=None if spec.shadow is None else ShadowStatus(
-                spec.shadow.model_dump(mode="json"), [win for win in h["windows"] if win["step"] < 0]),
+                spec.shadow.model_dump(mode="json"), [win for win in h["windows"] if win["step"] == SHADOW_STEP]),
             decisions=h["decisions"], weight_changes=h["weight_changes"], events=h["events"],
             drifts=sum(1 for e in h["events"] if e["kind"] == "drift"),
             webhook_failures=sum(1 for e in h["events"] if e["kind"] == "webhook_failed"),
-            canary_adapter=adapter_status(path, r.id))
+            canary_adapter=adapter_status(path, r.id),
+            bake=bake_status(journal, r, spec, [win for win in h["windows"] if win["step"] == BAKE_STEP]),
+            canary_down=last_down(h["windows"]))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.checks import CheckStatus
+from qlift.rollout.journal import journal_flag, with_journal
 from qlift.rollout.states import Phase
 
 if TYPE_CHECKING:
@@ -58,9 +59,51 @@ def measure(c: dict[str, Any]) -> str:
 
 
 def check_cell(c: dict[str, Any]) -> str:
-    """``latency 1.20x/1.5 ok``: the check, its measure, its verdict (ok, hold, FAIL)."""
+    """``latency 1.20x/1.5 ok``: the check, its measure, its verdict (ok, hold, FAIL), and why a figure past its
+    limit passed (``ttft 2.51x/1.5 ok (only +0.12s over the stable: within the 0.5s tolerance)``)."""
     status = CheckStatus(c["status"])
-    return " ".join(p for p in (c["name"], measure(c), VERDICTS.get(status, status.value)) if p)
+    why = pass_reason(c)
+    return " ".join(p for p in (c["name"], measure(c), VERDICTS.get(status, status.value),
+                                f"({why})" if why else "") if p)
+
+
+AT_LEAST = frozenset({"agreement", "canary_requests"})  # checks whose figure must reach its limit, not stay under
+
+
+def past_limit(c: dict[str, Any]) -> bool:
+    """The check's shown figure is on the wrong side of its limit (a ratio over it, an agreement under it)."""
+    limit = c.get("limit")
+    if limit is None:
+        return False
+    if c.get("ratio") is not None:
+        return bool(c["ratio"] > limit) and not (c.get("canary") == 0 and c.get("stable") == 0)
+    if c.get("canary") is None:
+        return False
+    return bool(c["canary"] < limit) if c["name"] in AT_LEAST else bool(c["canary"] > limit)
+
+
+def pass_reason(c: dict[str, Any]) -> str:
+    """Why a check passed with its figure past its limit, from the judge's words; '' otherwise."""
+    import re
+
+    if CheckStatus(c["status"]) is not CheckStatus.PASS or not past_limit(c):
+        return ""
+    detail = str(c.get("detail") or "")
+    canary, stable = c.get("canary"), c.get("stable")
+    gap = canary - stable if isinstance(canary, int | float) and isinstance(stable, int | float) else None
+    if m := re.search(r"\(within ([\d.eE+-]+)s\)", detail):
+        over = "" if gap is None else f"only {gap:+.2g}s over the stable: "
+        kind = "token-latency" if detail.startswith("token_latency") else c["name"]
+        return f"{over}within --min-{kind}-increase-s {m.group(1)}"
+    if m := re.search(r"less than ([\d.eE+-]+) higher", detail):
+        over = "" if gap is None else f"share only {gap:+.2g} over the stable's: "
+        return f"{over}under --min-share-increase {m.group(1)}"
+    if m := re.search(r"a style", detail):
+        p = re.search(r"p=([\d.eE+-]+)", detail)
+        return "a style: each answer fits its own prompt better than others'" + (f", p={p.group(1)}" if p else "")
+    if "leans to its own prompt" in detail:
+        return "leans to its own prompt, no evidence against it"
+    return detail.rsplit("; ", 1)[-1] if detail else "passed by the judge's test, not its ratio"
 
 
 def check_cells(checks: list[dict[str, Any]]) -> list[str]:
@@ -128,21 +171,63 @@ def compares_lines(st: RolloutStatus, cols: int) -> list[str]:
     return out
 
 
+def swapped(st: RolloutStatus) -> bool:
+    """The rollout runs the other way round (after a promotion): its stable is the backend named `canary`."""
+    return st.stable == "canary" or st.canary == "stable"
+
+
+def role_words(text: str, st: RolloutStatus) -> str:
+    """``text`` with the roles named by their backends where the roles are swapped, so that "100% stable" never
+    reads as the backend named `stable` when that one is this rollout's canary."""
+    if not swapped(st) or not text:
+        return text
+    stable, canary = f"'{st.stable}' (this rollout's stable)", f"'{st.canary}' (this rollout's canary)"
+    for words, said in (("100% stable", f"100% on {stable}"), ("the canary has 100%", f"{canary} has 100%"),
+                        ("the stable has 100%", f"{stable} has 100%"),
+                        (f"canary {st.canary} at 100%", f"{canary} at 100%")):
+        text = text.replace(words, said)
+    return text
+
+
+def down_line(st: RolloutStatus) -> str:
+    """``canary DOWN: <the router's reason>`` and what the rollout does about it."""
+    then = "rolled back" if st.state == "rolled_back" else \
+        f"held, {st.errors} window(s) in a row; rolls back after consecutive_error_limit" if not st.final else "ended"
+    return f"canary DOWN: {st.canary_down} -- the router keeps it out of rotation ({then})"
+
+
 def head_lines(st: RolloutStatus) -> list[str]:
-    weights = " / ".join(f"{k} {v}%" for k, v in (st.weights or {}).items()) or "-"
+    quote = (lambda name: f"'{name}'") if swapped(st) else str
+    weights = " / ".join(f"{quote(k)} {v}%" for k, v in (st.weights or {}).items()) or "-"
     pending = "" if st.weights_applied else " (journaled, not yet applied)"
-    out = [f"rollout {st.id}: {st.canary} over {st.stable} -- {st.state}, weights {weights}{pending}",
-           f"  {st.state_doc}"]
+    what = (f"canary {quote(st.canary)} over stable {quote(st.stable)} (roles swapped: the backend named "
+            f"'{st.stable}' is this rollout's stable)") if swapped(st) else f"{st.canary} over {st.stable}"
+    out = [f"rollout {st.id}: {what} -- {st.state}, weights {weights}{pending}",
+           f"  {role_words(with_journal(st.state_doc, st.journal), st)}"]
     ctl = st.controller
+    flag = journal_flag(st.journal)
     if ctl.alive:
         beat = "" if ctl.heartbeat_age_s is None else f", last heartbeat {ctl.heartbeat_age_s:.0f}s ago"
         out.append(f"controller: pid {ctl.pid} running{beat}" + (" (stalled?)" if ctl.stalled else ""))
     elif not st.final:
-        out.append("controller: none running -- nothing advances or watches this rollout; "
-                   "`qlift promote resume` runs one")
+        stopped = "" if st.interrupted is None else f" ({st.interrupted.line()})"
+        out.append(f"controller: none running{stopped} -- nothing advances or watches this rollout; "
+                   f"`qlift promote resume{flag}` runs one, `qlift promote abort{flag}` restores the stable")
+    if st.live is not None:
+        live = st.live
+        now = ("does not answer: " + str(live["error"])) if live["weights"] is None else \
+            "holds " + " / ".join(f"{quote(k)} {v}%" for k, v in live["weights"].items())
+        differs = live["weights"] is not None and st.weights is not None and \
+            any(live["weights"].get(k) != v for k, v in st.weights.items())
+        out.append(f"router {live['url']} now {now}" + (" (not the journal's weights)" if differs else ""))
+    if st.canary_down is not None:
+        out.append(down_line(st))
     if st.abort_not_journaled:
         out.append("abort: applied to the data plane while the journal was full, not journaled yet -- free disk "
-                   "space and run `qlift promote abort` again")
+                   f"space and run `qlift promote abort{flag}` again")
+    for i in st.interruptions:
+        if i is not st.interrupted:
+            out.append(f"controller {i.line()}")
     if st.drifts or st.webhook_failures:
         out.append(f"events: {st.drifts} weight drift(s) re-applied, {st.webhook_failures} webhook failure(s)")
     return out
@@ -169,14 +254,34 @@ def status_lines(st: RolloutStatus, cols: int | None = None) -> list[str]:
         out.append(line)
         for w in s.windows:
             out += window_lines(w, cols)
+    out += bake_lines(st, cols)
     if st.reason:
-        out += wrap_text(st.reason, indent="", cols=cols, first="reason: ")
-    return out + example_lines(st, cols)
+        out += wrap_text(role_words(st.reason, st), indent="", cols=cols, first="reason: ")
+    # a window's or the rollout's reason may name a command (`qlift promote resume`): with this journal's flag
+    return [with_journal(line, st.journal) for line in out] + example_lines(st, cols)
+
+
+def bake_lines(st: RolloutStatus, cols: int) -> list[str]:
+    """The bake after 100% (--bake): where it stands, windows left, the stable's kept figures, each window."""
+    b = st.bake
+    if b is None:
+        return []
+    left = f", {b.left} left" if b.left else ""
+    out = wrap_text(b.judged, indent="", cols=cols,
+                    first=f"bake at 100%: {b.phase} -- {b.passed}/{b.required} window(s) passed{left}; ")
+    if b.baseline is not None:
+        out += wrap_text(f"{traffic(b.baseline)}, latency p50 {num(b.baseline.get('latency_p50'))}s, "
+                         f"error rate {num(b.baseline.get('error_rate'))}", indent="  ", cols=cols,
+                         first="stable's kept figures: ")
+    for w in b.windows:
+        out += window_lines(w, cols)
+    return out
 
 
 def failed_examples(st: RolloutStatus) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(window, check) for each failed check that kept answers: what a person reads before trusting it."""
     windows = (st.shadow.windows if st.shadow else []) + [w for s in st.steps for w in s.windows]
+    windows += st.bake.windows if st.bake else []
     return [(w, c) for w in windows for c in w.get("checks") or []
             if CheckStatus(c["status"]) is CheckStatus.FAIL and c.get("examples")]
 

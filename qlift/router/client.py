@@ -94,6 +94,7 @@ class RequestRecord(BaseModel):
     client_disconnected: bool = False
     reason: str | None = None  # why it failed: http_5xx, connect, timeout, bad_body, no_choices, no_done, ...
     answer: AnswerRecord | None = None
+    session: bool = False  # it carried a session key (X-Session-Id or user): sticky to that key's version
 
 
 class RequestBatch(BaseModel):

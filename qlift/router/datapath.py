@@ -226,7 +226,8 @@ class DataPath:
                 replay_on = None
                 if att.failed_early and retried_from is None and time.monotonic() < deadline:
                     replay_on = self.balancer.choose(session_key, exclude={backend.name})
-                record = self._finish(att, backend, rid, replayed=replay_on is not None)
+                record = self._finish(att, backend, rid, replayed=replay_on is not None,
+                                      session=session_key is not None)
                 if sampled and att.ok:
                     self.answers.attach(record, client_body, att.text)
                 if replay_on is None:
@@ -235,7 +236,7 @@ class DataPath:
                 retried_from, backend = backend.name, replay_on
         except asyncio.CancelledError:  # the client went away: the attempt closed its upstream
             att.client_left()  # after a stream's [DONE]: complete, and logged as the 200 it was
-            self._finish(att, backend, rid, replayed=False)
+            self._finish(att, backend, rid, replayed=False, session=session_key is not None)
             self._log(att, rid, key, request.path, status=499 if att.client_disconnected else att.status, t0=t0,
                       retried_from=retried_from)
             self._pair_primary(pair, att)
@@ -336,8 +337,10 @@ class DataPath:
         backend.in_flight -= 1
         self.metrics.in_flight.labels(backend.name).dec()
 
-    def _finish(self, att: Attempt, backend: Backend, rid: str, *, replayed: bool) -> dict[str, Any]:
-        """Count one attempt: metrics, backend counters, the admin API's record."""
+    def _finish(self, att: Attempt, backend: Backend, rid: str, *, replayed: bool, session: bool = False
+                ) -> dict[str, Any]:
+        """Count one attempt: metrics, backend counters, the admin API's record (``session``: the request carried
+        a session key, so the balancer kept it on that key's version: promote's traffic reason reads it)."""
         m, name = self.metrics, backend.name
         ok = att.ok
         if not ok and not att.client_disconnected:
@@ -369,7 +372,7 @@ class DataPath:
             "ok": ok, "replayed": replayed, "stream": att.stream, "latency_s": round(att.latency_s, 6),
             "ttfb_s": None if att.ttfb_s is None else round(att.ttfb_s, 6), "prompt_tokens": att.prompt_tokens,
             "completion_tokens": att.completion_tokens, "finish_reason": att.finish_reason,
-            "client_disconnected": att.client_disconnected, "reason": att.reason,
+            "client_disconnected": att.client_disconnected, "reason": att.reason, "session": session,
         })
         return self.records[-1]
 

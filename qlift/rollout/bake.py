@@ -1,0 +1,137 @@
+"""The bake after 100% (``--bake N``, ``RolloutSpec.bake``), as Argo Rollouts' and Flagger's post-promotion
+analysis: N more windows with the canary serving every user, judged by the same checks as the steps.
+
+At 100% the stable serves nobody, so it has no figures of its own to compare with: its evidence from its last
+judged window before the switch (answers included) is kept in the journal when the rollout advances to 100%,
+and every bake window is judged against it. A failing window rolls back to the stable, which never stopped
+(its backend stays in the data plane at weight 0); a passed bake leaves the rollout ``baked``, the stable
+still running, until `qlift promote finish` records it released (``finished``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qlift.errors import NotFoundError, QliftError
+from qlift.rollout import carry
+from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.journal import Journal, Rollout, default_journal, now_iso
+from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import Phase, State
+
+Record = dict[str, Any]
+
+
+def keep_baseline(db: sqlite3.Connection, rollout_id: int, step: int, stable: VersionEvidence) -> None:
+    """The stable's evidence of ``step``'s last judged window, kept (in ``db``'s transaction) for the bake."""
+    row = db.execute("SELECT max(id) FROM windows WHERE rollout_id = ? AND step = ?", (rollout_id, step)).fetchone()
+    db.execute("INSERT OR REPLACE INTO bake_baselines (rollout_id, window_id, evidence) VALUES (?, ?, ?)",
+               (rollout_id, row[0] if row else None, carry.dump_version(stable)))
+
+
+def baseline(journal: Journal, rollout_id: int) -> tuple[VersionEvidence, str] | None:
+    """The kept stable evidence and a note saying which window it is from; None when none was kept (or the
+    journal, read-only and written by an older qlift, has no such table)."""
+    try:
+        row = journal.db.execute("SELECT b.evidence, w.started_at, w.ended_at FROM bake_baselines b LEFT JOIN "
+                                 "windows w ON w.id = b.window_id WHERE b.rollout_id = ?", (rollout_id,)).fetchone()
+    except sqlite3.OperationalError:
+        return None
+    if row is None:
+        return None
+    ev = carry.load_version(row[0])
+    when = f" ({row[1][11:19]}-{row[2][11:19]})" if row[1] and row[2] else ""
+    note = (f"stable: its last window before 100%{when}, {ev.requests} requests; it serves nobody at 100%, so the "
+            "bake judges the canary against those figures")
+    return ev, note
+
+
+# -- status ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BakeStatus:
+    required: int  # passing windows at 100% the bake needs (``--bake``)
+    passed: int
+    left: int  # passing windows still needed (0 once it passed or ended)
+    phase: str  # not started, baking, paused, passed, failed, skipped, aborted
+    judged: str  # how a bake window is judged, in words
+    baseline: Record | None  # the stable's kept figures (its summary), None before the switch
+    windows: list[Record]
+
+
+PHASES = {State.BAKING: "baking", State.BAKED: "passed: the stable still runs until `qlift promote finish`",
+          State.FINISHED: "passed, the stable released", State.ROLLED_BACK: "failed: rolled back to the stable",
+          State.PROMOTED: "skipped (promoted by hand)", State.ABORTED: "aborted",
+          State.ABORT_REQUESTED: "aborted"}
+
+
+def bake_status(journal: Journal, r: Rollout, spec: RolloutSpec, windows: list[Record]) -> BakeStatus | None:
+    """The bake of rollout ``r`` (``windows``: its judged bake windows), None without ``--bake``."""
+    if not spec.bake:
+        return None
+    kept = baseline(journal, r.id)
+    passed = sum(1 for w in windows if Phase(w["action"]) in (Phase.PASS, Phase.ADVANCE))
+    reached = bool(windows) or r.state in (State.BAKING, State.BAKED, State.FINISHED)
+    if not reached:
+        phase = "not started" if not r.state.final else "not reached"
+    elif r.state == State.PAUSED:
+        phase = "paused"
+    else:
+        phase = PHASES.get(r.state, str(r.state))
+    left = max(0, spec.bake - passed) if r.state in (State.BAKING, State.PAUSED) or not reached else 0
+    judged = (f"{spec.bake} passing {spec.interval:g}s window(s) at canary 100% on every check the steps run, "
+              "against the stable's figures from its last window before the switch")
+    return BakeStatus(spec.bake, passed, left, phase, judged,
+                      None if kept is None else {**kept[0].summary(), "note": kept[1]}, windows)
+
+
+# -- `qlift promote finish` ---------------------------------------------------------------------------
+
+
+def finish(journal_path: Path | None = None) -> Rollout:
+    """Record the stable of a baked rollout released (``baked`` -> ``finished``); the weights stay 100% canary.
+    Anything else is refused with one line saying what to do instead."""
+    from qlift.rollout.aborts import spec_of
+    from qlift.rollout.webhook import notify
+
+    path = Path(journal_path or default_journal())
+    if not path.is_file():
+        raise NotFoundError(f"no rollout journal at {path}", hint="Start one with `qlift promote start`.")
+    with Journal(path) as journal:
+        r = journal.latest()
+        if r is None:
+            raise NotFoundError(f"no rollout in {path}", hint="Start one with `qlift promote start`.")
+        if r.state != State.BAKED:
+            raise _not_baked(r)
+        reason = f"the stable {r.stable} released by an operator: {r.canary} baked at 100% and serves every user"
+        with journal.tx() as db:
+            if not journal.transition(db, r.id, State.BAKED, State.FINISHED, reason):
+                raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
+                                 hint="See `qlift promote status`, then try again.")
+            journal.decide(db, r.id, r.step, "finish", reason, manual=True)
+        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "finish",
+                                     "state": State.FINISHED.value, "reason": reason, "stable": r.stable,
+                                     "canary": r.canary, "manual": True, "weights": r.weights_for(100)})
+        return journal.get(r.id)
+
+
+def _not_baked(r: Rollout) -> QliftError:
+    if r.state == State.FINISHED:
+        return QliftError(f"rollout {r.id} is already finished: its stable {r.stable} was released")
+    if r.state in (State.BAKING, State.PAUSED) and r.spec.get("bake"):
+        passes = r.passes if r.state == State.BAKING else 0
+        return QliftError(f"rollout {r.id} is {r.state.value}: its bake has not passed yet "
+                          f"({passes}/{r.spec['bake']} windows); the stable is not released before it has",
+                          hint="Wait for it (`qlift promote status`), or `qlift promote promote` to skip the bake.")
+    if r.state == State.PROMOTED:
+        return QliftError(f"rollout {r.id} was promoted without a bake: there is no held stable to release",
+                          hint="`promote finish` follows `qlift promote start --bake N`.")
+    if r.state.final:
+        return QliftError(f"rollout {r.id} is {r.state.value}: the stable {r.stable} serves every user, there is "
+                          "nothing to finish")
+    return QliftError(f"rollout {r.id} is {r.state.value}: only a baked rollout (`--bake N`, passed) is finished",
+                      hint="See `qlift promote status`.")

@@ -1,0 +1,180 @@
+"""What `promote start` checks on the live data plane before it writes any weight.
+
+A rollout starts from one state: the stable has every user (the canary 0%) and no shadow runs. A second
+`start` against a router a promotion left at the canary's 100% (from a fresh journal, say) would send 90% of
+users back to the old model at its first step; one against a router another rollout is moving would fight
+it. Both are refused, naming what the router serves and the command that fits (``--force`` starts anyway).
+A resumed rollout must find the router at weights of its own journal (or back at the starting state, as a
+restarted router without a state file comes back).
+
+The canary must answer before any user is sent to it: its server lists the model the router asks it for.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qlift.errors import BadInputError, ExternalToolError, QliftError
+from qlift.rollout.dataplane import DataPlane, RouterDataPlane
+from qlift.rollout.journal import Journal, Rollout
+from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.states import State
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def shares(weights: dict[str, int]) -> dict[str, float]:
+    """Weights as shares of their sum (a Gateway API route's weights need not sum to 100)."""
+    total = sum(weights.values())
+    return {k: v / total for k, v in weights.items() if v} if total > 0 else {}
+
+
+def shown(weights: dict[str, int]) -> str:
+    return " / ".join(f"{k} {v}" for k, v in weights.items())
+
+
+def _start_command(spec: RolloutSpec, journal: Path | None, stable: str, canary: str, *, new: bool) -> str:
+    argv = ["qlift", "promote", "start"]
+    if journal is not None:
+        argv += ["--journal", str(journal)]
+    if new:
+        argv.append("--new")
+    if spec.router:
+        argv += ["--router", spec.router]
+    argv += ["--stable", stable, "--canary", canary]
+    return shlex.join(argv)
+
+
+def _shadow_of(plane: DataPlane) -> Any:
+    return plane.client.state().shadow if isinstance(plane, RouterDataPlane) else None
+
+
+def check_start_state(plane: DataPlane, spec: RolloutSpec, journal: Journal, journal_arg: Path | None, *,
+                      force: bool) -> None:
+    """Refuse a new rollout unless the live plane is at the starting state: the stable 100%, no shadow."""
+    live = plane.weights()
+    shadow = _shadow_of(plane)
+    problem, hint = None, None
+    live_shares = shares(live) if live is not None else None
+    latest = journal.latest()
+    swap_needs_new = latest is not None and latest.state == State.PROMOTED
+    if live_shares is not None and live_shares != {spec.stable: 1.0}:
+        full = [k for k, v in live_shares.items() if v == 1.0]
+        where = spec.router or spec.data_plane
+        if full:
+            top = full[0]
+            problem = (f"the data plane ({where}) serves {top} at 100% (weights {shown(live or {})}), not the stable "
+                       f"{spec.stable} a rollout of {spec.canary} starts from: its first step would send "
+                       f"{100 - spec.steps[0] if spec.shadow is None else 100}% of users to {spec.stable}")
+            if top == spec.canary:
+                cmd = _start_command(spec, journal_arg, spec.canary, spec.stable, new=swap_needs_new)
+                hint = (f"{top} was promoted: roll the next version out from it with the roles swapped, `{cmd}` "
+                        "(docs/promote.md, after a promotion), or pass --force")
+            else:
+                cmd = _start_command(spec, journal_arg, top, spec.canary, new=swap_needs_new)
+                hint = f"Roll out over the version users have, `{cmd}`, or pass --force"
+        else:
+            problem = (f"the data plane ({where}) splits users {shown(live or {})}, not 100% on the stable "
+                       f"{spec.stable}: another rollout may be moving it (from another journal), or the weights "
+                       "were set by hand")
+            hint = ("Let that rollout finish or `qlift promote abort --journal ITS_JOURNAL` it, or pass --force to "
+                    "start from these weights")
+    elif shadow is not None:
+        problem = (f"the router mirrors {shadow.percent:g}% of requests to {shadow.version} (a shadow phase of "
+                   "another rollout?)")
+        hint = "Let that rollout finish or `qlift promote abort --journal ITS_JOURNAL` it, or pass --force"
+    if problem is None:
+        return
+    if force:
+        log.warning("%s: starting anyway (--force)", problem)
+        return
+    raise BadInputError(problem, hint=hint)
+
+
+def check_resume_state(plane: DataPlane, journal: Journal, r: Rollout, *, force: bool) -> None:
+    """Refuse to resume ``r`` when the live weights are none its journal set (nor the starting state): someone
+    or something else moved the plane since, and the controller would move it back without a word."""
+    live = plane.weights()
+    if live is None:
+        return
+    own = [c["weights"] for c in journal.history(r.id)["weight_changes"]] + [r.weights_for(0)]
+    if any(shares(live) == shares(w) for w in own):
+        return
+    problem = (f"the data plane's weights are {shown(live)}, none that rollout {r.id} in {journal.path} set "
+               f"(it last journaled {shown(own[-2] if len(own) > 1 else own[-1])}): another rollout or an operator "
+               "moved them since")
+    if force:
+        log.warning("%s: resuming anyway (--force), the journal's weights go back", problem)
+        return
+    raise BadInputError(problem, hint="See what serves users now, then `qlift promote abort` this rollout, or "
+                                      "pass --force to put the journal's weights back")
+
+
+def probe_models(url: str) -> tuple[list[str] | None, str]:
+    """The model ids a server lists at ``GET /v1/models``, or None and why it did not answer with a list."""
+    base = url.partition("#")[0].rstrip("/")
+    try:
+        resp = httpx.get(base + "/v1/models", timeout=PROBE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if resp.status_code != 200:
+        return None, f"HTTP {resp.status_code}"
+    try:
+        ids = [m["id"] for m in resp.json()["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    except (ValueError, KeyError, TypeError):
+        return None, "its answer is not a model list"
+    return ids, "" if ids else "it lists no model"
+
+
+def check_serves(url: str, model: str | None, *, what: str, router_view: str | None = None) -> None:
+    """Refuse unless the server at ``url`` answers ``GET /v1/models`` listing ``model`` (any, when None)."""
+    ids, why = probe_models(url)
+    if ids and (model is None or model in ids):
+        return
+    base = url.partition("#")[0]
+    seen = f"; the router reports it DOWN ({router_view})" if router_view else ""
+    if not ids:
+        message = f"{what} at {base} does not answer GET /v1/models ({why}){seen}"
+    else:
+        message = f"{what} at {base} does not list model {model!r} (it lists {', '.join(ids)}){seen}"
+    raise ExternalToolError(message, tool="vllm", hint="Start (or fix) its server, then run the command again; "
+                                                       "no weight was changed")
+
+
+def check_canary_serves(plane: DataPlane, spec: RolloutSpec) -> None:
+    """The canary's server answers and lists its model, before the first weight moves (the router's backend;
+    the other planes' --backend URL, where given)."""
+    if isinstance(plane, RouterDataPlane):
+        b = plane.client.state().backend(spec.canary)
+        view = None if b.healthy else (b.problem or "its /health check fails")
+        if "***@" in b.url:  # credentials redacted: the router's own view is all there is
+            if view is not None:
+                raise ExternalToolError(f"the router reports the canary {spec.canary} DOWN ({view})", tool="router",
+                                        hint="Start (or fix) its server, then run the command again")
+            return
+        check_serves(b.url, b.served_model or None, what=f"the canary {spec.canary}", router_view=view)
+        return
+    url = spec.backends.get(spec.canary)
+    if url and spec.data_plane == "nginx":
+        fragment = url.partition("#")[2]
+        check_serves(url, fragment or None, what=f"the canary {spec.canary}")
+
+
+def out_of_rotation(plane: DataPlane, version: str) -> str | None:
+    """The router's reason for keeping ``version`` out of rotation now; None while it is in, or where the plane
+    cannot tell (no health view, or unreachable: the reconcile loop deals with that)."""
+    fn = getattr(plane, "down", None)
+    if not callable(fn):
+        return None
+    try:
+        why = fn(version)
+    except (QliftError, KeyError):
+        return None
+    return None if why is None else str(why)

@@ -1,0 +1,67 @@
+"""Why a window saw too few canary requests, from what the router counted.
+
+Four causes, told apart by the window's own counts, not by arithmetic on the planned share alone:
+the canary out of rotation (the router's health view), no requests at all, sessions pinned to the
+stable (requests carrying a session key stay on the version their key hashes to, so a few long
+sessions can all miss the canary's slice), and too little traffic for the window. Only the last is
+fixed by a longer ``--interval``, and only that one names one, never one already in use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Cause(StrEnum):
+    DOWN = "canary_down"
+    NO_TRAFFIC = "no_traffic"
+    STICKY = "sessions_pinned"
+    VOLUME = "too_little_traffic"
+    SHARE = "under_share"
+
+
+@dataclass(frozen=True)
+class TrafficCause:
+    cause: Cause
+    text: str
+    needed_interval_s: float | None = None  # set only where a longer window is the fix
+
+
+def explain(*, canary: int, stable: int, share: float, window_s: float, windows: int, min_requests: int,
+            sessions: int | None = None, down: str | None = None) -> TrafficCause:
+    """The cause of ``canary`` < ``min_requests`` over ``windows`` windows spanning ``window_s`` seconds at the
+    planned ``share`` (0-1); ``sessions``: requests of either version with a session key; ``down``: the router's
+    reason for keeping the canary out of rotation during the window."""
+    total = canary + stable
+    span = max(window_s, 1e-9)
+    if down is not None:
+        return TrafficCause(Cause.DOWN, f"canary DOWN: {down}: the router keeps it out of rotation, so its "
+                                        f"{share:.0%} went to the stable ({stable} requests); bring its server back "
+                                        "(a longer window would not help)")
+    if total == 0:
+        return TrafficCause(Cause.NO_TRAFFIC, f"no traffic: the router counted no requests in {span:.0f}s; send "
+                                              "traffic through it (a longer window would not help)")
+    expected = share * total
+    if sessions and share < 1 and sessions * 2 >= total and canary < expected / 2:
+        return TrafficCause(Cause.STICKY, f"sessions pinned to the stable: {sessions} of {total} requests carried a "
+                                          "session key (X-Session-Id or user), and the router keeps each session on "
+                                          f"one version, so the canary's {share:.0%} slice got {canary} (about "
+                                          f"{expected:.0f} expected); more distinct sessions, a larger first step or "
+                                          "a lower --min-requests, not a longer window")
+    rps = total / span
+    expected_in_span = share * rps * span
+    if expected_in_span < min_requests and share > 0:
+        exact = min_requests / (share * rps)
+        need = math.ceil(exact - 1e-9)
+        per_window = span / max(windows, 1)
+        text = (f"canary {share:.0%} x {rps:.3g} req/s x {span:.0f}s = {expected_in_span:.1f} requests < "
+                f"min_requests {min_requests}")
+        if need > per_window:
+            return TrafficCause(Cause.VOLUME, text + f"; needs --interval >= {need}s at this traffic, more traffic, "
+                                                     "or a lower --min-requests", exact)
+        return TrafficCause(Cause.VOLUME, text + "; more traffic, or a lower --min-requests")
+    return TrafficCause(Cause.SHARE, f"the canary got {canary} of {total} requests, under its {share:.0%} share "
+                                     f"({expected:.1f} expected): not a window-length problem; the step's next window "
+                                     "adds to this one")

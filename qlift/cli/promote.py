@@ -164,7 +164,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
 
         adapter = parse_lora_flag(canary_adapter, flag="--canary-adapter")
     final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, force=force,
-                              canary_adapter=adapter), spec)
+                              canary_adapter=adapter, spec_file=spec_file), spec)
     st = rollout_status(journal)
     emit(st, lambda: _show(st))
     raise_for_outcome(final, journal)

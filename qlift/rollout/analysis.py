@@ -79,10 +79,11 @@ def is_insufficient(d: Decision, ev: Evidence) -> bool:
     return d.verdict == Verdict.INSUFFICIENT and ev.source != NO_PRIMARY
 
 
-def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int) -> str:
+def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int, *, rolled_back: bool = False) -> str:
     """Why the canary saw too few requests, from the router's counts (traffic.py), and what fixes that: a longer
     --interval (weight x requests/s x interval >= min_requests) only where too little traffic is the cause and
-    the interval in use is shorter than the one needed."""
+    the interval in use is shorter than the one needed. ``rolled_back`` (on_insufficient: rollback): the fix is
+    applied by starting again, never by `resume`, which a rolled-back rollout refuses."""
     from qlift.rollout.traffic import Cause, explain
 
     a = spec.analysis
@@ -94,16 +95,17 @@ def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int) -> str:
     cause = explain(canary=ev.canary.requests, stable=ev.stable.requests, share=weight / 100, window_s=seconds,
                     windows=ev.windows, min_requests=a.min_requests, sessions=sessions,
                     down=ev.canary.down or ev.canary.down_seen)
+    then = "start the rollout again" if rolled_back else "`qlift promote resume`"
     if cause.cause != Cause.VOLUME:
-        return f"{head}: {cause.text}; then `qlift promote resume`"
+        return f"{head}: {cause.text}; then {then}"
     rps = (ev.stable.requests + ev.canary.requests) / seconds
     rule = f"{head}; a window needs weight x requests/s x interval >= min_requests: at {rps:.3g} requests/s"
-    more = f"more than --max-inconclusive {a.max_inconclusive} windows; then `qlift promote resume`"
+    more = f"more than --max-inconclusive {a.max_inconclusive} windows; then {then}"
     need = None if cause.needed_interval_s is None else math.ceil(cause.needed_interval_s - 1e-9)
     if need is None or need <= spec.interval:
-        return f"{rule}, more traffic, a lower --min-requests, or {more}"
-    return (f"{rule}, {weight}% needs --interval >= {need}s, or a lower --min-requests, or {more} (or start again "
-            "with them)")
+        return f"{rule}, more traffic, a lower --min-requests, or {more}" + (" with them" if rolled_back else "")
+    return (f"{rule}, {weight}% needs --interval >= {need}s, or a lower --min-requests, or {more}"
+            + (" with them" if rolled_back else " (or start again with them)"))
 
 
 Carry = tuple[int, Evidence | ShadowEvidence]
@@ -160,8 +162,9 @@ class Analysis:
         if holds + 1 <= a.max_inconclusive:
             return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
         if is_insufficient(d, ev):
-            advice = sizing_advice(ev, self.spec, weight)
-            if on_insufficient(self.spec) == Phase.ROLLBACK:
+            rollback = on_insufficient(self.spec) == Phase.ROLLBACK
+            advice = sizing_advice(ev, self.spec, weight, rolled_back=rollback)
+            if rollback:
                 self.carry = None
                 return Assessment(Phase.ROLLBACK, f"{advice} (on_insufficient: rollback)", d, ev, holds + 1, passes)
             return Assessment(Phase.PAUSE, advice, d, ev, 0, passes)

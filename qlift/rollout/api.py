@@ -91,7 +91,7 @@ def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = No
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
-          allow_stable_down: bool = False, force: bool = False) -> Rollout:
+          allow_stable_down: bool = False, force: bool = False, spec_file: Path | None = None) -> Rollout:
     """Run the rollout in the foreground until it is final; resume the journal's active one if any. A new
     rollout is refused while the data plane reports the stable down, unless ``allow_stable_down``; one whose
     live weights or shadow are not the starting state (or a resumed one's not its journal's), unless ``force``;
@@ -127,7 +127,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
         plane = make_plane(spec)
         check_versions(plane, [spec.stable, spec.canary])
         check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
-        preflight.check_start_state(plane, spec, journal, journal_path, force=force)
+        preflight.check_start_state(plane, spec, journal, journal_path, force=force, spec_file=spec_file)
         preflight.check_canary_serves(plane, spec)
         models = getattr(plane, "backend_models", None)
         _eval_gate(spec, plane.backend_urls(), models() if callable(models) else None)

@@ -40,8 +40,13 @@ def shown(weights: dict[str, int]) -> str:
     return " / ".join(f"{k} {v}" for k, v in weights.items())
 
 
-def _start_command(spec: RolloutSpec, journal: Path | None, stable: str, canary: str, *, new: bool) -> str:
+def _start_command(spec: RolloutSpec, journal: Path | None, stable: str, canary: str, *, new: bool,
+                   spec_file: Path | None) -> str:
+    """The `promote start` line with these roles; the spec file comes along (an nginx or Prometheus plane's
+    settings live only there), with the roles swapped by the flags that override it."""
     argv = ["qlift", "promote", "start"]
+    if spec_file is not None:
+        argv += ["-f", str(spec_file)]
     if journal is not None:
         argv += ["--journal", str(journal)]
     if new:
@@ -57,7 +62,7 @@ def _shadow_of(plane: DataPlane) -> Any:
 
 
 def check_start_state(plane: DataPlane, spec: RolloutSpec, journal: Journal, journal_arg: Path | None, *,
-                      force: bool) -> None:
+                      force: bool, spec_file: Path | None = None) -> None:
     """Refuse a new rollout unless the live plane is at the starting state: the stable 100%, no shadow."""
     live = plane.weights()
     shadow = _shadow_of(plane)
@@ -74,11 +79,12 @@ def check_start_state(plane: DataPlane, spec: RolloutSpec, journal: Journal, jou
                        f"{spec.stable} a rollout of {spec.canary} starts from: its first step would send "
                        f"{100 - spec.steps[0] if spec.shadow is None else 100}% of users to {spec.stable}")
             if top == spec.canary:
-                cmd = _start_command(spec, journal_arg, spec.canary, spec.stable, new=swap_needs_new)
+                cmd = _start_command(spec, journal_arg, spec.canary, spec.stable, new=swap_needs_new,
+                                     spec_file=spec_file)
                 hint = (f"{top} was promoted: roll the next version out from it with the roles swapped, `{cmd}` "
                         "(docs/promote.md, after a promotion), or pass --force")
             else:
-                cmd = _start_command(spec, journal_arg, top, spec.canary, new=swap_needs_new)
+                cmd = _start_command(spec, journal_arg, top, spec.canary, new=swap_needs_new, spec_file=spec_file)
                 hint = f"Roll out over the version users have, `{cmd}`, or pass --force"
         else:
             problem = (f"the data plane ({where}) splits users {shown(live or {})}, not 100% on the stable "

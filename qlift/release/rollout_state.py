@@ -9,7 +9,6 @@ nobody else knows: then the release is run again).
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from qlift.errors import QliftError
 from qlift.release.journal import ReleaseJournal, RunRow
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions
+from qlift.vllm.process import pid_alive
 
 
 def answers(url: str, timeout: float = 2.0) -> bool:
@@ -27,16 +27,6 @@ def answers(url: str, timeout: float = 2.0) -> bool:
         httpx.get(url, timeout=timeout)
     except httpx.HTTPError:
         return False
-    return True
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

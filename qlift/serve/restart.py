@@ -25,6 +25,7 @@ import httpx
 from qlift.errors import ExternalToolError
 from qlift.fsutil import write_json_atomic
 from qlift.settings import qlift_home
+from qlift.vllm.process import pid_alive
 
 if TYPE_CHECKING:
     from qlift.serve.launch import LaunchSpec
@@ -79,19 +80,6 @@ class ServeRecord:
         return out[:at] + extra + out[at:]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _address(url: str) -> tuple[str, int]:
     parts = urlsplit(url.rstrip("/").removesuffix("/v1"))
     host = parts.hostname or ""
@@ -113,7 +101,7 @@ def find(server: str) -> ServeRecord | None:
                               drain_s=float(data.get("drain_s", 30)))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _address(rec.base_url) == want and _alive(rec.pid):
+        if _address(rec.base_url) == want and pid_alive(rec.pid):
             return rec
     return None
 
@@ -132,7 +120,7 @@ def restart(rec: ServeRecord, adapters: dict[str, str]) -> Path:
     log.warning("restarting the server at %s: %s", rec.base_url, " ".join(argv))
     os.kill(rec.pid, signal.SIGTERM)
     deadline = time.monotonic() + rec.drain_s + 120
-    while _alive(rec.pid) or _healthy(rec.base_url):
+    while pid_alive(rec.pid) or _healthy(rec.base_url):
         if time.monotonic() > deadline:
             raise ExternalToolError(f"the server at {rec.base_url} (qlift serve pid {rec.pid}) did not stop",
                                     hint=f"Stop it yourself, then run: {' '.join(argv)}", tool="vllm")

@@ -36,6 +36,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists (ours or another user's) and is not a zombie (exited, not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def first_error_line(log_text: str) -> str | None:
     """The first exception line in a vLLM log that states a root cause (at most ~300 characters)."""
     lines = log_text.splitlines()

@@ -60,8 +60,15 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
     # Status: the rollout's outcome, reason and journal; each live stage's duration, promote's the longest.
     r = run_cli("release", "status", f, "--json")
     status = json.loads(r.stdout)
-    assert status["rollout"] == {"state": "promoted", "reason": stages["promote"]["result"]["reason"],
-                                 "journal": stages["promote"]["result"]["journal"]}
+    rollout = status["rollout"]
+    assert {k: rollout[k] for k in ("state", "reason", "journal")} == {
+        "state": "promoted", "reason": stages["promote"]["result"]["reason"],
+        "journal": stages["promote"]["result"]["journal"]}
+    # read from the rollout's own journal: final at 100% of the canary, nothing left to run; the router the
+    # release started is gone with it, the two servers the file names by url: still answer
+    assert rollout["final"] and rollout["weights"] == {"stable": 0, "canary": 100} and rollout["next"] == []
+    assert [(s["stage"], s["started_by_release"], s["answers"]) for s in rollout["servers"]] == \
+        [("stable", False, True), ("canary", False, True), ("router", True, False)]
     took = {s["name"]: s.get("seconds") for s in status["stages"]}
     assert took["promote"] >= max(took["router"], 1) and abs(took["promote"] - stages["promote"]["seconds"]) <= 2
 

@@ -172,7 +172,7 @@ def test_shadow_pairs_keep_what_the_judge_reads_not_the_clients_bodies(tmp_path:
 
 
 def test_a_partner_copies_either_versions_requests_to_the_other_and_nothing_else() -> None:
-    from qlift.router.shadow import ShadowSettings
+    from qlift.router.wire import ShadowSettings
 
     known = ["stable", "canary", "other"]
     s = ShadowSettings.parse({"version": "canary", "percent": 10, "partner": "stable"}, known)

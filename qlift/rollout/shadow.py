@@ -23,6 +23,7 @@ from qlift.quality.registry import user_text
 from qlift.rollout.evidence import VersionEvidence, unique
 from qlift.rollout.spec import ShadowSpec
 from qlift.router.metrics import token_latency
+from qlift.router.wire import ShadowAnswer, ShadowBatch
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,15 @@ class Answer:
     completion_tokens: int | None = None
 
     @classmethod
+    def from_wire(cls, side: ShadowAnswer) -> Answer:
+        return cls(backend=side.backend, status=side.status, ok=side.ok, latency_s=side.latency_s, reason=side.reason,
+                   ttft_s=side.ttft_s, text=side.text, finish_reason=side.finish_reason,
+                   completion_tokens=side.completion_tokens)
+
+    @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Answer:
-        return cls(backend=str(rec.get("backend", "")), status=int(rec.get("status") or 0), ok=bool(rec.get("ok")),
-                   latency_s=float(rec.get("latency_s") or 0.0), reason=rec.get("reason"),
-                   ttft_s=rec.get("ttft_s"), text=rec.get("text"), finish_reason=rec.get("finish_reason"),
-                   completion_tokens=rec.get("completion_tokens"))
+        """From one side of a pair as ``GET /admin/shadow`` sends it (recorded pairs)."""
+        return cls.from_wire(ShadowAnswer.model_validate(rec))
 
 
 @dataclass
@@ -164,7 +169,8 @@ class ShadowSource:
     """The qlift router's shadow pairs over one window: ``begin()``, then ``collect()``.
 
     ``start(version, percent, max_inflight)`` / ``stop()`` turn the router's mirroring on and off
-    (``PUT`` / ``DELETE /admin/shadow``).
+    (``PUT`` / ``DELETE /admin/shadow``), through the router client's public methods; the pairs come as
+    ``qlift.router.wire.ShadowBatch``.
     """
 
     name = "router-shadow"
@@ -181,24 +187,18 @@ class ShadowSource:
     def start(self, version: str, percent: float, max_inflight: int, *, partner: str | None = None
               ) -> dict[str, Any]:
         """Mirror ``percent`` of the requests others serve to ``version``; with ``partner``, of the requests
-        either serves to the other (the split phase's sample for the judge model)."""
+        either serves to the other (the split phase's sample for the judge model). The router's state, as sent."""
         self.canary = version
-        body: dict[str, Any] = {"version": version, "percent": percent, "max_inflight": max_inflight}
-        return dict(self.client._call("PUT", "/admin/shadow", json=body | ({"partner": partner} if partner else {})))
+        return self.client.set_shadow(version, percent, max_inflight, partner=partner).model_dump()
 
     def stop(self) -> None:
-        self.client._call("DELETE", "/admin/shadow")
+        self.client.clear_shadow()
 
     def _fetch(self) -> list[Pair]:
-        body = self.client._call("GET", "/admin/shadow", params={"since": self.cursor})
-        pairs = []
-        for raw in body.get("pairs", []):
-            if raw.get("primary") is None or raw.get("shadow") is None:
-                continue
-            pairs.append(Pair(int(raw["seq"]), dict(raw.get("request") or {}), Answer.from_record(raw["primary"]),
-                              Answer.from_record(raw["shadow"]), str(raw.get("path", ""))))
-        self.cursor = int(body.get("next", self.cursor))
-        return pairs
+        batch: ShadowBatch = self.client.shadow_pairs(since=self.cursor)
+        self.cursor = batch.next
+        return [Pair(p.seq, p.request, Answer.from_wire(p.primary), Answer.from_wire(p.shadow), p.path)
+                for p in batch.pairs]
 
     def begin(self) -> None:
         self.started = time.time()

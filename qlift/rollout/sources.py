@@ -12,12 +12,13 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from qlift.errors import BadInputError
 from qlift.rollout.evidence import NO_PRIMARY, Evidence, VersionEvidence, from_request_records
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.vllm_metrics import VllmMetricsReader, fill_from_vllm
+from qlift.router.wire import RequestBatch, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,14 @@ class RouterSource:
         self.client = RouterClient(url, token)
         self.versions = versions
         self.cursor = 0
-
-        self.records: list[Any] = []
+        self.records: list[RequestRecord] = []
 
     def begin(self) -> None:
         self.cursor = self.client.state().seq
         self.records = []
 
     def _poll(self) -> None:
-        batch = self.client.requests(since=self.cursor)
+        batch: RequestBatch = self.client.requests(since=self.cursor)
         if batch.requests and batch.requests[0].seq > self.cursor + 1:
             log.warning("the router's request log dropped %d records in this window (ring buffer)",
                         batch.requests[0].seq - self.cursor - 1)
@@ -59,7 +59,7 @@ class RouterSource:
         self.cursor = batch.seq
 
     def _fold(self) -> dict[str, VersionEvidence]:
-        per_backend: dict[str, list[Any]] = defaultdict(list)
+        per_backend: dict[str, list[RequestRecord]] = defaultdict(list)
         for r in self.records:
             per_backend[r.backend].append(r)
         return {v: from_request_records(v, per_backend.get(v, [])) for v in self.versions}

@@ -1,7 +1,8 @@
 """qlift router: an OpenAI-compatible gateway that splits traffic between model versions.
 
 The server (``qlift.router.app``) needs aiohttp and prometheus_client; the admin client
-(``qlift.router.client``) needs only httpx, so promotion tooling can import it cheaply.
+(``qlift.router.client``) needs only httpx, so promotion tooling can import it cheaply. What crosses
+the admin API (state, request records, shadow settings and pairs) is typed once in ``qlift.router.wire``.
 """
 
 from typing import TYPE_CHECKING

@@ -13,7 +13,8 @@ from aiohttp import web
 
 from qlift.router.config import check_weights
 from qlift.router.proxy import MAX_JSON_DEPTH, json_error
-from qlift.router.shadow import Shadow, ShadowSettings
+from qlift.router.shadow import Shadow
+from qlift.router.wire import ShadowSettings
 
 if TYPE_CHECKING:
     from qlift.router.app import Router
@@ -51,7 +52,7 @@ class AdminApi:
         return None
 
     async def admin_state(self, request: web.Request) -> web.Response:
-        return self.refusal(request) or web.json_response(self.router.state())
+        return self.refusal(request) or web.json_response(self.router.state().model_dump())
 
     async def admin_weights(self, request: web.Request) -> web.Response:
         refusal = self.refusal(request)
@@ -66,7 +67,7 @@ class AdminApi:
             self.router.metrics.weight.labels(name).set(w)
         log.info("weights now %s", weights)
         self.router.save_state()
-        return web.json_response(self.router.state())
+        return web.json_response(self.router.state().model_dump())
 
     async def admin_set_shadow(self, request: web.Request) -> web.Response:
         refusal = self.refusal(request)
@@ -82,7 +83,7 @@ class AdminApi:
             self.router.set_shadow(Shadow(settings))  # copies in flight finish; their pairs are filed
         log.info("shadow now %s", settings.as_dict())
         self.router.save_state()
-        return web.json_response(self.router.state())
+        return web.json_response(self.router.state().model_dump())
 
     async def admin_clear_shadow(self, request: web.Request) -> web.Response:
         refusal = self.refusal(request)
@@ -92,7 +93,7 @@ class AdminApi:
             log.info("shadow off (%d copies sent, %d dropped)", self.router.shadow.sent, self.router.shadow.dropped)
             self.router.set_shadow(None)
             self.router.save_state()
-        return web.json_response(self.router.state())
+        return web.json_response(self.router.state().model_dump())
 
     async def admin_shadow_pairs(self, request: web.Request) -> web.Response:
         refusal = self.refusal(request)

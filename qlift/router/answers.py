@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any
 
 from qlift.router.memsize import deep_size
+from qlift.router.wire import AnswerRecord
 
 PROMPT_CHARS = 2000
 SYSTEM_CHARS = 2000  # the system prompt (all system messages, joined by "\n") at most
@@ -45,14 +46,11 @@ def system_message(body: dict[str, Any]) -> str:
 def sample(body: dict[str, Any], text: str) -> dict[str, Any]:
     """What a record keeps of a sampled request and its answer: ``prompt``, ``text``, ``system`` (when there is
     one) and ``response_format`` (any type, when its JSON is at most MAX_SCHEMA_BYTES)."""
-    out: dict[str, Any] = {"prompt": user_message(body), "text": text[:TEXT_CHARS]}
-    system = system_message(body)
-    if system:
-        out["system"] = system
     fmt = body.get("response_format")
-    if isinstance(fmt, dict) and len(json.dumps(fmt)) <= MAX_SCHEMA_BYTES:
-        out["response_format"] = fmt
-    return out
+    kept = isinstance(fmt, dict) and len(json.dumps(fmt)) <= MAX_SCHEMA_BYTES
+    record = AnswerRecord(prompt=user_message(body), text=text[:TEXT_CHARS], system=system_message(body) or None,
+                          response_format=fmt if kept else None)
+    return record.model_dump(exclude_none=True)
 
 
 class Bounded:

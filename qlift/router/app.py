@@ -33,6 +33,7 @@ from qlift.router.serverlimits import (
 )
 from qlift.router.shadow import Shadow, cancel_all
 from qlift.router.state import SavedState
+from qlift.router.wire import RouterState
 
 __all__ = ["COMPLETIONS", "PASSTHROUGH", "Router", "serve"]
 
@@ -237,10 +238,10 @@ class Router:
         """The caller presents the admin token (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``)."""
         return self._presents(request, self.admin_token)
 
-    def state(self) -> dict[str, Any]:
-        return {"public_model": self.public_model, "weights": self.balancer.weights,
-                "backends": [b.state() for b in self.balancer.backends], "started_at": self.started_at,
-                "seq": self.data.seq, "shadow": self.shadow.state() if self.shadow else None}
+    def state(self) -> RouterState:
+        return RouterState(public_model=self.public_model, weights=self.balancer.weights,
+                           backends=[b.wire_state() for b in self.balancer.backends], started_at=self.started_at,
+                           seq=self.data.seq, shadow=self.shadow.state() if self.shadow else None)
 
     def save_state(self) -> None:
         """Keep what the admin API set (weights, shadow settings) for the next start (``state_file``)."""

@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 
 from qlift.router.config import redact_url
+from qlift.router.wire import BackendState
 
 
 @dataclass
@@ -41,11 +42,14 @@ class Backend:
     # from the admin API, through which a rollout's shadow phase and its rollback set a canary's 0.
     spare: bool = False
 
+    def wire_state(self) -> BackendState:
+        return BackendState(name=self.name, url=redact_url(self.url), served_model=self.served_model or "",
+                            weight=self.weight, healthy=self.healthy, in_flight=self.in_flight,
+                            requests=self.requests, errors=self.errors, problem=self.problem,
+                            model_hash=self.model_hash, identity=self.identity)
+
     def state(self) -> dict[str, object]:
-        return {"name": self.name, "url": redact_url(self.url), "served_model": self.served_model or "",
-                "weight": self.weight, "healthy": self.healthy, "in_flight": self.in_flight,
-                "requests": self.requests, "errors": self.errors, "problem": self.problem,
-                "model_hash": self.model_hash, "identity": self.identity}
+        return self.wire_state().model_dump()
 
     @property
     def identity(self) -> str | None:

@@ -6,131 +6,30 @@ The admin API lives on the router's own port and answers only with
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from qlift.errors import BadInputError, ExternalToolError
+from qlift.router.wire import (
+    AnswerRecord,
+    BackendState,
+    RequestBatch,
+    RequestRecord,
+    RouterState,
+    ShadowAnswer,
+    ShadowBatch,
+    ShadowPair,
+    ShadowSettings,
+    ShadowState,
+)
 
+# The wire types are qlift.router.wire's; their old home keeps the names its callers import.
+__all__ = ["AnswerRecord", "BackendState", "RequestBatch", "RequestRecord", "RouterClient", "RouterState",
+           "ShadowAnswer", "ShadowBatch", "ShadowPair", "ShadowState"]
 
-class BackendState(BaseModel):
-    name: str
-    url: str
-    served_model: str
-    weight: int
-    healthy: bool
-    in_flight: int
-    requests: int
-    errors: int
-    problem: str | None = None  # why it is out of rotation beyond a failing /health (its model not listed)
-    model_hash: str | None = None  # the version's ModelRef content hash (the router config's model_hash)
-    identity: str | None = None  # model_hash, else the root its server lists: what a rollout checks each window
-
-
-class ShadowState(BaseModel):
-    """The shadow in force: its settings and what it did since it was set."""
-
-    version: str
-    percent: float
-    max_inflight: int
-    sent: int
-    dropped: int
-    inflight: int = 0
-    waiting: int = 0
-    partner: str | None = None  # requests either serves are copied to the other (a split window's pairs)
-
-
-class RouterState(BaseModel):
-    public_model: str | None  # None until the first backend has named its model (no --public-model)
-    weights: dict[str, int]
-    backends: list[BackendState]
-    started_at: str
-    seq: int
-    shadow: ShadowState | None = None
-
-    def backend(self, name: str) -> BackendState:
-        for b in self.backends:
-            if b.name == name:
-                return b
-        raise KeyError(name)
-
-
-class AnswerRecord(BaseModel):
-    """A sampled answer (the router's ``answer_sample``): the user's message, the answer, the system prompt
-    (every system message's text; None without one) and the request's response_format (any type)."""
-
-    prompt: str
-    text: str
-    system: str | None = None
-    response_format: dict[str, Any] | None = None
-
-    def request(self) -> dict[str, Any]:
-        """The request as the answer checks read it: ``prompt``, and ``system`` and ``response_format`` when set."""
-        out: dict[str, Any] = {"prompt": self.prompt}
-        if self.system is not None:
-            out["system"] = self.system
-        if self.response_format is not None:
-            out["response_format"] = self.response_format
-        return out
-
-
-class RequestRecord(BaseModel):
-    """One upstream attempt. ``status`` 0 means a connection error or timeout."""
-
-    seq: int
-    time: float
-    request_id: str
-    backend: str
-    status: int
-    ok: bool
-    replayed: bool
-    stream: bool
-    latency_s: float
-    ttfb_s: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    client_disconnected: bool = False
-    reason: str | None = None  # why it failed: http_5xx, connect, timeout, bad_body, no_choices, no_done, ...
-    answer: AnswerRecord | None = None
-    session: bool = False  # it carried a session key (X-Session-Id or user): sticky to that key's version
-
-
-class RequestBatch(BaseModel):
-    seq: int
-    requests: list[RequestRecord]
-
-
-class ShadowAnswer(BaseModel):
-    """One side of a shadow pair. ``ttft_s``: a stream's first event, or the whole non-streamed answer."""
-
-    backend: str
-    status: int
-    ok: bool
-    reason: str | None = None
-    latency_s: float
-    ttft_s: float | None = None
-    text: str
-    finish_reason: str | None = None
-    completion_tokens: int | None = None
-
-
-class ShadowPair(BaseModel):
-    """The same request answered by the version users saw (primary) and by the shadow."""
-
-    seq: int
-    rid: str
-    ts: float
-    path: str
-    request: dict[str, Any]
-    primary: ShadowAnswer
-    shadow: ShadowAnswer
-
-
-class ShadowBatch(BaseModel):
-    next: int  # pass as since= next time
-    pairs: list[ShadowPair]
+Wire = TypeVar("Wire", bound=BaseModel)
 
 
 class RouterClient:
@@ -142,24 +41,40 @@ class RouterClient:
         self.timeout = timeout
 
     def state(self) -> RouterState:
-        return RouterState.model_validate(self._call("GET", "/admin/state"))
+        return self._answer(RouterState, "GET", "/admin/state")
 
     def set_weights(self, weights: dict[str, int]) -> RouterState:
-        return RouterState.model_validate(self._call("PUT", "/admin/weights", json=weights))
+        return self._answer(RouterState, "PUT", "/admin/weights", json=weights)
 
     def requests(self, since: int = 0) -> RequestBatch:
-        return RequestBatch.model_validate(self._call("GET", "/admin/requests", params={"since": since}))
+        return self._answer(RequestBatch, "GET", "/admin/requests", params={"since": since})
 
-    def set_shadow(self, version: str, percent: float, max_inflight: int = 4) -> RouterState:
-        """Mirror ``percent`` of the requests other versions serve to ``version`` (answers never reach users)."""
-        body = {"version": version, "percent": percent, "max_inflight": max_inflight}
-        return RouterState.model_validate(self._call("PUT", "/admin/shadow", json=body))
+    def set_shadow(self, version: str, percent: float, max_inflight: int = 4, *, partner: str | None = None
+                   ) -> RouterState:
+        """Mirror ``percent`` of the requests other versions serve to ``version`` (answers never reach users);
+        with ``partner``, of the requests either of the two serves to the other."""
+        body = ShadowSettings(version, percent, max_inflight, partner).as_dict()
+        return self._answer(RouterState, "PUT", "/admin/shadow", json=body)
 
     def clear_shadow(self) -> RouterState:
-        return RouterState.model_validate(self._call("DELETE", "/admin/shadow"))
+        """Stop mirroring; copies in flight finish and their pairs stay readable."""
+        return self._answer(RouterState, "DELETE", "/admin/shadow")
 
     def shadow_pairs(self, since: int = 0) -> ShadowBatch:
-        return ShadowBatch.model_validate(self._call("GET", "/admin/shadow", params={"since": since}))
+        """The pairs filed after pair ``since`` (all kept ones for a ``since`` from before a restart)."""
+        return self._answer(ShadowBatch, "GET", "/admin/shadow", params={"since": since})
+
+    def _answer(self, model: type[Wire], method: str, path: str, **kwargs: Any) -> Wire:
+        """The admin call's answer as the wire type it is; one that does not fit is the router's fault."""
+        data = self._call(method, path, **kwargs)
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise ExternalToolError(f"router at {self.url} answered {path} with a body that is not a "
+                                    f"{model.__name__}: {where}: {first['msg']}",
+                                    hint="Run a qlift router of this qlift's version.", tool="router") from exc
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}

@@ -32,6 +32,7 @@ from qlift.router.proxy import BAD_ANSWER, MAX_JSON_DEPTH, Attempt, Upstream, at
 from qlift.router.rewrite import ModelRewriter
 from qlift.router.shadow import send_copy
 from qlift.router.textnorm import estimate_tokens, has_token_ids, json_depth
+from qlift.router.wire import RequestRecord
 
 if TYPE_CHECKING:
     from qlift.router.app import Router
@@ -367,13 +368,14 @@ class DataPath:
         if replayed:
             m.retries.labels(name).inc()
         self.seq += 1
-        self.records.append({
-            "seq": self.seq, "time": time.time(), "request_id": rid, "backend": name, "status": att.status,
-            "ok": ok, "replayed": replayed, "stream": att.stream, "latency_s": round(att.latency_s, 6),
-            "ttfb_s": None if att.ttfb_s is None else round(att.ttfb_s, 6), "prompt_tokens": att.prompt_tokens,
-            "completion_tokens": att.completion_tokens, "finish_reason": att.finish_reason,
-            "client_disconnected": att.client_disconnected, "reason": att.reason, "session": session,
-        })
+        record = RequestRecord(
+            seq=self.seq, time=time.time(), request_id=rid, backend=name, status=att.status, ok=ok,
+            replayed=replayed, stream=att.stream, latency_s=round(att.latency_s, 6),
+            ttfb_s=None if att.ttfb_s is None else round(att.ttfb_s, 6), prompt_tokens=att.prompt_tokens,
+            completion_tokens=att.completion_tokens, finish_reason=att.finish_reason,
+            client_disconnected=att.client_disconnected, reason=att.reason, session=session)
+        # Kept as the dict the admin API sends: a sampled record's answer comes and goes (AnswerSamples).
+        self.records.append(record.model_dump(exclude={"answer"}))
         return self.records[-1]
 
     def _log(self, att: Attempt, rid: str, key: str, path: str, *, status: int, t0: float,

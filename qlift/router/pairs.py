@@ -26,6 +26,7 @@ from qlift.quality.registry import message_text
 from qlift.router.answers import MAX_SCHEMA_BYTES, Bounded
 from qlift.router.memsize import compact_json
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
+from qlift.router.wire import ShadowAnswer
 
 PAIRS_KEPT = 2000
 RING_BYTES = 64 << 20  # the ring's memory (pairs as JSON bytes + PAIR_OVERHEAD_BYTES each) at most; oldest go first
@@ -89,11 +90,11 @@ def judge_view(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def answer_record(att: Attempt) -> dict[str, Any]:
-    """One side of a pair (REC): what the judge compares."""
-    return {"backend": att.backend, "status": att.status, "ok": att.ok, "reason": att.reason,
-            "latency_s": round(att.latency_s, 6), "ttft_s": None if att.ttfb_s is None else round(att.ttfb_s, 6),
-            "text": att.text[:TEXT_CHARS], "finish_reason": att.finish_reason,
-            "completion_tokens": att.completion_tokens}
+    """One side of a pair (a ``ShadowAnswer``): what the judge compares."""
+    return ShadowAnswer(backend=att.backend, status=att.status, ok=att.ok, reason=att.reason,
+                        latency_s=round(att.latency_s, 6), ttft_s=None if att.ttfb_s is None else round(att.ttfb_s, 6),
+                        text=att.text[:TEXT_CHARS], finish_reason=att.finish_reason,
+                        completion_tokens=att.completion_tokens).model_dump()
 
 
 @dataclass
@@ -119,7 +120,8 @@ class PairRing:
         return self.ring.bytes
 
     def finish(self, pair: Pair) -> None:
-        """File a pair once both sides are in; the oldest go while over either bound."""
+        """File a pair (a ``ShadowPair``, kept as its JSON) once both sides are in; the oldest go while over
+        either bound."""
         if pair.primary is None or pair.shadow is None:
             return
         self.seq += 1

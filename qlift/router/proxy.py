@@ -25,15 +25,14 @@ from qlift.router.balancer import Backend
 from qlift.router.config import redact_url
 from qlift.router.memsize import compact_json
 from qlift.router.rewrite import ModelRewriter, is_usage_only
+from qlift.router.wire import USAGE_KEYS
 
 # A 200 that is not an answer, each its own reason (access log, records, metric label).
 BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "error_event"})
 # Failed before the client got a byte, in a way another backend may not: replayable.
 REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream", "model_gone"}
-# Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
 CAPTURE_CHARS = 16000  # an answer's text kept for a shadow pair (pairs.TEXT_CHARS cuts it there)
-# Usage's (prompt, completion) counts: chat and completions; Responses and Anthropic Messages.
-USAGE_KEYS = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))
+# Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
@@ -139,8 +138,9 @@ class Attempt:
         for i, choice in enumerate(event.get("choices") or []):
             if not isinstance(choice, dict):
                 continue
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            reason = choice.get("finish_reason")
+            if reason and isinstance(reason, str):
+                self.finish_reason = reason
             if self.capture and i == 0:
                 piece = choice.get("text")
                 if piece is None:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -28,51 +27,11 @@ from qlift.router.balancer import Backend
 from qlift.router.config import TimeoutsConfig
 from qlift.router.proxy import UPSTREAM_HEADERS, Attempt, SseRelay, answer_problem
 from qlift.router.rewrite import ModelRewriter
+from qlift.router.wire import ShadowSettings, ShadowState
 
 log = logging.getLogger(__name__)
 
 COPY_WAIT_S = 10.0  # a copy waits this long for a slot under the cap; sustained overload drops instead
-
-
-@dataclass(frozen=True)
-class ShadowSettings:
-    version: str
-    percent: float
-    max_inflight: int = 4
-    partner: str | None = None  # set: requests either serves are copied to the other (split-window pairs)
-
-    @classmethod
-    def parse(cls, data: Any, known: list[str]) -> ShadowSettings:
-        """From the admin API's JSON; raises ValueError naming the problem."""
-        if not isinstance(data, dict):
-            raise ValueError('shadow must be a JSON object like {"version": "canary", "percent": 20}')
-        unknown = set(data) - {"version", "percent", "max_inflight", "partner"}
-        if unknown:
-            raise ValueError(f"unknown shadow field {sorted(unknown)[0]!r}; known: version, percent, max_inflight, "
-                             f"partner")
-        version, partner = data.get("version"), data.get("partner")
-        if version not in known:
-            raise ValueError(f"shadow version {version!r} is not a backend; known: {', '.join(known)}")
-        if partner is not None and (partner not in known or partner == version):
-            raise ValueError(f"shadow partner {partner!r} must be another backend; known: {', '.join(known)}")
-        percent = data.get("percent")
-        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 < percent <= 100:
-            raise ValueError(f"shadow percent must be a number in (0, 100], got {percent!r}")
-        cap = data.get("max_inflight", 4)
-        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 1024:
-            raise ValueError(f"shadow max_inflight must be an integer 1..1024, got {cap!r}")
-        return cls(str(version), float(percent), cap, None if partner is None else str(partner))
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": self.version, "percent": self.percent, "max_inflight": self.max_inflight}
-        return out | ({"partner": self.partner} if self.partner else {})
-
-    def target_for(self, primary: str) -> str | None:
-        """Where a request ``primary`` serves is copied: the shadow version, or with a partner the other of
-        the two; None when it is not copied at all."""
-        if self.partner is None:
-            return None if primary == self.version else self.version
-        return {self.version: self.partner, self.partner: self.version}.get(primary)
 
 
 class Shadow:
@@ -87,9 +46,9 @@ class Shadow:
         self._share = 0.0  # percent owed: every request adds `percent`, a copy takes 100
         self._freed: asyncio.Condition | None = None
 
-    def state(self) -> dict[str, Any]:
-        return {**self.settings.as_dict(), "sent": self.sent, "dropped": self.dropped, "inflight": self.inflight,
-                "waiting": self.waiting}
+    def state(self) -> ShadowState:
+        return ShadowState(**self.settings.as_dict(), sent=self.sent, dropped=self.dropped, inflight=self.inflight,
+                           waiting=self.waiting)
 
     def wants(self, primary: Backend) -> bool:
         """This request's turn to be copied (an exact share of the requests it may copy)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from qlift.fsutil import write_json_atomic
 from qlift.router.config import check_weights
-from qlift.router.shadow import ShadowSettings
+from qlift.router.wire import ShadowSettings
 
 log = logging.getLogger(__name__)
 

@@ -67,12 +67,12 @@ BAD = [
     ({"stage": "merge", "options": {"dtype": "int3"}}, "merge", "options.dtype", "not one of"),
     ({"stage": "merge", "options": {"tolerence": 0.1}}, "merge", "options.tolerence", "unknown field"),
     ({"stage": "quantize", "options": {"method": "awq", "num_samples": 0}}, "quantize", "options.num_samples",
-     "out of range"),
+     "greater than or equal to 1"),
     ({"stage": "quantize", "options": {"method": "gptq"}}, "quantize", "options.method", "gptq"),
     ({"stage": "eval", "options": {"prompts": "p.jsonl", "max_tokens": "many"}}, "eval", "options.max_tokens",
      "integer"),
     ({"stage": "eval", "options": {"prompts": "p.jsonl", "resamples": 5}}, "eval", "options.resamples",
-     "out of range"),  # its flag is --bootstrap; the file's field is named
+     "greater than or equal to 100"),  # its flag is --bootstrap; the file's field is named
     ({"stage": "eval", "options": {"prompts": "p.jsonl", "report_dir": "x"}}, "eval", "options.report_dir",
      "set by the release"),
     ({"stage": "serve", "name": "cand", "options": {"core": -1}}, "cand", "options.core", "greater than"),
@@ -195,10 +195,17 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     report = json.loads((Path(first[2]["output"]) / "report.json").read_text())
     assert report["candidate"]["content_hash"] == first[1]["content_hash"]  # the eval gate's hash is the ModelRef's
     # Identity is computed once and carried: the base and the adapter hashed once each, the merge's output never
-    # (its result carries its ref), and eval hashes neither its candidate nor its baseline again.
-    assert hashed == {tiny_qwen2_tied.resolve(): 1, tiny_lora_tied.resolve(): 1,
-                      Path(first[2]["output"]).resolve(): 1}, hashed  # the last: eval's report dir, for the journal
+    # (its result carries its ref), and eval hashes neither its candidate nor its baseline again. Eval's report
+    # is not a model: it is never hashed as one (its journaled hash is its files', as its qlift.json records them).
+    assert hashed == {tiny_qwen2_tied.resolve(): 1, tiny_lora_tied.resolve(): 1}, hashed
     assert report["baseline"]["content_hash"] == first[0]["content_hash"]
+    from qlift import lineage
+
+    report_dir = Path(first[2]["output"])
+    recorded = lineage.read_manifest(report_dir)
+    assert recorded is not None
+    assert first[2]["content_hash"] == lineage.content_hash(
+        {rel: lineage.FileRecord(r["size"], r["sha256"]) for rel, r in recorded["outputs"].items()})
 
     # A second run, in a fresh process: every stage skipped, each with its reason, well under 15 s.
     t0 = time.monotonic()

@@ -208,7 +208,10 @@ def test_merge_then_deploy_through_run(tmp_path: Path, tiny_qwen2_tied: Path, ti
     d = deploy.run(deploy.DeployInputs(out), deploy.DeployOptions(model=merged, recipe="cpu"))
     assert isinstance(d, deploy.DeployResult) and d.objects
     assert sorted(p.name for p in out.iterdir()) == sorted([*d.objects, "kustomization.yaml", "qlift.json"])
-    assert json.dumps(to_jsonable(d))  # the --json dump of the typed result
+    dumped = json.loads(json.dumps(to_jsonable(d)))  # the --json dump of the typed result, read back
+    assert dumped == {"objects": d.objects, "versions": d.versions, "recipe": d.recipe, "engine_args": d.engine_args,
+                      "image": d.image, "promote_spec": d.promote_spec,
+                      "recipe_path": None if d.recipe_path is None else str(d.recipe_path), "out": str(out)}
 
     rendered = deploy.run(deploy.DeployInputs(), deploy.DeployOptions(model=merged, recipe="cpu"))
     assert rendered.objects == d.objects  # no output: render only

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from qlift.errors import ExternalToolError
 from qlift.release.journal import ReleaseJournal
-from qlift.release.spec import LoadOptions, RouterStageOptions, ServeStageOptions
+from qlift.release.stage_options import LoadOptions, RouterStageOptions, ServeStageOptions
 
 if TYPE_CHECKING:
     from qlift.models.ref import ModelRef
@@ -131,10 +131,8 @@ def router_config(o: RouterStageOptions, backends: dict[str, str], *, stage: str
                   model_hashes: dict[str, str] | None = None) -> RouterConfig:
     """The router stage's own config: its settings, with the servers (by backend name) as its backends, each with
     the content hash of the model it serves (``model_hashes``, by backend name: the refs the serve stages served)."""
-    from qlift.router.config import parse_backend_flag
-
     hashes = model_hashes or {}
-    entries = [{**parse_backend_flag(f"{name}={url.rstrip('/').removesuffix('/v1')}"), "weight": FIRST_WEIGHTS[name],
+    entries = [{"name": name, "url": url.rstrip("/").removesuffix("/v1"), "weight": FIRST_WEIGHTS[name],
                 **({"model_hash": hashes[name]} if name in hashes else {})} for name, url in backends.items()]
     return o.config(entries, where=f"stage '{stage}' (router)")
 

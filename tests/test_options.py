@@ -11,9 +11,10 @@ from qlift.errors import BadInputError
 from qlift.merge import MergeOptions
 
 
-@pytest.mark.parametrize(("kw", "field"), [({"tolerance": math.nan}, "--tolerance"),
-                                           ({"tolerance": -1.0}, "--tolerance"), ({"dtype": "int8"}, "--dtype")])
+@pytest.mark.parametrize(("kw", "field"), [({"tolerance": math.nan}, "tolerance"),
+                                           ({"tolerance": -1.0}, "tolerance"), ({"dtype": "int8"}, "dtype")])
 def test_options_are_checked_from_code_too(kw, field) -> None:
+    """From code the error names the field (the CLI names its flag: tests/test_cli_options.py)."""
     with pytest.raises(BadInputError) as err:
         MergeOptions(**kw)
     assert err.value.field == field
@@ -31,9 +32,9 @@ def test_cli_values_reach_the_options(run_cli, tmp_path) -> None:
     assert r.exit_code == 2 and "--tolerance" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize(("kw", "field"), [({"num_samples": 0}, "--num-samples"),
-                                           ({"group_size": 48}, "--group-size"), ({"device": "tpu"}, "--device"),
-                                           ({"method": "gptq"}, "--method")])
+@pytest.mark.parametrize(("kw", "field"), [({"num_samples": 0}, "num_samples"),
+                                           ({"group_size": 48}, "group_size"), ({"device": "tpu"}, "device"),
+                                           ({"method": "gptq"}, "method")])
 def test_quantize_options_are_checked_from_code_too(kw, field) -> None:
     from qlift.quantize.options import QuantizeOptions
 
@@ -67,7 +68,7 @@ def test_a_rule_between_options_is_the_classs_so_cli_and_release_share_it(run_cl
     judge = "http://127.0.0.1:9#judge"
     with pytest.raises(BadInputError) as err:
         EvalOptions(prompts=prompts, judge=judge)
-    assert err.value.field == "--judge" and "no --baseline was given" in err.value.message
+    assert err.value.field == "judge" and "no --baseline was given" in err.value.message
     one_line(run_cli("eval", "m", "--prompts", prompts, "--judge", judge), 2, "'--judge'", "no --baseline was given")
     found = _release_error(tmp_path, {"stage": "eval", "options": {"prompts": str(prompts), "judge": judge}})
     assert found.field == "options.judge" and "no --baseline was given" in found.message

@@ -1,9 +1,15 @@
 """The one flag generator: Click options from an options class (``qlift/options.py``), a stage's options
-dataclass or a pydantic config model (a rollout spec's sections, the router's settings)."""
+dataclass or a pydantic config model (a rollout spec's sections, the router's settings).
+
+It is also the one place a field becomes its flag: the options classes check their values and name the field
+(as a release file's user reads it); here a failing field of the command's options class is named by its flag,
+exit 2, whether it failed as the flag's text was parsed, as the value was checked against the field's range
+(``check_value``, the check the class itself runs) or as the command built its options."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -13,7 +19,8 @@ from typing import Any
 import click
 
 from qlift.cli.params import URL, Number
-from qlift.options import OptionField, choice_texts, choice_values, option_fields
+from qlift.errors import BadInputError
+from qlift.options import OptionField, check_value, choice_texts, choice_values, option_fields
 
 
 def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
@@ -25,13 +32,41 @@ def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, .
         for field in reversed(fields):
             if field.name not in exclude:
                 f = _option(field)(f)
+        if isinstance(source, type) and dataclasses.is_dataclass(source):
+            return _checked(f, source, {fl.name: fl.flag for fl in fields if fl.name not in exclude})
         return f
 
     return decorate
 
 
+def _checked(command: Callable[..., Any], cls: type, flags: dict[str, str]) -> Callable[..., Any]:
+    """``command`` with its flags' values checked as ``cls`` checks its fields (before any work), and a
+    BadInputError naming one of those fields, raised anywhere in the command, named by the field's flag."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            for name in flags:
+                if name in kwargs:
+                    check_value(cls, name, kwargs[name])
+            return command(*args, **kwargs)
+        except BadInputError as exc:
+            if exc.path is not None or exc.field not in flags:
+                raise
+            raise as_flag(exc, flags[exc.field]) from None
+
+    return run
+
+
+def as_flag(exc: BadInputError, flag: str) -> BadInputError:
+    """``exc`` (naming a field) as the CLI says it: naming ``flag``."""
+    message = exc.message.removeprefix(f"field '{exc.field}': ")
+    return BadInputError(message, field=flag, hint=exc.hint)
+
+
 class Parsed(click.ParamType):
-    """The CLI's text through a field's ``parse`` function (its BadInputError names the flag)."""
+    """The CLI's text through a field's ``parse`` function (its BadInputError, naming the field, names the
+    flag)."""
 
     name = "text"
 
@@ -39,7 +74,15 @@ class Parsed(click.ParamType):
         self.parse = parse
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        return self.parse(value) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.parse(value)
+        except BadInputError as exc:
+            flag = max(param.opts, key=len) if param is not None else None
+            if exc.path is not None or flag is None or exc.field is None:
+                raise
+            raise as_flag(exc, flag) from None
 
 
 def _option(field: OptionField) -> Callable[[Any], Any]:
@@ -64,9 +107,8 @@ def _option(field: OptionField) -> Callable[[Any], Any]:
         common["callback"] = lambda ctx, param, value: texts.get(value, value)
         if default is None and meta.get("none"):
             default, show = meta["none"], True
-    elif meta.keys() & {"min", "max", "above"}:
-        low = meta.get("above", meta.get("min"))
-        kind = Number(kind, low=low, high=meta.get("max"), low_open="above" in meta)
+    elif "range" in meta:  # parsed here, its range checked by the field's own check (``_checked``)
+        kind = Number(kind, hint=f"Pass {'an integer' if kind is int else 'a number'} {meta['range']}.")
     elif meta.get("url"):
         kind = URL
     required = default is dataclasses.MISSING

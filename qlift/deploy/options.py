@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, check_fields
 
 INT32_MAX = 2**31 - 1
 DEFAULT_IMAGES = {"gpu": "vllm/vllm-openai:v0.26.0", "cpu": "qlift-cpu:latest"}
-_COUNT = {"min": 1, "max": INT32_MAX}  # a Kubernetes int32 count
+Count = Annotated[int, Range(ge=1, le=INT32_MAX)]  # a Kubernetes int32 count
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # 40: the object names add suffixes
 _DNS_LABEL_63 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -32,7 +32,7 @@ def existing_dir(text: str) -> Path:
     """``--canary DIR``: a directory that exists."""
     path = Path(text)
     if not path.is_dir():
-        raise BadInputError(f"directory {text!r} does not exist", field="--canary",
+        raise BadInputError(f"directory {text!r} does not exist", field="canary",
                             hint="Pass the canary's model directory.")
     return path
 
@@ -63,11 +63,11 @@ class DeployOptions:
     """Gateway the HTTPRoute attaches to."""
     gateway_namespace: str | None = None
     """Namespace of that Gateway (default: the route's)."""
-    replicas: int = field(default=1, metadata=_COUNT)
+    replicas: Count = 1
     """Pods per version (the HPA's minimum)."""
-    max_replicas: int = field(default=4, metadata=_COUNT)
+    max_replicas: Count = 4
     """The HPA's maximum per version."""
-    queue_target: int = field(default=4, metadata=_COUNT)
+    queue_target: Count = 4
     """Requests waiting per pod (vllm:num_requests_waiting) the HPA scales to hold."""
     prometheus_url: str = field(default="http://prometheus.monitoring.svc:9090", metadata={"url": True})
     """Prometheus the analysis queries (promote spec and Argo AnalysisTemplate)."""
@@ -84,12 +84,12 @@ class DeployOptions:
         check_fields(self)
         _check_names(self)
         if self.max_replicas < self.replicas:
-            raise BadInputError(f"--max-replicas {self.max_replicas} must be at least --replicas {self.replicas} "
-                                "(>= 1)", field="--max-replicas")
+            raise BadInputError(f"{self.max_replicas} must be at least replicas ({self.replicas})",
+                                field="max_replicas", hint="Raise max_replicas or lower replicas (>= 1).")
         if self.gateway_api and (self.canary is not None or self.rollout == "argo"):
-            raise BadInputError("--gateway-api routes to the model's Deployment by model name; a --canary or an "
-                                "Argo rollout splits by Service", field="--gateway-api",
-                                hint="Serve the candidate as an adapter (--lora NAME=DIR) with --gateway-api.")
+            raise BadInputError("the Gateway API routes to the model's Deployment by model name; a canary or an "
+                                "Argo rollout splits by Service", field="gateway_api",
+                                hint="Serve the candidate as an adapter (loras) with the Gateway API.")
 
     @property
     def served_as(self) -> str:
@@ -103,23 +103,22 @@ class DeployOptions:
 
 def _check_names(opts: DeployOptions) -> None:
     """Every name that lands in an object, checked as Kubernetes checks it."""
-    for flag, value in (("--name", opts.app), ("--namespace", opts.namespace)):
+    for name, value in (("app", opts.app), ("namespace", opts.namespace)):
         if not _DNS_LABEL.match(value):
-            raise BadInputError(f"{flag} {value!r} is not a DNS label ({_LABEL_HELP}, at most 40 characters)",
-                                field=flag, hint="Example: --name chat.")
+            raise BadInputError(f"{value!r} is not a DNS label ({_LABEL_HELP}, at most 40 characters)",
+                                field=name, hint="Example: chat.")
     if opts.gateway_namespace is not None and not (_DNS_LABEL.match(opts.gateway_namespace)
                                                    or _DNS_LABEL_63.match(opts.gateway_namespace)):
-        raise BadInputError(f"--gateway-namespace {opts.gateway_namespace!r} is not a namespace name (a DNS label: "
-                            f"{_LABEL_HELP}, at most 63 characters)", field="--gateway-namespace")
-    for flag, value in (("--pvc", opts.pvc), ("--gateway", opts.gateway)):
+        raise BadInputError(f"{opts.gateway_namespace!r} is not a namespace name (a DNS label: "
+                            f"{_LABEL_HELP}, at most 63 characters)", field="gateway_namespace")
+    for name, value in (("pvc", opts.pvc), ("gateway", opts.gateway)):
         if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-            raise BadInputError(f"{flag} {value!r} is not a Kubernetes object name (a DNS-1123 subdomain: lowercase "
+            raise BadInputError(f"{value!r} is not a Kubernetes object name (a DNS-1123 subdomain: lowercase "
                                 "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
-                                "253 characters)", field=flag, hint=f"Example: {flag} qlift-models.")
+                                "253 characters)", field=name, hint="Example: qlift-models.")
     image = _IMAGE.match(opts.image) if opts.image is not None else None
     if opts.image is not None and (image is None or len(image["name"]) > 255):
-        raise BadInputError(f"--image {opts.image!r} is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
-                            "NAME in lowercase)", field="--image", hint="Example: --image registry.local/vllm:v0.26.0.")
+        raise BadInputError(f"{opts.image!r} is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
+                            "NAME in lowercase)", field="image", hint="Example: registry.local/vllm:v0.26.0.")
     if opts.public_model is not None and (not opts.public_model.strip() or not opts.public_model.isprintable()):
-        raise BadInputError(f"--public-model {opts.public_model!r} must be a printable, non-empty name",
-                            field="--public-model")
+        raise BadInputError(f"{opts.public_model!r} must be a printable, non-empty name", field="public_model")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, check_fields
 
 
 @dataclass(frozen=True)
@@ -38,17 +39,17 @@ class EvalOptions:
     """Write report.json, report.md and report.html into this new directory."""
     force: bool = False
     """Replace an existing --report directory."""
-    max_tokens: int = field(default=64, metadata={"min": 1, "max": 1 << 20})
+    max_tokens: Annotated[int, Range(ge=1, le=1 << 20)] = 64
     """Greedy output tokens per prompt."""
-    resamples: int = field(default=1000, metadata={"flag": "--bootstrap", "min": 100, "max": 100_000})
+    resamples: Annotated[int, Range(ge=100, le=100_000)] = field(default=1000, metadata={"flag": "--bootstrap"})
     """Paired bootstrap resamples."""
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**63 - 1})
+    seed: Annotated[int, Range(ge=0, le=2**63 - 1)] = 0
     """Seed of the bootstrap (and of sampling)."""
     use_cache: bool = field(default=True, metadata={"flag": "--no-cache"})
     """Reuse cached generations; --no-cache generates again instead."""
-    concurrency: int = field(default=1, metadata={"min": 1, "max": 1024})
+    concurrency: Annotated[int, Range(ge=1, le=1024)] = 1
     """Parallel requests (endpoint backend)."""
-    max_model_len: int = field(default=4096, metadata={"min": 16, "max": 1 << 24})
+    max_model_len: Annotated[int, Range(ge=16, le=1 << 24)] = 4096
     """vLLM context length (vllm backend)."""
     api_key: str | None = field(default=None, metadata={"envvar": "QLIFT_EVAL_API_KEY"})
     """Bearer token for the endpoint (env QLIFT_EVAL_API_KEY)."""
@@ -59,7 +60,7 @@ class EvalOptions:
     judge: str | None = field(default=None, metadata={"metavar": "URL#MODEL"})
     """A judge model (OpenAI-compatible) compares the candidate's and the baseline's answers to each prompt, asked
     twice with the order swapped; needs --baseline."""
-    judge_pairs: int = field(default=64, metadata={"min": 1, "max": 100_000})
+    judge_pairs: Annotated[int, Range(ge=1, le=100_000)] = 64
     """Prompts the judge compares (an even sample)."""
     judge_rubric: Path | None = None
     """The judge's instructions, a text file (default: qlift's rubric, docs/eval.md)."""
@@ -72,4 +73,4 @@ class EvalOptions:
             parse_target(self.judge)
             if self.baseline is None:
                 raise BadInputError("--judge compares the candidate with the baseline, but no --baseline was given",
-                                    field="--judge", hint="Pass --baseline MODEL, or leave --judge out.")
+                                    field="judge", hint="Pass --baseline MODEL, or leave --judge out.")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, check_fields
 
 SOURCES = ("hf", "modelscope", "auto")
 
@@ -29,7 +30,7 @@ class DownloadOptions:
     """Hub URL (a mirror); default HF_ENDPOINT or the SDK's ModelScope endpoint."""
     token_env: str | None = field(default=None, metadata={"metavar": "NAME"})
     """Read the access token from environment variable NAME (default: the client's own login)."""
-    max_workers: int = field(default=8, metadata={"min": 1, "max": 64})
+    max_workers: Annotated[int, Range(ge=1, le=64)] = 8
     """Files fetched in parallel."""
     dry_run: bool = False
     """List files, total size and free disk; download nothing."""
@@ -46,6 +47,6 @@ class DownloadOptions:
             return None
         token = os.environ.get(self.token_env)
         if not token:
-            raise BadInputError(f"environment variable {self.token_env} is not set or empty", field="--token-env",
-                                hint=f"Export {self.token_env} with your access token, or drop --token-env.")
+            raise BadInputError(f"environment variable {self.token_env} is not set or empty", field="token_env",
+                                hint=f"Export {self.token_env} with your access token, or drop token_env.")
         return token

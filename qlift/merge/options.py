@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, check_fields
 
 DEFAULT_TOLERANCE = 0.02
 
@@ -23,7 +24,7 @@ class MergeOptions:
     """Where deltas are computed: cpu or cuda."""
     verify: bool | None = field(default=None, metadata={"flag_pair": True})
     """Compare logits with peft on a few chat prompts [default: on under 2B parameters]."""
-    tolerance: float = field(default=DEFAULT_TOLERANCE, metadata={"min": 0})
+    tolerance: Annotated[float, Range(ge=0)] = DEFAULT_TOLERANCE
     """--verify fails above this max |logit delta| relative to the largest logit."""
     strict: bool = False
     """Fail (not warn) when an adapter names a different base model."""
@@ -36,20 +37,20 @@ class MergeOptions:
         check_fields(self)
         parse_size(self.max_shard_size)
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise BadInputError(f"unknown device {self.device!r}", field="--device", hint="Use cpu or cuda.")
+            raise BadInputError(f"unknown device {self.device!r}", field="device", hint="Use cpu or cuda.")
 
 
 def parse_size(text: str) -> int:
     """'5GB', '500MB', '2GiB', '1000000' -> bytes (decimal units as Hugging Face uses)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", text.upper())
     if not m:
-        raise BadInputError(f"cannot read size {text!r}", field="--max-shard-size",
+        raise BadInputError(f"cannot read size {text!r}", field="max_shard_size",
                             hint="Write it like 5GB, 500MB or 2GiB.")
     unit = m.group(2).rstrip("B") or ""
     power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
     mult = (1024 if unit.endswith("I") else 1000) ** power
     size = float(m.group(1)) * mult
     if not 0 < size < 2**63:
-        raise BadInputError(f"size {text!r} must be positive and below 8 EiB", field="--max-shard-size",
+        raise BadInputError(f"size {text!r} must be positive and below 8 EiB", field="max_shard_size",
                             hint="Write it like 5GB.")
     return int(size)

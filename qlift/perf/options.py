@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, Seconds, check_fields
 from qlift.perf.slo import parse_slo
 
 WORKLOAD_TOKENS = {"chat": (256, 256), "long-doc": (4096, 256)}  # input, output tokens per request
@@ -26,8 +26,8 @@ def parse_levels(text: str) -> tuple[int, ...]:
     except ValueError:
         levels = ()
     if not levels or any(c < 1 for c in levels):
-        raise BadInputError(f"{text!r} is not a list of positive integers", field="--concurrency",
-                            hint="Example: --concurrency 1,8,32.")
+        raise BadInputError(f"{text!r} is not a list of positive integers", field="concurrency",
+                            hint="Example: 1,8,32.")
     return levels
 
 
@@ -40,13 +40,13 @@ def parse_tune_slo(text: str | None) -> tuple[dict[str, float], float | None]:
         key, sep, raw = part.partition("=")
         if key.strip().lower() in _GAP_KEYS and sep:
             if gap is not None:
-                raise BadInputError(f"--slo sets {key.strip()} twice", field="--slo", hint="Give each objective once.")
+                raise BadInputError(f"--slo sets {key.strip()} twice", field="slo", hint="Give each objective once.")
             gap = parse_slo(f"e2e={raw}")["e2el"]
         elif part.strip():
             rest.append(part)
     slo = parse_slo(",".join(rest))
     if any(v <= 0 for v in slo.values()) or (gap is not None and gap <= 0):
-        raise BadInputError("an SLO limit of 0 can never be met", field="--slo", hint="Example: --slo gap=100ms.")
+        raise BadInputError("an SLO limit of 0 can never be met", field="slo", hint="Example: gap=100ms.")
     return slo, gap
 
 
@@ -64,12 +64,12 @@ def parse_grid(items: list[str] | tuple[str, ...]) -> dict[str, list[Any]]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip() or not raw.strip():
-            raise BadInputError(f"--grid {item!r} is not KEY=V1,V2,...", field="--grid",
-                                hint="Example: --grid max_num_seqs=16,64,256.")
-        name = check_arg_name(key.strip(), path="--grid", field=key.strip())
+            raise BadInputError(f"{item!r} is not KEY=V1,V2,...", field="grid",
+                                hint="Example: max_num_seqs=16,64,256.")
+        name = check_arg_name(key.strip(), field="grid")
         if name in grid:
-            raise BadInputError(f"--grid sets {name} twice", field="--grid",
-                                hint=f"Give all its values once: --grid {name}=V1,V2,...")
+            raise BadInputError(f"--grid sets {name} twice", field="grid",
+                                hint=f"Give all its values once: {name}=V1,V2,...")
         grid[name] = [yaml.safe_load(v) for v in raw.split(",") if v.strip()]
     return grid
 
@@ -78,11 +78,11 @@ def parse_grid(items: list[str] | tuple[str, ...]) -> dict[str, list[Any]]:
 class BenchOptions:
     concurrency: tuple[int, ...] = field(default=(1, 8, 32), metadata={"parse": parse_levels})
     """Concurrency levels, comma-separated."""
-    requests: int = field(default=64, metadata={"min": 1, "max": 1_000_000})
+    requests: Annotated[int, Range(ge=1, le=1_000_000)] = 64
     """Requests per level."""
-    input_tokens: int = field(default=256, metadata={"min": 1, "max": 1 << 20})
+    input_tokens: Annotated[int, Range(ge=1, le=1 << 20)] = 256
     """Prompt tokens per request (random prompts; ignored with --dataset)."""
-    output_tokens: int = field(default=256, metadata={"min": 1, "max": 1 << 20})
+    output_tokens: Annotated[int, Range(ge=1, le=1 << 20)] = 256
     """Output tokens per request (EOS ignored, so every request generates them all)."""
     dataset: Path | None = None
     """JSONL of {"prompt": ...} rows instead of random."""
@@ -91,15 +91,15 @@ class BenchOptions:
     tokenizer: str | None = field(default=None, metadata={"metavar": "DIR|ORG/REPO"})
     """Tokenizer for the prompts (default: the server's model directory, or that repo in the local hub cache;
     otherwise required)."""
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**31 - 1})
+    seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = 0
     """Seed of the random prompts."""
-    timeout_s: float = field(default=1800, metadata={"flag": "--timeout", "above": 0})
+    timeout_s: Seconds = field(default=1800, metadata={"flag": "--timeout"})
     """Seconds for all levels; levels finished by then are kept."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.concurrency or any(c < 1 for c in self.concurrency):
-            raise BadInputError("--concurrency needs positive integers", field="--concurrency", hint="Example: 1,8,32.")
+            raise BadInputError("needs positive integers", field="concurrency", hint="Example: 1,8,32.")
 
 
 @dataclass(frozen=True)
@@ -118,26 +118,26 @@ class TuneOptions:
     Without: the highest tok/s wins."""
     concurrency: tuple[int, ...] = field(default=(1, 8, 32), metadata={"parse": parse_levels})
     """Concurrency levels benched at each point."""
-    requests: int = field(default=64, metadata={"min": 1, "max": 1_000_000})
+    requests: Annotated[int, Range(ge=1, le=1_000_000)] = 64
     """Requests per level."""
-    input_tokens: int | None = field(default=None, metadata={"min": 1, "max": 1 << 20})
+    input_tokens: Annotated[int, Range(ge=1, le=1 << 20)] | None = None
     """Prompt tokens per request (default: the workload's)."""
-    output_tokens: int | None = field(default=None, metadata={"min": 1, "max": 1 << 20})
+    output_tokens: Annotated[int, Range(ge=1, le=1 << 20)] | None = None
     """Output tokens per request (default: the workload's)."""
-    start_timeout: float = field(default=900, metadata={"above": 0})
+    start_timeout: Seconds = 900
     """Seconds a point's server may take to answer /health."""
-    point_budget: float = field(default=300, metadata={"above": 0})
+    point_budget: Seconds = 300
     """Seconds of load one point's bench is sized to: a short probe measures this machine's speed first, and
     fewer --requests per level are sent (the same at every point) when needed."""
-    bench_timeout: float | None = field(default=None, metadata={"above": 0})
+    bench_timeout: Seconds | None = None
     """Cut a point's bench after this many seconds, keeping the levels it finished (default: twice the time the
     probe expects)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.grid:
-            raise BadInputError("give at least one --grid KEY=V1,V2", field="--grid",
-                                hint="Example: --grid max_num_seqs=16,64.")
+            raise BadInputError("give at least one KEY=V1,V2", field="grid",
+                                hint="Example: max_num_seqs=16,64.")
         self.grid_values()
 
     def grid_values(self) -> dict[str, list[Any]]:
@@ -163,9 +163,9 @@ class BatchOptions:
     """Recipe for the engine's arguments (`qlift recipes list`)."""
     sets: tuple[str, ...] = field(default=(), metadata={"flag": "--set", "metavar": "KEY=VALUE"})
     """Override a vLLM engine argument (vLLM's name). Repeatable."""
-    max_tokens: int = field(default=256, metadata={"min": 1, "max": 1 << 24})
+    max_tokens: Annotated[int, Range(ge=1, le=1 << 24)] = 256
     """Output tokens per row, unless the row sets max_tokens."""
-    temperature: float | None = field(default=None, metadata={"min": 0})
+    temperature: Annotated[float, Range(ge=0)] | None = None
     """Sampling temperature, unless the row sets one (default: vLLM's, 1.0)."""
     resume: bool = False
     """Keep OUT's rows whose id and request are unchanged; run the rest, drop ids no longer in IN."""
@@ -174,10 +174,10 @@ class BatchOptions:
     ray_address: str | None = field(default=None, metadata={"flag": "--ray", "metavar": "ADDRESS"})
     """Run on an existing Ray cluster (Ray Data, one vLLM engine per GPU or CPU slot); 'local' starts one here.
     Needs `pip install 'qlift[ray]'`."""
-    timeout_s: float = field(default=24 * 3600, metadata={"flag": "--timeout", "above": 0})
+    timeout_s: Seconds = field(default=24 * 3600, metadata={"flag": "--timeout"})
     """Seconds for the whole job."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.resume and self.force:
-            raise BadInputError("--resume and --force contradict each other", hint="Pass one of them.")
+            raise BadInputError("resume and force contradict each other", field="resume", hint="Pass one of them.")

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, check_fields
 
 Method = Literal["awq", "fp8"]
 
@@ -23,9 +23,9 @@ class QuantizeOptions:
     per-token activations."""
     calib: Path | None = None
     """Calibration JSONL, one {'messages': [...]} or {'text': ...} per line (default: built-in set)."""
-    num_samples: int | None = field(default=None, metadata={"min": 1, "max": 1_000_000})
+    num_samples: Annotated[int, Range(ge=1, le=1_000_000)] | None = None
     """Calibration samples (default: 32 on CPU, the whole set on CUDA)."""
-    seq_len: int | None = field(default=None, metadata={"min": 1, "max": 1 << 20})
+    seq_len: Annotated[int, Range(ge=1, le=1 << 20)] | None = None
     """Tokens per calibration sample (default: 256 on CPU, 512 on CUDA)."""
     group_size: int | None = field(default=None, metadata={"choices": (None, 32, 64, 128), "none": "auto"})
     """AWQ group size; auto picks the largest that divides every quantized layer's input dim."""
@@ -33,7 +33,7 @@ class QuantizeOptions:
     """Keep a layer unquantized: module name or re:REGEX (repeatable). lm_head and embeddings always are."""
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     """Where llm-compressor runs."""
-    threads: int | None = field(default=None, metadata={"min": 1, "max": 4096})
+    threads: Annotated[int, Range(ge=1, le=4096)] | None = None
     """CPU threads for calibration (default: the CPUs this process may use, by affinity and cgroup quota)."""
     compute_dtype: str = field(default="auto", metadata={"choices": ("auto", "bfloat16", "float32")})
     """Calibration dtype on CPU; auto: float32 where the CPU has no bf16 units (AVX512-BF16 or AMX), else the
@@ -68,5 +68,5 @@ def _check_regexes(patterns: tuple[str, ...]) -> None:
             try:
                 re.compile(pat[3:])
             except re.error as exc:
-                raise BadInputError(f"{pat!r} is not a regular expression ({exc})", field="--ignore",
+                raise BadInputError(f"{pat!r} is not a regular expression ({exc})", field="ignore",
                                     hint="Write re:REGEX (Python syntax) or a plain module name.") from None

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from qlift.errors import BadInputError
-from qlift.options import check_fields
+from qlift.options import Range, Seconds, check_fields
 
 WORKLOADS = ("chat", "long-doc", "multi-tenant", "batch")  # qlift.serve.recipes.Workload, without its imports
 
@@ -24,7 +25,7 @@ class ServeOptions:
     api_server_count=4. Repeatable."""
     host: str = "127.0.0.1"
     """Address to bind (0.0.0.0 exposes it)."""
-    port: int = field(default=8000, metadata={"min": 0, "max": 65535})
+    port: Annotated[int, Range(ge=0, le=65535)] = 8000
     """Port for the OpenAI-compatible API (0: any free port)."""
     served_model_name: str | None = None
     """Model name clients send (default: the directory name)."""
@@ -36,20 +37,20 @@ class ServeOptions:
     """Let `qlift lora load|unload` add adapters while it runs (binds 127.0.0.1 or needs --api-key-env)."""
     dry_run: bool = False
     """Print the command, config and plan; start nothing."""
-    timeout_s: float = field(default=900, metadata={"flag": "--timeout", "above": 0})
+    timeout_s: Seconds = field(default=900, metadata={"flag": "--timeout"})
     """Seconds to wait for /health."""
-    drain_s: int = field(default=30, metadata={"flag": "--drain", "min": 0, "max": 3600})
+    drain_s: Annotated[int, Range(ge=0, le=3600)] = field(default=30, metadata={"flag": "--drain"})
     """On Ctrl-C/SIGTERM, seconds in-flight requests get to finish before vLLM stops (vLLM's
     --shutdown-timeout; 0: abort them)."""
     access_log: bool = False
     """Show vLLM's HTTP access lines (health checks included) on the terminal too; vllm.log always has them."""
     gpu: str | None = field(default=None, metadata={"metavar": "NAME"})
     """Plan for this GPU instead of the detected hardware, e.g. "RTX 4090", T4, A100-80GB."""
-    gpus: int | None = field(default=None, metadata={"min": 1, "max": 64})
+    gpus: Annotated[int, Range(ge=1, le=64)] | None = None
     """With --gpu: how many of them."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.gpu and not self.dry_run:
-            raise BadInputError("--gpu simulates hardware, so it only works with --dry-run", field="--gpu",
+            raise BadInputError("--gpu simulates hardware, so it only works with --dry-run", field="gpu",
                                 hint="Drop --gpu to serve on this machine, or add --dry-run.")

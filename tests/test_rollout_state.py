@@ -42,19 +42,19 @@ class FakeClock:
 
 
 class DownPlane(MemoryPlane):
-    """A plane that can be taken down: reading and setting weights fail while ``down``."""
+    """A plane that can be taken down: reading and setting weights fail while ``unreachable``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.down = False
+        self.unreachable = False  # not `down`: that names ReportsDown's method
 
     def weights(self) -> dict[str, int] | None:
-        if self.down:
+        if self.unreachable:
             raise ExternalToolError("router at http://127.0.0.1:1 did not answer", tool="router")
         return self.current
 
     def set_weights(self, weights: dict[str, int]) -> None:
-        if self.down:
+        if self.unreachable:
             raise ExternalToolError("router at http://127.0.0.1:1 did not answer", tool="router")
         super().set_weights(weights)
 
@@ -232,7 +232,7 @@ def test_an_unreachable_plane_is_waited_for_not_judged(tmp_path: Path) -> None:
     def sleep(s: float) -> None:  # down for the first 50 sleeps of the second step, then back
         calls["n"] += 1
         if plane.current == {"s": 50, "c": 50} and calls["n"] < 10_000:
-            plane.down = calls["n"] % 200 < 50
+            plane.unreachable = calls["n"] % 200 < 50
         original(s)
 
     ctl.sleep = sleep
@@ -274,7 +274,7 @@ def test_abort_against_a_dead_plane_stays_requested_until_it_converges(tmp_path:
     use_plane(plane)
     r = journal.create(spec().model_dump(mode="json"), "s", "c")
     journal.change_weights(r.id, {"s": 50, "c": 50}, "step 2", plane.set_weights)
-    plane.down = True
+    plane.unreachable = True
     with pytest.raises(ExternalToolError, match="abort_requested"):
         api.abort(path)
     assert journal.get(r.id).state == "abort_requested" and plane.current == {"s": 50, "c": 50}
@@ -282,7 +282,7 @@ def test_abort_against_a_dead_plane_stays_requested_until_it_converges(tmp_path:
         api.resume(path)
     st = api.status(path)
     assert st["state"] == "abort_requested" and st["weights"] == {"s": 100, "c": 0} and not st["weights_applied"]
-    plane.down = False
+    plane.unreachable = False
     done = api.abort(path)
     assert done.state == "aborted" and plane.current == {"s": 100, "c": 0}
     assert api.status(path)["weights_applied"]
@@ -298,10 +298,10 @@ def test_a_running_controller_finishes_a_requested_abort(tmp_path: Path, use_pla
     ctl, rid = controller(journal, spec(interval="30s"), plane,
                           ScriptedEvidence([(healthy("c", 1), healthy("s", 9))]))
     t = run_until_10_percent(ctl, plane, tick_s=0.001)
-    plane.down = True
+    plane.unreachable = True
     with pytest.raises(ExternalToolError):
         api.abort(path)
-    plane.down = False  # the controller's next tick applies 100/0 and confirms
+    plane.unreachable = False  # the controller's next tick applies 100/0 and confirms
     t.join(10)
     assert not t.is_alive() and journal.get(rid).state == "aborted" and plane.current == {"s": 100, "c": 0}
 

@@ -15,7 +15,7 @@ from qlift.errors import ExternalToolError, QliftError
 from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.journal import Journal, Rollout, is_disk_full
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import RUNNING, State, StepOutcome
+from qlift.rollout.states import RUNNING, DecisionAction, State, StepOutcome
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def request_abort(journal: Journal, r: Rollout, plane: DataPlane, reason: str = 
     def also(db: Any) -> None:
         journal.transition(db, r.id, r.state, State.ABORT_REQUESTED, reason, desired_version=r.stable)
         journal.finish_step(db, r.id, r.step, StepOutcome.ABORTED)
-        journal.decide(db, r.id, r.step, "abort", reason, manual=True)
+        journal.decide(db, r.id, r.step, DecisionAction.ABORT, reason, manual=True)
 
     try:
         done = journal.change_weights(r.id, stable, reason, plane.set_weights, allowed_states=(r.state,), also=also)

@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from qlift.rollout.evidence import NO_PRIMARY, Evidence, VersionEvidence, unique
+from qlift.rollout.evidence import Evidence, VersionEvidence, unique
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
+from qlift.rollout.planes import SourceName
 from qlift.rollout.shadow import ShadowEvidence, judge_window
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec
 from qlift.rollout.states import Phase
@@ -54,7 +55,7 @@ class Assessment:
         checks = [asdict(c) for c in d.checks]
         if isinstance(ev, ShadowEvidence):
             summary = ev.summary()
-            return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": "shadow",
+            return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": SourceName.SHADOW,
                     "stable": summary["stable"], "canary": summary["canary"], "action": self.phase,
                     "reason": d.reason, "checks": checks, "notes": [f"{summary['pairs']} shadow pairs"]}
         return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": ev.source,
@@ -76,7 +77,7 @@ def error_limit(a: AnalysisSpec) -> int:
 def is_insufficient(d: Decision, ev: Evidence) -> bool:
     """The judge held only because the canary saw too few requests (not because a check was unsure, nor
     because the evidence source failed or counts no requests at all)."""
-    return d.verdict == Verdict.INSUFFICIENT and ev.source != NO_PRIMARY
+    return d.verdict == Verdict.INSUFFICIENT and ev.source != SourceName.NONE
 
 
 def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int, *, rolled_back: bool = False) -> str:

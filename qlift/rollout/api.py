@@ -25,11 +25,11 @@ from qlift.rollout.aborts import (
     shadow_off,
     spec_of,
 )
-from qlift.rollout.dataplane import DataPlane, check_stable_up, check_versions
+from qlift.rollout.dataplane import DataPlane, NamesModels, check_stable_up, check_versions
 from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, journal_flag, now_iso
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import RUNNING, State, StepOutcome
-from qlift.rollout.webhook import notify, validate_webhook
+from qlift.rollout.states import RUNNING, DecisionAction, EventKind, State, StepOutcome
+from qlift.rollout.webhook import WebhookAction, notify, validate_webhook
 
 if TYPE_CHECKING:
     from qlift.rollout.adapter import AdapterRecord
@@ -129,8 +129,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
         check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
         preflight.check_start_state(plane, spec, journal, journal_path, force=force, spec_file=spec_file)
         preflight.check_canary_serves(plane, spec)
-        models = getattr(plane, "backend_models", None)
-        _eval_gate(spec, plane.backend_urls(), models() if callable(models) else None)
+        _eval_gate(spec, plane.backend_urls(), plane.backend_models() if isinstance(plane, NamesModels) else None)
         first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
         r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary, state=first)
         log.info("rollout %d: %s over %s, steps %s, window %gs%s", r.id, spec.canary, spec.stable, spec.steps,
@@ -169,14 +168,14 @@ def pause(journal_path: Path | None = None) -> Rollout:
         with journal.tx() as db:
             if journal.transition(db, r.id, tuple(RUNNING), State.PAUSED, "paused by an operator",
                                   holds=0, errors=0):
-                journal.decide(db, r.id, r.step, "pause", "paused by an operator", manual=True)
+                journal.decide(db, r.id, r.step, DecisionAction.PAUSE, "paused by an operator", manual=True)
         return journal.get(r.id)
 
 
 def paused_from(journal: Journal, r: Rollout) -> State:
     """The state a paused rollout left (shadowing or progressing), from its transition events."""
     for e in reversed(journal.history(r.id)["events"]):
-        if e["kind"] == "state" and e["detail"].get("to") == State.PAUSED:
+        if e["kind"] == EventKind.STATE and e["detail"].get("to") == State.PAUSED:
             return State(e["detail"]["from"])
     return State.PROGRESSING
 
@@ -195,7 +194,7 @@ def resume(journal_path: Path | None = None) -> Rollout:
             with journal.tx() as db:
                 if journal.transition(db, r.id, State.PAUSED, back, "resumed by an operator",
                                       holds=0, errors=0):
-                    journal.decide(db, r.id, r.step, "resume", "resumed by an operator", manual=True)
+                    journal.decide(db, r.id, r.step, DecisionAction.RESUME, "resumed by an operator", manual=True)
         with journal.controller_lock() as mine:
             if not mine:
                 return journal.get(r.id)  # the running controller picks it up
@@ -226,9 +225,9 @@ def abort(journal_path: Path | None = None) -> Rollout:
             if not is_disk_full(exc):
                 raise
             return abort_with_full_journal(journal, journal.get(r.id), plane)
-        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "abort", "state": final.state,
-                                     "reason": final.reason, "stable": r.stable, "canary": r.canary, "manual": True,
-                                     "weights": r.weights_for(0)})
+        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": WebhookAction.ABORT,
+                                     "state": final.state, "reason": final.reason, "stable": r.stable,
+                                     "canary": r.canary, "manual": True, "weights": r.weights_for(0)})
         from qlift.rollout.adapter import settle
 
         settle(journal.path)  # a --canary-adapter it loaded is unloaded once the weights are back on the stable
@@ -250,7 +249,7 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
 
         def also(db: Any) -> None:
             journal.finish_step(db, r.id, r.step, StepOutcome.PROMOTED)
-            journal.decide(db, r.id, r.step, "promote", reason, manual=True)
+            journal.decide(db, r.id, r.step, DecisionAction.PROMOTE, reason, manual=True)
             journal.transition(db, r.id, r.state, State.PROMOTED, reason, desired_version=r.canary, step=last)
 
         if not journal.change_weights(r.id, r.weights_for(100), reason, plane.set_weights,
@@ -258,9 +257,9 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
             raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
                              hint=f"See `qlift promote status{journal_flag(journal.path)}`, then try again.")
         shadow_off(spec, plane)
-        notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": "promote", "state": State.PROMOTED.value,
-                              "reason": reason, "stable": r.stable, "canary": r.canary, "manual": True,
-                              "weights": r.weights_for(100)})
+        notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": WebhookAction.PROMOTE,
+                              "state": State.PROMOTED.value, "reason": reason, "stable": r.stable,
+                              "canary": r.canary, "manual": True, "weights": r.weights_for(100)})
         return journal.get(r.id)
 
 

@@ -20,7 +20,7 @@ from qlift.rollout import carry
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.journal import Journal, Rollout, default_journal, now_iso
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import Phase, State
+from qlift.rollout.states import DecisionAction, Phase, State
 
 Record = dict[str, Any]
 
@@ -96,7 +96,7 @@ def finish(journal_path: Path | None = None) -> Rollout:
     """Record the stable of a baked rollout released (``baked`` -> ``finished``); the weights stay 100% canary.
     Anything else is refused with one line saying what to do instead."""
     from qlift.rollout.aborts import spec_of
-    from qlift.rollout.webhook import notify
+    from qlift.rollout.webhook import WebhookAction, notify
 
     path = Path(journal_path or default_journal())
     if not path.is_file():
@@ -112,8 +112,8 @@ def finish(journal_path: Path | None = None) -> Rollout:
             if not journal.transition(db, r.id, State.BAKED, State.FINISHED, reason):
                 raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
                                  hint="See `qlift promote status`, then try again.")
-            journal.decide(db, r.id, r.step, "finish", reason, manual=True)
-        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": "finish",
+            journal.decide(db, r.id, r.step, DecisionAction.FINISH, reason, manual=True)
+        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": WebhookAction.FINISH,
                                      "state": State.FINISHED.value, "reason": reason, "stable": r.stable,
                                      "canary": r.canary, "manual": True, "weights": r.weights_for(100)})
         return journal.get(r.id)

@@ -27,15 +27,16 @@ from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full, now_iso
+from qlift.rollout.planes import SourceName
 from qlift.rollout.preflight import out_of_rotation
 from qlift.rollout.reconcile import Drift, Reconciler
 from qlift.rollout.shadow import ShadowEvidence, ShadowSource
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.split_pairs import SplitPairs
-from qlift.rollout.states import RUNNING, Phase, State, StepOutcome
+from qlift.rollout.states import RUNNING, DecisionAction, EventKind, Phase, State, StepOutcome
 from qlift.rollout.view import log_window
-from qlift.rollout.webhook import notify
+from qlift.rollout.webhook import WebhookAction, notify
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,14 @@ class Pace:
     tick: float = 0.25
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.time
+
+
+@dataclass(frozen=True)
+class Void:
+    """Why a window is not judged; ``interrupted``: the rollout moved on (an operator's command), not journaled."""
+
+    reason: str
+    interrupted: bool = False
 
 
 class Controller:
@@ -154,17 +163,17 @@ class Controller:
 
     # -- one window ------------------------------------------------------------------
 
-    def _drifted(self) -> str | None:
+    def _drifted(self) -> Void | None:
         """Why the window is void because the plane's weights drifted (or cannot be read), else None."""
         try:
             if self.reconciler.reconcile():
-                return "the data plane's weights drifted during the window (re-applied)"
+                return Void("the data plane's weights drifted during the window (re-applied)")
         except Drift as exc:
-            return str(exc)
+            return Void(str(exc))
         return None
 
     def _watch(self, r: Rollout, begin: Callable[[], None], peek: Callable[[], bool] | None
-               ) -> tuple[str | None, str, str | None]:
+               ) -> tuple[Void | None, str, str | None]:
         """Wait one interval. Returns (why the window is void or None, a note, why the evidence source failed
         or None). A void window is not judged."""
         self.reconciler.reconcile()  # an unreachable plane raises Drift: the run loop backs off, comes back here
@@ -181,7 +190,7 @@ class Controller:
             self.journal.heartbeat()
             state, step = self.journal.position(self.rid)
             if state != r.state or step != r.step or self.journal.abort_marker.exists():
-                return f"window interrupted: rollout is {state}", "", None
+                return Void(f"window interrupted: rollout is {state}", interrupted=True), "", None
             if self.clock() >= next_check:
                 next_check = self.clock() + EARLY_CHECK_S
                 if (why := self._drifted()) is not None:
@@ -260,9 +269,9 @@ class Controller:
             if not self.journal.transition(db, self.rid, r.state, State.PAUSED, why, holds=0, passes=0, errors=0):
                 return True
             self.journal.set_carry(db, self.rid, None)
-            self.journal.decide(db, self.rid, r.step, "pause", why)
+            self.journal.decide(db, self.rid, r.step, DecisionAction.PAUSE, why)
         log.warning("paused: %s", why)
-        self._notify(r, "pause", why, {}, state=State.PAUSED)
+        self._notify(r, WebhookAction.PAUSE, why, {}, state=State.PAUSED)
         return True
 
     def _no_evidence(self, r: Rollout, failure: str) -> Evidence:
@@ -271,12 +280,13 @@ class Controller:
         log.warning("no evidence this window: %s", note)
         now = self.clock()
         return Evidence(VersionEvidence(r.stable), VersionEvidence(r.canary), now - self.spec.interval, now,
-                        "none", notes=[note], error=failure)
+                        SourceName.NONE, notes=[note], error=failure)
 
-    def _discard(self, r: Rollout, why: str) -> None:
-        log.warning("window discarded: %s", why)
-        if not why.startswith("window interrupted"):
-            self.journal.log_event(self.rid, "window_discarded", {"step": r.step, "state": r.state, "reason": why})
+    def _discard(self, r: Rollout, void: Void) -> None:
+        log.warning("window discarded: %s", void.reason)
+        if not void.interrupted:
+            self.journal.log_event(self.rid, EventKind.WINDOW_DISCARDED, {"step": r.step, "state": r.state,
+                                                                           "reason": void.reason})
 
     # -- decisions -------------------------------------------------------------------
 
@@ -298,7 +308,7 @@ class Controller:
                 return
             self._journal_window(db, idx, v)
             self.journal.update(db, self.rid, holds=v.holds, passes=v.passes, errors=v.errors)
-        self._notify(r, v.phase, v.reason, v.decision.p_values)
+        self._notify(r, WebhookAction(v.phase), v.reason, v.decision.p_values)
 
     def _journal_window(self, db: sqlite3.Connection, idx: int, v: Assessment, *, reason: str | None = None) -> None:
         """The judged window, its decision and the analysis's held evidence, in ``db``'s transaction."""
@@ -312,7 +322,7 @@ class Controller:
                 return
             self._journal_window(db, idx, v, reason=v.reason)
         log.warning("paused: %s", v.reason)
-        self._notify(r, "pause", v.reason, v.decision.p_values, state=State.PAUSED)
+        self._notify(r, WebhookAction.PAUSE, v.reason, v.decision.p_values, state=State.PAUSED)
 
     def _advance(self, r: Rollout, v: Assessment) -> None:
         nxt = r.step + 1
@@ -330,7 +340,7 @@ class Controller:
         if self.journal.change_weights(self.rid, r.weights_for(weight), reason, self.plane.set_weights,
                                        allowed_states=(State.PROGRESSING,), also=also):
             log.info("advanced: %s", reason)
-            self._notify(r, "advance", v.reason, v.decision.p_values, step=nxt)
+            self._notify(r, WebhookAction.ADVANCE, v.reason, v.decision.p_values, step=nxt)
 
     def _rollback(self, r: Rollout, v: Assessment, idx: int) -> None:
         def also(db: Any) -> None:
@@ -343,7 +353,7 @@ class Controller:
         if self.journal.change_weights(self.rid, r.weights_for(0), "rollback", self.plane.set_weights,
                                        allowed_states=(r.state,), also=also):
             log.warning("rolled back: %s", v.reason)
-            self._notify(r, "rollback", v.reason, v.decision.p_values, state=State.ROLLED_BACK)
+            self._notify(r, WebhookAction.ROLLBACK, v.reason, v.decision.p_values, state=State.ROLLED_BACK)
 
     def _promoted(self, r: Rollout) -> None:
         if self.spec.bake and self._start_bake(r):
@@ -354,9 +364,9 @@ class Controller:
                                            desired_version=r.canary):
                 return
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.PROMOTED)
-            self.journal.decide(db, self.rid, r.step, "promoted", reason)
+            self.journal.decide(db, self.rid, r.step, DecisionAction.PROMOTED, reason)
         log.info(reason)
-        self._notify(r, "promoted", reason, {}, state=State.PROMOTED)
+        self._notify(r, WebhookAction.PROMOTED, reason, {}, state=State.PROMOTED)
 
     # -- aborts and final states -----------------------------------------------------
 
@@ -412,7 +422,7 @@ class Controller:
             window = ShadowEvidence(r.stable, r.canary, started_at=now - self.spec.interval, ended_at=now,
                                     notes=[f"evidence source failed: {failure}"], error=failure)
         v = self.analysis.assess_shadow(window, holds=r.holds, passes=r.passes, errors=r.errors)
-        log_window(f"shadow window ({shadow.percent}% mirrored): {len(getattr(v.evidence, 'pairs', []))} pairs",
+        log_window(f"shadow window ({shadow.percent}% mirrored): {_pairs(v.evidence)} pairs",
                    v.phase, v.decision.reason, v.decision.checks)
         self._act(r, v, step=SHADOW_STEP)
         if v.phase in (Phase.ROLLBACK, Phase.ADVANCE):
@@ -424,7 +434,7 @@ class Controller:
                                            holds=0, passes=0, errors=0):
                 return
             self._journal_window(db, SHADOW_STEP, v, reason=v.reason)
-        self._notify(r, "advance", v.reason, v.decision.p_values)
+        self._notify(r, WebhookAction.ADVANCE, v.reason, v.decision.p_values)
 
     def _shadow_off(self) -> None:
         try:
@@ -445,10 +455,10 @@ class Controller:
         with self.journal.tx() as db:
             if self.journal.transition(db, self.rid, State.PROGRESSING, State.BAKING, reason, holds=0, passes=0,
                                        errors=0):
-                self.journal.decide(db, self.rid, r.step, "bake", reason)
+                self.journal.decide(db, self.rid, r.step, DecisionAction.BAKE, reason)
         self.analysis.reset()
         log.info(reason)
-        self._notify(r, "bake", reason, {}, state=State.BAKING)
+        self._notify(r, WebhookAction.BAKE, reason, {}, state=State.BAKING)
         return True
 
     def _bake_window(self, r: Rollout) -> None:
@@ -498,24 +508,28 @@ class Controller:
             self._journal_window(db, BAKE_STEP, v, reason=v.reason)
             self.journal.finish_step(db, self.rid, r.step, StepOutcome.PROMOTED)
         log.info("%s; `qlift promote finish` releases the stable %s", v.reason, r.stable)
-        self._notify(r, "baked", v.reason, v.decision.p_values, state=State.BAKED)
+        self._notify(r, WebhookAction.BAKED, v.reason, v.decision.p_values, state=State.BAKED)
 
     # -- notifications ---------------------------------------------------------------
 
-    def _notify(self, r: Rollout, action: str, reason: str, p_values: dict[str, float], *,
+    def _notify(self, r: Rollout, action: WebhookAction, reason: str, p_values: dict[str, float], *,
                 step: int | None = None, state: State | None = None) -> None:
         if not self.spec.webhook:
             return
         last = self.journal.last_change(self.rid)
         failure = notify(self.spec.webhook, {
-            "rollout": self.rid, "at": now_iso(), "stable": r.stable, "canary": r.canary, "action": str(action),
+            "rollout": self.rid, "at": now_iso(), "stable": r.stable, "canary": r.canary, "action": action,
             "state": str(state or r.state), "step": r.step if step is None else step, "reason": reason,
             "p_values": p_values, "weights": last.weights if last else None,
         })
         if failure is not None:
             self.webhook_failures += 1
-            self.journal.log_event(self.rid, "webhook_failed", {"action": action, "error": failure,
-                                                                "failures": self.webhook_failures})
+            self.journal.log_event(self.rid, EventKind.WEBHOOK_FAILED, {"action": action, "error": failure,
+                                                                         "failures": self.webhook_failures})
+
+
+def _pairs(ev: Evidence | ShadowEvidence) -> int:
+    return len(ev.pairs) if isinstance(ev, ShadowEvidence) else 0
 
 
 def _split_pairs(spec: RolloutSpec, shadow_source: ShadowSource | None) -> SplitPairs | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast, runtime_checkable
 
 from qlift.errors import ExternalToolError
 from qlift.rollout.planes import PLANES, Capability, PlaneName
@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class DataPlane(Protocol):
+    """What every plane does. What some planes can also tell is declared below, one protocol each; the rollout
+    asks ``isinstance(plane, Identifies)`` and the like, and a plane without one is handled (never probed).
+    ``isinstance`` sees the method's name only: a plane keeps these names for these methods."""
+
     kind: str
     capabilities: ClassVar[frozenset[Capability]]  # its entry's in the planes table
 
@@ -32,6 +36,36 @@ class DataPlane(Protocol):
 
     def backend_urls(self) -> dict[str, str]:
         """Version name -> base URL of its server, where known (for vLLM /metrics)."""
+
+
+@runtime_checkable
+class Restarts(Protocol):
+    def generation(self) -> str | None:
+        """Changes when the data plane restarted (its weights and request log may have reset); None: cannot tell."""
+
+
+@runtime_checkable
+class ChecksVersions(Protocol):
+    def check_versions(self, versions: list[str]) -> None:
+        """Refuse (BadInputError) version names the plane does not have."""
+
+
+@runtime_checkable
+class ReportsDown(Protocol):
+    def down(self, version: str) -> str | None:
+        """Why the plane keeps ``version`` out of rotation; None while it is up."""
+
+
+@runtime_checkable
+class Identifies(Protocol):
+    def identity(self, version: str) -> str | None:
+        """What ``version`` serves now (a model hash or dir): changes when another model is loaded under it."""
+
+
+@runtime_checkable
+class NamesModels(Protocol):
+    def backend_models(self) -> dict[str, str]:
+        """Version name -> the model name the plane asks its server for."""
 
 
 class Mirroring(Protocol):
@@ -51,22 +85,19 @@ def mirror_source(plane: DataPlane, spec: RolloutSpec) -> ShadowSource | None:
 
 def plane_generation(plane: DataPlane) -> str | None:
     """Changes when the data plane restarted (its weights and request log may have reset); None: cannot tell."""
-    fn = getattr(plane, "generation", None)
-    return fn() if callable(fn) else None
+    return plane.generation() if isinstance(plane, Restarts) else None
 
 
 def check_versions(plane: DataPlane, versions: list[str]) -> None:
     """Refuse version names the data plane does not have, before anything is journaled."""
-    fn = getattr(plane, "check_versions", None)
-    if callable(fn):
-        fn(versions)
+    if isinstance(plane, ChecksVersions):
+        plane.check_versions(versions)
 
 
 def check_stable_up(plane: DataPlane, stable: str, *, allow_down: bool) -> None:
     """Refuse a new rollout while the data plane reports the stable down: its users already go elsewhere
     (the canary, at any weight), and the judge would compare the canary with no stable traffic."""
-    fn = getattr(plane, "down", None)
-    why = fn(stable) if callable(fn) else None
+    why = plane.down(stable) if isinstance(plane, ReportsDown) else None
     if why is None:
         return
     message = f"the router reports the stable {stable} DOWN ({why})"

@@ -14,6 +14,7 @@ from typing import Any
 
 from qlift.quality.judge import JudgeResult
 from qlift.quality.registry import Answer
+from qlift.rollout.planes import SourceName
 from qlift.rollout.stats import mean, quantile
 from qlift.router.metrics import token_latency
 
@@ -123,7 +124,7 @@ class VersionEvidence:
         return out
 
 
-NO_PRIMARY = "none"  # the source of a plane without request counts (vLLM /metrics at most): no traffic measure
+NO_PRIMARY: str = SourceName.NONE  # the source of a plane without request counts (vLLM /metrics at most)
 
 
 @dataclass
@@ -134,7 +135,7 @@ class Evidence:
     canary: VersionEvidence
     started_at: float
     ended_at: float
-    source: str
+    source: str  # a SourceName
     notes: list[str] = field(default_factory=list)
     windows: int = 1  # >1: held windows of this step carried over into this one
     weight: int | None = None  # the canary's planned percent in this window (the controller fills it in)

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qlift.errors import QliftError, Terminated
+from qlift.rollout.states import EventKind
 
 if TYPE_CHECKING:
     from qlift.rollout.journal import Journal
     from qlift.rollout.spec import RolloutSpec
 
-STOPPED = "controller_stopped"
-RESUMED = "controller_resumed"
+STOPPED = EventKind.CONTROLLER_STOPPED
+RESUMED = EventKind.CONTROLLER_RESUMED
 UNRECORDED = "an unrecorded stop (SIGKILL, a crash or a reboot)"
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from qlift.errors import QliftError
 from qlift.fsutil import file_lock, lock_holder
 from qlift.rollout.journal_file import JournalFile, is_disk_full
-from qlift.rollout.states import State, StepOutcome, can_move
+from qlift.rollout.states import DecisionAction, EventKind, State, StepOutcome, can_move
 
 ACTIVE_STATES = tuple(s for s in State if s.active)
 
@@ -225,6 +225,15 @@ class Journal(JournalFile):
         return {"steps": rows("SELECT * FROM steps WHERE rollout_id = ? ORDER BY idx"),
                 "windows": windows, "decisions": decisions, "weight_changes": changes, "events": events}
 
+    def last_event(self, rollout_id: int, kinds: tuple[EventKind, ...]) -> dict[str, Any] | None:
+        """The detail of the rollout's latest event of one of ``kinds``, None when there is none."""
+        if not self._has_events():
+            return None
+        marks = ", ".join("?" * len(kinds))
+        row = self.db.execute(f"SELECT detail FROM events WHERE rollout_id = ? AND kind IN ({marks}) ORDER BY id DESC"
+                              " LIMIT 1", (rollout_id, *kinds)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
     def _has_events(self) -> bool:
         """A journal written by an older qlift, read read-only, has no events table."""
         return self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone() is not None
@@ -241,15 +250,15 @@ class Journal(JournalFile):
                 "INSERT INTO rollouts (created_at, updated_at, state, stable, canary, spec, desired_version)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)", (t, t, state.value, stable, canary, json.dumps(spec), stable))
             rid = int(cur.lastrowid or 0)
-            db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason) VALUES (?, ?, 0, 'start', ?)",
-                       (rid, t, f"rollout of {canary} over {stable} started"))
+            db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason) VALUES (?, ?, 0, ?, ?)",
+                       (rid, t, DecisionAction.START.value, f"rollout of {canary} over {stable} started"))
         return self.get(rid)
 
-    def decide(self, db: sqlite3.Connection, rollout_id: int, step: int, action: str, reason: str, *,
+    def decide(self, db: sqlite3.Connection, rollout_id: int, step: int, action: DecisionAction, reason: str, *,
                manual: bool = False) -> None:
         """A decision that judged no window (start, an operator's command, a promotion, a paused canary)."""
         db.execute("INSERT INTO decisions (rollout_id, at, step, action, reason, manual) VALUES (?, ?, ?, ?, ?, ?)",
-                   (rollout_id, now_iso(), step, action, reason, int(manual)))
+                   (rollout_id, now_iso(), step, str(action), reason, int(manual)))
 
     def judged(self, db: sqlite3.Connection, rollout_id: int, step: int, record: dict[str, Any],
                p_values: dict[str, float], *, reason: str | None = None) -> int:
@@ -274,7 +283,7 @@ class Journal(JournalFile):
         if not can_move(now, dst):
             raise QliftError(f"rollout {rollout_id}: {now.value} -> {dst.value} is not a valid transition")
         self._set(db, rollout_id, state=dst.value, reason=reason, **fields)
-        self.event(db, rollout_id, "state", {"from": now.value, "to": dst.value, "reason": reason})
+        self.event(db, rollout_id, EventKind.STATE, {"from": now.value, "to": dst.value, "reason": reason})
         return True
 
     def set_carry(self, db: sqlite3.Connection, rollout_id: int, held: tuple[int, str, str] | None) -> None:
@@ -290,11 +299,11 @@ class Journal(JournalFile):
                               (rollout_id,)).fetchone()
         return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
 
-    def event(self, db: sqlite3.Connection, rollout_id: int, kind: str, detail: dict[str, Any]) -> None:
+    def event(self, db: sqlite3.Connection, rollout_id: int, kind: EventKind, detail: dict[str, Any]) -> None:
         db.execute("INSERT INTO events (rollout_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                   (rollout_id, now_iso(), kind, json.dumps(detail)))
+                   (rollout_id, now_iso(), str(kind), json.dumps(detail)))
 
-    def log_event(self, rollout_id: int, kind: str, detail: dict[str, Any]) -> bool:
+    def log_event(self, rollout_id: int, kind: EventKind, detail: dict[str, Any]) -> bool:
         """One event in its own transaction; False (not raised) when the journal is full."""
         try:
             with self.tx() as db:

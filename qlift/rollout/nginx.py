@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.fsutil import AppendedLines
 from qlift.rollout.evidence import VersionEvidence
-from qlift.rollout.planes import PLANES, Capability
+from qlift.rollout.planes import PLANES, Capability, SourceName
 from qlift.rollout.spec import NginxSpec
 
 _WEIGHTS_MARK = "# qlift-weights: "
@@ -247,7 +247,7 @@ class AccessLogSource:
     /metrics of each backend.
     """
 
-    name = "nginx-access-log"
+    name: str = SourceName.NGINX_ACCESS_LOG
 
     def __init__(self, prefix: Path, backends: dict[str, str]) -> None:
         self.path = Path(prefix).resolve() / "logs" / "access.jsonl"

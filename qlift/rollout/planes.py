@@ -23,11 +23,21 @@ class Capability(StrEnum):
     MIRROR = "mirror"  # copies a share of live requests to another version and files both answers (a shadow phase)
 
 
+class SourceName(StrEnum):
+    """An evidence source's name, as a window's ``source`` is journaled and shown."""
+
+    ROUTER = "router"
+    NGINX_ACCESS_LOG = "nginx-access-log"
+    PROMETHEUS = "prometheus"
+    SHADOW = "shadow"  # a shadow window's answer pairs
+    NONE = "none"  # no request counts (vLLM /metrics at most), or no evidence this window: no traffic measure
+
+
 @dataclass(frozen=True)
 class PlaneKind:
     name: PlaneName
     section: str | None  # the RolloutSpec field with this plane's settings
-    evidence: str  # the default evidence source's name
+    evidence: SourceName  # the default evidence source's
     prometheus_preset: str  # qlift.rollout.prometheus.PRESETS key for --prometheus
     doc: str
     sees_answers: bool = False  # its default evidence carries answers' text (the answer checks can run)
@@ -35,14 +45,14 @@ class PlaneKind:
 
 
 PLANES: dict[str, PlaneKind] = {p.name: p for p in (
-    PlaneKind("builtin", None, "router", "router",
+    PlaneKind("builtin", None, SourceName.ROUTER, "router",
               "The qlift router: weights through its admin API; evidence from its request log.", sees_answers=True,
               capabilities=frozenset({Capability.MIRROR})),
-    PlaneKind("nginx", "nginx", "nginx-access-log", "nginx",
+    PlaneKind("nginx", "nginx", SourceName.NGINX_ACCESS_LOG, "nginx",
               "nginx rendered into its own prefix dir and reloaded; evidence from its JSON access log."),
-    PlaneKind("gateway-api", "gateway", "none", "vllm",
+    PlaneKind("gateway-api", "gateway", SourceName.NONE, "vllm",
               "A Gateway API HTTPRoute's backendRefs weights; evidence from Prometheus or vLLM /metrics."),
-    PlaneKind("inference-ext", "inference_ext", "none", "vllm",
+    PlaneKind("inference-ext", "inference_ext", SourceName.NONE, "vllm",
               "The Gateway API Inference Extension's InferenceModelRewrite: weights per served model (a base and "
               "its LoRA adapter on one Deployment); evidence from Prometheus."),
 )}

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from qlift.errors import BadInputError, ExternalToolError, QliftError
-from qlift.rollout.dataplane import DataPlane, RouterDataPlane
+from qlift.rollout.dataplane import DataPlane, ReportsDown, RouterDataPlane
 from qlift.rollout.journal import Journal, Rollout
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import State
@@ -176,11 +176,10 @@ def check_canary_serves(plane: DataPlane, spec: RolloutSpec) -> None:
 def out_of_rotation(plane: DataPlane, version: str) -> str | None:
     """The router's reason for keeping ``version`` out of rotation now; None while it is in, or where the plane
     cannot tell (no health view, or unreachable: the reconcile loop deals with that)."""
-    fn = getattr(plane, "down", None)
-    if not callable(fn):
+    if not isinstance(plane, ReportsDown):
         return None
     try:
-        why = fn(version)
+        why = plane.down(version)
     except (QliftError, KeyError):
         return None
     return None if why is None else str(why)

@@ -18,6 +18,7 @@ import httpx
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.planes import SourceName
 from qlift.rollout.spec import PrometheusSpec
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def window_label(seconds: float) -> str:
 
 
 class PrometheusSource:
-    name = "prometheus"
+    name: str = SourceName.PROMETHEUS
 
     def __init__(self, spec: PrometheusSpec, versions: list[str], models: dict[str, str], window_s: float,
                  instances: dict[str, str] | None = None) -> None:

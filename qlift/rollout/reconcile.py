@@ -12,6 +12,7 @@ import logging
 from qlift.errors import QliftError
 from qlift.rollout.dataplane import DataPlane, plane_generation
 from qlift.rollout.journal import Journal
+from qlift.rollout.states import EventKind
 
 log = logging.getLogger("qlift.rollout.controller")
 
@@ -55,6 +56,6 @@ class Reconciler:
         except QliftError as exc:
             raise Drift(f"could not re-apply the journal's weights {want}: {exc.one_line()}") from None
         self.drifts += 1
-        self.journal.log_event(self.rid, "drift", {"found": actual, "journaled": want, "restarted": restarted,
+        self.journal.log_event(self.rid, EventKind.DRIFT, {"found": actual, "journaled": want, "restarted": restarted,
                                                     "action": "re-applied the journal's weights"})
         return True

@@ -10,14 +10,13 @@ from datetime import datetime
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from qlift.rollout.states import State
+from qlift.rollout.states import EventKind, State
 
 if TYPE_CHECKING:
     from qlift.rollout.status import RolloutStatus
 
 W, H = 760, 210
 LEFT, RIGHT, TOP, BOTTOM = 56, 14, 14, 34
-VERDICT_CLASSES = ("advance", "pass", "hold", "pause", "rollback")
 
 
 def ts(iso: str) -> float:
@@ -124,13 +123,14 @@ def shadow_span(st: RolloutStatus, end: float) -> tuple[float, float] | None:
     """From the start to the move out of ``shadowing`` (or the last record, if it never left)."""
     if not st.shadow:
         return None
-    left = [ts(e["at"]) for e in st.events if e["kind"] == "state" and State(e["detail"]["from"]) is State.SHADOWING]
+    left = [ts(e["at"]) for e in st.events
+            if e["kind"] == EventKind.STATE and State(e["detail"]["from"]) is State.SHADOWING]
     return ts(st.created_at), (left[0] if left else end)
 
 
 def bake_span(st: RolloutStatus, end: float) -> tuple[float, float] | None:
     """From the move into ``baking`` to the move out of it (or the last record, if it is still baking)."""
-    moves = [e for e in st.events if e["kind"] == "state"]
+    moves = [e for e in st.events if e["kind"] == EventKind.STATE]
     into = [ts(e["at"]) for e in moves if State(e["detail"]["to"]) is State.BAKING]
     if not into:
         return None

@@ -84,6 +84,32 @@ class Phase(StrEnum):
     PAUSE = "pause"  # too little canary traffic for too long: wait for an operator
 
 
+class DecisionAction(StrEnum):
+    """A decision that judged no window (``decisions.action``; a judged window's decision is its ``Phase``)."""
+
+    START = "start"
+    PAUSE = "pause"  # an operator's, or the controller's for a canary whose model changed
+    RESUME = "resume"
+    ABORT = "abort"
+    PROMOTE = "promote"  # an operator's `promote promote`
+    PROMOTED = "promoted"  # the controller's, at the 100% step
+    BAKE = "bake"
+    FINISH = "finish"
+
+
+class EventKind(StrEnum):
+    """What an event records (``events.kind``)."""
+
+    STATE = "state"  # a transition: {from, to, reason}
+    WINDOW_DISCARDED = "window_discarded"
+    WEBHOOK_FAILED = "webhook_failed"
+    DRIFT = "drift"
+    CANARY_IDENTITY = "canary_identity"
+    CANARY_CHANGED = "canary_changed"
+    CONTROLLER_STOPPED = "controller_stopped"
+    CONTROLLER_RESUMED = "controller_resumed"
+
+
 class StepOutcome(StrEnum):
     """How a step ended (``steps.outcome``; a step still running has none)."""
 

@@ -15,7 +15,7 @@ from qlift.rollout.bake import BakeStatus, bake_status
 from qlift.rollout.interruptions import Interruption, interruptions, live_weights
 from qlift.rollout.journal import Journal, default_journal
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import DESCRIPTIONS, State, StepOutcome
+from qlift.rollout.states import DESCRIPTIONS, EventKind, State, StepOutcome
 
 HEARTBEAT_STALE_S = 30.0  # a controller silent this long is shown as stalled
 
@@ -179,8 +179,8 @@ def _journal_status(journal_path: Path | None = None, rollout_id: int | None = N
             shadow=None if spec.shadow is None else ShadowStatus(
                 spec.shadow.model_dump(mode="json"), [win for win in h["windows"] if win["step"] == SHADOW_STEP]),
             decisions=h["decisions"], weight_changes=h["weight_changes"], events=h["events"],
-            drifts=sum(1 for e in h["events"] if e["kind"] == "drift"),
-            webhook_failures=sum(1 for e in h["events"] if e["kind"] == "webhook_failed"),
+            drifts=sum(1 for e in h["events"] if e["kind"] == EventKind.DRIFT),
+            webhook_failures=sum(1 for e in h["events"] if e["kind"] == EventKind.WEBHOOK_FAILED),
             canary_adapter=adapter_status(path, r.id),
             bake=bake_status(journal, r, spec, [win for win in h["windows"] if win["step"] == BAKE_STEP]),
             canary_down=last_down(h["windows"]))

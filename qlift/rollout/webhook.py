@@ -7,6 +7,7 @@ any kind is logged and counted, never fatal: the controller keeps watching the c
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -14,6 +15,22 @@ import httpx
 from qlift.errors import BadInputError
 
 log = logging.getLogger(__name__)
+
+
+class WebhookAction(StrEnum):
+    """A payload's ``action``: a judged window's phase (states.Phase, same values) or a decision without one."""
+
+    ADVANCE = "advance"
+    PASS = "pass"
+    HOLD = "hold"
+    ROLLBACK = "rollback"
+    PAUSE = "pause"
+    PROMOTED = "promoted"
+    BAKE = "bake"
+    BAKED = "baked"
+    ABORT = "abort"
+    PROMOTE = "promote"
+    FINISH = "finish"
 
 
 def validate_webhook(url: str | None) -> None:

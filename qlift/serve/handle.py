@@ -1,4 +1,4 @@
-"""A started vLLM server as a handle: ready info, its log, stop and wait.
+"""A started vLLM server as a handle: its log, stop and wait.
 
 ``ServeHandle.create`` writes the launch's run directory; ``launch`` starts vLLM and waits for /health.
 ``qlift serve`` (``qlift.serve.launch.run``) holds one in the foreground until a signal; ``qlift.serve.start``
@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qlift.errors import ExternalToolError
 from qlift.fsutil import write_json_atomic
@@ -58,13 +58,6 @@ class ServeHandle:
     def base_url(self) -> str:
         """The OpenAI API's URL (``.../v1``)."""
         return f"{self.spec.base_url}/v1"
-
-    def ready_info(self) -> dict[str, Any]:
-        """What `qlift serve --json` prints once the server is up."""
-        spec = self.spec
-        return {"status": "ready", "base_url": self.base_url, "model": spec.served_model_name, "pid": self.pid,
-                "run_dir": str(spec.run_dir), "log": str(spec.run_dir / "vllm.log"),
-                "model_ref": to_jsonable(spec.model_ref)}
 
     def launch(self, on_poll: Callable[[], None] | None = None,
                on_started: Callable[[int], None] | None = None) -> ServeHandle:

@@ -722,3 +722,14 @@ class ScriptedJudge(ThreadedApp):
         text = body["messages"][1]["content"]
         a, b = self.block(text, "answer_a"), self.block(text, "answer_b")
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.rule(a, b)}}]})
+
+
+def until(what: Callable[[], Any], timeout_s: float = 20, why: str = "", *, every_s: float = 0.05) -> Any:
+    """``what()``'s first truthy answer, asked every ``every_s`` for at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {why}")

@@ -10,7 +10,6 @@ the test could fail.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from test_lora import EXAMPLE, one_line_error
-from test_lora_vllm import BAD_ADAPTERS, engine_flags
+from test_lora_vllm import BAD_ADAPTERS, engine_flags, ramble  # noqa: F401, F811 (a fixture)
 
 from qlift.models.modeldir import ModelDir
 from qlift.serve.lora import LoraServingOptions, plan_lora_serving
@@ -47,19 +46,6 @@ def three_slots(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> 
         yield s
 
 
-@pytest.fixture(scope="module")
-def ramble(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/adapter with lora_B scaled 8x: its answers are nothing like the base's."""
-    from safetensors.torch import load_file, save_file
-
-    out = tmp_path_factory.mktemp("ramble") / "ramble"
-    shutil.copytree(EXAMPLE, out)
-    f = out / "adapter_model.safetensors"
-    save_file({k: (v * 8 if ".lora_B." in k else v).contiguous() for k, v in load_file(f).items()}, f,
-              metadata={"format": "pt"})
-    return out
-
-
 def _answer(url: str, model: str, prompt: str) -> str:
     resp = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
         "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
@@ -77,7 +63,7 @@ def base_answers_batched_with(url: str, adapters: list[str]) -> list[str]:
 
 
 def test_qlift_never_fills_the_last_slot_so_the_base_answers_as_before(run_cli: Any, three_slots: Any,
-                                                                      ramble: Path) -> None:
+                                                                      ramble: Path) -> None:  # noqa: F811
     url = three_slots.base_url
     before = base_answers_batched_with(url, [])
     for name, path in (("tickets", EXAMPLE), ("loops", BAD_ADAPTERS / "loops")):

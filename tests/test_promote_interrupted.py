@@ -12,13 +12,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from faults import RouterProcess, TinyBackend
+from faults import RouterProcess, TinyBackend, until
 
 from qlift.router.client import RouterClient
 
@@ -40,16 +38,6 @@ def _popen(argv: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "qlift", *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=_env(),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-
-
-def _until(what: Callable[[], Any], timeout_s: float = 60, why: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {why}")
 
 
 def hinted(text: str) -> list[str]:
@@ -103,7 +91,8 @@ def test_a_sigtermd_release_then_a_ctrl_cd_resume_show_as_interrupted_and_every_
             {"stage": "router", "options": {"url": router.url}},
             {"stage": "promote", "options": {"steps": [50, 100], "interval": "60s"}}])
         release = _popen(["release", "run", str(f), "--yes"])
-        _until(lambda: client.state().weights == {"stable": 50, "canary": 50}, why="the first step's weights")
+        until(lambda: client.state().weights == {"stable": 50, "canary": 50}, 60, "the first step's weights",
+              every_s=0.1)
         _stop(release, signal.SIGTERM, 143)
 
         # release status reads the rollout's own journal: at 50/50, progressing, stopped by SIGTERM.
@@ -128,8 +117,9 @@ def test_a_sigtermd_release_then_a_ctrl_cd_resume_show_as_interrupted_and_every_
 
         # The printed resume goes on at the step; a second start meanwhile is refused with a hint that works.
         controller = _popen(shlex.split(resume)[1:])
-        _until(lambda: any(i["resumed_at"] for i in json.loads(
-            _qlift("promote", "status", "--journal", journal, "--json").stdout)["interruptions"]), why="the resume")
+        until(lambda: any(i["resumed_at"] for i in json.loads(
+            _qlift("promote", "status", "--journal", journal, "--json").stdout)["interruptions"]), 60, "the resume",
+              every_s=0.1)
         again = _qlift("promote", "start", "--router", router.url, "--stable", "stable", "--canary", "canary",
                        "--steps", "50,100", "--journal", journal)
         assert again.returncode != 0 and "already running" in again.stderr, again.stderr
@@ -180,7 +170,8 @@ def test_a_sigtermd_release_whose_router_it_started_says_run_the_release_again(
              "load": {"prompts": str(prompts), "concurrency": 2, "max_tokens": 4}}])
         journal = tmp_path / "out" / "rollout-1.sqlite"
         release = _popen(["release", "run", str(f)])
-        _until(lambda: _rollout_weights(journal) == {"stable": 50, "canary": 50}, why="the first step's weights")
+        until(lambda: _rollout_weights(journal) == {"stable": 50, "canary": 50}, 60, "the first step's weights",
+              every_s=0.1)
         _stop(release, signal.SIGTERM, 143)
 
         r = _qlift("release", "status", f, "--json")

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from faults import BackgroundLoad, RouterProcess, TinyBackend, metric_value
+from faults import BackgroundLoad, RouterProcess, TinyBackend, metric_value, until
 
 from qlift.errors import QliftError
 from qlift.router.balancer import key_point
@@ -59,16 +59,6 @@ def start_args(url: str, journal: Path, *extra: str) -> list[str]:
 
 def weights(url: str) -> dict[str, int]:
     return dict(RouterClient(url, TOKEN).state().weights)
-
-
-def until(what: Callable[[], Any], timeout_s: float = 20, why: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {why}")
 
 
 def one_error_line(stderr: str) -> str:

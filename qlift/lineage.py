@@ -123,6 +123,24 @@ def hash_files(
     return records
 
 
+def unhashed_files(root: Path) -> list[Path]:
+    """The files ``describe_input`` of the directory ``root`` would read: all but the manifest and those its
+    manifest records unchanged. Hash them early (``fsutil.FileHashes``) and pass the digests as ``precomputed``."""
+    root = Path(root)
+    known = recorded_hashes(root)
+    return [p for p in sorted(root.rglob("*"))
+            if p.is_file() and (rel := p.relative_to(root).as_posix()) != MANIFEST_NAME and rel not in known]
+
+
+def still_written(path: Path, size: int, mtime_ns: int) -> bool:
+    """Whether ``path`` is still the file a digest was taken of (same size and mtime)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return False
+    return st.st_size == size and st.st_mtime_ns == mtime_ns
+
+
 def _still_valid(prev: dict[str, Any] | None, st: os.stat_result) -> bool:
     return bool(prev and prev.get("sha256") and prev.get("size") == st.st_size
                 and prev.get("mtime_ns") == st.st_mtime_ns)

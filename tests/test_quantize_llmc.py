@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from qlift.fsutil import sha256_file
+from qlift.lineage import describe_input
 from qlift.models.modeldir import ModelDir
 from qlift.quantize.env import quantize_env
 from qlift.toolenv import EnsureResult
@@ -114,6 +116,13 @@ def test_fp8_keeps_embeddings_and_lm_head_and_reuses_the_env(
         assert (out / name).is_file(), name
     manifest = json.loads((out / "qlift.json").read_text())
     assert manifest["operation"] == "quantize" and manifest["parameters"]["format"] == "float-quantized"
+    # The digests were taken while the worker ran (the input's on the parent's threads, each shard by the worker
+    # as it wrote it) and are those of the bytes on disk.
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert res["extra"]["hashed_while_running"] >= len(shards) > 0
+    for name in shards:
+        assert manifest["outputs"][name]["sha256"] == sha256_file(out / name)
+    assert manifest["inputs"][0]["content_hash"] == describe_input("model", src)[0].content_hash
 
 
 def test_worker_failure_is_one_error_line_with_the_cause(

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from qlift.errors import ExternalToolError, IncompatibleError
-from qlift.fsutil import atomic_output_dir, check_output_path, copy_file, dir_size
-from qlift.lineage import utc_now, write_manifest
+from qlift.fsutil import FileHashes, atomic_output_dir, check_output_path, copy_file, dir_size, hash_threads
+from qlift.lineage import still_written, unhashed_files, utc_now, write_manifest
 from qlift.models.modeldir import GENERATION_CONFIG, TOKENIZER_FILES, ModelDir
 from qlift.models.ref import ModelRef
 from qlift.quantize import options
@@ -134,34 +134,56 @@ def quantize(
         for note in plan.notes:
             say(note)
 
-    env = quantize_env(env_root)
-    ensured = env.ensure(say)
-    with atomic_output_dir(out, force=force, inputs=[src.path, *([calib] if calib else [])]) as tmp:
-        job["output"] = str(tmp)
-        result, log_path = run_worker(
-            ensured.python, job, env=worker_env, echo_log=echo_log,
-            on_progress=lambda ev: _progress(ev, say, on_step),
-        )
-        fmt = _finish_output(src, tmp)
-        inputs = {"model": src.path} | ({"calibration": Path(calib)} if calib else {})
-        params = {k: result.get(k) for k in ("device", "group_size", "num_samples", "seq_len", "ignore")}
-        params |= {"method": method, "scheme": SCHEMES[method], "format": fmt,
-                   "calibration": str(calib) if calib else (BUILTIN_NAME if method == "awq" else None),
-                   "llmcompressor": result.get("llmcompressor")}
-        manifest = write_manifest(tmp, operation="quantize", inputs=inputs, parameters=params, started_at=started)
+    # The lineage manifest needs every input and output file's sha256: the input is hashed on threads of its
+    # own from now on (while the worker reads the same bytes) and the worker hashes each shard it writes.
+    input_hasher = FileHashes(unhashed_files(src.path), threads=hash_threads())
+    job["hash_threads"] = hash_threads()
+    try:
+        env = quantize_env(env_root)
+        ensured = env.ensure(say)
+        with atomic_output_dir(out, force=force, inputs=[src.path, *([calib] if calib else [])]) as tmp:
+            job["output"] = str(tmp)
+            result, log_path = run_worker(
+                ensured.python, job, env=worker_env, echo_log=echo_log,
+                on_progress=lambda ev: _progress(ev, say, on_step),
+            )
+            fmt = _finish_output(src, tmp)
+            hashed = input_hasher.result() | _still_written(result.pop("written_hashes", None))
+            inputs = {"model": src.path} | ({"calibration": Path(calib)} if calib else {})
+            manifest = write_manifest(tmp, operation="quantize", inputs=inputs, started_at=started, precomputed=hashed,
+                                      parameters=_parameters(method, fmt, calib, result))
+    finally:
+        input_hasher.cancel()
     return QuantizeResult(
         output=str(out), method=method, scheme=SCHEMES[method], format=fmt, device=result["device"],
         group_size=result.get("group_size"), num_samples=result.get("num_samples"),
-        seq_len=result.get("seq_len"), calibration=params["calibration"], ignore=result["ignore"],
+        seq_len=result.get("seq_len"), calibration=manifest.parameters["calibration"], ignore=result["ignore"],
         warnings=warnings, size_bytes=dir_size(Path(out)), source_size_bytes=src.weight_bytes,
         seconds=round(time.monotonic() - t0, 2), llmcompressor=str(result.get("llmcompressor")),
         env_path=str(ensured.path), env_created=ensured.created, log=str(log_path),
         extra={"worker_seconds": result.get("worker_seconds"),
                "calibration_seconds": result.get("calibration_seconds"),
                "calibration_cpu_seconds": result.get("calibration_cpu_seconds"),
-               "compute_dtype": result.get("compute_dtype"), "threads": result.get("threads")},
+               "compute_dtype": result.get("compute_dtype"), "threads": result.get("threads"),
+               "hashed_while_running": len(hashed)},
         model_ref=ModelRef.written(Path(out), manifest.outputs),
     )
+
+
+def _parameters(method: str, fmt: str, calib: Path | None, result: dict[str, Any]) -> dict[str, Any]:
+    """What the lineage manifest records of this quantization."""
+    params = {k: result.get(k) for k in ("device", "group_size", "num_samples", "seq_len", "ignore")}
+    return params | {"method": method, "scheme": SCHEMES[method], "format": fmt,
+                     "calibration": str(calib) if calib else (BUILTIN_NAME if method == "awq" else None),
+                     "llmcompressor": result.get("llmcompressor")}
+
+
+def _still_written(written: object) -> dict[str, str]:
+    """The worker's digests of the shards it wrote, for files still as they were when hashed."""
+    if not isinstance(written, dict):
+        return {}
+    return {path: str(sha) for path, (sha, size, mtime_ns) in written.items()
+            if still_written(Path(path), int(size), int(mtime_ns))}
 
 
 def _progress(event: dict[str, Any], say: Callable[[str], None], on_step: Callable[[int, int], None] | None) -> None:

@@ -18,7 +18,6 @@ starts the count again.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,10 +28,10 @@ from qlift.rollout.planes import SourceName
 from qlift.rollout.shadow import ShadowEvidence, judge_window
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec
 from qlift.rollout.states import Phase
+from qlift.rollout.traffic import Cause, TrafficCounts, explain
+from qlift.rollout.windows import BAKE_STEP, SHADOW_STEP, WindowPolicies
 
 DOWN = "canary DOWN"  # how a canary the router keeps out of rotation is named, wherever it shows
-SHADOW_STEP = -1  # the step index shadow windows are journaled (and their evidence carried) under
-BAKE_STEP = -2  # ... and the bake's windows at 100% (``RolloutSpec.bake``)
 
 
 def _iso(ts: float) -> str:
@@ -85,25 +84,20 @@ def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int, *, rolled_back: 
     --interval (weight x requests/s x interval >= min_requests) only where too little traffic is the cause and
     the interval in use is shorter than the one needed. ``rolled_back`` (on_insufficient: rollback): the fix is
     applied by starting again, never by `resume`, which a rolled-back rollout refuses."""
-    from qlift.rollout.traffic import Cause, explain
-
     a = spec.analysis
     head = (f"too little canary traffic: {ev.canary.requests} canary requests in {ev.windows} window(s) of "
             f"{spec.interval:g}s at {weight}% (min_requests {a.min_requests})")
     seconds = max(ev.ended_at - ev.started_at, ev.windows * spec.interval, 1e-9)  # the step's windows, all of them
-    sessions = None if ev.canary.sessions is None and ev.stable.sessions is None else \
-        (ev.canary.sessions or 0) + (ev.stable.sessions or 0)
-    cause = explain(canary=ev.canary.requests, stable=ev.stable.requests, share=weight / 100, window_s=seconds,
-                    windows=ev.windows, min_requests=a.min_requests, sessions=sessions,
-                    down=ev.canary.down or ev.canary.down_seen)
+    counts = TrafficCounts.of(ev, share=weight / 100, window_s=seconds, min_requests=a.min_requests)
+    cause = explain(counts)
     then = "start the rollout again" if rolled_back else "`qlift promote resume`"
     if cause.cause != Cause.VOLUME:
         return f"{head}: {cause.text}; then {then}"
-    rps = (ev.stable.requests + ev.canary.requests) / seconds
-    rule = f"{head}; a window needs weight x requests/s x interval >= min_requests: at {rps:.3g} requests/s"
+    rule = (f"{head}; a window needs weight x requests/s x interval >= min_requests: at {counts.requests_per_s:.3g} "
+            "requests/s")
     more = f"more than --max-inconclusive {a.max_inconclusive} windows; then {then}"
-    need = None if cause.needed_interval_s is None else math.ceil(cause.needed_interval_s - 1e-9)
-    if need is None or need <= spec.interval:
+    need = cause.interval_needed  # set only where a longer window than the one in use is the fix (traffic.explain)
+    if need is None:
         return f"{rule}, more traffic, a lower --min-requests, or {more}" + (" with them" if rolled_back else "")
     return (f"{rule}, {weight}% needs --interval >= {need}s, or a lower --min-requests, or {more}"
             + (" with them" if rolled_back else " (or start again with them)"))
@@ -119,6 +113,7 @@ class Analysis:
 
     def __init__(self, spec: RolloutSpec, carry: Carry | None = None) -> None:
         self.spec = spec
+        self.windows = WindowPolicies.of(spec)  # what a window of each kind needs
         self.carry: Carry | None = carry
 
     def reset(self) -> None:
@@ -143,7 +138,7 @@ class Analysis:
     def assess(self, step: int, weight: int, window: Evidence, *, holds: int, passes: int, errors: int = 0
                ) -> Assessment:
         """One split window; ``holds``, ``passes`` and ``errors``: the journal's counts before it."""
-        a = self.spec.analysis
+        a, policy = self.spec.analysis, self.windows.step
         window.weight = weight  # the judge sizes windows by the planned share
         ev = self.with_carry(step, window)
         d = judge(ev, a)
@@ -155,12 +150,12 @@ class Analysis:
             return Assessment(Phase.ROLLBACK, down + d.reason, d, ev, holds, passes)
         if d.action == Action.ADVANCE:
             self.carry = None
-            if passes + 1 < a.intervals_per_step:
+            if passes + 1 < policy.passes:
                 return Assessment(Phase.PASS, d.reason, d, ev, holds, passes + 1)
             return Assessment(Phase.ADVANCE, d.reason, d, ev, 0, 0)
         # held: inconclusive or too little traffic
         self.carry = (step, ev)
-        if holds + 1 <= a.max_inconclusive:
+        if holds + 1 <= policy.max_holds:
             return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
         if is_insufficient(d, ev):
             rollback = on_insufficient(self.spec) == Phase.ROLLBACK
@@ -200,8 +195,8 @@ class Analysis:
         back; a pass advances once ``shadow.windows`` windows passed; a hold holds up to max_inconclusive
         windows, then pauses (or rolls back, with on_insufficient rollback). A window whose pairs could not be
         read counts toward consecutive_error_limit, as a split window's failed evidence source does."""
-        shadow = self.spec.shadow
-        assert shadow is not None
+        shadow, policy = self.spec.shadow, self.windows.shadow
+        assert shadow is not None and policy is not None
         window.judged = judge_window(window, shadow)
         ev = self.with_carry(SHADOW_STEP, window)
         d = judge(ev, self.spec.analysis, shadow)
@@ -211,12 +206,12 @@ class Analysis:
         if d.action == Action.ROLLBACK:
             return Assessment(Phase.ROLLBACK, f"shadow phase: {d.reason}", d, ev, holds, passes)
         if d.action == Action.ADVANCE:
-            if passes + 1 >= shadow.windows:
-                return Assessment(Phase.ADVANCE, f"shadow phase passed ({shadow.windows} windows): {d.reason}", d, ev,
+            if passes + 1 >= policy.passes:
+                return Assessment(Phase.ADVANCE, f"shadow phase passed ({policy.passes} windows): {d.reason}", d, ev,
                                   0, 0)
             # a passing window's held windows are spent: the next one gets max_inconclusive holds of its own
             return Assessment(Phase.PASS, d.reason, d, ev, 0, passes + 1)
-        if holds + 1 <= self.spec.analysis.max_inconclusive:
+        if holds + 1 <= policy.max_holds:
             return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
         reason = (f"shadow phase inconclusive for {holds + 1} windows: {d.reason}; mirror a larger share "
                   f"(--shadow), or a longer --interval, or raise --max-inconclusive")
@@ -245,7 +240,8 @@ class Analysis:
         v = self.assess(BAKE_STEP, 100, ev, holds=holds, passes=passes, errors=errors)
         if v.phase not in (Phase.PASS, Phase.ADVANCE):
             return v
-        done, needed = passes + 1, self.spec.bake
+        assert self.windows.bake is not None
+        done, needed = passes + 1, self.windows.bake.passes
         if done < needed:
             return Assessment(Phase.PASS, f"bake window {done}/{needed} passed: {v.reason}", v.decision, v.evidence,
                               holds, done)

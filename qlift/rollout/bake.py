@@ -21,6 +21,7 @@ from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.journal import Journal, Rollout, default_journal, now_iso
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import DecisionAction, Phase, State
+from qlift.rollout.windows import bake_policy
 
 Record = dict[str, Any]
 
@@ -71,7 +72,8 @@ PHASES = {State.BAKING: "baking", State.BAKED: "passed: the stable still runs un
 
 def bake_status(journal: Journal, r: Rollout, spec: RolloutSpec, windows: list[Record]) -> BakeStatus | None:
     """The bake of rollout ``r`` (``windows``: its judged bake windows), None without ``--bake``."""
-    if not spec.bake:
+    policy = bake_policy(spec)
+    if policy is None:
         return None
     kept = baseline(journal, r.id)
     passed = sum(1 for w in windows if Phase(w["action"]) in (Phase.PASS, Phase.ADVANCE))
@@ -82,10 +84,10 @@ def bake_status(journal: Journal, r: Rollout, spec: RolloutSpec, windows: list[R
         phase = "paused"
     else:
         phase = PHASES.get(r.state, str(r.state))
-    left = max(0, spec.bake - passed) if r.state in (State.BAKING, State.PAUSED) or not reached else 0
-    judged = (f"{spec.bake} passing {spec.interval:g}s window(s) at canary 100% on every check the steps run, "
-              "against the stable's figures from its last window before the switch")
-    return BakeStatus(spec.bake, passed, left, phase, judged,
+    left = max(0, policy.passes - passed) if r.state in (State.BAKING, State.PAUSED) or not reached else 0
+    judged = (f"{policy.passes} passing {policy.interval_s:g}s window(s) at canary 100% on every check the steps "
+              f"run, against {policy.against}")
+    return BakeStatus(policy.passes, passed, left, phase, judged,
                       None if kept is None else {**kept[0].summary(), "note": kept[1]}, windows)
 
 

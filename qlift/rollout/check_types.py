@@ -58,6 +58,7 @@ class Window:
     kind: WindowKind
     canary: VersionEvidence
     stable: VersionEvidence
+    min_count: int  # canary requests (answered pairs in a shadow window) before it can pass: windows.min_count
     pairs: ShadowEvidence | None = None
     shadow: ShadowSpec | None = None
     judged: JudgeResult | None = None

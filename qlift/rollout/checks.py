@@ -153,14 +153,14 @@ def _share_check(name: str, cx: int | None, cn: int | None, sx: int | None, sn: 
 # -- the checks ------------------------------------------------------------------------------
 
 
-def check_canary_requests(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
-    r = CheckResult("canary_requests", CheckStatus.PASS, float(c.requests), float(s.requests),
-                    limit=float(a.min_requests))
-    if c.requests < a.min_requests:
+def check_canary_requests(c: VersionEvidence, s: VersionEvidence, need: int) -> CheckResult:
+    """``need``: the window's ``min_count`` (min_requests; a shadow window's min_pairs)."""
+    r = CheckResult("canary_requests", CheckStatus.PASS, float(c.requests), float(s.requests), limit=float(need))
+    if c.requests < need:
         r.status = CheckStatus.INCONCLUSIVE
-        r.detail = f"insufficient traffic: canary served {c.requests} requests < min_requests {a.min_requests}"
+        r.detail = f"insufficient traffic: canary served {c.requests} requests < min_requests {need}"
     else:
-        r.detail = f"canary served {c.requests} requests >= min_requests {a.min_requests}"
+        r.detail = f"canary served {c.requests} requests >= min_requests {need}"
     return r
 
 
@@ -318,8 +318,8 @@ def versions(check: Callable[[VersionEvidence, VersionEvidence, AnalysisSpec], C
 
 
 def _canary_requests(w: Window, a: AnalysisSpec) -> CheckResult:
-    r = check_canary_requests(w.canary, w.stable, a)
-    if w.kind == WindowKind.SHADOW:  # a shadow window counts answered pairs (min_requests is shadow.min_pairs)
+    r = check_canary_requests(w.canary, w.stable, w.min_count)
+    if w.kind == WindowKind.SHADOW:  # a shadow window counts answered pairs (its min_count is shadow.min_pairs)
         r.detail = r.detail.replace("requests", "shadow pairs").replace("min_shadow pairs", "min_pairs")
     return r
 

@@ -17,6 +17,7 @@ from qlift.quality.registry import Answer
 from qlift.rollout.planes import SourceName
 from qlift.rollout.stats import mean, quantile
 from qlift.router.metrics import token_latency
+from qlift.router.wire import RequestRecord
 
 
 @dataclass
@@ -162,47 +163,83 @@ def unique(notes: list[str]) -> list[str]:
 BAD_ANSWER_REASONS = frozenset({"bad_body", "no_choices", "error_object", "no_done", "error_event"})
 
 
-def from_request_records(version: str, records: Iterable[Any]) -> VersionEvidence:
+@dataclass(frozen=True)
+class Observation:
+    """One attempt of one version as a window saw it, whatever the window's kind (a request of a split window,
+    one side of a shadow pair): what ``EvidenceCounter`` counts."""
+
+    ok: bool
+    latency_s: float
+    stream: bool
+    ttft_s: float | None = None  # the first byte's time (TTFT where ``stream``)
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    bad_answer: bool = False  # failed: an HTTP 200 whose body is no completion
+    session: bool = False  # it carried a session key (sticky to a version)
+    answer: Answer | None = None  # its text with its request, where the source captured it
+
+
+class EvidenceCounter:
+    """One version's evidence over a window, counted one ``Observation`` at a time: the one set of counting
+    rules that every window kind feeds (split, shadow and bake windows) and the judge reads. ``sessions``: the
+    source can tell session keys (else ``VersionEvidence.sessions`` stays None: cannot tell)."""
+
+    def __init__(self, version: str, *, sessions: bool = False) -> None:
+        self.ev = VersionEvidence(version, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
+                                  completion_tokens_sum=0.0, empty=0, sessions=0 if sessions else None)
+        self.answers: list[Answer] = []
+
+    def add(self, o: Observation) -> None:
+        """A failed attempt counts as an error (and a bad answer where it answered garbage), without latency;
+        TTFT counts for streamed attempts only (a non-streamed one's first byte is its whole answer)."""
+        ev = self.ev
+        if o.answer is not None and o.ok:
+            self.answers.append(o.answer)
+        ev.requests += 1
+        if o.session:
+            ev.sessions = (ev.sessions or 0) + 1
+        if not o.ok:
+            ev.errors = (ev.errors or 0) + 1
+            if o.bad_answer:
+                ev.bad_answers = (ev.bad_answers or 0) + 1
+            return
+        ev.latency_s.append(float(o.latency_s))
+        if o.ttft_s is not None and o.stream:
+            ev.ttft_s.append(float(o.ttft_s))
+        if o.finish_reason is not None:
+            ev.finishes = (ev.finishes or 0) + 1
+            if o.finish_reason == "length":
+                ev.length_finishes = (ev.length_finishes or 0) + 1
+        tokens = o.completion_tokens
+        if tokens is None:
+            return
+        ev.completion_tokens.append(float(tokens))
+        ev.completions = (ev.completions or 0) + 1
+        ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + tokens
+        per_token = token_latency(float(o.latency_s), None if o.ttft_s is None else float(o.ttft_s), tokens, o.stream)
+        if per_token is not None:  # None: zero tokens
+            ev.token_latency_s.append(per_token)
+        if tokens == 0:
+            ev.empty = (ev.empty or 0) + 1
+
+    def evidence(self) -> VersionEvidence:
+        self.ev.answers = self.answers or None  # none captured: the source does not see answers (or none succeeded)
+        return self.ev
+
+
+def from_request_records(version: str, records: Iterable[RequestRecord]) -> VersionEvidence:
     """Fold the router's per-attempt records of one backend into evidence.
 
     A client that went away is nobody's error and has no meaningful latency: skipped. A failed
-    record whose reason says the 200 answer was garbage also counts in ``bad_answers``. Time to
-    first byte is TTFT only for a streamed request (a non-streamed one's first byte is its whole
-    answer): those feed the latency and per-token samples only.
+    record whose reason says the 200 answer was garbage also counts in ``bad_answers``.
     """
-    ev = VersionEvidence(version, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
-                         completion_tokens_sum=0.0, empty=0, sessions=0)
-    answers: list[Answer] = []
+    counter = EvidenceCounter(version, sessions=True)
     for r in records:
         if r.client_disconnected:
             continue
-        sample = getattr(r, "answer", None)
-        if sample is not None and r.ok:
-            answers.append(Answer(sample.request(), sample.text, finish_reason=r.finish_reason))
-        ev.requests += 1
-        if getattr(r, "session", False):
-            ev.sessions = (ev.sessions or 0) + 1
-        if not r.ok:
-            ev.errors = (ev.errors or 0) + 1
-            if getattr(r, "reason", None) in BAD_ANSWER_REASONS:
-                ev.bad_answers = (ev.bad_answers or 0) + 1
-            continue
-        ev.latency_s.append(float(r.latency_s))
-        if r.ttfb_s is not None and r.stream:
-            ev.ttft_s.append(float(r.ttfb_s))
-        if r.finish_reason is not None:
-            ev.finishes = (ev.finishes or 0) + 1
-            if r.finish_reason == "length":
-                ev.length_finishes = (ev.length_finishes or 0) + 1
-        if r.completion_tokens is not None:
-            ev.completion_tokens.append(float(r.completion_tokens))
-            ev.completions = (ev.completions or 0) + 1
-            ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + r.completion_tokens
-            per_token = token_latency(float(r.latency_s), None if r.ttfb_s is None else float(r.ttfb_s),
-                                      r.completion_tokens, bool(r.stream))
-            if per_token is not None:
-                ev.token_latency_s.append(per_token)
-            if r.completion_tokens == 0:
-                ev.empty = (ev.empty or 0) + 1
-    ev.answers = answers or None  # none captured: the router does not sample answers (or none succeeded)
-    return ev
+        sample = r.answer
+        counter.add(Observation(
+            r.ok, r.latency_s, r.stream, r.ttfb_s, r.finish_reason, r.completion_tokens,
+            bad_answer=r.reason in BAD_ANSWER_REASONS, session=r.session,
+            answer=None if sample is None else Answer(sample.request(), sample.text, finish_reason=r.finish_reason)))
+    return counter.evidence()

@@ -43,7 +43,8 @@ from qlift.rollout.checks import run_checks as _run
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.shadow import ShadowEvidence
 from qlift.rollout.spec import AnalysisSpec, ShadowSpec
-from qlift.rollout.traffic import TrafficCause, explain
+from qlift.rollout.traffic import TrafficCause, TrafficCounts, explain
+from qlift.rollout.windows import min_count
 
 
 class Action(StrEnum):
@@ -77,14 +78,10 @@ class Sizing:
     canary_share: float  # the planned weight (0-1) where the evidence carries it, else the observed share
     # the window that would see min_requests at this rate and share; None where a longer one is not the fix
     needed_interval_s: float | None
-    cause: TrafficCause | None = None  # why, from the router's counts (traffic.py)
+    cause: TrafficCause  # why, from the router's counts (traffic.explain, the one sizing rule)
 
     def advice(self) -> str:
-        if self.cause is not None:
-            return self.cause.text
-        expected = self.canary_share * self.requests_per_s * self.window_s
-        return (f"canary {self.canary_share:.0%} x {self.requests_per_s:.3g} req/s x {self.window_s:.0f}s = "
-                f"{expected:.1f} requests < min_requests {self.min_requests}, more traffic, or a lower --min-requests")
+        return self.cause.text
 
 
 @dataclass
@@ -107,47 +104,44 @@ class Decision:
 TESTED_CHECKS = tested_checks()
 
 
-def window_of(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | None = None
-              ) -> tuple[Window, AnalysisSpec]:
-    """The window the checks read, and the limits it is judged under: a shadow window needs ``shadow.min_pairs``
-    answered pairs where a split one needs ``min_requests`` canary requests."""
+def window_of(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | None = None) -> Window:
+    """The window the checks read, with what it must count before it can pass (``windows.min_count``: answered
+    pairs in a shadow window, canary requests in a split one)."""
     if isinstance(ev, ShadowEvidence):
         spec = shadow or ShadowSpec.model_validate({})
         margin = spec.max_judge_loss_margin if spec.judge is not None else None
-        w = Window(WindowKind.SHADOW, ev.side("shadow"), ev.side("primary"), ev, spec, ev.judged, margin)
-        return w, a.model_copy(update={"min_requests": spec.min_pairs})
+        return Window(WindowKind.SHADOW, ev.side("shadow"), ev.side("primary"), min_count(WindowKind.SHADOW, a, spec),
+                      ev, spec, ev.judged, margin)
     margin = None if ev.judged is None else ev.judge_margin  # the judge model's check joins the family
-    return Window(WindowKind.SPLIT, ev.canary, ev.stable, judged=ev.judged, judge_margin=margin), a
+    return Window(WindowKind.SPLIT, ev.canary, ev.stable, min_count(WindowKind.SPLIT, a), judged=ev.judged,
+                  judge_margin=margin)
 
 
 def run_checks(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
-    return _run(window_of(ev, a)[0], a)
+    return _run(window_of(ev, a), a)
 
 
 def early_failures(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
     """Failures of the checks that may end a window before its end (errors, garbage, empty answers):
     what a controller peeking at a window in progress acts on."""
-    w = Window(WindowKind.SPLIT, ev.canary, ev.stable)
+    w = Window(WindowKind.SPLIT, ev.canary, ev.stable, min_count(WindowKind.SPLIT, a))
     return [c for c in _run(w, a, early_only=True) if c.status == CheckStatus.FAIL]
 
 
 def sizing(ev: Evidence, a: AnalysisSpec) -> Sizing:
     window_s = max(ev.ended_at - ev.started_at, 1e-9)
     total = ev.canary.requests + ev.stable.requests
-    rps = total / window_s
     observed = ev.canary.requests / total if total else 0.0
     share = ev.weight / 100 if ev.weight is not None else observed
-    sessions = None if ev.canary.sessions is None and ev.stable.sessions is None else \
-        (ev.canary.sessions or 0) + (ev.stable.sessions or 0)
-    cause = explain(canary=ev.canary.requests, stable=ev.stable.requests, share=share, window_s=window_s,
-                    windows=ev.windows, min_requests=a.min_requests, sessions=sessions,
-                    down=ev.canary.down or ev.canary.down_seen)
-    return Sizing(ev.canary.requests, a.min_requests, window_s, rps, share, cause.needed_interval_s, cause)
+    counts = TrafficCounts.of(ev, share=share, window_s=window_s, min_requests=a.min_requests)
+    cause = explain(counts)
+    return Sizing(ev.canary.requests, a.min_requests, window_s, counts.requests_per_s, share, cause.needed_interval_s,
+                  cause)
 
 
 def judge(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec | None = None) -> Decision:
     """One window of either kind under ``a`` (and ``shadow``, the shadow section, for a shadow window)."""
-    w, a = window_of(ev, a, shadow)
+    w = window_of(ev, a, shadow)
     d = _decide(ev, w, a, _run(w, a))
     if ev.error is not None and d.action == Action.HOLD:
         d.verdict = Verdict.ERROR  # nothing measured: no verdict on the canary either way
@@ -160,15 +154,15 @@ def _decide(ev: Evidence | ShadowEvidence, w: Window, a: AnalysisSpec, checks: l
     if failed:
         reason = "; ".join(f"{c.name}: {c.detail}" for c in failed)
         return Decision(Action.ROLLBACK, ("shadow: " if paired else "") + reason, checks, Verdict.FAIL)
-    if w.canary.requests < a.min_requests:
+    if w.canary.requests < w.min_count:
         if paired:
             return Decision(Action.HOLD, f"insufficient: {w.canary.requests} shadow pairs < min_pairs "
-                                         f"{a.min_requests} (raise the shadow percent or the interval)", checks,
+                                         f"{w.min_count} (raise the shadow percent or the interval)", checks,
                             Verdict.INSUFFICIENT)
         assert isinstance(ev, Evidence)
         size = sizing(ev, a)
         return Decision(Action.HOLD, f"insufficient: canary served {ev.canary.requests} requests < min_requests "
-                                     f"{a.min_requests} ({size.advice()})", checks, Verdict.INSUFFICIENT, size)
+                                     f"{w.min_count} ({size.advice()})", checks, Verdict.INSUFFICIENT, size)
     unsure = [c for c in checks if c.status == CheckStatus.INCONCLUSIVE]
     if unsure:
         return Decision(Action.HOLD, ("shadow inconclusive: " if paired else "inconclusive: ")

@@ -20,9 +20,8 @@ from typing import Any
 from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric
 from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.registry import user_text
-from qlift.rollout.evidence import VersionEvidence, unique
+from qlift.rollout.evidence import EvidenceCounter, Observation, VersionEvidence, unique
 from qlift.rollout.spec import ShadowSpec
-from qlift.router.metrics import token_latency
 from qlift.router.wire import ShadowAnswer, ShadowBatch
 
 log = logging.getLogger(__name__)
@@ -49,6 +48,18 @@ class Answer:
         return cls(backend=side.backend, status=side.status, ok=side.ok, latency_s=side.latency_s, reason=side.reason,
                    ttft_s=side.ttft_s, text=side.text, finish_reason=side.finish_reason,
                    completion_tokens=side.completion_tokens)
+
+    def observed(self, pair: Pair, other: Answer) -> Observation:
+        """This side of ``pair`` as the evidence counter reads it. A copy's text is always captured, so a blank
+        one without a token count is known to be empty; a failed side that answered 200 answered garbage."""
+        tokens = self.completion_tokens
+        if tokens is None and self.text is not None and not self.text.strip():
+            tokens = 0
+        answer = None if self.text is None else QualityAnswer(pair.request, self.text,
+                                                              other.text if other.ok else None,
+                                                              finish_reason=self.finish_reason)
+        return Observation(self.ok, self.latency_s, pair.stream, self.ttft_s, self.finish_reason, tokens,
+                           bad_answer=self.status == 200, answer=answer)
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Answer:
@@ -94,41 +105,12 @@ class ShadowEvidence:
                               self.unpaired + later.unpaired, unique(self.notes + later.notes), judged, later.error)
 
     def side(self, which: str) -> VersionEvidence:
-        """One side folded into the judge's evidence (TTFT from streamed prompts only)."""
-        name = self.stable if which == "primary" else self.canary
-        ev = VersionEvidence(name, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
-                             completion_tokens_sum=0.0, empty=0)
-        answers: list[QualityAnswer] = []
+        """One side folded into the judge's evidence, by the counter every window kind feeds."""
+        counter = EvidenceCounter(self.stable if which == "primary" else self.canary)
         for p in self.pairs:
             a, other = (p.primary, p.shadow) if which == "primary" else (p.shadow, p.primary)
-            if a.ok and a.text is not None:
-                answers.append(QualityAnswer(p.request, a.text, other.text if other.ok else None,
-                                             finish_reason=a.finish_reason))
-            ev.requests += 1
-            if not a.ok:
-                ev.errors = (ev.errors or 0) + 1
-                if a.status == 200:
-                    ev.bad_answers = (ev.bad_answers or 0) + 1
-                continue
-            ev.latency_s.append(a.latency_s)
-            if a.ttft_s is not None and p.stream:
-                ev.ttft_s.append(float(a.ttft_s))
-            if a.finish_reason is not None:
-                ev.finishes = (ev.finishes or 0) + 1
-                ev.length_finishes = (ev.length_finishes or 0) + int(a.finish_reason == "length")
-            tokens = a.completion_tokens
-            if tokens is None and a.text is not None and not a.text.strip():
-                tokens = 0
-            if tokens is not None:
-                ev.completions = (ev.completions or 0) + 1
-                ev.completion_tokens.append(float(tokens))
-                ev.completion_tokens_sum = (ev.completion_tokens_sum or 0.0) + tokens
-                if tokens == 0:
-                    ev.empty = (ev.empty or 0) + 1
-                else:
-                    ev.token_latency_s.append(token_latency(a.latency_s, a.ttft_s, tokens, p.stream) or 0.0)
-        ev.answers = answers or None
-        return ev
+            counter.add(a.observed(p, other))
+        return counter.evidence()
 
     def summary(self) -> dict[str, Any]:
         both = [p for p in self.pairs if p.primary.ok and p.shadow.ok]

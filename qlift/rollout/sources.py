@@ -12,10 +12,11 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from qlift.errors import BadInputError
 from qlift.rollout.evidence import NO_PRIMARY, Evidence, VersionEvidence, from_request_records
+from qlift.rollout.planes import SourceName
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.vllm_metrics import VllmMetricsReader, fill_from_vllm
 from qlift.router.wire import RequestBatch, RequestRecord
@@ -35,8 +36,19 @@ class EvidenceSource(Protocol):
         """The window so far, without ending it; None when the source cannot tell before the end."""
 
 
+@runtime_checkable
+class NotedSource(EvidenceSource, Protocol):
+    """A source whose last window carries notes the window record should say (Prometheus: series not found)."""
+
+    notes: list[str]
+
+
+def source_notes(source: EvidenceSource) -> list[str]:
+    return list(source.notes) if isinstance(source, NotedSource) else []
+
+
 class RouterSource:
-    name = "router"
+    name: str = SourceName.ROUTER
 
     def __init__(self, url: str, token: str | None, versions: list[str]) -> None:
         from qlift.router.client import RouterClient
@@ -102,7 +114,7 @@ class Collector:
         ev = Evidence(per_version.get(self.stable, VersionEvidence(self.stable)),
                       per_version.get(self.canary, VersionEvidence(self.canary)),
                       started_at=self.started, ended_at=time.time(), source=self.primary.name,
-                      notes=list(getattr(self.primary, "notes", [])))
+                      notes=source_notes(self.primary))
         for version_ev in (ev.stable, ev.canary):
             if version_ev.version in engine:
                 fill_from_vllm(version_ev, engine[version_ev.version])
@@ -131,8 +143,8 @@ def _none_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
 
 
 # A data plane's default evidence source (qlift.rollout.planes.PLANES[...].evidence) -> how to build it.
-SOURCES: dict[str, Callable[[RolloutSpec, list[str]], EvidenceSource]] = {
-    "router": _router_source, "nginx-access-log": _access_log_source, "none": _none_source,
+SOURCES: dict[SourceName, Callable[[RolloutSpec, list[str]], EvidenceSource]] = {
+    SourceName.ROUTER: _router_source, SourceName.NGINX_ACCESS_LOG: _access_log_source, SourceName.NONE: _none_source,
 }
 
 
@@ -141,7 +153,7 @@ def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector
 
     versions = [spec.stable, spec.canary]
     primary: EvidenceSource
-    if spec.provider == "prometheus":
+    if spec.provider == SourceName.PROMETHEUS:
         from qlift.rollout.nginx import host_port
         from qlift.rollout.prometheus import PrometheusSource
 
@@ -181,7 +193,7 @@ class _Noted:
 
     @property
     def notes(self) -> list[str]:
-        return [*getattr(self.inner, "notes", []), self.note]
+        return [*source_notes(self.inner), self.note]
 
     def begin(self) -> None:
         self.inner.begin()

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from qlift.rollout.evidence import Evidence
+
 
 class Cause(StrEnum):
     DOWN = "canary_down"
@@ -28,12 +30,49 @@ class TrafficCause:
     text: str
     needed_interval_s: float | None = None  # set only where a longer window is the fix
 
+    @property
+    def interval_needed(self) -> int | None:
+        """``needed_interval_s`` as an --interval in whole seconds."""
+        return None if self.needed_interval_s is None else whole_seconds(self.needed_interval_s)
 
-def explain(*, canary: int, stable: int, share: float, window_s: float, windows: int, min_requests: int,
-            sessions: int | None = None, down: str | None = None) -> TrafficCause:
-    """The cause of ``canary`` < ``min_requests`` over ``windows`` windows spanning ``window_s`` seconds at the
-    planned ``share`` (0-1); ``sessions``: requests of either version with a session key; ``down``: the router's
-    reason for keeping the canary out of rotation during the window."""
+
+def whole_seconds(seconds: float) -> int:
+    return math.ceil(seconds - 1e-9)
+
+
+@dataclass(frozen=True)
+class TrafficCounts:
+    """What the router counted over ``windows`` windows spanning ``window_s`` seconds, at the planned canary
+    ``share`` (0-1); ``sessions``: requests of either version with a session key; ``down``: the router's reason
+    for keeping the canary out of rotation during the window."""
+
+    canary: int
+    stable: int
+    share: float
+    window_s: float
+    windows: int
+    min_requests: int
+    sessions: int | None = None
+    down: str | None = None
+
+    @classmethod
+    def of(cls, ev: Evidence, *, share: float, window_s: float, min_requests: int) -> TrafficCounts:
+        sessions = None if ev.canary.sessions is None and ev.stable.sessions is None else \
+            (ev.canary.sessions or 0) + (ev.stable.sessions or 0)
+        return cls(ev.canary.requests, ev.stable.requests, share, window_s, ev.windows, min_requests, sessions,
+                   ev.canary.down or ev.canary.down_seen)
+
+    @property
+    def requests_per_s(self) -> float:
+        """Both versions together over the span."""
+        return (self.canary + self.stable) / max(self.window_s, 1e-9)
+
+
+def explain(counts: TrafficCounts) -> TrafficCause:
+    """The cause of the canary's count < ``min_requests``: the one rule of window sizing (weight x requests/s x
+    interval >= min_requests), which the judge's ``Sizing`` and the analysis's pause advice both read."""
+    canary, stable, share, min_requests = counts.canary, counts.stable, counts.share, counts.min_requests
+    window_s, windows, sessions, down = counts.window_s, counts.windows, counts.sessions, counts.down
     total = canary + stable
     span = max(window_s, 1e-9)
     if down is not None:
@@ -54,7 +93,7 @@ def explain(*, canary: int, stable: int, share: float, window_s: float, windows:
     expected_in_span = share * rps * span
     if expected_in_span < min_requests and share > 0:
         exact = min_requests / (share * rps)
-        need = math.ceil(exact - 1e-9)
+        need = whole_seconds(exact)
         per_window = span / max(windows, 1)
         text = (f"canary {share:.0%} x {rps:.3g} req/s x {span:.0f}s = {expected_in_span:.1f} requests < "
                 f"min_requests {min_requests}")

@@ -10,7 +10,7 @@
 #   4 build-big       a Qwen2.5-7B-shaped model with random bf16 weights on disk (~15 GB) -> /tmp/qwen7b-bf16
 #   5 bench-big       benchmarks/quantize.py on it: qlift --fp8 vs model_free_ptq vs llm-compressor's example
 #                     (BIG_REPEAT rounds; first, so qlift sees the model as a first run would)
-#   6 big-fp8         qlift quantize --fp8 of it -> /tmp/qwen7b-fp8 (what pipeline_gpu.sh serves)
+#   6 big-fp8         qlift quantize --fp8 of it -> /tmp/qwen7b-fp8 (what pipeline_gpu.sh serves; BIG_FP8=0: not)
 #   7 bench-smollm2   the same on SmolLM2, AWQ too (qlift vs the example flow), if time is left
 # Into $OUT: NAME.json (each step's stdout: qlift --json, the benchmark's runs), logs/NAME.log, steps.jsonl
 # (rc, seconds, limit of every step, skipped ones too). Every step runs under `timeout` (which stops the
@@ -76,7 +76,7 @@ if [ -f "$BIG/model.safetensors.index.json" ] || step build-big 150 90 $PY bench
   step bench-big $((120 * BIG_REPEAT)) 120 $PY benchmarks/quantize.py --device "$DEV" --model "$BIG" --skip-awq \
     --repeat "$BIG_REPEAT" --example --json-out "$OUT/bench-big-runs.json"
   # then the checkpoint the pipeline call serves (benchmarks/gpu/pipeline_gpu.sh): qlift's own FP8 of the 7B shape
-  step big-fp8 150 90 $PY -m qlift --json quantize "$BIG" --fp8 --device "$DEV" -o "${BIG%-bf16}-fp8" --force
+  [ "${BIG_FP8:-1}" = 1 ] && step big-fp8 150 90 $PY -m qlift --json quantize "$BIG" --fp8 --device "$DEV" -o "${BIG%-bf16}-fp8" --force
 fi
 if [ -d "$SMOL" ]; then
   # shellcheck disable=SC2086

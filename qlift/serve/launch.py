@@ -25,7 +25,7 @@ from qlift.hardware import Hardware
 from qlift.models.modeldir import ModelDir
 from qlift.models.ref import AdapterRef, ModelRef, hash_memo
 from qlift.serve.options import ServeOptions
-from qlift.serve.plan import MemoryPlan, Verdict, fit_to_model, plan_memory
+from qlift.serve.plan import MemoryPlan, Verdict, fit_tensor_parallel, fit_to_model, plan_memory
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
@@ -122,6 +122,8 @@ def plan_launch(model: Path | ModelRef, *, recipe: str, hardware: Hardware, work
         from qlift.serve.kv_gate import apply_kv_gate
 
         chosen, kv = apply_kv_gate(chosen, md, sets or [], ref=model if isinstance(model, ModelRef) else None)
+        chosen, tp_notes = fit_tensor_parallel(chosen, md, hardware)  # smallest TP that holds the batch
+        host_notes += tp_notes
     chosen, notes = fit_to_model(chosen, md)
     notes = host_notes + notes
     plan = plan_memory(md, chosen, hardware)

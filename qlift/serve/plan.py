@@ -24,7 +24,7 @@ from qlift.errors import BadInputError, IncompatibleError
 from qlift.hardware import GiB, Hardware
 from qlift.models.dtypes import CODE_OF_NAME, SERVING_BYTES
 from qlift.models.modeldir import ModelDir
-from qlift.serve.recipes import Recipe
+from qlift.serve.recipes import Recipe, with_engine
 
 DTYPE_BYTES = SERVING_BYTES  # model dtype name -> bytes per element
 FLOAT_TENSORS = {CODE_OF_NAME[name]: n for name, n in SERVING_BYTES.items()}  # weights vLLM casts to the model dtype
@@ -37,6 +37,8 @@ NCCL_OVERHEAD = int(0.25 * GiB)  # per GPU when tensor parallel
 CUDA_GRAPH_ALLOWANCE = int(0.5 * GiB)  # captured graphs' private pool, unless enforce_eager
 CPU_PROCESS_OVERHEAD = int(1.5 * GiB)  # Python, torch and vLLM libraries, tokenizer, API process
 MIN_USEFUL_LEN = 256  # below this a "fit" is no use for chat
+BATCH_SEQ_TOKENS = MIN_USEFUL_LEN  # KV a recipe's batch needs: max_num_seqs sequences of this many tokens
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,11 @@ def plan_memory(md: ModelDir, recipe: Recipe, hw: Hardware) -> MemoryPlan:
             f"{shape.heads} attention heads cannot be split over tensor_parallel_size {tp}",
             hint="Use a tensor_parallel_size that divides the head count.",
         )
+    if not splits_kv_heads(shape.kv_heads, tp):  # vLLM's QKVParallelLinear shards or replicates them evenly
+        raise IncompatibleError(
+            f"{shape.kv_heads} KV heads cannot be split over tensor_parallel_size {tp}",
+            hint="Use a tensor_parallel_size that divides the KV head count, or a multiple of it.",
+        )
     dtype = resolve_dtype(eng.dtype, shape.torch_dtype, hw if on_gpu else Hardware([], hw.cpu, hw.source),
                           quantized=md.quantization_config is not None)
     kv_dtype = eng.kv_cache_dtype or "auto"
@@ -301,6 +308,45 @@ def fit_to_model(recipe: Recipe, md: ModelDir) -> tuple[Recipe, list[str]]:
         note = f"max_model_len lowered from {want} to the model's max_position_embeddings {shape.max_position}"
         return recipe.model_copy(update={"engine": engine}), [note]
     return recipe, []
+
+
+def splits_kv_heads(kv_heads: int, tp: int) -> bool:
+    return kv_heads % tp == 0 if tp <= kv_heads else tp % kv_heads == 0
+
+
+def holds_batch(plan: MemoryPlan) -> bool:
+    """The plan fits and its KV cache holds the recipe's batch: max_num_seqs sequences of BATCH_SEQ_TOKENS."""
+    return plan.fits and plan.kv_capacity_tokens >= plan.max_num_seqs * BATCH_SEQ_TOKENS
+
+
+def fit_tensor_parallel(recipe: Recipe, md: ModelDir, hw: Hardware) -> tuple[Recipe, list[str]]:
+    """``recipe`` at the smallest tensor_parallel_size whose plan holds the weights plus the KV of the recipe's
+    batch (``holds_batch``), up to this machine's GPUs; a recipe that sets tensor_parallel_size keeps it."""
+    if recipe.hardware.device != "gpu" or recipe.engine.tensor_parallel_size or not hw.gpus:
+        return recipe, []
+    shape = ModelShape.from_config(md.text_config, path=md.path / "config.json")
+    sizes = [tp for tp in TENSOR_PARALLEL_SIZES if shape.heads % tp == 0 and splits_kv_heads(shape.kv_heads, tp)]
+
+    def at(tp: int, on: Hardware) -> tuple[Recipe, MemoryPlan]:
+        r = with_engine(recipe, recipe.engine.model_copy(update={"tensor_parallel_size": tp}), path="--recipe auto")
+        return r, plan_memory(md, fit_to_model(r, md)[0], on)
+
+    for tp in (t for t in sizes if t <= len(hw.gpus)):
+        chosen, p = at(tp, hw)
+        if holds_batch(p):
+            if tp == 1:
+                return recipe, []
+            return chosen, [f"tensor_parallel_size {tp}: one GPU's KV cache would hold less than the batch "
+                            f"({p.max_num_seqs} sequences x {BATCH_SEQ_TOKENS} tokens); {tp} GPUs hold "
+                            f"{p.kv_capacity_tokens:,} tokens each"]
+    more = [t for t in sizes if t > len(hw.gpus)]
+    wide = Hardware([hw.gpus[0]] * max(more, default=1), hw.cpu, hw.source)
+    need = next((t for t in more if holds_batch(at(t, wide)[1])), None)
+    _, one = at(1, hw)
+    have = f"{len(hw.gpus)} GPU{'s' if len(hw.gpus) > 1 else ''}"
+    where = f"tensor_parallel_size {need} ({need} GPUs) would" if need else "no tensor_parallel_size up to 8 would"
+    return recipe, [f"one GPU's KV cache holds {one.kv_capacity_tokens:,} tokens, under the batch's "
+                    f"{one.max_num_seqs} x {BATCH_SEQ_TOKENS}; {where} hold it, this machine has {have}"]
 
 
 def _cpu_kv_bytes(recipe: Recipe) -> int | None:

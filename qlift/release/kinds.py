@@ -17,9 +17,9 @@ from qlift.eval.options import EvalOptions
 from qlift.merge.options import MergeOptions
 from qlift.quantize.options import QuantizeOptions
 from qlift.release.stage_options import RouterStageOptions, ServeStageOptions
-from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.spec import PromoteOptions
 
-StageOptions = MergeOptions | QuantizeOptions | EvalOptions | ServeStageOptions | RouterStageOptions | RolloutSpec
+StageOptions = MergeOptions | QuantizeOptions | EvalOptions | ServeStageOptions | RouterStageOptions | PromoteOptions
 
 
 class StageKind(StrEnum):
@@ -60,8 +60,6 @@ class KindRow:
     moves_traffic: bool = False  # moves users between the versions (promote): its success ends the live stages
     # Fields of its options the release decides, with why: a file giving one is refused.
     managed: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
-    # Required fields the release fills in when it runs the stage, validated with these until then.
-    placeholders: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     # Fields naming files, taken relative to the release file ('' and '-' as they are: a log off, or to its log).
     file_fields: tuple[str, ...] = ()
 
@@ -83,11 +81,10 @@ TABLE: Mapping[StageKind, KindRow] = MappingProxyType({
         "state_file": "the release's router starts with every request on the stable; weights kept from another run "
                       "would send users to a canary no promote step has judged"}),
         file_fields=("api_keys_file", "filter_file", "metrics_token_file", "state_file", "access_log")),
-    StageKind.PROMOTE: KindRow(RolloutSpec, 1, live=True, moves_traffic=True, managed=_frozen(
+    StageKind.PROMOTE: KindRow(PromoteOptions, 1, live=True, moves_traffic=True, managed=_frozen(
         {k: "the release fills it from its serve and router stages"
          for k in ("stable", "canary", "router", "backends", "canary_model", "canary_hash")}
-        | {"eval_report": "the release passes its eval stage's report"}),
-        placeholders=_frozen({"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:1"})),
+        | {"eval_report": "the release passes its eval stage's report"})),
 })
 # The base's own kinds (not stages of the file): their keys carry a version too.
 BASE_VERSIONS = {BaseKind.IMPORT.value: 1, BaseKind.DOWNLOAD.value: 1}

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from qlift.errors import ExternalToolError
 from qlift.release.journal import ReleaseJournal
-from qlift.release.stage_options import LoadOptions, RouterStageOptions, ServeStageOptions
+from qlift.release.stage_options import (
+    CANARY,
+    STABLE,
+    BackendEntry,
+    LoadOptions,
+    RouterStageOptions,
+    ServeStageOptions,
+)
 
 if TYPE_CHECKING:
     from qlift.models.ref import ModelRef
@@ -95,7 +102,7 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
     vLLM server or router of ours; a reused pid is left alone)."""
     stopped = []
     for row in journal.running_servers():
-        pid = int(row["pid"])
+        pid = row["pid"]
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -124,7 +131,7 @@ def serve_request(model: ModelRef, o: ServeStageOptions) -> tuple[ServeInputs, S
                                             served_model_name=o.served_model_name or f"qlift-{o.role}")
 
 
-FIRST_WEIGHTS = {"stable": 100, "canary": 0}  # the router starts with all traffic on stable; promote moves it
+FIRST_WEIGHTS = {STABLE: 100, CANARY: 0}  # the router starts with all traffic on stable; promote moves it
 
 
 def router_config(o: RouterStageOptions, backends: dict[str, str], *, stage: str = "router",
@@ -132,8 +139,11 @@ def router_config(o: RouterStageOptions, backends: dict[str, str], *, stage: str
     """The router stage's own config: its settings, with the servers (by backend name) as its backends, each with
     the content hash of the model it serves (``model_hashes``, by backend name: the refs the serve stages served)."""
     hashes = model_hashes or {}
-    entries = [{"name": name, "url": url.rstrip("/").removesuffix("/v1"), "weight": FIRST_WEIGHTS[name],
-                **({"model_hash": hashes[name]} if name in hashes else {})} for name, url in backends.items()]
+    entries = [BackendEntry(name=name, url=url.rstrip("/").removesuffix("/v1"), weight=FIRST_WEIGHTS[name])
+               for name, url in backends.items()]
+    for entry in entries:
+        if entry["name"] in hashes:
+            entry["model_hash"] = hashes[entry["name"]]
     return o.config(entries, where=f"stage '{stage}' (router)")
 
 
@@ -190,17 +200,7 @@ class Traffic:
 
 
 def promote(spec: RolloutSpec, journal_path: Path, token: str | None) -> Rollout:
-    """`qlift promote start` in this process, with the router's admin token in the environment."""
+    """`qlift promote start --new` in this process, driving the router with its admin token ``token``."""
     from qlift.rollout import RolloutInputs, run
 
-    old = os.environ.get("QLIFT_ROUTER_TOKEN")
-    if token:
-        os.environ["QLIFT_ROUTER_TOKEN"] = token
-    try:
-        return run(RolloutInputs(journal_path, new=True), spec)
-    finally:
-        if token:
-            if old is None:
-                os.environ.pop("QLIFT_ROUTER_TOKEN", None)
-            else:
-                os.environ["QLIFT_ROUTER_TOKEN"] = old
+    return run(RolloutInputs(journal_path, new=True, router_token=token), spec)

@@ -3,8 +3,8 @@
 - ``LivePlan``: the release, its live stages, the models the file stages made, the servers' choices, the evals
   done; filled as the stages are keyed (each serve stage's model, each stage's key, the candidate's eval).
 - ``LiveRun``: what the live stages of one run share as they start: the journal, the servers started (stopped when
-  the run ends), their URLs and models' hashes by role, the router's URL and public model, and the admin token of
-  a router the release starts.
+  the run ends), their URLs and models' hashes by role, the router's URL and public model, and the admin tokens:
+  of a router the release starts, and the caller's for a running one the file names.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pydantic import JsonValue
 
 from qlift.errors import BadInputError
 from qlift.models.ref import ModelRef
@@ -30,11 +32,11 @@ def rollout_journal(out: Path, run_id: int) -> Path:
     return out / f"rollout-{run_id}.sqlite"
 
 
-def rollout_state(result: dict[str, Any]) -> State | None:
+def rollout_state(result: dict[str, JsonValue]) -> State | None:
     """The final state of the rollout a promote stage's journaled result holds (None: it failed before it began)."""
     from qlift.rollout.states import State
 
-    return State(result["state"]) if "state" in result else None
+    return State(str(result["state"])) if "state" in result else None
 
 
 @dataclass(frozen=True)
@@ -97,3 +99,9 @@ class LiveRun:
     router_url: str = ""
     router_started: bool = False  # promote drives it with ``token``; a running router's token is the caller's
     public_model: str = "release"
+    caller_token: str | None = None  # the caller's admin token of a running router (None: none given)
+
+    def router_token(self) -> str | None:
+        """The admin token promote drives the router with: the one the release started it with, else the
+        caller's."""
+        return self.token if self.router_started else self.caller_token

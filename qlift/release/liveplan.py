@@ -35,9 +35,11 @@ def key_live(plan: LivePlan) -> LivePlan:
 
 
 def run_live(plan: LivePlan, journal: ReleaseJournal, run_id: int, *, echo: Callable[[str], None],
-             report: Report) -> None:
-    """Start the live stages in file order, each journaled and reported; stop what the run started."""
-    run = LiveRun(plan, journal, run_id, live.Processes(journal, run_id), live.new_router_token(), echo)
+             report: Report, caller_token: str | None = None) -> None:
+    """Start the live stages in file order, each journaled and reported; stop what the run started.
+    ``caller_token``: the caller's admin token of a running router the file names."""
+    run = LiveRun(plan, journal, run_id, live.Processes(journal, run_id), live.new_router_token(), echo,
+                  caller_token=caller_token)
     try:
         for s in plan.stages:
             t0 = time.monotonic()

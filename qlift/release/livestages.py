@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pydantic import JsonValue
 
 from qlift.errors import GateFailedError
 from qlift.models.ref import ModelRef
@@ -21,6 +23,8 @@ from qlift.release.journal import StageStatus
 from qlift.release.kinds import StageKind
 from qlift.release.livecontext import LivePlan, LiveRun, rollout_journal
 from qlift.release.spec import RouterStageOptions, ServeStageOptions, Stage
+from qlift.release.stage_options import CANARY, STABLE
+from qlift.rollout.spec import PromoteOptions
 from qlift.serialize import to_jsonable
 
 if TYPE_CHECKING:
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
     from qlift.serve.handle import ServeHandle
 
 
-def serve_key(plan: LivePlan, stage: Stage) -> dict[str, str]:
+def serve_key(plan: LivePlan, stage: Stage) -> dict[str, JsonValue]:
     """The model it serves: a running server's own where its admin answers, else the one the pipeline chose
     for this machine (its input, or its fallback where vLLM cannot run the input here)."""
     o = stage.opts(ServeStageOptions)
@@ -48,13 +52,13 @@ def serve_key(plan: LivePlan, stage: Stage) -> dict[str, str]:
     return {"model": ref.content_hash}
 
 
-def start_serve(run: LiveRun, stage: Stage) -> dict[str, Any]:
+def start_serve(run: LiveRun, stage: Stage) -> dict[str, JsonValue]:
     """Start its server in the background (journaled by pid), or take the running one its url names."""
     o, model = stage.opts(ServeStageOptions), run.plan.models[stage.name]
     run.hashes[o.role] = model.content_hash
     if o.url:
         run.urls[o.role] = o.url
-        result: dict[str, Any] = {"url": o.url, "started": False}
+        result: dict[str, JsonValue] = {"url": o.url, "started": False}
     else:
         server = run.procs.start(stage.name, _serve(model, o), lambda h: h.base_url, keep=o.keep_running)
         run.urls[o.role] = server.base_url
@@ -69,11 +73,12 @@ def _serve(model: ModelRef, o: ServeStageOptions) -> Callable[[Callable[[int], N
     return lambda started: serve.start(inputs, options, keep=o.keep_running, on_started=started)
 
 
-def router_key(plan: LivePlan, stage: Stage) -> dict[str, list[str]]:
-    return {"servers": plan.serve_keys()}
+def router_key(plan: LivePlan, stage: Stage) -> dict[str, JsonValue]:
+    servers: list[JsonValue] = [*plan.serve_keys()]
+    return {"servers": servers}
 
 
-def start_router(run: LiveRun, stage: Stage) -> dict[str, Any]:
+def start_router(run: LiveRun, stage: Stage) -> dict[str, JsonValue]:
     """Start the router in front of the stable and candidate servers (all traffic on stable), or take the
     running one its url names."""
     o = stage.opts(RouterStageOptions)
@@ -81,8 +86,8 @@ def start_router(run: LiveRun, stage: Stage) -> dict[str, Any]:
     if o.url:
         run.router_url = o.url
         return {"url": o.url, "started": False}
-    config = live.router_config(o, {"stable": run.urls["stable"], "canary": run.urls["candidate"]}, stage=stage.name,
-                                model_hashes={"stable": run.hashes["stable"], "canary": run.hashes["candidate"]})
+    config = live.router_config(o, {STABLE: run.urls["stable"], CANARY: run.urls["candidate"]}, stage=stage.name,
+                                model_hashes={STABLE: run.hashes["stable"], CANARY: run.hashes["candidate"]})
     log = run.plan.release.out / "logs" / f"{stage.name}.log"
     router = run.procs.start(stage.name, _router(config, run.token, log), lambda h: h.url, keep=o.keep_running)
     run.router_url, run.router_started = router.url, True
@@ -95,41 +100,40 @@ def _router(config: RouterConfig, token: str, log: Path) -> Callable[[Callable[[
     return lambda started: router.start(router.RouterInputs(token), config, log_path=log, on_started=started)
 
 
-def promote_key(plan: LivePlan, stage: Stage) -> dict[str, Any]:
+def promote_key(plan: LivePlan, stage: Stage) -> dict[str, JsonValue]:
     """The servers, the candidate's eval, the load, and the router it drives (its key holds its options): a router
     changed runs promote again."""
-    routers = [plan.keys[s.name] for s in plan.stages if isinstance(s.options, RouterStageOptions)]
-    return {"servers": plan.serve_keys(), "eval": plan.eval_key, "load": to_jsonable(stage.load), "router": routers}
+    routers: list[JsonValue] = [plan.keys[s.name] for s in plan.stages if isinstance(s.options, RouterStageOptions)]
+    servers: list[JsonValue] = [*plan.serve_keys()]
+    return {"servers": servers, "eval": plan.eval_key, "load": to_jsonable(stage.load), "router": routers}
 
 
-def run_promote(run: LiveRun, stage: Stage) -> dict[str, Any]:
+def run_promote(run: LiveRun, stage: Stage) -> dict[str, JsonValue]:
     """The rollout of the candidate through the router, judged against the eval stage's report, with the file's
     chat traffic through the router while it runs; a rollout that does not promote raises GateFailedError
     after its result is journaled."""
     from qlift.rollout.api import raise_for_outcome, status
-    from qlift.rollout.spec import RolloutSpec
 
     plan = run.plan
     candidate = plan.candidate()
     assert candidate is not None, "a promote stage follows a router, which needs a candidate server"
-    data = {**stage.opts(RolloutSpec).model_dump(exclude_unset=True), "stable": "stable", "canary": "canary",
-            "router": run.router_url, "canary_model": str(candidate.base), "canary_hash": candidate.content_hash}
-    if plan.eval_report is not None:
-        data["eval_report"] = str(plan.eval_report)
-    spec = RolloutSpec.model_validate(data)
+    spec = stage.opts(PromoteOptions).rollout_spec(stable=STABLE, canary=CANARY, router=run.router_url,
+                                                   canary_model=candidate.base, canary_hash=candidate.content_hash,
+                                                   eval_report=plan.eval_report)
     journal = rollout_journal(plan.release.out, run.run_id)
-    token = run.token if run.router_started else None
+    token = run.router_token()
     if stage.load is not None:
         with live.Traffic(run.router_url, run.public_model, stage.load) as traffic:
             final = live.promote(spec, journal, token)
         sent = sum(traffic.status.values())
-        load = {"sent": sent, "failed": sent - traffic.status[200],
-                "statuses": {str(k): n for k, n in traffic.status.items()}}
-        run.echo(f"{stage.name}: {sent} requests through the router, {load['failed']} failed")
+        failed = sent - traffic.status[200]
+        load: dict[str, JsonValue] | None = {"sent": sent, "failed": failed,
+                                             "statuses": {str(k): n for k, n in traffic.status.items()}}
+        run.echo(f"{stage.name}: {sent} requests through the router, {failed} failed")
     else:
         final, load = live.promote(spec, journal, token), None
-    result = {"state": final.state, "reason": final.reason, "journal": str(journal),
-              **({"traffic": load} if load else {}), "rollout": status(journal)}
+    result: dict[str, JsonValue] = {"state": final.state, "reason": final.reason, "journal": str(journal),
+                                    **({"traffic": load} if load else {}), "rollout": status(journal)}
     try:
         raise_for_outcome(final, journal)
     except GateFailedError:
@@ -144,8 +148,8 @@ class LiveDoor:
     servers are keyed before the rest) and ``start``, which starts it (or runs it to its end) and returns what
     the journal keeps of it."""
 
-    key_inputs: Callable[[LivePlan, Stage], dict[str, Any]]
-    start: Callable[[LiveRun, Stage], dict[str, Any]]
+    key_inputs: Callable[[LivePlan, Stage], dict[str, JsonValue]]
+    start: Callable[[LiveRun, Stage], dict[str, JsonValue]]
 
 
 LIVE_DOORS: Mapping[StageKind, LiveDoor] = MappingProxyType({

@@ -12,13 +12,13 @@ with the same key, and run together otherwise.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from qlift.errors import BadInputError, QliftError
 from qlift.fsutil import file_lock, lock_holder, make_output_dirs
@@ -65,6 +65,7 @@ class Pipeline:
     unneeded: dict[str, str] = field(default_factory=dict)
     # Asked before promote moves the traffic of a router that serves users (None: nobody to ask, so refused).
     confirm: Callable[[str], bool] | None = None
+    router_token: str | None = None  # the caller's admin token of a running router the file names
 
     @property
     def names(self) -> list[str]:
@@ -122,7 +123,7 @@ class Pipeline:
                          on_done=lambda output: self._made("base", output))
 
     # -- which models this machine serves --------------------------------------------------------
-    def _planned_quantization(self, name: str) -> dict[str, Any] | None:
+    def _planned_quantization(self, name: str) -> dict[str, JsonValue] | None:
         if name == "base":
             base = self.models.get("base")
             return dir_quantization(base.base) if base is not None else None
@@ -277,7 +278,7 @@ class Pipeline:
         if mover is not None and warning:
             self.echo(f"{mover.name}: {warning}")
             self._confirm_traffic(mover, stages)
-        run_live(plan, self.journal, self.run_id, echo=self.echo, report=self._report)
+        run_live(plan, self.journal, self.run_id, echo=self.echo, report=self._report, caller_token=self.router_token)
 
     def _confirm_traffic(self, promote: Stage, stages: list[Stage]) -> None:
         """Promote against a router that serves users (one named with url:) runs only when the caller said yes:
@@ -302,7 +303,7 @@ class Pipeline:
 
         last = self.journal.latest(promote.name)
         promoted = last is not None and rollout_state(last.result) is State.PROMOTED
-        weights = _router_weights(url)
+        weights = _router_weights(url, self.router_token)
         if weights is not None:
             now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
             moving = weights.get("canary", 0) > 0
@@ -317,19 +318,18 @@ class Pipeline:
 
 def _first_weights(promote: Stage) -> str:
     """The weights the rollout sets first: 100/0 for a shadow phase, else its first step's."""
-    from qlift.rollout.spec import RolloutSpec
+    from qlift.rollout.spec import PromoteOptions
 
-    spec = promote.opts(RolloutSpec)
+    spec = promote.opts(PromoteOptions)
     if spec.shadow is not None:
         return "stable=100, canary=0 in the shadow phase"
     return f"stable={100 - spec.steps[0]}, canary={spec.steps[0]} at the first step"
 
 
-def _router_weights(url: str) -> dict[str, int] | None:
+def _router_weights(url: str, token: str | None) -> dict[str, int] | None:
     """The qlift router's weights, or None where its admin API does not answer (no token, another router)."""
     from qlift.router.client import RouterClient
 
-    token = os.environ.get("QLIFT_ROUTER_TOKEN")
     if not token:
         return None
     try:
@@ -346,36 +346,41 @@ def _remove_partials(out: Path) -> None:
 
 def run_release(release: Release, *, from_stage: str | None = None, dry_run: bool = False,
                 echo: Callable[[str], None] = print, reports: list[StageReport] | None = None,
-                confirm: Callable[[str], bool] | None = None) -> list[StageReport]:
+                confirm: Callable[[str], bool] | None = None, router_token: str | None = None) -> list[StageReport]:
     """Plan or run ``release``; the journal lives in its output dir. ``reports`` (if given) is filled
     as stages finish, so a caller has the stages before a failure too. ``confirm`` is asked (with what will
-    happen) before promote moves the traffic of a router that serves users; without it that is refused."""
+    happen) before promote moves the traffic of a router that serves users; without it that is refused.
+    ``router_token``: the admin token of a running router the file names (its weights in the plan; promote
+    drives it with it)."""
     path = release.out / JOURNAL_NAME
     reports = [] if reports is None else reports
     if not dry_run:
         make_output_dirs(release.out, named=release.out_from)
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
-            return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports).execute()
+            return Pipeline(release, journal, from_stage, echo, dry_run=True, reports=reports,
+                            router_token=router_token).execute()
         lock = writer_lock_path(path)
         with file_lock(lock, wait=False) as mine:
             if not mine:
                 holder = lock_holder(lock)
                 raise QliftError(f"release run pid {holder} holds {release.out}: one run of a release at a time",
                                  hint=f"Wait for it (`{status_command(release)}`), or stop it; then run again.")
-            return _run_locked(release, journal, from_stage, echo, reports, confirm)
+            pipeline = Pipeline(release, journal, from_stage, echo, reports=reports, confirm=confirm,
+                                router_token=router_token)
+            return _run_locked(pipeline)
 
 
-def _run_locked(release: Release, journal: ReleaseJournal, from_stage: str | None, echo: Callable[[str], None],
-                reports: list[StageReport], confirm: Callable[[str], bool] | None) -> list[StageReport]:
+def _run_locked(pipeline: Pipeline) -> list[StageReport]:
+    release, journal, echo = pipeline.release, pipeline.journal, pipeline.echo
     stopped = live.stop_leftovers(journal)
     if stopped:
         echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")
-    run_id = journal.start_run(release.file)
+    pipeline.run_id = run_id = journal.start_run(release.file)
     try:
-        Pipeline(release, journal, from_stage, echo, run_id=run_id, reports=reports, confirm=confirm).execute()
+        pipeline.execute()
     except BaseException as exc:
         journal.finish_run(run_id, RunOutcome.FAILED, first_line(exc))
         raise
     journal.finish_run(run_id, RunOutcome.DONE)
-    return reports
+    return pipeline.reports

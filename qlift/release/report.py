@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+
+from pydantic import JsonValue
 
 from qlift.errors import QliftError
 from qlift.release.kinds import STAGE_VERSIONS
@@ -41,7 +43,7 @@ class StageReport:
     output: str = ""
     content_hash: str = ""
     seconds: float = 0.0
-    result: Any = None
+    result: dict[str, JsonValue] | None = None  # what the journal keeps of it
     warning: str = ""  # what running it will do that its reason does not say (promote moving live traffic)
 
     def line(self, index: int, total: int) -> str:
@@ -56,7 +58,7 @@ def short(key: str) -> str:
     return key.removeprefix("sha256:")[:12]
 
 
-def stage_key(kind: str, options: object, inputs: dict[str, Any]) -> str:
+def stage_key(kind: str, options: object, inputs: Mapping[str, JsonValue]) -> str:
     data = {"stage": kind, "version": STAGE_VERSIONS[kind], "options": to_jsonable(options), "inputs": inputs}
     return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
+
+from pydantic import JsonValue
 
 from qlift.errors import QliftError
 from qlift.release.journal import ReleaseJournal, RunRow
@@ -39,30 +41,63 @@ def status_command(release: Release) -> str:
     return release_command(release).replace("qlift release run", "qlift release status", 1)
 
 
-def servers(release: Release, journal: ReleaseJournal, run: RunRow | None) -> list[dict[str, Any]]:
+class LiveServer(TypedDict):
+    """A live server stage of the last run (serve, router), as release status shows it."""
+
+    stage: str
+    kind: str
+    url: str
+    started_by_release: bool
+    pid: int | None
+    pid_alive: bool | None
+    answers: bool
+    role: NotRequired[str]  # a serve stage's: candidate or stable
+
+
+class RolloutView(TypedDict):
+    """The release's rollout, as release status shows it: its state, reason and journal, as the release journal
+    has them; where the rollout's own journal is read, the rest too, and then the servers and what to run next."""
+
+    state: str
+    reason: str
+    journal: str | None
+    step: NotRequired[int]
+    steps: NotRequired[int]
+    weights: NotRequired[dict[str, int] | None]
+    controller_running: NotRequired[bool]
+    final: NotRequired[bool]
+    interrupted: NotRequired[str | None]  # the controller's last stop, not resumed
+    interruptions: NotRequired[list[str]]
+    router: NotRequired[dict[str, JsonValue] | None]  # what the router holds now ({url, weights, error})
+    servers: NotRequired[list[LiveServer]]
+    next: NotRequired[list[str]]
+
+
+def servers(release: Release, journal: ReleaseJournal, run: RunRow | None) -> list[LiveServer]:
     """Each live server stage of the last run (serve, router): its URL, who started it, whether it still runs."""
     started = {r["stage"]: r for r in journal.servers(run.id)} if run is not None else {}
-    out = []
+    out: list[LiveServer] = []
     for stage in release.stages:
         if not isinstance(stage.options, ServeStageOptions | RouterStageOptions):
             continue
         row = journal.latest(stage.name)
-        result = row.result if row is not None else {}
+        journaled = row.result.get("url") if row is not None else None
         ours = started.get(stage.name)
-        url = stage.options.url or result.get("url") or (ours or {}).get("url") or ""
+        url = stage.options.url or (journaled if isinstance(journaled, str) else "") or \
+            (ours["url"] if ours is not None else "")
         if not url and ours is None:
             continue  # never started
-        pid = None if ours is None else int(ours["pid"])
-        entry = {"stage": stage.name, "kind": stage.kind, "url": url, "started_by_release": ours is not None,
-                 "pid": pid, "pid_alive": None if pid is None else pid_alive(pid),
-                 "answers": bool(url) and answers(url.rstrip("/").removesuffix("/v1") + "/health")}
+        pid = None if ours is None else ours["pid"]
+        entry = LiveServer(stage=stage.name, kind=stage.kind, url=url, started_by_release=ours is not None, pid=pid,
+                           pid_alive=None if pid is None else pid_alive(pid),
+                           answers=bool(url) and answers(url.rstrip("/").removesuffix("/v1") + "/health"))
         if isinstance(stage.options, ServeStageOptions):
             entry["role"] = stage.options.role
         out.append(entry)
     return out
 
 
-def rollout_from_journal(path: Path) -> dict[str, Any] | None:
+def rollout_from_journal(path: Path) -> RolloutView | None:
     """The rollout journal's latest rollout, as release status shows it (None: the journal holds none)."""
     from qlift.rollout.status import rollout_status
 
@@ -71,17 +106,18 @@ def rollout_from_journal(path: Path) -> dict[str, Any] | None:
     except QliftError:
         return None
     stopped = st.interrupted
-    return {"state": st.state.value, "reason": st.reason, "journal": str(path), "step": st.step,
-            "steps": len(st.steps), "weights": st.weights, "controller_running": st.controller.alive,
-            "final": st.final, "interrupted": None if stopped is None else stopped.line(),
-            "interruptions": [i.line() for i in st.interruptions], "router": st.live}
+    return RolloutView(state=st.state.value, reason=st.reason, journal=str(path), step=st.step, steps=len(st.steps),
+                       weights=st.weights, controller_running=st.controller.alive, final=st.final,
+                       interrupted=None if stopped is None else stopped.line(),
+                       interruptions=[i.line() for i in st.interruptions], router=st.live)
 
 
-def next_steps(release: Release, rollout: dict[str, Any], live: list[dict[str, Any]]) -> list[str]:
+def next_steps(release: Release, rollout: RolloutView, live: list[LiveServer]) -> list[str]:
     """What to run now, each a command that works as printed (or says what must come first)."""
-    if rollout.get("final") or rollout.get("controller_running") or not rollout.get("journal"):
+    journal = rollout.get("journal")
+    if rollout.get("final") or rollout.get("controller_running") or not journal:
         return []
-    flag = f" --journal {shlex.quote(rollout['journal'])}"
+    flag = f" --journal {shlex.quote(journal)}"
     router = next((s for s in live if s["kind"] == "router"), None)
     gone = [s for s in live if s["kind"] == "serve" and not s["answers"]]
     if router is not None and router["started_by_release"]:

@@ -2,12 +2,12 @@
 
 Each stage's ``options`` are validated as its kind's options class in the stage table
 (``qlift.release.kinds.TABLE``): ``MergeOptions``, ``QuantizeOptions``, ``EvalOptions`` (the
-dataclasses the commands take), ``RolloutSpec`` for promote (its versions and router filled in when
-it runs); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s own ``ServeOptions`` plus the
-release's fields, and a router stage's ``RouterStageOptions`` is ``qlift router``'s own ``RouterConfig``
-(its backends filled in from the serve stages) plus the release's. Fields the release itself decides
-(outputs, ``force``, the names and URLs of the versions, a server's host) are refused with a line
-saying so.
+dataclasses the commands take), ``PromoteOptions`` for promote (the release adds its versions, router
+and eval report when it runs: a ``RolloutSpec``); a serve stage's ``ServeStageOptions`` is ``qlift serve``'s
+own ``ServeOptions`` plus the release's fields, and a router stage's ``RouterStageOptions`` is ``qlift router``'s
+own ``RouterConfig`` (its backends filled in from the serve stages) plus the release's. Fields the release
+itself decides (outputs, ``force``, the names and URLs of the versions, a server's host) are refused with a
+line saying so.
 """
 
 from __future__ import annotations
@@ -15,16 +15,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, Field, JsonValue, TypeAdapter, ValidationError, model_validator
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml, validated, validation_error
 from qlift.models.ref import AdapterRef
 from qlift.options import field_flag
 from qlift.release.kinds import TABLE, StageKind, StageOptions
-from qlift.release.stage_options import LoadOptions, RouterStageOptions, ServeStageOptions, StrictModel
+from qlift.release.stage_options import (
+    CANARY,
+    STABLE,
+    LoadOptions,
+    RouterStageOptions,
+    ServeStageOptions,
+    StrictModel,
+)
+from qlift.rollout.spec import PromoteOptions
 
 __all__ = ["LoadOptions", "Release", "RouterStageOptions", "ServeStageOptions", "Stage", "StageKind",
            "json_schema", "load_release"]
@@ -56,7 +64,7 @@ class StageEntry(StrictModel):
                              description="Unique name (default: the stage); outputs are named after it.")
     input: str | None = Field(None, description="The model this stage works on: 'base' or an earlier stage's "
                                                 "name (default: the latest model made, else the base).")
-    options: dict[str, Any] = Field({}, description="The stage's own options model (see the schema).")
+    options: dict[str, object] = Field({}, description="The stage's own options model (see the schema).")
     load: LoadOptions | None = Field(None, description="promote only: generate traffic while it runs.")
     only_if_served: bool = Field(False, description="Run only where a serve stage serves this model (for an eval: "
                                                     "the model it evaluates), e.g. after a serve fallback.")
@@ -76,8 +84,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a loaded release: its kind, name, input and its options, of its stage's own options class
-    (promote's are validated with placeholder versions and router, which the release fills in when it runs)."""
+    """One stage of a loaded release: its kind, name, input and its options, of its stage's own options class."""
 
     kind: StageKind
     name: str
@@ -148,7 +155,7 @@ def load_release(path: Path) -> Release:
                    out_from=f"{path}: field 'out'")
 
 
-def stage_options(kind: StageKind, data: dict[str, Any], *, where: str, here: Path,
+def stage_options(kind: StageKind, data: dict[str, object], *, where: str, here: Path,
                   models: list[str]) -> StageOptions:
     """``data`` validated as ``kind``'s options model (paths made relative to the file's directory)."""
     row = TABLE[kind]
@@ -160,12 +167,16 @@ def stage_options(kind: StageKind, data: dict[str, Any], *, where: str, here: Pa
             and value not in ("", "-") else value for key, value in data.items()}
     if dataclasses.is_dataclass(row.options):
         return _dataclass_options(kind, row.options, data, where=where, here=here, models=models)
-    options: StageOptions = validated(row.options, {**data, **row.placeholders}, path=where, prefix="options",
-                                      hint=HINT)
+    options: StageOptions = validated(row.options, data, path=where, prefix="options", hint=HINT)
+    if isinstance(options, PromoteOptions):
+        try:  # the versions are the release's router's backend names; its URL is known once it runs
+            options.check_versions(STABLE, CANARY, {})
+        except ValueError as exc:
+            raise BadInputError(str(exc), path=where, field="options", hint=HINT) from None
     return options
 
 
-def _dataclass_options(kind: StageKind, model: type, data: dict[str, Any], *, where: str, here: Path,
+def _dataclass_options(kind: StageKind, model: type, data: dict[str, object], *, where: str, here: Path,
                        models: list[str]) -> StageOptions:
     names = {f.name for f in dataclasses.fields(model)}
     for key in data:
@@ -174,12 +185,12 @@ def _dataclass_options(kind: StageKind, model: type, data: dict[str, Any], *, wh
                                 path=where, field=f"options.{key}", hint=HINT)
     data = dict(data)
     for key in ("prompts", "calib"):
-        if isinstance(data.get(key), str):
-            data[key] = str(here / data[key])
-    if isinstance(data.get("loras"), dict):  # a serve stage's --lora adapters
-        data["loras"] = {name: str(here / str(path)) for name, path in data["loras"].items()}
-    if kind is StageKind.EVAL and isinstance(data.get("baseline"), str) and data["baseline"] not in models:
-        data["baseline"] = str(here / data["baseline"])
+        if isinstance(value := data.get(key), str):
+            data[key] = str(here / value)
+    if isinstance(loras := data.get("loras"), dict):  # a serve stage's --lora adapters
+        data["loras"] = {name: str(here / str(path)) for name, path in loras.items()}
+    if kind is StageKind.EVAL and isinstance(baseline := data.get("baseline"), str) and baseline not in models:
+        data["baseline"] = str(here / baseline)
     try:
         options: StageOptions = TypeAdapter(model).validate_python(data)
         return options
@@ -222,7 +233,7 @@ def _check_flow(stages: list[Stage], path: Path) -> None:
                             hint="Add a `router` stage (url: names a running one).")
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, JsonValue]:
     """The JSON Schema of a release file, with each stage kind's options model spelled out."""
     from qlift.options import field_docs
 
@@ -243,12 +254,11 @@ def json_schema() -> dict[str, Any]:
                 props[key]["description"] = docs[key]
         opts["required"] = [k for k in opts.get("required", []) if k in props]
         opts["additionalProperties"] = False
-        entry: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["stage"],
-                 "properties": {**schema["$defs"]["StageEntry"]["properties"],
-                                "stage": {"const": kind.value}, "options": opts}}
+        properties = {**schema["$defs"]["StageEntry"]["properties"], "stage": {"const": kind.value}, "options": opts}
         if not row.moves_traffic:
-            del entry["properties"]["load"]
-        variants.append(entry)
+            del properties["load"]
+        variants.append({"type": "object", "additionalProperties": False, "required": ["stage"],
+                         "properties": properties})
     schema["properties"]["stages"]["items"] = {"oneOf": variants}
     schema["$defs"].pop("StageEntry", None)
     schema["$defs"].pop("StageKind", None)  # each variant names its own kind

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from qlift.router.config import RouterConfig
 from qlift.serve.options import ServeOptions
+
+# The release's router names its two backends so: promote rolls the candidate's server out over the stable's.
+STABLE, CANARY = "stable", "canary"
 
 
 class StrictModel(BaseModel):
@@ -61,7 +64,7 @@ class RouterStageOptions(RouterConfig):
     port: int = Field(0, ge=0, le=65535, description="--port (0: a free one).")
     keep_running: bool = Field(False, description="Leave the router running when the release ends.")
 
-    def config(self, backends: list[dict[str, Any]], *, where: str) -> RouterConfig:
+    def config(self, backends: list[BackendEntry], *, where: str) -> RouterConfig:
         """The router's own config: these settings without the release's fields, with ``backends`` (a bad one is
         a BadInputError naming ``where``)."""
         from qlift.router.config import parse_config
@@ -69,6 +72,15 @@ class RouterStageOptions(RouterConfig):
         own = self.model_dump(exclude={"url", "keep_running", "backends"}, exclude_unset=True)
         return parse_config({**own, "public_model": self.public_model, "port": self.port, "backends": backends},
                             path=where)
+
+
+class BackendEntry(TypedDict):
+    """A backend of the router a release starts, as its config takes it."""
+
+    name: str
+    url: str
+    weight: int
+    model_hash: NotRequired[str]  # the content hash of the model it serves
 
 
 class LoadOptions(StrictModel):

@@ -11,8 +11,11 @@ it stays requested, and `abort`, `resume`, `start` and a running controller retr
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_ful
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, DecisionAction, EventKind, State, StepOutcome
 from qlift.rollout.webhook import WebhookAction, notify, validate_webhook
+from qlift.router.handle import TOKEN_VAR
 
 if TYPE_CHECKING:
     from qlift.rollout.adapter import AdapterRecord
@@ -88,6 +92,27 @@ def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = No
     collector = make_collector(spec, plane.backend_urls())
     with journaled_life(journal, r.id):  # a stop (SIGTERM, Ctrl-C, an error) and a resume are journaled events
         return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
+
+
+@contextmanager
+def router_token_for(token: str | None) -> Iterator[None]:
+    """``token`` as the router's admin token of what runs inside (None: the environment's, as it is): the rollout
+    stage's entry point (``run.run``) runs in it with ``RolloutInputs.router_token``.
+
+    The data plane and the evidence source read the token through ``qlift.settings.router_token``; until they take
+    it as an argument, this is the one place it is handed to them, and put back as it was afterwards."""
+    if not token:
+        yield
+        return
+    old = os.environ.get(TOKEN_VAR)
+    os.environ[TOKEN_VAR] = token
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(TOKEN_VAR, None)
+        else:
+            os.environ[TOKEN_VAR] = old
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,

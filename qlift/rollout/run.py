@@ -6,10 +6,10 @@ inputs are the journal the controller keeps its state in. It runs in the foregro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from qlift.rollout.api import start
+from qlift.rollout.api import router_token_for, start
 from qlift.rollout.journal import Rollout
 from qlift.rollout.spec import RolloutSpec
 
@@ -18,7 +18,9 @@ from qlift.rollout.spec import RolloutSpec
 class RolloutInputs:
     """The journal (None: the default one); ``new`` starts a new rollout rather than resuming an active one;
     ``allow_stable_down`` starts one even though the data plane reports the stable down; ``canary_adapter``
-    (NAME, DIR): load that LoRA adapter into the stable's server as the canary first (api.start_with_adapter)."""
+    (NAME, DIR): load that LoRA adapter into the stable's server as the canary first (api.start_with_adapter);
+    ``router_token``: the router's admin token (None: QLIFT_ROUTER_TOKEN as the environment has it), never
+    journaled, printed or logged."""
 
     journal: Path | None = None
     new: bool = False
@@ -26,10 +28,16 @@ class RolloutInputs:
     force: bool = False  # start although the live weights or shadow are not the starting state (preflight.py)
     canary_adapter: tuple[str, Path] | None = None
     spec_file: Path | None = None  # the -f file the spec was read from, for hints that print a start command
+    router_token: str | None = field(default=None, repr=False, metadata={"json": False})
 
 
 def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
     """Run the rollout ``options`` describe until it is final (``api.start``); the journal's last record of it."""
+    with router_token_for(inputs.router_token):
+        return _run(inputs, options)
+
+
+def _run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
     if inputs.canary_adapter is not None:
         from qlift.rollout.api import start_with_adapter
 

@@ -7,51 +7,33 @@ Every field has a default and a doc; a bad value is reported as one line naming 
 from __future__ import annotations
 
 import dataclasses
-import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml
 from qlift.options import OptionField, option_fields
 from qlift.rollout.planes import PLANES, Capability, PlaneName
+from qlift.rollout.spec_sections import (
+    DURATION_SCHEMA,
+    BackendRef,
+    Duration,
+    GatewaySpec,
+    InferenceExtSpec,
+    NginxSpec,
+    ParentRef,
+    PrometheusSpec,
+    StrictSpec,
+    parse_duration,
+)
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(value: Any) -> float:
-    """'30s', '2m', '500ms', '1h' or a number of seconds -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError("a duration such as 30s, 2m or 500ms")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value))
-        if not m:
-            raise ValueError(f"'{value}' is not a duration such as 30s, 2m or 500ms")
-        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
-    if seconds <= 0:
-        raise ValueError("a duration must be positive")
-    return seconds
-
-
-# In a file a duration is written as a string ("20s"); its JSON Schema says so, as the loader accepts it.
-DURATION_SCHEMA = {"anyOf": [{"type": "string", "pattern": _DURATION.pattern,
-                              "description": "a duration such as 30s, 2m, 500ms or 1h"},
-                             {"type": "number", "exclusiveMinimum": 0, "description": "seconds"}]}
-Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_SCHEMA)]
+__all__ = ["DURATION_SCHEMA", "FLAG_FOR", "OPTION_SECTIONS", "SPEC_FLAGS", "AnalysisSpec", "BackendRef", "Duration",
+           "GatewaySpec", "InferenceExtSpec", "NginxSpec", "ParentRef", "PromoteOptions", "PrometheusSpec",
+           "RolloutSpec", "ShadowSpec", "build_spec", "flag_name", "parse_duration", "parse_percent", "read_spec_file",
+           "spec_option_fields", "spec_overrides"]
 
 
 def _comma_list(value: Any) -> Any:
@@ -61,11 +43,7 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class AnalysisSpec(_Strict):
+class AnalysisSpec(StrictSpec):
     """Limits of the judge. Ratios are canary / stable over the same window."""
 
     min_requests: int = Field(20, ge=1, description="Canary requests needed in a window before it can pass.")
@@ -133,81 +111,6 @@ class AnalysisSpec(_Strict):
         None, gt=0, description="Optional limit on the vLLM time-per-output-token ratio (from /metrics).")
 
 
-class PrometheusSpec(_Strict):
-    """A Prometheus server that scrapes the router (and backends), queried with PromQL."""
-
-    url: str = Field(description="Base URL of the Prometheus server, e.g. http://127.0.0.1:9090.")
-    preset: Literal["router", "vllm", "nginx"] | None = Field(
-        None, description="Shipped query set: the qlift router's series, vLLM's own by model name, or vLLM's own "
-        "by scrape instance (nginx: both versions serve one model name). Default: the data plane's.")
-    queries: dict[str, str] = Field(
-        default_factory=dict,
-        description="PromQL per evidence field, overriding the preset; $backend, $model and $window are filled in.")
-    timeout_s: Duration = Field(10.0, description="Timeout of one query.")
-
-
-class NginxSpec(_Strict):
-    """nginx as the data plane: qlift renders the split into its own prefix dir and reloads."""
-
-    prefix: Path = Field(description="nginx prefix dir (nginx.conf, logs, temp dirs, pid live here).")
-    listen: str = Field("127.0.0.1:8080", description="Address nginx listens on.")
-    session_key: str = Field(
-        "$http_x_session_id", description="nginx variable(s) hashed for the sticky split (with $request_id).")
-    binary: str = Field("nginx", description="The nginx executable.")
-    max_answer_s: Duration = Field(
-        600.0, description="The longest answer a client waits for: nginx's proxy_read_timeout, and how long a "
-        "reload lets old workers finish their in-flight streams (worker_shutdown_timeout).")
-    client_keepalive_s: Duration | None = Field(
-        None, description="Keep client connections alive this long between requests (nginx keepalive_timeout). "
-        "Off by default: a reload closes idle kept-alive connections under clients that reuse them, and "
-        "their next request fails without nginx ever logging it.")
-    expose_backend_header: bool = Field(
-        False, description="Send X-Qlift-Backend (the upstream address that answered) with every answer. Off: "
-        "a client never learns which version answered it (the access log has it).")
-
-
-class BackendRef(_Strict):
-    name: str = Field(description="Kubernetes Service name of this version.")
-    port: int = Field(8000, ge=1, le=65535, description="Service port.")
-
-
-class ParentRef(_Strict):
-    name: str
-    namespace: str | None = None
-    sectionName: str | None = None  # noqa: N815  (the Gateway API field name)
-
-
-class GatewaySpec(_Strict):
-    """Gateway API as the data plane: an HTTPRoute whose backendRefs carry the weights."""
-
-    route_name: str = Field("qlift-llm", description="metadata.name of the HTTPRoute.")
-    namespace: str = Field("default", description="Namespace of the HTTPRoute.")
-    parent_refs: list[ParentRef] = Field(description="Gateways the route attaches to.")
-    hostnames: list[str] = Field(default_factory=list, description="Host names the route matches.")
-    path_prefix: str = Field("/v1", description="Path prefix the route matches.")
-    backends: dict[str, BackendRef] = Field(description="Service per version name (stable and canary).")
-    kubeconfig: Path | None = Field(None, description="Apply to this cluster with the kubernetes client.")
-    context: str | None = Field(None, description="kubeconfig context.")
-    output: Path | None = Field(None, description="Also write the rendered HTTPRoute YAML here (GitOps).")
-
-
-class InferenceExtSpec(_Strict):
-    """The Gateway API Inference Extension as the data plane: the InferenceModelRewrite that `qlift deploy k8s
-    --lora NAME=DIR --gateway-api` renders, whose targets' weights split one public model name between the
-    models one Deployment serves (a base and its LoRA adapters)."""
-
-    app: str = Field("llm", description="`qlift deploy k8s --name`: the rewrite is APP-rewrite, on pool APP-pool.")
-    namespace: str = Field("default", description="Namespace of the InferenceModelRewrite.")
-    public_model: str | None = Field(
-        None, description="The model name clients send, which the rewrite splits (default: app, as deploy does).")
-    models: dict[str, str] = Field(
-        default_factory=dict, description="Version name -> served model name it rewrites to (default: the "
-        "rollout's models:, else the #MODEL of its backends: NAME=URL#MODEL, else the version name).")
-    kubeconfig: Path | None = Field(None, description="Apply to this cluster with the kubernetes client.")
-    context: str | None = Field(None, description="kubeconfig context.")
-    output: Path | None = Field(None, description="Also write the rendered InferenceModelRewrite YAML here (GitOps).")
-
-
 def parse_percent(value: Any) -> Any:
     """'20%' or 20 -> 20."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -215,7 +118,7 @@ def parse_percent(value: Any) -> Any:
     return value
 
 
-class ShadowSpec(_Strict):
+class ShadowSpec(StrictSpec):
     """Shadow traffic before any user sees the canary: the router mirrors a share of live requests to
     the canary, users get the stable's answers only, and the judge compares both answers per prompt."""
 
@@ -265,12 +168,10 @@ class ShadowSpec(_Strict):
         return v
 
 
-class RolloutSpec(_Strict):
-    """Everything `qlift promote start` needs."""
+class PromoteOptions(StrictSpec):
+    """How a canary is stepped, judged and baked, and where the weights and evidence live: what a release file's
+    promote stage sets, validated alone. ``RolloutSpec`` adds the versions, the router and the backends."""
 
-    stable: str = Field(description="Name of the stable version (a router backend name).")
-    canary: str = Field(description="Name of the canary version.")
-    router: str | None = Field(None, description="The qlift router's URL (builtin data plane and evidence).")
     steps: Annotated[list[int], BeforeValidator(_comma_list)] = Field(
         [10, 50, 100], description="Canary weights, increasing, ending at 100, e.g. 10,50,100.")
     interval: Duration = Field(30.0, description="Length of one analysis window, e.g. 30s, 2m.")
@@ -279,8 +180,6 @@ class RolloutSpec(_Strict):
         "builtin", description="Evidence source: the router's request log (builtin) or Prometheus.")
     prometheus: PrometheusSpec | None = None
     vllm_metrics: bool = Field(True, description="Also read each backend's vLLM /metrics into the evidence.")
-    backends: dict[str, str] = Field(
-        default_factory=dict, description="Version name -> base URL (nginx upstreams; vLLM /metrics).")
     models: dict[str, str] = Field(
         default_factory=dict, description="Version name -> served model name ($model in Prometheus queries).")
     data_plane: PlaneName = Field(
@@ -288,14 +187,6 @@ class RolloutSpec(_Strict):
     nginx: NginxSpec | None = None
     gateway: GatewaySpec | None = None
     inference_ext: InferenceExtSpec | None = None
-    eval_report: Path | None = Field(None, description="Refuse to start unless this `qlift eval --report` dir passed "
-                                     "for the model the canary serves.")
-    canary_model: Path | None = Field(None, description="The canary's model dir for eval_report (default: the root "
-                                      "its vLLM server reports).")
-    canary_hash: str | None = Field(
-        None, description="The canary's ModelRef content hash (`qlift serve` records it as model.content_hash); "
-        "when set, the eval gate matches the eval report's candidate.content_hash against it instead of asking "
-        "the server which model dir it serves.")
     webhook: str | None = Field(None, description="POST a JSON event here on every decision (failures are logged, "
                                 "never fatal).")
     shadow: ShadowSpec | None = Field(None, description="A shadow phase before the first step (qlift router only).")
@@ -314,49 +205,93 @@ class RolloutSpec(_Strict):
         return s
 
     @model_validator(mode="after")
-    def _consistent(self) -> RolloutSpec:
-        if self.stable == self.canary:
-            raise ValueError("stable and canary must be different versions")
+    def _consistent(self) -> PromoteOptions:
+        self._check_options()
+        return self
+
+    def _check_options(self) -> None:
+        """The rules between these fields alone (a ValueError names the broken one)."""
         if self.bake and len(self.steps) < 2:
             raise ValueError("bake needs a step below 100 first: the bake judges the canary against the stable's "
                              "figures from that step's last window")
-        if self.data_plane == "builtin" and not self.router:
-            raise ValueError("the builtin data plane needs router: URL (--router)")
-        if self.data_plane == "nginx":
-            if self.nginx is None:
-                raise ValueError("data_plane nginx needs an nginx: section (prefix, listen)")
-            missing = [v for v in (self.stable, self.canary) if v not in self.backends]
-            if missing:
-                raise ValueError(f"data_plane nginx needs backends: URLs for {', '.join(missing)}")
-        if self.data_plane == "gateway-api":
-            if self.gateway is None:
-                raise ValueError("data_plane gateway-api needs a gateway: section")
-            missing = [v for v in (self.stable, self.canary) if v not in self.gateway.backends]
-            if missing:
-                raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
+        if self.data_plane == "nginx" and self.nginx is None:
+            raise ValueError("data_plane nginx needs an nginx: section (prefix, listen)")
+        if self.data_plane == "gateway-api" and self.gateway is None:
+            raise ValueError("data_plane gateway-api needs a gateway: section")
         if self.data_plane == "inference-ext":
             if self.inference_ext is None:
                 raise ValueError("data_plane inference-ext needs an inference_ext: section")
             if self.inference_ext.kubeconfig is None and self.inference_ext.output is None:
                 raise ValueError("data_plane inference-ext needs inference_ext.kubeconfig or inference_ext.output")
-            stable, canary = (self.served_model(v) for v in (self.stable, self.canary))
-            if stable == canary:
-                raise ValueError(f"stable and canary both rewrite to model {stable!r}: set inference_ext.models")
         if self.provider == "prometheus" and self.prometheus is None:
             raise ValueError("provider prometheus needs a prometheus: section (url)")
         if self.shadow is not None and Capability.MIRROR not in PLANES[self.data_plane].capabilities:
             raise ValueError("a shadow phase needs the qlift router as the data plane (data_plane builtin)")
         if self.prometheus is not None and self.prometheus.preset is None:
             self.prometheus.preset = PLANES[self.data_plane].prometheus_preset  # type: ignore[assignment]
+
+    def check_versions(self, stable: str, canary: str, backends: Mapping[str, str]) -> None:
+        """The rules between these options and the versions they roll out, by name, with their ``backends`` URLs
+        (a ValueError names the broken one): a release checks them with its own names before its router runs."""
+        if self.data_plane == "nginx":
+            missing = [v for v in (stable, canary) if v not in backends]
+            if missing:
+                raise ValueError(f"data_plane nginx needs backends: URLs for {', '.join(missing)}")
+        if self.data_plane == "gateway-api" and self.gateway is not None:
+            missing = [v for v in (stable, canary) if v not in self.gateway.backends]
+            if missing:
+                raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
+        if self.data_plane == "inference-ext":
+            served = {self.served_model_of(v, backends) for v in (stable, canary)}
+            if len(served) == 1:
+                raise ValueError(f"stable and canary both rewrite to model {served.pop()!r}: set inference_ext.models")
+
+    def served_model_of(self, version: str, backends: Mapping[str, str]) -> str:
+        """The model name ``version`` (served at ``backends[version]``) is served as on the Inference Extension's
+        pool."""
+        own = self.inference_ext.models if self.inference_ext is not None else {}
+        fragment = backends.get(version, "").partition("#")[2]
+        return own.get(version) or self.models.get(version) or fragment or version
+
+    def rollout_spec(self, *, stable: str, canary: str, router: str | None, **more: object) -> RolloutSpec:
+        """The spec that rolls ``canary`` out over ``stable`` with these options (``more``: RolloutSpec's other
+        fields: backends, eval_report, canary_model, canary_hash)."""
+        return RolloutSpec.model_validate({**self.model_dump(exclude_unset=True), "stable": stable,
+                                           "canary": canary, "router": router, **more})
+
+
+class RolloutSpec(PromoteOptions):
+    """Everything `qlift promote start` needs: the promote options, the versions and where they run."""
+
+    stable: str = Field(description="Name of the stable version (a router backend name).")
+    canary: str = Field(description="Name of the canary version.")
+    router: str | None = Field(None, description="The qlift router's URL (builtin data plane and evidence).")
+    backends: dict[str, str] = Field(
+        default_factory=dict, description="Version name -> base URL (nginx upstreams; vLLM /metrics).")
+    eval_report: Path | None = Field(None, description="Refuse to start unless this `qlift eval --report` dir passed "
+                                     "for the model the canary serves.")
+    canary_model: Path | None = Field(None, description="The canary's model dir for eval_report (default: the root "
+                                      "its vLLM server reports).")
+    canary_hash: str | None = Field(
+        None, description="The canary's ModelRef content hash (`qlift serve` records it as model.content_hash); "
+        "when set, the eval gate matches the eval report's candidate.content_hash against it instead of asking "
+        "the server which model dir it serves.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RolloutSpec:  # replaces PromoteOptions'; its checks run here with the versions'
+        if self.stable == self.canary:
+            raise ValueError("stable and canary must be different versions")
+        self._check_options()
+        if self.data_plane == "builtin" and not self.router:
+            raise ValueError("the builtin data plane needs router: URL (--router)")
+        self.check_versions(self.stable, self.canary, self.backends)
         if self.provider == "builtin" and not self.router and not self.backends:
             raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")
         return self
 
     def served_model(self, version: str) -> str:
         """The model name ``version`` is served as on the Inference Extension's pool."""
-        own = self.inference_ext.models if self.inference_ext is not None else {}
-        fragment = self.backends.get(version, "").partition("#")[2]
-        return own.get(version) or self.models.get(version) or fragment or version
+        return self.served_model_of(version, self.backends)
 
 
 # -- flags generated from the models ---------------------------------------------------------
@@ -365,7 +300,7 @@ class RolloutSpec(_Strict):
 # pydantic parses them (durations, percents), so a flag and the spec file go through the same validation.
 
 # section -> (model, flag prefix, fields left to hand-written flags)
-# "spec" is RolloutSpec's own top-level fields; those with a richer or no CLI form stay out.
+# "spec" is RolloutSpec's own top-level fields, in SPEC_FLAGS' order; those with a richer or no CLI form stay out.
 SPEC_FLAGS = ("stable", "canary", "router", "steps", "interval", "data_plane", "eval_report", "canary_model",
               "webhook", "bake")
 OPTION_SECTIONS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
@@ -395,9 +330,11 @@ def spec_option_fields(*sections: str) -> list[OptionField]:
     fields = []
     for section in sections:
         model, _, skip = OPTION_SECTIONS[section]
+        own = [f for f in option_fields(model) if f.name not in skip]
+        if section == "spec":
+            own.sort(key=lambda f: SPEC_FLAGS.index(f.name))
         fields += [dataclasses.replace(f, name=_param_name(section, f.name), flag=flag_name(section, f.name),
-                                       help=f"{f.help} (spec: {_spec_key(section, f.name)})")
-                   for f in option_fields(model) if f.name not in skip]
+                                       help=f"{f.help} (spec: {_spec_key(section, f.name)})") for f in own]
     return fields
 
 

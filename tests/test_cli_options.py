@@ -159,3 +159,46 @@ def test_click_and_the_cli_are_imported_only_in_the_cli() -> None:
     found = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
              if p.parent != root / "cli" and p != root / "__main__.py" and pattern.search(p.read_text("utf-8"))]
     assert not found
+
+
+def test_the_cli_names_by_its_flag_each_field_an_error_names() -> None:
+    """Domain code names fields (in backquotes, beside its ``field``); qlift/cli/options.py says each by its flag,
+    leaving what is not a field of the command as it is, and a file's error untouched."""
+    from qlift.cli.options import as_flags
+    from qlift.errors import BadInputError
+
+    flags = {"judge": "--judge", "baseline": "--baseline", "method=awq": "--awq"}
+    exc = BadInputError("`judge` needs `baseline`, as `method=awq` does; `qlift serve` is apart", field="judge",
+                        hint="Pass `baseline` MODEL.")
+    assert as_flags(exc, flags).one_line() == ("field '--judge': --judge needs --baseline, as --awq does; "
+                                               "`qlift serve` is apart. Pass --baseline MODEL.")
+    in_file = BadInputError("`judge` needs `baseline`", path="release.yaml", field="options.judge")
+    plain = BadInputError("no field named", field="other", hint="Nothing to say.")
+    assert as_flags(in_file, flags) is in_file and as_flags(plain, flags) is plain
+
+
+@pytest.mark.parametrize(("build", "args", "flag"), [
+    ("slo", ["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--slo", "ttft=0ms"], "--slo"),
+    ("grid", ["tune", "m", "--recipe", "cpu", "--grid", "max_num_seqs=4", "--grid", "max_num_seqs=8", "-o", "t.yaml"],
+     "--grid sets max_num_seqs twice"),
+    ("judge", ["eval", "m", "--prompts", "p.jsonl", "--judge", "http://127.0.0.1:9#judge"], "no --baseline was given"),
+    ("fp8", ["quantize", "m", "--fp8", "--group-size", "64", "-o", "q"], "--group-size apply to --awq only"),
+])
+def test_a_domain_error_names_fields_and_the_command_its_flags(run_cli, tmp_path, monkeypatch, build: str,
+                                                                 args: list[str], flag: str) -> None:
+    from qlift.errors import BadInputError
+    from qlift.eval.options import EvalOptions
+    from qlift.perf.options import parse_grid
+    from qlift.perf.slo import parse_slo
+    from qlift.quantize.options import QuantizeOptions
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "x"}\n', encoding="utf-8")
+    calls = {"slo": lambda: parse_slo("ttft=0ms"), "grid": lambda: parse_grid(["max_num_seqs=4", "max_num_seqs=8"]),
+             "judge": lambda: EvalOptions(prompts=tmp_path / "p.jsonl", judge="http://127.0.0.1:9#judge"),
+             "fp8": lambda: QuantizeOptions(method="fp8", group_size=64)}
+    with pytest.raises(BadInputError) as err:
+        calls[build]()
+    assert "--" not in err.value.one_line(), err.value.one_line()
+    one_line(run_cli(*args), 2, flag)

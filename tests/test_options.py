@@ -57,7 +57,8 @@ def _release_error(tmp_path, stage: dict) -> BadInputError:
 
 def test_a_rule_between_options_is_the_classs_so_cli_and_release_share_it(run_cli, tmp_path) -> None:
     """--judge needs --baseline, and FP8 takes no calibration: checked by the options class, so the command, a
-    release file's stage and a library caller all meet the same one line."""
+    release file's stage and a library caller all meet the same one line; the class names fields, the command
+    its flags (qlift/cli/options.py says each field named in backquotes by its flag)."""
     from test_bad_input import one_line
 
     from qlift.eval.options import EvalOptions
@@ -68,22 +69,24 @@ def test_a_rule_between_options_is_the_classs_so_cli_and_release_share_it(run_cl
     judge = "http://127.0.0.1:9#judge"
     with pytest.raises(BadInputError) as err:
         EvalOptions(prompts=prompts, judge=judge)
-    assert err.value.field == "judge" and "no --baseline was given" in err.value.message
+    assert err.value.field == "judge" and "no `baseline` was given" in err.value.message
+    assert "--" not in err.value.one_line()
     one_line(run_cli("eval", "m", "--prompts", prompts, "--judge", judge), 2, "'--judge'", "no --baseline was given")
     found = _release_error(tmp_path, {"stage": "eval", "options": {"prompts": str(prompts), "judge": judge}})
-    assert found.field == "options.judge" and "no --baseline was given" in found.message
+    assert found.field == "options.judge" and "no `baseline` was given" in found.message
 
-    with pytest.raises(BadInputError, match="apply to --awq only"):
+    with pytest.raises(BadInputError, match="apply to `method=awq` only") as err:
         QuantizeOptions(method="fp8", num_samples=8)
+    assert "`num_samples`" in err.value.message and "--" not in err.value.one_line()
     one_line(run_cli("quantize", "m", "--fp8", "--seq-len", "64", "-o", tmp_path / "q"), 2, "apply to --awq only")
     found = _release_error(tmp_path, {"stage": "quantize", "options": {"method": "fp8", "num_samples": 8}})
-    assert "apply to --awq only" in found.message and "release.yaml" in str(found.path)
+    assert "apply to `method=awq` only" in found.message and "release.yaml" in str(found.path)
 
 
 def test_quantize_takes_its_method_from_exactly_one_switch() -> None:
     from qlift.quantize.options import QuantizeOptions
 
-    with pytest.raises(BadInputError, match="apply to --awq only"):  # AWQ's alone: refused, never dropped
+    with pytest.raises(BadInputError, match="apply to `method=awq` only"):  # AWQ's alone: refused, never dropped
         QuantizeOptions.from_switches(awq=False, fp8=True, group_size=64)
     assert QuantizeOptions.from_switches(awq=True, fp8=False, group_size=64).method == "awq"
     for both in (True, False):

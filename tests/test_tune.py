@@ -39,7 +39,7 @@ def test_parse_grid_and_points() -> None:
 def test_front_end_grid_keys_pass_and_a_repeated_key_is_refused(run_cli, tmp_path: Path) -> None:
     assert parse_grid(["api_server_count=1,4", "stream-interval=1,8"]) == {
         "api_server_count": [1, 4], "stream_interval": [1, 8]}
-    with pytest.raises(BadInputError, match="--grid sets max_num_seqs twice"):
+    with pytest.raises(BadInputError, match="`grid` sets max_num_seqs twice"):
         parse_grid(["max_num_seqs=4", "max-num-seqs=8"])
     model = tmp_path / "m"
     model.mkdir()

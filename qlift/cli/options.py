@@ -4,15 +4,18 @@ dataclass or a pydantic config model (a rollout spec's sections, the router's se
 It is also the one place a field becomes its flag: the options classes check their values and name the field
 (as a release file's user reads it); here a failing field of the command's options class is named by its flag,
 exit 2, whether it failed as the flag's text was parsed, as the value was checked against the field's range
-(``check_value``, the check the class itself runs) or as the command built its options."""
+(``check_value``, the check the class itself runs) or as the command built its options. A message or hint names
+other fields in backquotes (``no `baseline` was given``): each is named by its flag too (``no --baseline was
+given``); a command whose flags are not one a field (``qlift quantize``'s --awq) adds its own spellings."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,11 @@ from qlift.errors import BadInputError
 from qlift.options import OptionField, check_value, choice_texts, choice_values, option_fields
 
 
-def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, ...] = (),
+                  spelled: Mapping[str, str] | None = None) -> Callable[[Any], Any]:
     """A decorator adding one option per field of ``source`` (an options class, or fields from
-    ``option_fields`` renamed or narrowed by the caller), in field order."""
+    ``option_fields`` renamed or narrowed by the caller), in field order. ``spelled``: how the command says
+    what an error names in backquotes besides its fields (``{"method=awq": "--awq"}``)."""
     fields = option_fields(source) if isinstance(source, type) else list(source)
 
     def decorate(f: Any) -> Any:
@@ -33,15 +38,18 @@ def click_options(source: type | Sequence[OptionField], *, exclude: tuple[str, .
             if field.name not in exclude:
                 f = _option(field)(f)
         if isinstance(source, type) and dataclasses.is_dataclass(source):
-            return _checked(f, source, {fl.name: fl.flag for fl in fields if fl.name not in exclude})
+            flags = {fl.name: fl.flag for fl in fields if fl.name not in exclude}
+            return _checked(f, source, flags, {**flags, **(spelled or {})})
         return f
 
     return decorate
 
 
-def _checked(command: Callable[..., Any], cls: type, flags: dict[str, str]) -> Callable[..., Any]:
+def _checked(command: Callable[..., Any], cls: type, flags: dict[str, str], names: dict[str, str]
+             ) -> Callable[..., Any]:
     """``command`` with its flags' values checked as ``cls`` checks its fields (before any work), and a
-    BadInputError naming one of those fields, raised anywhere in the command, named by the field's flag."""
+    BadInputError raised anywhere in the command saying each of those fields (and each of ``names``) it names
+    by its flag."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -51,17 +59,33 @@ def _checked(command: Callable[..., Any], cls: type, flags: dict[str, str]) -> C
                     check_value(cls, name, kwargs[name])
             return command(*args, **kwargs)
         except BadInputError as exc:
-            if exc.path is not None or exc.field not in flags:
+            said = as_flags(exc, names)
+            if said is exc:
                 raise
-            raise as_flag(exc, flags[exc.field]) from None
+            raise said from None
 
     return run
 
 
-def as_flag(exc: BadInputError, flag: str) -> BadInputError:
-    """``exc`` (naming a field) as the CLI says it: naming ``flag``."""
-    message = exc.message.removeprefix(f"field '{exc.field}': ")
-    return BadInputError(message, field=flag, hint=exc.hint)
+_NAMED = re.compile(r"`([A-Za-z_][\w.=-]*)`")  # a field, as an error names it in its message or hint
+
+
+def as_flags(exc: BadInputError, flags: Mapping[str, str]) -> BadInputError:
+    """``exc`` (naming fields) as the CLI says it: the field it failed on, and each field its message and hint
+    name in backquotes, named by its flag in ``flags`` (others left as they are); ``exc`` itself when it names
+    none of them, or is about a file."""
+    if exc.path is not None:
+        return exc
+
+    def said(text: str) -> str:
+        return _NAMED.sub(lambda m: flags.get(m.group(1), m.group(0)), text)
+
+    message = exc.message.removeprefix(f"field '{exc.field}': ") if exc.field else exc.message
+    field = flags.get(exc.field, exc.field) if exc.field else exc.field
+    hint = said(exc.hint) if exc.hint else exc.hint
+    if field == exc.field and said(message) == message and hint == exc.hint:
+        return exc
+    return BadInputError(said(message), field=field, hint=hint)
 
 
 class Parsed(click.ParamType):
@@ -82,7 +106,7 @@ class Parsed(click.ParamType):
             flag = max(param.opts, key=len) if param is not None else None
             if exc.path is not None or flag is None or exc.field is None:
                 raise
-            raise as_flag(exc, flag) from None
+            raise as_flags(exc, {exc.field: flag}) from None
 
 
 def _option(field: OptionField) -> Callable[[Any], Any]:

@@ -17,7 +17,7 @@ from qlift.quantize.options import QuantizeOptions
 @click.option("--awq", is_flag=True, help="AWQ W4A16: int4 asymmetric, group-wise (calibrated).")
 @click.option("--fp8", is_flag=True, help="FP8 dynamic: per-channel weights, per-token activations.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output model directory.")
-@click_options(QuantizeOptions, exclude=("method",))
+@click_options(QuantizeOptions, exclude=("method",), spelled={"method=awq": "--awq", "method=fp8": "--fp8"})
 @json_option
 def quantize_cmd(model: Path, awq: bool, fp8: bool, output: Path, **options: Any) -> None:
     """Quantize MODEL with llm-compressor into a compressed-tensors checkpoint vLLM loads.

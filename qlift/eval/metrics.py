@@ -61,7 +61,7 @@ def parse_metrics(spec: str | None) -> list[str]:
     for n in names:
         if n not in METRICS:
             raise BadInputError(
-                f"unknown metric '{n}'", hint=f"Choose from: {', '.join(METRICS)}.", field="--metrics"
+                f"unknown metric '{n}'", hint=f"Choose from: {', '.join(METRICS)}.", field="metrics"
             )
     return names
 

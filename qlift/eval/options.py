@@ -1,6 +1,7 @@
 """What an evaluation can be asked to do besides CANDIDATE: the one definition ``evaluate``
-takes and ``qlift eval``'s options are generated from; its own checks (limits, --judge's target and
-baseline) run on construction, so the CLI and a release's eval stage meet the same rule."""
+takes and ``qlift eval``'s options are generated from; its own checks (limits, ``judge``'s target and
+baseline) run on construction, so the CLI and a release's eval stage meet the same rule (errors name the field
+in backquotes; the CLI names its flag)."""
 
 from __future__ import annotations
 
@@ -72,5 +73,5 @@ class EvalOptions:
 
             parse_target(self.judge)
             if self.baseline is None:
-                raise BadInputError("--judge compares the candidate with the baseline, but no --baseline was given",
-                                    field="judge", hint="Pass --baseline MODEL, or leave --judge out.")
+                raise BadInputError("`judge` compares the candidate with the baseline, but no `baseline` was given",
+                                    field="judge", hint="Pass `baseline` MODEL, or leave `judge` out.")

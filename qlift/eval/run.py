@@ -78,7 +78,7 @@ def pick_backend(backend: str | None, endpoint: str | None) -> str:
         if backend not in BACKENDS:
             raise BadInputError(f"unknown backend '{backend}'", hint=f"Choose one of: {', '.join(BACKENDS)}.")
         if backend == "endpoint" and not endpoint:
-            raise BadInputError("--backend endpoint needs --endpoint URL", hint="Pass the server's base URL.")
+            raise BadInputError("`backend` endpoint needs `endpoint` URL", hint="Pass the server's base URL.")
         return backend
     if endpoint:
         return "endpoint"
@@ -124,8 +124,8 @@ def _check_gates(gates: list[Gate], examples: list[Example], has_baseline: bool,
     for g in gates:
         if g.uses_baseline and not has_baseline:
             raise BadInputError(
-                f"gate '{g.expr}' compares with the baseline, but no --baseline was given",
-                hint="Pass --baseline MODEL, or use an absolute threshold.",
+                f"gate '{g.expr}' compares with the baseline, but no `baseline` was given",
+                hint="Pass `baseline` MODEL, or use an absolute threshold.",
             )
         if g.tag is not None and g.tag not in tags:
             raise BadInputError(
@@ -291,9 +291,9 @@ def _engine_args(sets: tuple[str, ...], kind: str) -> dict[str, Any]:
     if not sets:
         return {}
     if kind != "vllm":
-        raise BadInputError(f"--set configures the vllm backend, but this eval uses the {kind} backend",
-                            field="--set", hint="Pass --backend vllm, or serve the candidate with the setting "
-                                                "and evaluate that endpoint.")
+        raise BadInputError(f"`engine_sets` configures the vllm backend, but this eval uses the {kind} backend",
+                            field="engine_sets", hint="Pass `backend` vllm, or serve the candidate with the "
+                                                      "setting and evaluate that endpoint.")
     from qlift.serve.recipes import engine_spec, parse_sets
 
     return engine_spec(parse_sets(sets)).args()

@@ -116,8 +116,8 @@ def pick_tokenizer(model: str, root: Any) -> str:
             continue
     raise BadInputError(
         f"no tokenizer for '{model}' on this machine (the server's model root {root!r} is not a directory here, "
-        "nor a repo in the local hub cache)", field="--tokenizer",
-        hint="Pass --tokenizer DIR (the model directory, or a copy of its tokenizer files) or --tokenizer ORG/REPO.")
+        "nor a repo in the local hub cache)", field="tokenizer",
+        hint="Pass `tokenizer` DIR (the model directory, or a copy of its tokenizer files) or `tokenizer` ORG/REPO.")
 
 
 def to_level(raw: dict[str, Any], slo: dict[str, float]) -> LevelResult:

@@ -20,7 +20,7 @@ _GAP_KEYS = ("gap", "chunk_gap")
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
-    """``--concurrency 1,8,32``."""
+    """``concurrency``'s text: ``1,8,32``."""
     try:
         levels = tuple(int(p) for p in text.split(",") if p.strip())
     except ValueError:
@@ -40,7 +40,7 @@ def parse_tune_slo(text: str | None) -> tuple[dict[str, float], float | None]:
         key, sep, raw = part.partition("=")
         if key.strip().lower() in _GAP_KEYS and sep:
             if gap is not None:
-                raise BadInputError(f"--slo sets {key.strip()} twice", field="slo", hint="Give each objective once.")
+                raise BadInputError(f"`slo` sets {key.strip()} twice", field="slo", hint="Give each objective once.")
             gap = parse_slo(f"e2e={raw}")["e2el"]
         elif part.strip():
             rest.append(part)
@@ -68,7 +68,7 @@ def parse_grid(items: list[str] | tuple[str, ...]) -> dict[str, list[Any]]:
                                 hint="Example: max_num_seqs=16,64,256.")
         name = check_arg_name(key.strip(), field="grid")
         if name in grid:
-            raise BadInputError(f"--grid sets {name} twice", field="grid",
+            raise BadInputError(f"`grid` sets {name} twice", field="grid",
                                 hint=f"Give all its values once: {name}=V1,V2,...")
         grid[name] = [yaml.safe_load(v) for v in raw.split(",") if v.strip()]
     return grid

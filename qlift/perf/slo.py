@@ -30,14 +30,14 @@ def parse_slo(text: str | None) -> dict[str, float]:
         m = _VALUE.match(raw)
         if not sep or name is None or m is None:
             raise BadInputError(f"{part.strip()!r} is not NAME=VALUE with NAME ttft, tpot or e2e and VALUE in ms or s",
-                                field="--slo", hint="Example: --slo ttft=500ms,tpot=50ms,e2e=10s.")
+                                field="slo", hint="Example: `slo` ttft=500ms,tpot=50ms,e2e=10s.")
         if name in slo:
-            raise BadInputError(f"{key.strip()!r} is given twice (as {name})", field="--slo",
+            raise BadInputError(f"{key.strip()!r} is given twice (as {name})", field="slo",
                                 hint="Give each of ttft, tpot and e2e once.")
         value = float(m.group(1)) * (1000.0 if m.group(2) == "s" else 1.0)
         if value <= 0:
             raise BadInputError(f"{part.strip()!r}: an objective must be above 0 (no request meets 0 ms)",
-                                field="--slo", hint="Example: --slo ttft=500ms,tpot=50ms,e2e=10s.")
+                                field="slo", hint="Example: `slo` ttft=500ms,tpot=50ms,e2e=10s.")
         slo[name] = value
     return slo
 

@@ -47,22 +47,23 @@ class QuantizeOptions:
         check_fields(self)
         _check_regexes(self.ignore)
         if self.method == "fp8" and (self.calib or self.num_samples or self.seq_len or self.group_size):
-            raise BadInputError("--calib, --num-samples, --seq-len and --group-size apply to --awq only",
+            raise BadInputError("`calib`, `num_samples`, `seq_len` and `group_size` apply to `method=awq` only",
                                 hint="FP8 dynamic needs no calibration; drop those options.")
 
     @classmethod
     def from_switches(cls, *, awq: bool, fp8: bool, **options: Any) -> QuantizeOptions:
         """The options from ``qlift quantize``'s flags, where the method is one of two switches, --awq or --fp8
-        (exactly one); --group-size with --fp8 is refused, as a release's quantize stage refuses it."""
+        (exactly one; named ``method=awq`` and ``method=fp8`` here, the CLI says its flags); ``group_size`` with
+        fp8 is refused, as a release's quantize stage refuses it."""
         if awq == fp8:
             if awq:
-                raise BadInputError("--awq and --fp8 together", hint="Pass only one of them.")
-            raise BadInputError("choose a method", hint="Pass --awq or --fp8.")
+                raise BadInputError("`method=awq` and `method=fp8` together", hint="Pass only one of them.")
+            raise BadInputError("choose a method", hint="Pass `method=awq` or `method=fp8`.")
         return cls(method="awq" if awq else "fp8", **options)
 
 
 def _check_regexes(patterns: tuple[str, ...]) -> None:
-    """--ignore values: a ``re:`` pattern must compile (checked before any work)."""
+    """``ignore``'s values: a ``re:`` pattern must compile (checked before any work)."""
     for pat in patterns:
         if pat.startswith("re:"):
             try:

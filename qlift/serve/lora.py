@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from qlift.errors import BadInputError, IncompatibleError, NotFoundError, UnsafeInputError
 from qlift.loaders import validated
@@ -292,11 +292,22 @@ def plan_lora_serving(base: ModelDir, loras: dict[str, Path], engine: dict[str, 
     return LoraServing(checks, out, env, notes)
 
 
-def serve_command(base: Path, loras: dict[str, Path], *, served_name: str | None = None,
-                  recipe: str | None = None, runtime: bool = False, host: str | None = None,
-                  port: int | None = None, sets: list[str] | None = None,
-                  api_key_env: str | None = None) -> list[str]:
+class ServeLine(TypedDict, total=False):
+    """How a `qlift serve` line serves its base besides the adapters (each left out: `qlift serve`'s default)."""
+
+    served_name: str | None
+    recipe: str | None
+    runtime: bool  # --lora-runtime
+    host: str | None
+    port: int | None
+    sets: list[str] | None  # --set KEY=VALUE items
+    api_key_env: str | None
+
+
+def serve_command(base: Path, loras: dict[str, Path], **line: Unpack[ServeLine]) -> list[str]:
     """The `qlift serve` argv that serves ``base`` with ``loras`` (what a restart needs)."""
+    recipe, served_name, host, port = line.get("recipe"), line.get("served_name"), line.get("host"), line.get("port")
+    api_key_env = line.get("api_key_env")
     argv = ["qlift", "serve", str(base)]
     if recipe:
         argv += ["--recipe", recipe]
@@ -306,12 +317,12 @@ def serve_command(base: Path, loras: dict[str, Path], *, served_name: str | None
         argv += ["--host", host]
     if port:
         argv += ["--port", str(port)]
-    for item in sets or []:
+    for item in line.get("sets") or []:
         argv += ["--set", item]
     if api_key_env:
         argv += ["--api-key-env", api_key_env]
     for name, path in loras.items():
         argv += ["--lora", f"{name}={Path(path).resolve()}"]
-    if runtime:
+    if line.get("runtime"):
         argv.append("--lora-runtime")
     return argv

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 
@@ -145,12 +145,23 @@ def check_for_server(server: str, name: str, path: Path, *, base_dir: Path | Non
     return check_adapter(name, path, base, max_lora_rank=max_lora_rank)
 
 
-def load(server: str, name: str, path: Path, *, base_dir: Path | None = None, max_lora_rank: int | None = None,
-         api_key: str | None = None, verify: bool = True, restart_if_full: bool = False) -> LoraCheck:
+class LoadOptions(TypedDict, total=False):
+    """How ``load`` checks and loads an adapter (each left out: its default)."""
+
+    base_dir: Path | None  # the server's base on this machine, when its /v1/models root is not (default: that root)
+    max_lora_rank: int | None  # the server's max_lora_rank, the adapter's rank checked against it
+    api_key: str | None
+    verify: bool  # make it answer one token after loading (default: True)
+    restart_if_full: bool  # restart the server first when the load would fill its last slot (default: refuse)
+
+
+def load(server: str, name: str, path: Path, **how: Unpack[LoadOptions]) -> LoraCheck:
     """Check adapter ``path``, load it into ``server`` as ``name`` and make it answer one token. A load that would
     fill the server's last adapter slot is refused, or the server restarted first with ``restart_if_full``
     (qlift.serve.lora_slots)."""
-    checked = check_for_server(server, name, path, base_dir=base_dir, max_lora_rank=max_lora_rank, api_key=api_key)
+    api_key, verify = how.get("api_key"), how.get("verify", True)
+    checked = check_for_server(server, name, path, base_dir=how.get("base_dir"),
+                               max_lora_rank=how.get("max_lora_rank"), api_key=api_key)
     served = find_served(server, name, api_key=api_key)
     if served is not None:
         if not served.is_adapter:
@@ -164,7 +175,7 @@ def load(server: str, name: str, path: Path, *, base_dir: Path | None = None, ma
         raise BadInputError(f"the server already serves an adapter named {name} (from {served.root})",
                             field="NAME", hint=f"Unload it first: qlift lora unload {name} --server {_url(server)}.")
     with lora_slots.slots_lock(server):
-        slots = lora_slots.room_for(server, name, api_key=api_key, restart_if_full=restart_if_full)
+        slots = lora_slots.room_for(server, name, api_key=api_key, restart_if_full=how.get("restart_if_full", False))
         resp = _request("POST", server, "/v1/load_lora_adapter", api_key=api_key, timeout=TIMEOUT_S,
                         json={"lora_name": name, "lora_path": str(checked.path)})
         if slots is not None and resp.status_code < 400:  # activated: it holds a slot from now on, unloaded or not

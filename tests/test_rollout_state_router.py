@@ -185,7 +185,7 @@ def test_shadow_phase_passes_a_healthy_canary_then_users_see_it(run_cli, tmp_pat
         assert all(w["source"] == "shadow" and w["canary"]["requests"] > 0 for w in shadow)
         states = [e["detail"]["to"] for e in st["events"] if e["kind"] == "state"]
         assert states == ["progressing", "promoted"]  # shadowing -> progressing -> promoted
-        assert client._call("GET", "/admin/state")["shadow"] is None  # mirroring off once the phase passed
+        assert client.state().shadow is None  # mirroring off once the phase passed
         assert load.result.errors == 0
     finally:
         router.stop()

@@ -281,6 +281,7 @@ def _shapes() -> dict[str, Callable[[int], tuple[dict[str, Any], str]]]:
 @pytest.mark.parametrize("shape", list(_shapes()))
 def test_the_pair_ring_stays_within_its_memory_bound(shape: str) -> None:
     from qlift.router.pairs import MESSAGES_KEPT, Pair, PairRing, judge_view
+    from qlift.router.wire import ShadowAnswer
 
     bound = 2 << 20
     make = _shapes()[shape]
@@ -291,7 +292,8 @@ def test_the_pair_ring_stays_within_its_memory_bound(shape: str) -> None:
     for i in range(300):
         body, text = make(i)
         pair = Pair(f"r{i}", 0.0, "/v1/chat/completions", judge_view(body))
-        pair.primary = pair.shadow = {"text": text[:16000], "ok": True}
+        pair.primary = pair.shadow = ShadowAnswer(backend="b", status=200, ok=True, latency_s=0.0,
+                                                  text=text[:16000])
         ring.finish(pair)
         del pair, body, text
     gc.collect()

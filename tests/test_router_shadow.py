@@ -13,6 +13,7 @@ from faults import FaultProxy, RouterProcess, run_load
 from router_backends import ScriptedBackend
 
 from qlift.errors import BadInputError
+from qlift.router.wire import ShadowAnswer
 
 TOKEN = "admin-secret"
 
@@ -119,6 +120,10 @@ def test_copies_are_capped_dropped_first_and_never_delay_the_primary(tmp_path: P
         assert router.admin().shadow_pairs().pairs == []  # the two copies are still waiting
 
 
+def _side(text: str) -> ShadowAnswer:
+    return ShadowAnswer(backend="b", status=200, ok=True, latency_s=0.0, text=text)
+
+
 def _rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS:")).split()[1])
@@ -163,7 +168,7 @@ def test_shadow_pairs_keep_what_the_judge_reads_not_the_clients_bodies(tmp_path:
     ring = PairRing(max_bytes=200_000)
     for i in range(100):
         ring.finish(Pair(f"r{i}", 0.0, "/v1/completions", judge_view({"prompt": "p" * 50_000, "stream": False}),
-                         primary={"text": "a"}, shadow={"text": "b"}))
+                         primary=_side("a"), shadow=_side("b")))
     kept = [p["seq"] for p in ring.since(0)["pairs"]]  # ~8 KB a pair (its prompt capped): the last 24
     assert ring.bytes <= 200_000 and 20 <= len(kept) < 30 and kept == list(range(101 - len(kept), 101))
     assert judge_view({"response_format": {"type": "json_object"}, "prompt": "hi"}) == {

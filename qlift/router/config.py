@@ -17,7 +17,8 @@ DOCS = "See docs/router.md for the settings."
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A timeout of inf or nan passes ``gt=0`` and would disable the limit it sets: every number must be finite.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class BackendConfig(_Strict):

@@ -26,7 +26,7 @@ from qlift.quality.registry import message_text
 from qlift.router.answers import MAX_SCHEMA_BYTES, Bounded
 from qlift.router.memsize import compact_json
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
-from qlift.router.wire import ShadowAnswer
+from qlift.router.wire import ShadowAnswer, ShadowPair
 
 PAIRS_KEPT = 2000
 RING_BYTES = 64 << 20  # the ring's memory (pairs as JSON bytes + PAIR_OVERHEAD_BYTES each) at most; oldest go first
@@ -89,12 +89,12 @@ def judge_view(body: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def answer_record(att: Attempt) -> dict[str, Any]:
-    """One side of a pair (a ``ShadowAnswer``): what the judge compares."""
+def answer_record(att: Attempt) -> ShadowAnswer:
+    """One side of a pair: what the judge compares."""
     return ShadowAnswer(backend=att.backend, status=att.status, ok=att.ok, reason=att.reason,
                         latency_s=round(att.latency_s, 6), ttft_s=None if att.ttfb_s is None else round(att.ttfb_s, 6),
                         text=att.text[:TEXT_CHARS], finish_reason=att.finish_reason,
-                        completion_tokens=att.completion_tokens).model_dump()
+                        completion_tokens=att.completion_tokens)
 
 
 @dataclass
@@ -103,8 +103,8 @@ class Pair:
     ts: float
     path: str
     request: dict[str, Any]  # judge_view() of the client's body
-    primary: dict[str, Any] | None = None
-    shadow: dict[str, Any] | None = None
+    primary: ShadowAnswer | None = None
+    shadow: ShadowAnswer | None = None
 
 
 class PairRing:
@@ -125,9 +125,9 @@ class PairRing:
         if pair.primary is None or pair.shadow is None:
             return
         self.seq += 1
-        record = {"seq": self.seq, "rid": pair.rid, "ts": pair.ts, "path": pair.path, "request": pair.request,
-                  "primary": pair.primary, "shadow": pair.shadow}
-        blob = compact_json(record)
+        filed = ShadowPair(seq=self.seq, rid=pair.rid, ts=pair.ts, path=pair.path, request=pair.request,
+                           primary=pair.primary, shadow=pair.shadow)
+        blob = compact_json(filed.model_dump())  # not model_dump_json: CJK as UTF-8, lone surrogates escaped
         self.ring.add((self.seq, blob), sys.getsizeof(blob) + PAIR_OVERHEAD_BYTES)
 
     def _after(self, seq: int) -> Iterator[tuple[int, Blob]]:

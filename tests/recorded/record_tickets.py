@@ -86,11 +86,11 @@ def main() -> None:
         requests = [r.model_dump() for r in admin.requests(since=0).requests]
         t1 = time.time()
         admin.set_weights({"smollm2": 100, "tickets": 0})
-        admin._call("PUT", "/admin/shadow", json={"version": "tickets", "percent": 100, "max_inflight": 4})
+        admin.set_shadow("tickets", 100, max_inflight=4)
         load(router.url, rows, 40, seed=2)
         deadline = time.time() + 120
         while True:
-            pairs = admin._call("GET", "/admin/shadow", params={"since": 0})["pairs"]
+            pairs = [p.model_dump() for p in admin.shadow_pairs(since=0).pairs]
             if len(pairs) >= 40 or time.time() > deadline:
                 break
             time.sleep(1)

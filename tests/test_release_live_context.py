@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,12 @@ def test_the_rollouts_entry_point_scopes_the_token_and_puts_the_environment_back
     monkeypatch.delenv("QLIFT_ROUTER_TOKEN")
     with router_token_for("releases"):
         assert router_token() == "releases"
+        assert "QLIFT_ROUTER_TOKEN" not in os.environ  # never put where a child process or another thread reads it
+        seen: list[str | None] = []
+        worker = threading.Thread(target=lambda: seen.append(router_token()))
+        worker.start()
+        worker.join()
+        assert seen == [None]
     assert "QLIFT_ROUTER_TOKEN" not in os.environ
 
 

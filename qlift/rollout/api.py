@@ -11,11 +11,9 @@ it stays requested, and `abort`, `resume`, `start` and a running controller retr
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +31,6 @@ from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_ful
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, DecisionAction, EventKind, State, StepOutcome
 from qlift.rollout.webhook import WebhookAction, notify, validate_webhook
-from qlift.router.handle import TOKEN_VAR
 
 if TYPE_CHECKING:
     from qlift.rollout.adapter import AdapterRecord
@@ -94,25 +91,14 @@ def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = No
         return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
 
 
-@contextmanager
-def router_token_for(token: str | None) -> Iterator[None]:
-    """``token`` as the router's admin token of what runs inside (None: the environment's, as it is): the rollout
-    stage's entry point (``run.run``) runs in it with ``RolloutInputs.router_token``.
+def router_token_for(token: str | None) -> AbstractContextManager[None]:
+    """``token`` as the router's admin token of what runs inside (None: the environment's): the rollout stage's entry
+    point (``run.run``) runs in it with ``RolloutInputs.router_token``. The data plane, the evidence source and the
+    live-state checks build their router clients with ``qlift.settings.router_token``, which reads it from this
+    context; the environment is never edited."""
+    from qlift.settings import given_router_token
 
-    The data plane and the evidence source read the token through ``qlift.settings.router_token``; until they take
-    it as an argument, this is the one place it is handed to them, and put back as it was afterwards."""
-    if not token:
-        yield
-        return
-    old = os.environ.get(TOKEN_VAR)
-    os.environ[TOKEN_VAR] = token
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(TOKEN_VAR, None)
-        else:
-            os.environ[TOKEN_VAR] = old
+    return given_router_token(token)
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,

@@ -26,6 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
+# Qwen2.5-1.5B's dimensions (3.1 GB in bf16): big enough on a CPU for hashing to show in `qlift quantize`'s wall time
+QWEN1_5B = {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+            "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}
 TINY = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "intermediate_size": 512, "vocab_size": 152064, "tie_word_embeddings": False}
 
@@ -57,7 +60,7 @@ def fp8_tensors(tensors: dict[str, tuple[str, list[int]]]) -> dict[str, tuple[st
 SHARD_BYTES = 4 << 30
 
 
-def write_random_weights(root: Path, tensors: dict[str, tuple[str, list[int]]]) -> list[str]:
+def write_random_weights(root: Path, tensors: dict[str, tuple[str, list[int]]], shard_bytes: int = 0) -> list[str]:
     """bf16 random weights in shards of at most SHARD_BYTES, plus model.safetensors.index.json."""
     import json
 
@@ -70,7 +73,7 @@ def write_random_weights(root: Path, tensors: dict[str, tuple[str, list[int]]]) 
     size = 0
     for name, (_, shape) in tensors.items():
         nbytes = 2 * int(torch.tensor(shape).prod())
-        if size and size + nbytes > SHARD_BYTES:
+        if size and size + nbytes > (shard_bytes or SHARD_BYTES):
             shards.append({})
             size = 0
         if name.endswith("norm.weight"):
@@ -91,11 +94,11 @@ def write_random_weights(root: Path, tensors: dict[str, tuple[str, list[int]]]) 
     return names
 
 
-def build_model(root: Path, shape: str = "7b", fp8: bool = False, random: bool = False) -> Path:
+def build_model(root: Path, shape: str = "7b", fp8: bool = False, random: bool = False, shard_bytes: int = 0) -> Path:
     from substrate import QWEN7B, build_qwen_tokenizer, qwen2_tensors, write_header_only_safetensors
     from transformers import Qwen2Config
 
-    dims = QWEN7B if shape == "7b" else TINY
+    dims = {"7b": QWEN7B, "1.5b": QWEN1_5B}.get(shape, TINY)
     root.mkdir(parents=True, exist_ok=True)
     cfg = Qwen2Config(**dims, max_position_embeddings=32768, rope_theta=1e6, dtype="bfloat16",
                       architectures=["Qwen2ForCausalLM"], bos_token_id=151643, eos_token_id=151645)
@@ -104,7 +107,7 @@ def build_model(root: Path, shape: str = "7b", fp8: bool = False, random: bool =
     cfg.save_pretrained(root)
     tensors = qwen2_tensors(dims)
     if random:
-        write_random_weights(root, tensors)
+        write_random_weights(root, tensors, shard_bytes)
     else:
         write_header_only_safetensors(root / "model.safetensors", fp8_tensors(tensors) if fp8 else tensors)
     build_qwen_tokenizer(root)
@@ -114,10 +117,11 @@ def build_model(root: Path, shape: str = "7b", fp8: bool = False, random: bool =
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--shape", choices=["7b", "tiny"], default="7b")
+    ap.add_argument("--shape", choices=["7b", "1.5b", "tiny"], default="7b")
     ap.add_argument("--fp8", action="store_true", help="An FP8_DYNAMIC compressed-tensors checkpoint's layout.")
     ap.add_argument("--random", action="store_true", help="Random bf16 weights on disk instead of headers only.")
+    ap.add_argument("--shard-mb", type=int, default=0, help="--random's shard size (default: as the hub's Qwen2.5 shards)")
     a = ap.parse_args()
     if a.random and a.fp8:
         ap.error("--random writes bf16 weights; --fp8 is header-only")
-    print(build_model(a.out, a.shape, a.fp8, a.random))
+    print(build_model(a.out, a.shape, a.fp8, a.random, a.shard_mb * 2**20))

@@ -86,7 +86,7 @@ KNOWN_GPUS: dict[str, tuple[str, float, tuple[int, int]]] = {
     "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40, (8, 0)),
     "A100-80GB": ("NVIDIA A100-SXM4-80GB", 80, (8, 0)),
     "H100": ("NVIDIA H100 80GB HBM3", 80, (9, 0)),
-    "H200": ("NVIDIA H200", 141 * 1000**3 / GiB, (9, 0)),
+    "H200": ("NVIDIA H200", 143_771 / 1024, (9, 0)),  # NVML's total on a real one (marketed: 141 GB)
     "B200": ("NVIDIA B200", 180, (10, 0)),
 }
 _ALIASES = {"A100": "A100-80GB", "A100 40GB": "A100-40GB", "A100 80GB": "A100-80GB", "V100 32GB": "V100-32GB",

@@ -59,47 +59,65 @@ def test_7b_on_rtx4090(q7b: ModelDir) -> None:
     assert p.budget_bytes == 23_192_823_398
     # 7,615,616,512 params x 2 bytes
     assert p.weight_bytes == 15_231_233_024
-    # 2048 tokens x (4 x 3584 + 2 x 18944) x 2 B  +  256 seqs x 152,064 x 4 B x 2
-    assert p.activation_bytes == 213_909_504 + 311_427_072
+    # the larger of the forward, 2048 tokens x (4 x 3584 + 3 x 18944) x 2 B, and the sampler, 256 x 152,064 x 4 B x 2
+    assert p.activation_bytes == max(291_504_128, 311_427_072)
     # 28 layers x 4 KV heads x 128 head dim x 2 (K, V) x 2 B
     assert p.kv_bytes_per_token == 57_344
-    # 23,192,823,398 - 15,231,233,024 - 525,336,576 - 0.5 GiB graphs - 0.5 GiB runtime
-    assert p.kv_cache_bytes == 6_362_511_974
-    assert p.kv_capacity_tokens == 110_953
-    assert p.concurrent_sequences == 13.54  # 6,362,511,974 / (8192 x 57,344)
+    # 23,192,823,398 - 15,231,233,024 - 311,427,072 - 0.22 GiB runtime (no CUDA graph allowance: vLLM 0.26 has none)
+    assert p.cuda_graph_bytes == 0 and p.overhead_bytes == int(0.22 * GiB) == 236_223_201
+    assert p.kv_cache_bytes == 7_413_940_101
+    assert p.kv_capacity_tokens == 129_288
+    assert p.concurrent_sequences == 15.78  # 7,413,940,101 / (8192 x 57,344)
     assert (p.verdict, p.dtype, p.max_model_len) == ("fits", "bfloat16", 8192)
 
 
 def test_3b_on_rtx4090_and_t4(q3b: ModelDir) -> None:
     p = plan(q3b, "chat-4090", "RTX 4090")
     assert p.weight_bytes == 6_171_877_376
-    # 2048 x (4 x 2048 + 2 x 11008) x 2  +  256 x 151,936 x 8
-    assert p.activation_bytes == 123_731_968 + 311_164_928
+    # the larger of 2048 x (4 x 2048 + 3 x 11008) x 2 and 256 x 151,936 x 8
+    assert p.activation_bytes == max(168_820_736, 311_164_928)
     assert p.kv_bytes_per_token == 36_864  # 36 x 2 x 128 x 2 x 2
-    assert p.kv_cache_bytes == 23_192_823_398 - 6_171_877_376 - 434_896_896 - GiB == 15_512_307_302
-    assert p.kv_capacity_tokens == 420_798
+    assert p.kv_cache_bytes == 23_192_823_398 - 6_171_877_376 - 311_164_928 - 236_223_201 == 16_473_557_893
+    assert p.kv_capacity_tokens == 446_873
     t4 = plan(q3b, "chat-t4", "T4")
     assert t4.dtype == "float16" and t4.budget_bytes == 15_461_882_265  # 16 GiB x 0.90
-    assert t4.kv_cache_bytes == 15_461_882_265 - 6_171_877_376 - 434_896_896 - GiB == 7_781_366_169
-    assert t4.kv_capacity_tokens == 211_083
-    assert t4.concurrent_sequences == 51.53  # / (4096 x 36,864)
+    assert t4.kv_cache_bytes == 15_461_882_265 - 6_171_877_376 - 311_164_928 - 236_223_201 == 8_742_616_760
+    assert t4.kv_capacity_tokens == 237_158
+    assert t4.concurrent_sequences == 57.9  # / (4096 x 36,864)
     assert t4.verdict == "fits"
 
 
 def test_7b_does_not_fit_a_t4(q7b: ModelDir) -> None:
     p = plan(q7b, "chat-t4", "T4")
     assert p.dtype == "float16" and p.weight_bytes == 15_231_233_024
-    assert p.kv_cache_bytes == 15_461_882_265 - 15_231_233_024 - 525_336_576 - GiB < 0
+    assert p.kv_cache_bytes == 15_461_882_265 - 15_231_233_024 - 311_427_072 - 236_223_201 < 0
     assert (p.verdict, p.largest_max_model_len) == ("does not fit", None)
 
 
 def test_low_memory_gives_the_largest_max_model_len(q7b: ModelDir) -> None:
-    p = plan(q7b, "chat-4090", "RTX 4090", sets=("gpu_memory_utilization=0.72", "max_model_len=32768"))
-    # 24 GiB x 0.72 = 18,554,258,718; minus weights, activations, graphs, runtime
-    assert p.kv_cache_bytes == 18_554_258_718 - 16_830_311_424 == 1_723_947_294
+    p = plan(q7b, "chat-4090", "RTX 4090", sets=("gpu_memory_utilization=0.68", "max_model_len=32768"))
+    # 24 GiB x 0.68 = 17,523,466,567; minus weights, activations, runtime
+    assert p.kv_cache_bytes == 17_523_466_567 - 15_778_883_297 == 1_744_583_270
     assert p.kv_cache_bytes < 32768 * 57_344
     assert p.verdict == "low memory"
-    assert p.largest_max_model_len == 29_952  # floor(1,723,947,294 / 57,344) = 30,063, to a multiple of 256
+    assert p.largest_max_model_len == 30_208  # floor(1,744,583,270 / 57,344) = 30,423, to a multiple of 256
+
+
+@pytest.mark.parametrize(("engine", "vllm_tokens"), [
+    ({}, 2_115_440),  # vLLM's defaults: 1024 sequences, 8192 batched tokens (the sampler's peak is the larger)
+    ({"max_model_len": 32768, "gpu_memory_utilization": 0.92, "max_num_seqs": 1024,
+      "max_num_batched_tokens": 16384}, 2_096_192),  # chat-h200 (the forward pass's is)
+])
+def test_plan_within_1pct_of_the_recorded_h200_run(q7b: ModelDir, engine: dict[str, int | float],
+                                                   vllm_tokens: int) -> None:
+    """vLLM 0.26.0's "GPU KV cache size" on the lent H200 (benchmarks/results/h200-2026-12-01/kv-vs-plan.json)."""
+    from qlift.serve.recipes import EngineSpec
+
+    hw = simulate("H200")
+    assert hw.gpus[0].memory_bytes == 150_754_820_096  # NVML's total on that H200 (plan-chat-h200.json)
+    recipe = load_recipe("chat-h200")
+    p = plan_memory(q7b, recipe.model_copy(update={"engine": EngineSpec(dtype="bfloat16", **engine)}), hw)
+    assert p.kv_capacity_tokens == pytest.approx(vllm_tokens, rel=0.01)
 
 
 def test_max_model_len_is_capped_at_the_models_context(q3b: ModelDir) -> None:
@@ -112,7 +130,7 @@ def test_tensor_parallel_splits_weights_and_kv_heads(q7b: ModelDir) -> None:
     assert p.tensor_parallel_size == 2
     assert p.weight_bytes == 15_231_233_024 // 2
     assert p.kv_bytes_per_token == 57_344 // 2
-    assert p.overhead_bytes == int(0.75 * GiB)  # runtime + NCCL
+    assert p.overhead_bytes == int(0.22 * GiB) + int(0.25 * GiB)  # runtime + NCCL
     with pytest.raises(IncompatibleError, match="needs 2 GPUs"):
         plan(q7b, "multi-tenant-a100x2", "A100-40GB", 1)
 
@@ -201,9 +219,9 @@ def test_plan_cli(run_cli, q7b: ModelDir) -> None:  # type: ignore[no-untyped-de
     res = run_cli("plan", q7b.path, "--gpu", "RTX 4090", "--json")
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["recipe"] == "chat-4090" and data["kv_capacity_tokens"] == 110_953
+    assert data["recipe"] == "chat-4090" and data["kv_capacity_tokens"] == 129_288
     res = run_cli("plan", q7b.path, "--recipe", "chat-4090", "--gpu", "RTX 4090",
-                  "--set", "gpu_memory_utilization=0.72", "--set", "max_model_len=32768")
-    assert "low memory (largest max_model_len that fits: 29,952)" in res.stdout
+                  "--set", "gpu_memory_utilization=0.68", "--set", "max_model_len=32768")
+    assert "low memory (largest max_model_len that fits: 30,208)" in res.stdout
     res = run_cli("plan", q7b.path, "--recipe", "chat-4090", "--gpu", "T4")
     assert res.exit_code == 6 and "compute capability 8.0" in res.stderr

@@ -42,13 +42,15 @@ def test_32b_at_tp2_on_two_h100s_by_hand(q32b: ModelDir) -> None:
     assert p.weight_bytes == 32_763_876_352 * 2 // 2
     # 64 layers x 8/2 KV heads x 128 x 2 (K, V) x 2 B
     assert p.kv_bytes_per_token == 131_072
-    # chat-h100's 16384 batched tokens x (4 x 5120 + 2 x 27648/2) x 2 B + 1024 seqs x 152,064 x 4 B x 2
-    assert p.activation_bytes == 16384 * (4 * 5120 + 27648) * 2 + 1024 * 152_064 * 8
-    assert p.overhead_bytes == int(0.75 * GiB)  # runtime + NCCL
-    kv = int(80 * GiB * 0.92) - p.weight_bytes - p.activation_bytes - int(0.5 * GiB) - int(0.75 * GiB)
+    # the forward over chat-h100's 16384 batched tokens, x (4 x 5120 + 3 x 27648/2) x 2 B, outweighs the sampler's
+    # 1024 seqs x 152,064 x 4 B x 2: vLLM profiles them one after the other
+    forward, sampler = 16384 * (4 * 5120 + 3 * 27648 // 2) * 2, 1024 * 152_064 * 8
+    assert p.activation_bytes == forward == 2_030_043_136 > sampler
+    assert p.cuda_graph_bytes == 0 and p.overhead_bytes == int(0.22 * GiB) + int(0.25 * GiB)  # runtime + NCCL
+    kv = int(80 * GiB * 0.92) - p.weight_bytes - forward - int(0.22 * GiB) - int(0.25 * GiB)
     assert p.kv_cache_bytes == kv
-    assert p.kv_capacity_tokens == kv // 131_072 == 321_186
-    assert p.concurrent_sequences == round(kv / (32768 * 131_072), 2) == 9.8
+    assert p.kv_capacity_tokens == kv // 131_072 == 333_624
+    assert p.concurrent_sequences == round(kv / (32768 * 131_072), 2) == 10.18
     assert p.verdict == "fits"
 
 
@@ -80,7 +82,7 @@ def test_auto_picks_tp2_for_the_32b_on_two_h100s(q32b: ModelDir) -> None:
     assert one.fits and one.kv_capacity_tokens < one.max_num_seqs * BATCH_SEQ_TOKENS  # fits, but not its batch
     recipe, notes = fit_tensor_parallel(choice.recipe, q32b, hw)
     assert (recipe.tensor_parallel_size, recipe.hardware.gpu_count) == (2, 2)
-    assert "tensor_parallel_size 2" in notes[0] and "321,186 tokens each" in notes[0]
+    assert "tensor_parallel_size 2" in notes[0] and "333,624 tokens each" in notes[0]
 
 
 def test_auto_keeps_tp1_where_one_gpu_holds_the_batch(q14b: ModelDir) -> None:

@@ -120,7 +120,8 @@ if __name__ == "__main__":
     ap.add_argument("--shape", choices=["7b", "1.5b", "tiny"], default="7b")
     ap.add_argument("--fp8", action="store_true", help="An FP8_DYNAMIC compressed-tensors checkpoint's layout.")
     ap.add_argument("--random", action="store_true", help="Random bf16 weights on disk instead of headers only.")
-    ap.add_argument("--shard-mb", type=int, default=0, help="--random's shard size (default: as the hub's Qwen2.5 shards)")
+    ap.add_argument("--shard-mb", type=int, default=0,
+                    help="--random's shard size in MiB (default: 4 GiB)")
     a = ap.parse_args()
     if a.random and a.fp8:
         ap.error("--random writes bf16 weights; --fp8 is header-only")

@@ -3,7 +3,7 @@
 Per GPU (or for the CPU's RAM):
 
     budget   = memory x gpu_memory_utilization
-    kv       = budget - weights/tp - activations - CUDA graphs - runtime overhead
+    kv       = budget - weights/tp - activations - runtime overhead
     tokens   = kv / (layers x kv_heads/tp x head_dim x 2 x kv dtype bytes)
     seqs     = kv / KV bytes of one max_model_len sequence (sliding-window layers hold at most their window)
 
@@ -32,9 +32,13 @@ FLOAT_TENSORS = {CODE_OF_NAME[name]: n for name, n in SERVING_BYTES.items()}  # 
 _KEEP_DTYPE_SUFFIXES = ("scale", "scales", "zero_point", "zeros", "g_idx", "weight_shape", "input_global_scale")
 
 VLLM_DEFAULT_UTILIZATION = 0.92  # vLLM 0.32's CacheConfig.gpu_memory_utilization
-RUNTIME_OVERHEAD = int(0.5 * GiB)  # CUDA context, cuBLAS workspaces, allocator slack, per GPU
-NCCL_OVERHEAD = int(0.25 * GiB)  # per GPU when tensor parallel
-CUDA_GRAPH_ALLOWANCE = int(0.5 * GiB)  # captured graphs' private pool, unless enforce_eager
+# vLLM 0.26's "non-torch memory" (cuBLAS workspaces and the like; the CUDA context is outside the budget):
+# 0.22 GiB on the lent H100 and H200 alike.
+RUNTIME_OVERHEAD = int(0.22 * GiB)
+NCCL_OVERHEAD = int(0.25 * GiB)  # per GPU when tensor parallel: NCCL and custom all-reduce buffers (not measured)
+# CUDA graphs are captured after the KV cache is sized, in the headroom gpu_memory_utilization leaves: vLLM 0.26's
+# V2 model runner estimates them at 0 (v1/worker/gpu/model_runner.py profile_cudagraph_memory).
+CUDA_GRAPH_ALLOWANCE = 0
 CPU_PROCESS_OVERHEAD = int(1.5 * GiB)  # Python, torch and vLLM libraries, tokenizer, API process
 MIN_USEFUL_LEN = 256  # below this a "fit" is no use for chat
 BATCH_SEQ_TOKENS = MIN_USEFUL_LEN  # KV a recipe's batch needs: max_num_seqs sequences of this many tokens
@@ -190,9 +194,11 @@ def weight_bytes(md: ModelDir, dtype: str) -> int:
 
 
 def activation_bytes(shape: ModelShape, *, tokens: int, seqs: int, act_bytes: int, tp: int) -> int:
-    """Peak of a forward pass over ``tokens`` tokens plus fp32 logits and probabilities for ``seqs``."""
-    per_token = (4 * shape.hidden + 2 * shape.intermediate // tp) * act_bytes
-    return tokens * per_token + seqs * shape.vocab * 4 * 2
+    """vLLM's profile run: a forward pass over ``tokens`` tokens (the MLP's gate_up and activated halves live
+    together beside the hidden states), then the sampler's fp32 logits and probabilities for ``seqs`` rows
+    (gathered whole on every rank). They run one after the other, so the peak is the larger."""
+    forward = tokens * (4 * shape.hidden + 3 * shape.intermediate // tp) * act_bytes
+    return max(forward, seqs * shape.vocab * 4 * 2)
 
 
 def _largest_len(shape: ModelShape, kv_budget: int, kv_bytes: int, tp: int, cap: int) -> int:

@@ -15,22 +15,25 @@ level between them (Bonferroni):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qlift.quality.language import prompt_script
 from qlift.quality.registry import Answer, AnswerMetric, answer_flags, examples
-from qlift.rollout.check_types import CheckResult, CheckStatus, Window, WindowKind
+from qlift.rollout.check_types import CheckResult, CheckStatus, Runner, Window, WindowKind
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import mcnemar_greater
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from qlift.rollout.checks import Runner
     from qlift.rollout.shadow import ShadowEvidence
 
 ALL = "all prompts"
+
+# checks._share_check: (name, canary hits, canary n, stable hits, stable n, limit, spec, what, alpha=) -> result
+ShareTest = Callable[..., CheckResult]
 
 
 @dataclass
@@ -129,11 +132,9 @@ def run_shadow(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float) -> Che
     return r
 
 
-def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float) -> CheckResult | None:
-    """Unpaired share tests over the window and per prompt script; None when the metric applies to no answer of
-    a version."""
-    from qlift.rollout.checks import _share_check
-
+def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float, share_test: ShareTest) -> CheckResult | None:
+    """Unpaired share tests (``share_test``: the registry's) over the window and per prompt script; None when the
+    metric applies to no answer of a version."""
     assert w.canary.answers is not None and w.stable.answers is not None
     limit = getattr(a, m.limit)
 
@@ -149,7 +150,7 @@ def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float) -> Chec
     level = alpha / (1 + len(strata))
 
     def test(c: list[bool], s: list[bool]) -> CheckResult:
-        return _share_check(m.name, sum(c), len(c), sum(s), len(s), limit, a, f"share of {m.what}", alpha=level)
+        return share_test(m.name, sum(c), len(c), sum(s), len(s), limit, a, f"share of {m.what}", alpha=level)
 
     results = [(ALL, test([v for _, v in canary], [v for _, v in stable]))]
     results += [(st, test([v for x, v in canary if x == st], [v for x, v in stable if x == st])) for st in strata]
@@ -159,18 +160,17 @@ def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float) -> Chec
     return r
 
 
-def answer_check(m: AnswerMetric) -> Runner:
-    """The registry's runner for ``m``: paired in shadow windows, stratified everywhere."""
+def answer_check(m: AnswerMetric, *, alpha_of: Callable[[AnalysisSpec], float], share_test: ShareTest) -> Runner:
+    """The registry's runner for ``m``: paired in shadow windows, stratified everywhere; ``alpha_of`` and
+    ``share_test`` are the registry's per-check level and unpaired share test (checks.py passes them in)."""
 
     def run(w: Window, a: AnalysisSpec) -> CheckResult:
-        from qlift.rollout.checks import check_alpha
-
         if w.canary.answers is None or w.stable.answers is None:
             r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
             r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
             return r
         shadow = w.kind == WindowKind.SHADOW and w.pairs is not None
-        got = (run_shadow if shadow else run_split)(m, w, a, check_alpha(a))
+        got = run_shadow(m, w, a, alpha_of(a)) if shadow else run_split(m, w, a, alpha_of(a), share_test)
         if got is None:
             r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
             r.detail = f"applies to no answer of both versions in this window ({m.applies})"

@@ -3,16 +3,16 @@ it. checks.py holds the registry that runs over a ``Window``; pair_checks.py the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from qlift.rollout.evidence import VersionEvidence
-from qlift.rollout.spec import ShadowSpec
+from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 
 if TYPE_CHECKING:
     from qlift.quality.judge import JudgeResult
-    from qlift.rollout.checks import Check
     from qlift.rollout.shadow import ShadowEvidence
 
 
@@ -50,6 +50,16 @@ class WindowKind(StrEnum):
 BOTH = frozenset(WindowKind)
 
 
+class FedCheck(Protocol):
+    """What a window asks of a check (checks.Check) to tell whether it has that check's inputs."""
+
+    @property
+    def applies(self) -> frozenset[WindowKind]: ...
+
+    @property
+    def reads(self) -> tuple[str, ...]: ...
+
+
 @dataclass
 class Window:
     """What the checks read of one window: each version's evidence; in a shadow window also its pairs and the
@@ -65,7 +75,7 @@ class Window:
     judge_margin: float | None = None
     alpha: float = 0.05  # the window's family-wise level before Bonferroni (run_checks sets it; agreement's test)
 
-    def feeds(self, check: Check) -> bool:
+    def feeds(self, check: FedCheck) -> bool:
         """This window has what ``check`` reads: answers on both sides, the judge's verdicts, a shadow's pairs."""
         if self.kind not in check.applies:
             return False
@@ -74,3 +84,6 @@ class Window:
         if check.reads == ("judged",):
             return self.judge_margin is not None
         return True
+
+
+Runner = Callable[[Window, AnalysisSpec], CheckResult | None]  # a check's test over one window

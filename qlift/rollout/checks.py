@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.answer_checks import answer_check
-from qlift.rollout.check_types import BOTH, CheckResult, CheckStatus, Window, WindowKind
+from qlift.rollout.check_types import BOTH, CheckResult, CheckStatus, Runner, Window, WindowKind
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.pair_checks import check_agreement, check_json_valid, check_judge_model
 from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exported: deploy.argo imports it here)
@@ -31,8 +31,6 @@ from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exporte
 )
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
-
-Runner = Callable[[Window, AnalysisSpec], "CheckResult | None"]
 
 
 @dataclass(frozen=True)
@@ -308,7 +306,8 @@ def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
 def answer_checks() -> tuple[Check, ...]:
     return tuple(Check(m.name, ("answers",), "split: share ratio, then one-sided proportion test; shadow: paired "
                        "McNemar; each over the window and per prompt script",
-                       (m.limit, "min_share_increase"), tested=True, early=False, run=answer_check(m), argo=None,
+                       (m.limit, "min_share_increase"), tested=True, early=False,
+                       run=answer_check(m, alpha_of=check_alpha, share_test=_share_check), argo=None,
                        doc=m.doc) for m in ANSWER_METRICS)
 
 

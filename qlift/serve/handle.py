@@ -1,7 +1,7 @@
 """A started vLLM server as a handle: its log, stop and wait.
 
 ``ServeHandle.create`` writes the launch's run directory; ``launch`` starts vLLM and waits for /health.
-``qlift serve`` (``qlift.serve.launch.run``) holds one in the foreground until a signal; ``qlift.serve.start``
+``qlift serve`` (``qlift.serve.foreground.run``) holds one in the foreground until a signal; ``qlift.serve.start``
 returns one to a caller that keeps the server in the background (``qlift release``).
 """
 

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import yaml
@@ -30,7 +27,6 @@ from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 from qlift.serve.select import choose_recipe, mismatch
 from qlift.settings import qlift_home, vllm_python
 from qlift.vllm.engine_args import false_flags
-from qlift.vllm.logview import LogView
 from qlift.vllm.process import free_port
 from qlift.vllm.server import VllmServer
 
@@ -248,64 +244,3 @@ def check_plan(plan: MemoryPlan) -> None:
             f"{plan.kv_cache_bytes / 2**30:.1f} GiB left",
             hint=f"Pass --set max_model_len={plan.largest_max_model_len} (the largest that fits).",
         )
-
-
-class _Stop(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@dataclass
-class ServeOutcome:
-    run_dir: Path
-    log_path: Path
-    pid: int
-    stopped_by: str  # the signal's name
-    stop_s: float = 0.0  # from the signal until vLLM was gone (the drain included)
-
-
-def drain_seconds(spec: LaunchSpec) -> int:
-    """How long vLLM lets in-flight requests finish on SIGTERM (its --shutdown-timeout; 0: it aborts them)."""
-    return int(spec.engine_args.get("shutdown_timeout") or 0)
-
-
-def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None = None,
-        view: LogView | None = None) -> ServeOutcome:
-    """Serve until SIGINT/SIGTERM or until vLLM dies (an error); /health must answer within the options'
-    --timeout. On a signal once it is up, vLLM drains its in-flight requests (up to ``drain_seconds``), then
-    its process group is stopped. ``view``: what of vLLM's log reaches the terminal."""
-    from qlift.serve.handle import ServeHandle
-    from qlift.serve.restart import write_record
-
-    check_plan(spec.plan)
-    handle = ServeHandle.create(spec, view=view)
-    write_record(spec)  # what `qlift lora load --restart-if-full` restarts this server with
-    stopped: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopped.append(signum)  # acted on at the next poll: never between fork and bookkeeping
-
-    def check() -> None:
-        if stopped:
-            raise _Stop(stopped[0])
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        handle.launch(on_poll=check)
-        if on_ready is not None:
-            on_ready(spec, handle.pid)
-        handle.wait(on_poll=check)
-        raise AssertionError("unreachable: wait() returns only by raising")
-    except _Stop as stop:
-        drain = drain_seconds(spec) if handle.ready else 0
-        if drain and handle.view.note is not None:
-            handle.view.note(f"{stop}: vLLM is finishing in-flight requests (up to {drain} s), then stops")
-        took = handle.stop(drain_s=drain)
-        if handle.ready:
-            handle.flush_log()  # vLLM's own account of the drain
-        return ServeOutcome(spec.run_dir, handle.server.log_path, handle.pid, str(stop), took)
-    finally:
-        handle.stop()
-        for s, handler in old.items():
-            signal.signal(s, handler)

@@ -13,29 +13,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import httpx
 
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, NotFoundError
 from qlift.serve import lora_slots
 from qlift.serve.lora import LoraCheck, check_adapter, check_lora_name
+from qlift.serve.served_models import ServedModel, served_models
+from qlift.serve.served_models import request as _request
+from qlift.serve.served_models import server_url as _url
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 120.0  # a load reads the adapter's weights into the engine
-
-
-@dataclass
-class ServedModel:
-    """One entry of a vLLM server's /v1/models."""
-
-    id: str
-    root: str | None
-    parent: str | None  # set for an adapter: its base's served name
-
-    @property
-    def is_adapter(self) -> bool:
-        return self.parent is not None
 
 
 @dataclass
@@ -46,23 +36,6 @@ class ServedAdapter:
     base: str | None
     path: str | None
     content_hash: str | None  # None when its path is not a directory on this machine
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _url(server: str) -> str:
-    return server.rstrip("/").removesuffix("/v1")
-
-
-def _request(method: str, server: str, path: str, *, api_key: str | None, json: Any = None,
-             timeout: float = 10.0) -> httpx.Response:
-    try:
-        return httpx.request(method, _url(server) + path, json=json, headers=_headers(api_key), timeout=timeout)
-    except httpx.HTTPError as exc:
-        raise ExternalToolError(f"cannot reach the vLLM server at {_url(server)} ({type(exc).__name__}: {exc})",
-                                hint="Check --server and that the server is up.", tool="vllm") from None
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -76,20 +49,6 @@ def _error_text(resp: httpx.Response) -> str:
             return str(err.get("message", err))[:300]
         return str(data.get("detail") or data.get("message") or data)[:300]
     return str(data)[:300]
-
-
-def served_models(server: str, *, api_key: str | None = None) -> list[ServedModel]:
-    resp = _request("GET", server, "/v1/models", api_key=api_key)
-    if resp.status_code == 401:
-        raise BadInputError(f"{_url(server)} wants an API key", field="--api-key-env",
-                            hint="Pass --api-key-env NAME with the server's key.")
-    try:
-        resp.raise_for_status()
-        return [ServedModel(id=str(m["id"]), root=m.get("root"), parent=m.get("parent"))
-                for m in resp.json()["data"]]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise ExternalToolError(f"{_url(server)}/v1/models did not answer a model list ({exc})",
-                                hint="Is it a vLLM server?", tool="vllm") from None
 
 
 def base_model(server: str, *, api_key: str | None = None) -> ServedModel:

@@ -153,7 +153,7 @@ def slots_lock(server: str) -> contextlib.AbstractContextManager[bool]:
 
 
 def _listed(server: str, api_key: str | None) -> tuple[str, dict[str, str | None]]:
-    from qlift.serve.lora_runtime import served_models
+    from qlift.serve.served_models import served_models
 
     models = served_models(server, api_key=api_key)
     base = next((m.id for m in models if not m.is_adapter), "")

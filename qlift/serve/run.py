@@ -18,8 +18,9 @@ from qlift.errors import BadInputError
 from qlift.models.ref import ModelRef
 
 if TYPE_CHECKING:
+    from qlift.serve.foreground import ServeOutcome
     from qlift.serve.handle import ServeHandle
-    from qlift.serve.launch import LaunchSpec, ServeOutcome
+    from qlift.serve.launch import LaunchSpec
     from qlift.serve.options import ServeOptions
     from qlift.vllm.logview import LogView
 
@@ -84,7 +85,7 @@ def _checked_spec(inputs: ServeInputs, options: ServeOptions, hooks: ServeHooks)
 
 def run(inputs: ServeInputs, options: ServeOptions, *, hooks: ServeHooks | None = None) -> ServeOutcome:
     """Serve ``inputs.model`` as ``options`` say until stopped; the outcome names the signal that stopped it."""
-    from qlift.serve.launch import run as launch
+    from qlift.serve.foreground import run as launch
 
     hooks = hooks or ServeHooks()
     spec = _checked_spec(inputs, options, hooks)

@@ -127,8 +127,7 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
 @journal_option
 @json_option
 def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str | None,
-              backends: tuple[str, ...], metrics_port: int | None, new: bool, allow_stable_down: bool,
-              force: bool, **flags: Any) -> None:
+              backends: tuple[str, ...], metrics_port: int | None, **flags: Any) -> None:
     """Start a rollout of --canary over --stable, or resume the journal's unfinished one.
 
     With --shadow, a shadow phase comes first. Then each step sets the weights, waits one
@@ -146,6 +145,7 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     from qlift.settings import router_token
 
     canary_adapter = flags.pop("canary_adapter")
+    new, allow_stable_down, force = (bool(flags.pop(k)) for k in ("new", "allow_stable_down", "force"))
     overrides: dict[str, Any] = {"backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
                                  **spec_overrides(flags)}
     if prometheus_url:

@@ -103,3 +103,25 @@ def test_a_window_carries_the_notes_a_source_declares() -> None:
     assert source_notes(_Noted(_WithNotes(), SHARED_SERVER_NOTE)) == ["no series for c", SHARED_SERVER_NOTE]
     ev = Collector(_Noted(_Plain(), SHARED_SERVER_NOTE), "s", "c", None).collect()
     assert ev.notes == [SHARED_SERVER_NOTE] and (ev.stable.requests, ev.canary.requests) == (1, 2)
+
+
+def test_an_nginx_log_line_is_counted_by_the_same_counter(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The access log's attempts go through EvidenceCounter too: what nginx can tell counts as the router's records
+    do (a 5xx replayed on the other version is the first one's error), what it cannot tell stays None."""
+    import json
+
+    from qlift.rollout.nginx import AccessLogSource
+
+    src = AccessLogSource(tmp_path, {"s": "http://127.0.0.1:9001", "c": "http://127.0.0.1:9002"})
+    lines = [{"status": 200, "upstream_addr": "127.0.0.1:9002", "upstream_status": "200",
+              "upstream_response_time": "1.000", "upstream_header_time": "0.200", "content_type": "text/event-stream"},
+             {"status": 200, "upstream_addr": "127.0.0.1:9002, 127.0.0.1:9001", "upstream_status": "502, 200",
+              "upstream_response_time": "0.100, 2.000", "upstream_header_time": "0.100, 2.000",
+              "content_type": "application/json"}]
+    src.path.parent.mkdir(parents=True)
+    src.path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = src.collect()
+    c, s = got["c"], got["s"]
+    assert (c.requests, c.errors, c.latency_s, c.ttft_s) == (2, 1, [1.0], [0.2])
+    assert (s.requests, s.errors, s.latency_s, s.ttft_s) == (1, 0, [2.0], [])  # not a stream: no TTFT
+    assert (c.bad_answers, c.finishes, c.completions, c.empty, c.sessions, c.answers) == (None,) * 6

@@ -169,7 +169,7 @@ class Observation:
     one side of a shadow pair): what ``EvidenceCounter`` counts."""
 
     ok: bool
-    latency_s: float
+    latency_s: float | None  # None: the source could not tell (an nginx log line without it)
     stream: bool
     ttft_s: float | None = None  # the first byte's time (TTFT where ``stream``)
     finish_reason: str | None = None
@@ -184,9 +184,13 @@ class EvidenceCounter:
     rules that every window kind feeds (split, shadow and bake windows) and the judge reads. ``sessions``: the
     source can tell session keys (else ``VersionEvidence.sessions`` stays None: cannot tell)."""
 
-    def __init__(self, version: str, *, sessions: bool = False) -> None:
-        self.ev = VersionEvidence(version, errors=0, bad_answers=0, finishes=0, length_finishes=0, completions=0,
-                                  completion_tokens_sum=0.0, empty=0, sessions=0 if sessions else None)
+    def __init__(self, version: str, *, sessions: bool = False, bodies: bool = True) -> None:
+        """``bodies``: the source sees answers' bodies (finish reasons, token counts, garbage 200s); without
+        them (an access log) those figures stay None: cannot tell, not zero."""
+        told = 0 if bodies else None
+        self.ev = VersionEvidence(version, errors=0, bad_answers=told, finishes=told, length_finishes=told,
+                                  completions=told, completion_tokens_sum=None if told is None else 0.0, empty=told,
+                                  sessions=0 if sessions else None)
         self.answers: list[Answer] = []
 
     def add(self, o: Observation) -> None:
@@ -202,6 +206,8 @@ class EvidenceCounter:
             ev.errors = (ev.errors or 0) + 1
             if o.bad_answer:
                 ev.bad_answers = (ev.bad_answers or 0) + 1
+            return
+        if o.latency_s is None:
             return
         ev.latency_s.append(float(o.latency_s))
         if o.ttft_s is not None and o.stream:

@@ -38,13 +38,14 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.fsutil import AppendedLines
-from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.evidence import EvidenceCounter, Observation, VersionEvidence
 from qlift.rollout.planes import PLANES, Capability, SourceName
 from qlift.rollout.spec import NginxSpec
 
@@ -273,10 +274,11 @@ class AccessLogSource:
                 self.lines.append(line)
 
     def _folded(self) -> dict[str, VersionEvidence]:
-        out = {v: VersionEvidence(v, errors=0) for v in self.versions}
+        counters = {v: EvidenceCounter(v, bodies=False) for v in self.versions}
         for line in self.lines:
-            self._fold(line, out)
-        return out
+            for version, o in self._observations(line):
+                counters[version].add(o)
+        return {v: c.evidence() for v, c in counters.items()}
 
     def peek(self) -> dict[str, VersionEvidence]:
         self._poll()
@@ -288,7 +290,8 @@ class AccessLogSource:
         self.lines = []
         return out
 
-    def _fold(self, line: dict[str, object], out: dict[str, VersionEvidence]) -> None:
+    def _observations(self, line: dict[str, object]) -> Iterator[tuple[str, Observation]]:
+        """One log line's attempts (one per upstream nginx tried), as the evidence counter takes them."""
         addrs = [a.strip() for a in str(line.get("upstream_addr", "")).replace(" : ", ", ").split(",")]
         statuses = str(line.get("upstream_status", "")).replace(" : ", ", ").split(",")
         totals = str(line.get("upstream_response_time", "")).replace(" : ", ", ").split(",")
@@ -297,23 +300,15 @@ class AccessLogSource:
             version = self.by_addr.get(addr)
             if version is None:
                 continue
-            ev = out[version]
-            ev.requests += 1
             status = _num(statuses, i)
             last = i == len(addrs) - 1
             incomplete = last and "completion" in line and line.get("completion") != "OK" and _final_status(line) < 400
             if incomplete and not self._cut_by_reload(line):
-                ev.requests -= 1  # the client went away mid-stream: nobody's error, no latency
-                continue
-            if status is None or status >= 500 or incomplete:
-                ev.errors = (ev.errors or 0) + 1
-                continue
-            latency, ttfb = _num(totals, i), _num(headers, i)
-            if latency is not None:
-                ev.latency_s.append(latency)
-            # time to the first byte is TTFT only for a stream (a non-streamed answer's first byte is all of it)
-            if ttfb is not None and str(line.get("content_type", "")).startswith("text/event-stream"):
-                ev.ttft_s.append(ttfb)
+                continue  # the client went away mid-stream: nobody's error, no latency
+            ok = not (status is None or status >= 500 or incomplete)
+            # time to the first byte is TTFT only for a stream (the counter's rule)
+            stream = str(line.get("content_type", "")).startswith("text/event-stream")
+            yield version, Observation(ok, _num(totals, i), stream, _num(headers, i))
 
 
     def _cut_by_reload(self, line: dict[str, object]) -> bool:

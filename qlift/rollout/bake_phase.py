@@ -7,7 +7,6 @@ from __future__ import annotations
 from qlift.errors import QliftError
 from qlift.rollout import bake
 from qlift.rollout.analysis import BAKE_STEP, Assessment
-from qlift.rollout.evidence import Evidence
 from qlift.rollout.journal import Rollout
 from qlift.rollout.states import DecisionAction, Phase, State, StepOutcome
 from qlift.rollout.view import log_window
@@ -51,21 +50,9 @@ class BakePhase(WindowLoop):
                 return True
             return False
 
-        void, note, failure = self._watch(r, policy, self.collector.begin, peek)
-        if void is not None:
-            self._discard(r, void)
+        ev = self._split_evidence(r, policy, self.collector.begin, peek)
+        if ev is None:
             return
-        if self._canary_changed(r):
-            return
-        ev: Evidence
-        if failure is None:
-            try:
-                ev = self.collector.collect()
-                ev.notes += [note] if note else []
-            except QliftError as exc:
-                ev = self._no_evidence(r, exc.one_line())
-        else:
-            ev = self._no_evidence(r, failure)
         v = self.analysis.assess_bake(ev, stable, about, holds=r.holds, passes=r.passes, errors=r.errors)
         log_window(f"bake window at 100%: canary {ev.canary.requests} requests, stable's kept {stable.requests}",
                    v.phase, v.reason, v.decision.checks)

@@ -135,22 +135,10 @@ class Controller(ShadowPhase, BakePhase):
         self.collector.begin()
 
     def _window(self, r: Rollout, weight: int) -> None:
-        void, note, failure = self._watch(r, self.analysis.windows.step, self._begin_window,
-                                          lambda: self._saw_down(r) or self._peek(r))
-        if void is not None:
-            self._discard(r, void)
+        ev = self._split_evidence(r, self.analysis.windows.step, self._begin_window,
+                                  lambda: self._saw_down(r) or self._peek(r))
+        if ev is None:
             return
-        if self._canary_changed(r):
-            return
-        ev: Evidence
-        if failure is not None:
-            ev = self._no_evidence(r, failure)
-        else:
-            try:
-                ev = self.collector.collect()
-                ev.notes += [note] if note else []
-            except QliftError as exc:
-                ev = self._no_evidence(r, exc.one_line())
         if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
             ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
         self._mark_down(r, ev)

@@ -146,6 +146,25 @@ class WindowLoop:
                                  "significant", None
         return self._drifted(), "", failure
 
+    def _split_evidence(self, r: Rollout, policy: WindowPolicy, begin: Callable[[], None],
+                        peek: Callable[[], bool]) -> Evidence | None:
+        """Watch one split window (a step's or the bake's) and collect its evidence; a failed source gives a
+        window of no evidence. None: nothing to judge (the window was void, or the canary's model changed)."""
+        void, note, failure = self._watch(r, policy, begin, peek)
+        if void is not None:
+            self._discard(r, void)
+            return None
+        if self._canary_changed(r):
+            return None
+        if failure is not None:
+            return self._no_evidence(r, failure)
+        try:
+            ev = self.collector.collect()
+        except QliftError as exc:
+            return self._no_evidence(r, exc.one_line())
+        ev.notes += [note] if note else []
+        return ev
+
     def _canary_changed(self, r: Rollout) -> bool:
         """Pause, unjudged, when the canary's model is not the one this rollout's evidence is about."""
         why = canary_changed(self.journal, self.rid, self.plane, r.canary)

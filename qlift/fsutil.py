@@ -82,12 +82,20 @@ class FileHashes:
     ``cancel()`` stops every thread within one read. The one file hasher: lineage manifests,
     lockfiles, downloads and merge's inputs all use it (or ``sha256_file`` for a single file)."""
 
-    def __init__(self, paths: Iterable[Path], threads: int = 1) -> None:
+    def __init__(self, paths: Iterable[Path], threads: int = 1, *, more: bool = False) -> None:
+        """``more``: files are also ``add()``-ed later, as they are written (the pool keeps ``threads``)."""
         self._paths = [Path(p) for p in paths]
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max(1, min(threads, len(self._paths) or 1)), thread_name_prefix="qlift-hash")
+        size = threads if more else min(threads, len(self._paths) or 1)
+        self._pool = ThreadPoolExecutor(max(1, size), thread_name_prefix="qlift-hash")
         self._futures = [self._pool.submit(sha256_file, p, self._stop) for p in self._paths]
-        self._pool.shutdown(wait=False)
+        if not more:
+            self._pool.shutdown(wait=False)
+
+    def add(self, path: Path) -> None:
+        """Hash one more file (a hasher made with ``more=True``, before ``result()`` or ``cancel()``)."""
+        self._paths.append(Path(path))
+        self._futures.append(self._pool.submit(sha256_file, Path(path), self._stop))
 
     def each(self) -> Iterator[tuple[Path, str]]:
         """(path, sha256 hex digest) in the order given, each as soon as it is ready."""
@@ -100,9 +108,11 @@ class FileHashes:
 
     def result(self) -> dict[str, str]:
         """Resolved path -> sha256 hex digest of every file given (the first error is raised)."""
+        self._pool.shutdown(wait=False)  # nothing is added after this; the threads end with their files
         return {str(p.resolve()): digest for p, digest in self.each()}
 
     def cancel(self) -> None:
+        self._pool.shutdown(wait=False)
         self._stop.set()
         for f in self._futures:
             f.cancel()

@@ -15,12 +15,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
 from qlift.errors import IncompatibleError, QliftError
-from qlift.fsutil import sha256_file
+from qlift.fsutil import FileHashes
 from qlift.quantize.calib import DEFAULTS
 from qlift.quantize.groups import ALWAYS_IGNORED, choose_group_size, matches
 
@@ -161,32 +160,12 @@ def run_awq(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
             "threads": torch.get_num_threads()}
 
 
-class WrittenHashes:
-    """sha256 of each shard model_free_ptq writes, taken on a thread right after the write (the bytes are still
-    in the page cache, and the next shard is being quantized meanwhile), so the parent's lineage manifest does
-    not read gigabytes again. Keyed by resolved path, with the size and mtime the digest belongs to."""
-
-    def __init__(self, threads: int) -> None:
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="qlift-hash")
-        self._futures: dict[str, Future[tuple[str, int, int]]] = {}
-
-    def add(self, path: Path) -> None:
-        path = path.resolve()
-        self._futures[str(path)] = self._pool.submit(self._digest, path)
-
-    @staticmethod
-    def _digest(path: Path) -> tuple[str, int, int]:
-        st = path.stat()
-        return sha256_file(path), st.st_size, st.st_mtime_ns
-
-    def result(self) -> dict[str, list[str | int]]:
-        self._pool.shutdown(wait=True)
-        return {p: list(f.result()) for p, f in self._futures.items()}
-
-
-def _hash_saved_shards(hashes: WrittenHashes) -> None:
-    """Hash every file model_free_ptq saves as it saves it. It calls ``save_file`` from its own module; if a
-    later llm-compressor moves that, nothing is hashed here and the parent hashes the output afterwards."""
+def _hash_saved_shards(hashes: FileHashes, written: dict[str, tuple[int, int]]) -> None:
+    """Hash every file model_free_ptq saves right after it saves it (the bytes are still in the page cache, and
+    the next shard is being quantized meanwhile), so the parent's lineage manifest does not read gigabytes again;
+    ``written`` gets each file's (size, mtime) as saved, what its digest belongs to. model_free_ptq calls
+    ``save_file`` from its own module; if a later llm-compressor moves that, nothing is hashed here and the parent
+    hashes the output afterwards."""
     try:
         from llmcompressor.entrypoints import model_free
     except ImportError:
@@ -197,7 +176,10 @@ def _hash_saved_shards(hashes: WrittenHashes) -> None:
 
     def save_and_hash(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
         result = save(tensors, filename, *args, **kwargs)
-        hashes.add(Path(filename))
+        path = Path(filename).resolve()
+        st = path.stat()
+        written[str(path)] = (st.st_size, st.st_mtime_ns)
+        hashes.add(path)
         return result
 
     model_free.save_file = save_and_hash
@@ -215,11 +197,14 @@ def run_fp8(job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     # and vLLM refuses such a checkpoint (no parameter 'embed_tokens.weight_scale').
     ignore = [*ALWAYS_IGNORED, *job["embeddings"], *job["ignore"]]
     emit("progress", stage="quantize", message=f"FP8 dynamic on {device}, streaming shards")
-    hashes = WrittenHashes(int(job.get("hash_threads") or 1))
-    _hash_saved_shards(hashes)
+    hashes = FileHashes([], int(job.get("hash_threads") or 1), more=True)
+    written: dict[str, tuple[int, int]] = {}
+    _hash_saved_shards(hashes, written)
     model_free_ptq(model_stub=job["model"], save_directory=job["output"], scheme="FP8_DYNAMIC",
                    ignore=ignore, device=device)
-    return {"device": device, "ignore": ignore, "written_hashes": hashes.result()}
+    digests = hashes.result()
+    return {"device": device, "ignore": ignore,
+            "written_hashes": {p: [digests[p], *written[p]] for p in digests}}
 
 
 def run(job: dict[str, Any], emit: Emit) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def test_the_release_hands_the_router_token_to_the_rollout_in_its_inputs(
 
 def test_the_rollouts_entry_point_scopes_the_token_and_puts_the_environment_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from qlift.rollout.api import router_token_for
+    from qlift.settings import given_router_token as router_token_for
     from qlift.settings import router_token
 
     monkeypatch.setenv("QLIFT_ROUTER_TOKEN", "callers")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import shlex
 import sqlite3
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,16 +88,6 @@ def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = No
     collector = make_collector(spec, plane.backend_urls())
     with journaled_life(journal, r.id):  # a stop (SIGTERM, Ctrl-C, an error) and a resume are journaled events
         return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
-
-
-def router_token_for(token: str | None) -> AbstractContextManager[None]:
-    """``token`` as the router's admin token of what runs inside (None: the environment's): the rollout stage's entry
-    point (``run.run``) runs in it with ``RolloutInputs.router_token``. The data plane, the evidence source and the
-    live-state checks build their router clients with ``qlift.settings.router_token``, which reads it from this
-    context; the environment is never edited."""
-    from qlift.settings import given_router_token
-
-    return given_router_token(token)
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qlift.rollout.api import router_token_for, start
+from qlift.rollout.api import start
 from qlift.rollout.journal import Rollout
 from qlift.rollout.spec import RolloutSpec
+from qlift.settings import given_router_token
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class RolloutInputs:
 
 def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
     """Run the rollout ``options`` describe until it is final (``api.start``); the journal's last record of it."""
-    with router_token_for(inputs.router_token):
+    with given_router_token(inputs.router_token):  # the router clients it builds use it; no environment edit
         return _run(inputs, options)
 
 

@@ -211,14 +211,19 @@ def main() -> None:
             wait_ready(proc, port, a.start_timeout)
             ready_s = round(time.monotonic() - ts, 1)
             for c in variant_levels if name == "fp8-variant" else levels:
+                tb = time.monotonic()
                 row = measure(name, a, port, c, sets)
-                row.update(model=str(models[kind]), ready_s=ready_s)
+                row.update(model=str(models[kind]), ready_s=ready_s, bench_s=round(time.monotonic() - tb, 1))
                 keep(rows, row, a.out)
         except RuntimeError as exc:
             keep(rows, {"server": name, "sets": sets, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                  a.out)
         finally:
+            tstop = time.monotonic()
             stop(proc)
+            # What a server costs beyond its start (bench and stop): what --reserve-s has to cover.
+            print(f"{name}: stopped in {time.monotonic() - tstop:.1f} s; {time.monotonic() - ts:.1f} s from its start",
+                  flush=True)
     for r in rows:
         base = next((b for b in rows if b["server"] == "vllm-defaults" and b["status"] == "measured"
                      and b["concurrency"] == r.get("concurrency")), None)

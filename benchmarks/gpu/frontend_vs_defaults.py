@@ -221,7 +221,7 @@ def main() -> None:
         finally:
             tstop = time.monotonic()
             stop(proc)
-            # What a server costs beyond its start (bench and stop): what --reserve-s has to cover.
+            # What a whole server costs (start, bench, stop): what --reserve-s has to cover.
             print(f"{name}: stopped in {time.monotonic() - tstop:.1f} s; {time.monotonic() - ts:.1f} s from its start",
                   flush=True)
     for r in rows:

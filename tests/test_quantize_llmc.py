@@ -236,7 +236,7 @@ def test_awq_perplexity_within_1_25x_of_bf16(
 def test_awq_model_served_by_vllm_cpu_answers_paris(run_cli, awq_smollm2: dict[str, Any], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Served where this CPU's vllm-cpu has the W4A16 kernel (AVX-512); refused up front, in one line naming
     what works instead, where it has not (AVX2): before, vLLM loaded it and failed at the first forward."""
-    from substrate import chat, cpu_engine_args, cpu_server_env
+    from substrate import PARIS_PROMPT, chat, cpu_engine_args, cpu_server_env
 
     from qlift.cpu_support import cpu_can_run
     from qlift.models.modeldir import ModelDir
@@ -253,5 +253,5 @@ def test_awq_model_served_by_vllm_cpu_answers_paris(run_cli, awq_smollm2: dict[s
         env=cpu_server_env(os.environ.get("QLIFT_TEST_BIND", "auto")),
     )
     with server:
-        answer = chat(server.base_url, "smollm2-awq", "What is the capital of France?")
+        answer = chat(server.base_url, "smollm2-awq", PARIS_PROMPT)
     assert "Paris" in answer, answer

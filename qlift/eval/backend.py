@@ -11,6 +11,12 @@ class Backend(Protocol):
     name: str
     """Part of every cache key: answers from one backend are never served for another."""
 
+    def numerics(self, model: EvalModel) -> str:
+        """What besides the model and the request decides the answer's numbers (engine, device, dtype), for the
+        cache key: a greedy near-tie tips differently on another kernel path, so answers cached on one machine
+        are not read as another's. Empty where the backend cannot tell (a served model)."""
+        return ""
+
     def identify(self, model: EvalModel) -> None:
         """Record what identifies ``model`` for the cache where no content hash can (a served
         model); a backend of local directories has the content hash and does nothing here."""

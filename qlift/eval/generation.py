@@ -101,13 +101,14 @@ class CacheStats:
     backend_runs: int = 0
     shared_models: list[str] = field(default_factory=list)
     load: dict[str, float] = field(default_factory=dict)  # role -> mean 1-min load average while it generated
+    numerics: dict[str, str] = field(default_factory=dict)  # role -> engine, device and dtype it generated with
 
 
-def cache_key(model_id: str, backend: str, req: Request, sampling: Sampling) -> str:
-    blob = json.dumps(
-        {"model": model_id, "backend": backend, "request": asdict(req), "sampling": asdict(sampling)},
-        sort_keys=True, ensure_ascii=False,
-    )
+def cache_key(model_id: str, backend: str, req: Request, sampling: Sampling, numerics: str = "") -> str:
+    key: dict[str, Any] = {"model": model_id, "backend": backend, "request": asdict(req), "sampling": asdict(sampling)}
+    if numerics:
+        key["numerics"] = numerics
+    blob = json.dumps(key, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -160,7 +161,10 @@ def cached_generate(
             out[model.role] = out[by_hash[cid]]
             stats.shared_models.append(model.role)
             continue
-        keys = [cache_key(cid, backend.name, r, sampling) if cid else "" for r in requests]
+        numerics = backend.numerics(model)
+        if numerics:
+            stats.numerics[model.role] = numerics
+        keys = [cache_key(cid, backend.name, r, sampling, numerics) if cid else "" for r in requests]
         gens: list[Generation | None] = [cache.get(k) if cid else None for k in keys]
         missing = [i for i, g in enumerate(gens) if g is None]
         stats.hits += len(requests) - len(missing)

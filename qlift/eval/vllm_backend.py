@@ -75,24 +75,23 @@ class VllmBackend(Backend):
         from importlib import metadata
 
         from qlift.cpu_support import kernel_library, vllm_cpu_build
-        from qlift.hardware import detect
+        from qlift.hardware import detect, detect_cpu
         from qlift.models import ModelDir
         from qlift.serve.plan import config_dtype
 
         if model.path is None:
             return ""
-        dtype = self._dtype(model.path)
-        if dtype == "auto":
-            dtype = config_dtype(ModelDir.open(model.path).text_config)
-        hw = detect()
         build = vllm_cpu_build()
         if build is not None:
-            return f"vllm-cpu {build[0]}, {kernel_library(hw.cpu)}{' AMX' if hw.cpu.amx else ''}, {dtype}"
+            cpu = detect_cpu()
+            return f"vllm-cpu {build[0]}, {kernel_library(cpu)}{' AMX' if cpu.amx else ''}, {self._dtype(model.path)}"
         try:
             version = metadata.version("vllm")
         except metadata.PackageNotFoundError:
             version = "unknown"
-        return f"vllm {version}, {hw.gpus[0].name if hw.gpus else 'no GPU'}, {dtype}"
+        gpus = detect().gpus
+        dtype = config_dtype(ModelDir.open(model.path).text_config)  # what "auto" runs off vllm-cpu
+        return f"vllm {version}, {gpus[0].name if gpus else 'no GPU'}, {dtype}"
 
     def _dtype(self, path: Path) -> str:
         """What qlift serve would run this model in on vllm-cpu (float32 without bf16 units); auto elsewhere."""

@@ -128,19 +128,20 @@ class JournalFile:
                 last = exc
                 continue
             try:
-                self._check(db, fresh=False)
+                tables = self._check(db, fresh=False)
             except QliftError:
                 db.close()
                 raise
-            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollouts'").fetchone() is None:
+            if not tables:
                 db.close()  # an empty file: a writer that has created it but not yet its tables, or nobody
                 raise NotFoundError(f"no rollout in {self.path} yet: the journal has no tables",
                                     hint="A `qlift promote start` writing it adds them at once; else start one.")
             return db
         raise self._fail(f"cannot be read as a rollout journal: {last}")
 
-    def _check(self, db: sqlite3.Connection, *, fresh: bool) -> None:
-        """Refuse a file that is not SQLite, is corrupted, or is someone else's database."""
+    def _check(self, db: sqlite3.Connection, *, fresh: bool) -> set[str]:
+        """Refuse a file that is not SQLite, is corrupted, or is someone else's database; its tables (none in a file
+        not yet written, else ours)."""
         try:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not fresh or tables:
@@ -152,9 +153,10 @@ class JournalFile:
             raise self._fail(f"is not a usable SQLite file ({exc})") from None
         schema_version.check_readable(db, self.path, what="a rollout journal", supported=SCHEMA_VERSION)
         if not tables:
-            return
+            return tables
         columns = {r[1] for r in db.execute("PRAGMA table_info(rollouts)")}
         if "rollouts" not in tables or not columns >= _ROLLOUT_COLUMNS:
             shown = ", ".join(sorted(tables)[:4])
             raise self._fail(f"is an SQLite file of something else (tables: {shown}), not a rollout journal")
+        return tables
 

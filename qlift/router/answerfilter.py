@@ -9,6 +9,9 @@ out. Whole SSE lines are held, never rewritten, so a clean answer reaches the cl
 (only later). On a hit the text before the match goes out, then a chunk whose ``finish_reason`` is
 ``content_filter``, then ``data: [DONE]``; the rest of the backend's stream is dropped.
 
+A whole chat answer's tool calls are checked too (their arguments, JSON escapes decoded): the first call
+that matches is dropped with every call after it. A stream's tool-call pieces are not held or checked.
+
 The held window is counted in characters that survive normalisation (whitespace, zero-width and
 combining characters count for nothing), so a word spelled with spaces or invisible characters
 between its letters is still held whole, up to ``MAX_HELD_CHARS`` characters of the answer.
@@ -16,6 +19,7 @@ between its letters is still held whole, up to ``MAX_HELD_CHARS`` characters of 
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections import deque
 from collections.abc import Callable
@@ -164,18 +168,44 @@ def _set_text(choice: dict[str, Any], where: str | None, text: str) -> None:
 
 
 def filter_whole(flt: AnswerFilter, answer: dict[str, Any]) -> bool:
-    """Cut each choice of a whole answer before its first match (``finish_reason`` content_filter); True if any."""
+    """Cut each choice of a whole answer before its first match (``finish_reason`` content_filter); True if any.
+    A chat answer's tool calls too: the first call whose arguments match goes, with every call after it."""
     cut = False
     for choice in answer.get("choices") or []:
         if not isinstance(choice, dict):
             continue
+        calls_cut = _filter_calls(flt, choice.get("message"))
         text, where = _choice_text(choice)
-        if not text or flt.check(text) is None:
+        if text and flt.check(text) is not None:
+            _set_text(choice, where, text[:cut_before_hit(flt.check, text, final=True)])
+        elif not calls_cut:
             continue
-        _set_text(choice, where, text[:cut_before_hit(flt.check, text, final=True)])
         choice["finish_reason"] = "content_filter"
         cut = True
     return cut
+
+
+def arguments_text(arguments: str) -> str:
+    """A tool call's arguments as the filter reads them: their JSON with escapes decoded (``\\u70b8`` is 炸),
+    or the string as sent where it is no JSON."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+def _filter_calls(flt: AnswerFilter, message: Any) -> bool:
+    """Drop a message's tool calls from the first one whose arguments hold a match; True if one did."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list):
+        return False
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str) and flt.check(arguments_text(args)) is not None:
+            message["tool_calls"] = calls[:i]  # [] as vLLM answers without calls
+            return True
+    return False
 
 
 @dataclass
@@ -309,10 +339,3 @@ class StreamFilter:
         line = b"data: " + compact_json(event)
         return self.rewrite(line) if self.rewrite else line
 
-
-def whole_answer_text(answer: dict[str, Any]) -> str:
-    """The first choice's text of a whole answer (what a capture keeps after a cut)."""
-    choices = answer.get("choices") or []
-    first = choices[0] if choices and isinstance(choices[0], dict) else {}
-    text, _ = _choice_text(first)
-    return text or ""

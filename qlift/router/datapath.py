@@ -230,7 +230,7 @@ class DataPath:
                 record = self._finish(att, backend, rid, replayed=replay_on is not None,
                                       session=session_key is not None)
                 if sampled and att.ok:
-                    self.answers.attach(record, client_body, att.text)
+                    self.answers.attach(record, client_body, att.text, att.tool_calls)
                 if replay_on is None:
                     break
                 log.info("request %s: %s failed (%s), replaying on %s", rid, backend.name, att.error, replay_on.name)

@@ -2,8 +2,9 @@
 capped, in a ring bounded in pairs and in bytes, so no client can make the router keep its bodies.
 
 The judge (``qlift.rollout.shadow``) reads a pair's ``request["messages"]`` (role and text),
-``request["prompt"]``, ``request["response_format"]`` and ``request["stream"]``, and each answer's
-``text``: those are kept, in those shapes, up to the caps below; the rest of a body is not kept.
+``request["prompt"]``, ``request["response_format"]``, ``request["tools"]`` (name and parameters each:
+``answers.kept_tools``), ``request["tool_choice"]`` and ``request["stream"]``, and each answer's ``text`` and
+``tool_calls``: those are kept, in those shapes, up to the caps below; the rest of a body is not kept.
 
 The ring is bounded in memory, not in JSON: a filed pair is kept as its compact JSON bytes (what
 ``GET /admin/shadow`` sends, joined), and counted as the bytes object plus PAIR_OVERHEAD_BYTES for the
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qlift.quality.registry import message_text
-from qlift.router.answers import MAX_SCHEMA_BYTES, Bounded
+from qlift.router.answers import MAX_SCHEMA_BYTES, Bounded, kept_tool_choice, kept_tools
 from qlift.router.memsize import compact_json
 from qlift.router.proxy import CAPTURE_CHARS, Attempt
 from qlift.router.wire import ShadowAnswer, ShadowPair
@@ -86,6 +87,11 @@ def judge_view(body: dict[str, Any]) -> dict[str, Any]:
         else:
             view["response_format"] = {"type": fmt.get("type")} if isinstance(fmt, dict) else None
             view["response_format_dropped"] = True
+    tools, choice = kept_tools(body.get("tools")), kept_tool_choice(body.get("tool_choice"))
+    if tools is not None:
+        view["tools"] = tools
+    if choice is not None:
+        view["tool_choice"] = choice
     return view
 
 
@@ -94,7 +100,7 @@ def answer_record(att: Attempt) -> ShadowAnswer:
     return ShadowAnswer(backend=att.backend, status=att.status, ok=att.ok, reason=att.reason,
                         latency_s=round(att.latency_s, 6), ttft_s=None if att.ttfb_s is None else round(att.ttfb_s, 6),
                         text=att.text[:TEXT_CHARS], finish_reason=att.finish_reason,
-                        completion_tokens=att.completion_tokens)
+                        completion_tokens=att.completion_tokens, tool_calls=att.tool_calls)
 
 
 @dataclass

@@ -20,18 +20,21 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from qlift.router.answerfilter import AnswerFilter, StreamFilter, filter_whole, whole_answer_text
+from qlift.router.answerfilter import AnswerFilter, StreamFilter, filter_whole
 from qlift.router.balancer import Backend
 from qlift.router.config import redact_url
 from qlift.router.memsize import compact_json
 from qlift.router.rewrite import ModelRewriter, is_usage_only
-from qlift.router.wire import USAGE_KEYS
+from qlift.router.wire import USAGE_KEYS, ToolCall, ToolFunction
 
 # A 200 that is not an answer, each its own reason (access log, records, metric label).
 BAD_ANSWER = frozenset({"bad_body", "no_choices", "error_object", "no_done", "error_event"})
 # Failed before the client got a byte, in a way another backend may not: replayable.
 REPLAYABLE = BAD_ANSWER | {"connect", "dropped", "timeout", "http_5xx", "upstream", "model_gone"}
 CAPTURE_CHARS = 16000  # an answer's text kept for a shadow pair (pairs.TEXT_CHARS cuts it there)
+CALLS_KEPT = 16  # an answer's tool calls kept at most (the first ones)
+CALL_CHARS = CAPTURE_CHARS  # their arguments kept at most, all together: a call cut there is marked ``cut``
+CALL_NAME_CHARS = 256  # a call's id and function name, each
 # Ask backends for plain bodies: the router rewrites them, and passes no Content-Encoding on.
 UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
@@ -78,6 +81,8 @@ class Attempt:
     filtered: bool = False  # the answer filter cut the answer (finish_reason content_filter)
     text_parts: list[str] = field(default_factory=list)
     captured: int = 0  # characters in text_parts: capture stops past CAPTURE_CHARS
+    calls: dict[int, CallParts] = field(default_factory=dict)  # the first choice's tool calls, by index
+    call_chars: int = 0  # characters of arguments in calls: capture stops past CALL_CHARS
 
     @property
     def failed_early(self) -> bool:
@@ -95,6 +100,11 @@ class Attempt:
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+    @property
+    def tool_calls(self) -> list[ToolCall] | None:
+        """The first choice's tool calls, assembled (None: there were none)."""
+        return [self.calls[i].call() for i in sorted(self.calls)] or None
 
     def filter_cut(self, text_end: int | None) -> None:
         """The answer filter cut the answer: recorded as content_filter, the captured text cut where the client's
@@ -143,12 +153,69 @@ class Attempt:
                 self.finish_reason = reason
             if self.capture and i == 0:
                 piece = choice.get("text")
+                part = choice.get("delta") or choice.get("message") or {}
                 if piece is None:
-                    part = choice.get("delta") or choice.get("message") or {}
                     piece = part.get("content") if isinstance(part, dict) else None
                 if isinstance(piece, str) and self.captured < CAPTURE_CHARS:
                     self.text_parts.append(piece)
                     self.captured += len(piece)
+                calls = part.get("tool_calls") if isinstance(part, dict) else None
+                if isinstance(calls, list):
+                    self.take_calls(calls)
+
+    def take_calls(self, calls: list[Any]) -> None:
+        """A chat answer's ``message.tool_calls``, or a chunk's ``delta.tool_calls`` (pieces of each call by
+        ``index``: name and arguments are concatenated, as the OpenAI SDK assembles them)."""
+        for position, raw in enumerate(calls):
+            if not isinstance(raw, dict):
+                continue
+            index = raw.get("index", position)
+            if not isinstance(index, int):
+                continue
+            parts = self.calls.get(index)
+            if parts is None:
+                if len(self.calls) >= CALLS_KEPT:
+                    continue
+                parts = self.calls[index] = CallParts()
+            fn = raw.get("function")
+            fn = fn if isinstance(fn, dict) else {}
+            args = fn.get("arguments")
+            if args is not None and not isinstance(args, str):  # not OpenAI's string: kept as its JSON
+                args = json.dumps(args, ensure_ascii=False)
+            self.call_chars += parts.add(raw.get("id"), raw.get("type"), fn.get("name"), args,
+                                         CALL_CHARS - self.call_chars)
+
+
+@dataclass
+class CallParts:
+    """One tool call as its pieces arrive: the id and type it first names, its name and arguments so far."""
+
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    cut: bool = False  # arguments past the capture's budget were dropped
+
+    def add(self, id_: Any, type_: Any, name: Any, args: str | None, budget: int) -> int:
+        """Take one piece; the characters of arguments kept (at most ``budget``)."""
+        if self.id is None and isinstance(id_, str) and id_:
+            self.id = id_[:CALL_NAME_CHARS]
+        if isinstance(type_, str) and type_:
+            self.type = type_[:CALL_NAME_CHARS]
+        if isinstance(name, str):
+            self.name = (self.name + name)[:CALL_NAME_CHARS]
+        if not args:
+            return 0
+        kept = args[:max(0, budget)]
+        self.cut = self.cut or len(kept) < len(args)
+        if kept:
+            self.arguments.append(kept)
+        return len(kept)
+
+    def call(self) -> ToolCall:
+        return ToolCall(id=self.id, type=self.type, function=ToolFunction(name=self.name,
+                                                                           arguments="".join(self.arguments)),
+                        cut=self.cut or None)
 
 
 def answer_problem(body: bytes) -> tuple[str, str] | None:
@@ -354,13 +421,12 @@ async def _answer_whole(request: web.Request, up: Upstream, content_type: str, b
         if content_type.startswith("application/json"):
             with contextlib.suppress(ValueError):
                 answer = json.loads(body)
-                att.take_event(answer)
-                if up.answer_filter is not None and isinstance(answer, dict) and filter_whole(up.answer_filter,
-                                                                                               answer):
+                cut = up.answer_filter is not None and isinstance(answer, dict) and filter_whole(up.answer_filter,
+                                                                                                  answer)
+                att.take_event(answer)  # after the filter: records keep what the client gets, calls included
+                if cut:
                     body = compact_json(answer)
                     att.filter_cut(None)
-                    if att.capture:
-                        att.text_parts = [whole_answer_text(answer)]
     else:
         att.fail(f"http_{status // 100}xx", f"HTTP {status}")
     if rewrite and content_type.startswith("application/json"):

@@ -9,7 +9,8 @@
 - ``USAGE_KEYS``: the token-count names the router reads in a backend's ``usage``.
 
 The JSON is documented in docs/router.md: field order here is the order on the wire, and a field the
-router leaves out when unset (a shadow's ``partner``, a sample's ``system``) is dropped when dumped.
+router leaves out when unset (a shadow's ``partner``, a sample's ``system``, an answer's ``tool_calls``) is
+dropped when dumped.
 Needs only pydantic, so the client stays cheap to import.
 """
 
@@ -117,23 +118,62 @@ class RouterState(BaseModel):
         raise KeyError(name)
 
 
+class ToolFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call of a chat answer, in OpenAI's shape (a stream's pieces assembled). ``cut``: its arguments
+    were longer than the router keeps (``proxy.CALL_CHARS``); left out unless true, as is a missing ``id``."""
+
+    id: str | None = None
+    type: str = "function"
+    function: ToolFunction
+    cut: bool | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), ("id", "cut"))
+
+    def as_pair(self) -> tuple[str, str | None]:
+        """(name, arguments; None when cut), as ``qlift.quality.toolcalls`` reads a call."""
+        return self.function.name, None if self.cut else self.function.arguments
+
+
+def _without_none(out: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``out`` less those of ``keys`` whose value is None: fields the wire leaves out when unset."""
+    for key in keys:
+        if out.get(key) is None:
+            out.pop(key, None)
+    return out
+
+
 class AnswerRecord(BaseModel):
     """A sampled answer (the router's ``answer_sample``): the user's message, the answer, the system prompt
-    (every system message's text; None without one) and the request's response_format (any type)."""
+    (every system message's text; None without one), the request's response_format (any type), the answer's
+    tool calls, and the request's tools (name and parameters each) and tool_choice."""
 
     prompt: str
     text: str
     system: str | None = None
     response_format: dict[str, Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def request(self) -> dict[str, Any]:
-        """The request as the answer checks read it: ``prompt``, and ``system`` and ``response_format`` when set."""
+        """The request as the answer checks read it: ``prompt``, and ``system``, ``response_format``, ``tools``
+        and ``tool_choice`` when set."""
         out: dict[str, Any] = {"prompt": self.prompt}
-        if self.system is not None:
-            out["system"] = self.system
-        if self.response_format is not None:
-            out["response_format"] = self.response_format
+        for key in ("system", "response_format", "tools", "tool_choice"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
+
+    def calls(self) -> tuple[tuple[str, str | None], ...]:
+        """The answer's tool calls as the answer checks read them: (name, arguments) each."""
+        return tuple(c.as_pair() for c in self.tool_calls or ())
 
 
 class RequestRecord(BaseModel):
@@ -176,6 +216,15 @@ class ShadowAnswer(BaseModel):
     text: str
     finish_reason: str | None = None
     completion_tokens: int | None = None
+    tool_calls: list[ToolCall] | None = None  # left out when there are none
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), ("tool_calls",))
+
+    def calls(self) -> tuple[tuple[str, str | None], ...]:
+        """The answer's tool calls as the answer checks read them: (name, arguments) each."""
+        return tuple(c.as_pair() for c in self.tool_calls or ())
 
 
 class ShadowPair(BaseModel):

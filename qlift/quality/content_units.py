@@ -28,7 +28,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
 
@@ -52,7 +52,8 @@ _TRAILING_GRAMMAR = re.compile(f"(?:[{_PARTICLES}な]|です|ます|ました|�
 _KANA_GRAMMAR = re.compile("する|して|した|され|させ|いる|ある|あり|あれ|なる|なり|なっ"
                            "|こと|ため|よう|とき|ござい|しま|でき|ない|たい|れば")
 _FINALS = frozenset("aeiouyаеёиоуыэюяьйs")  # the final letter a short word's other forms may lack
-_DIGIT_GROUP = re.compile(r"(?<=\d)[.,'\u00a0\u2009\u202f](?=\d{3}(?!\d))")  # 7.000, 7,000, 7'000, 7 000
+# 7.000, 7,000, 7'000, 7 000: the separator first (its digit checked behind it), so re scans for the separators
+_DIGIT_GROUP = re.compile(r"[.,'\u00a0\u2009\u202f](?<=\d[.,'\u00a0\u2009\u202f])(?=\d{3}(?!\d))")
 # Arabic light stemming (after Larkey's light10): normalised letters, then article, proclitic, suffix, prefix
 _AR_MARKS = re.compile("[\u0610-\u061a\u064b-\u065f\u0670\u0640]")  # harakat, tatweel
 _AR_LETTERS = str.maketrans("أإآٱىة", "اااايه")
@@ -179,8 +180,7 @@ def _cjk_items(run: str, before: str, japanese: bool, items: dict[str, int]) -> 
     for piece in _HAN_CUTS["ja" if japanese else "zh"].split(run):
         if len(piece) == 1 and piece not in _WORDS:
             items[piece] = SINGLE_WEIGHT
-        for pair in map("".join, zip(piece, piece[1:], strict=False)):
-            items[pair] = PAIR_WEIGHT
+        items.update(zip(map("".join, zip(piece, piece[1:], strict=False)), repeat(PAIR_WEIGHT)))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ a markdown table's ``|---|`` rules do not count.
 
 from __future__ import annotations
 
+import re
+
 from qlift.quality.text import CJK as CJK  # re-exported: language.py and older callers import it here
 from qlift.quality.text import tokens as tokens
 
@@ -16,6 +18,7 @@ LOOP_MIN_TOKENS = 12  # a loop covers at least this many tokens ...
 LOOP_MIN_REPEATS = 3  # ... and its unit repeats at least this many times, to the end of the answer
 LOOP_MAX_UNIT = 64  # the longest repeating unit looked for, in tokens
 LOOP_TAIL = 1024  # tokens of the answer's end that are searched
+_CLOSED_CODE = re.compile(r"```.*?```", re.DOTALL)  # data, not prose: a zero matrix, a column of equal values
 
 
 def repeated_share(text: str, n: int = NGRAM) -> float | None:
@@ -50,6 +53,7 @@ def loop_length(toks: list[str]) -> int:
 
 def loops(text: str) -> bool:
     """The answer ends in a unit of 1..64 tokens repeated 3 or more times over 12 or more tokens (its last
-    token aside: an answer cut at max_tokens may end mid-word)."""
-    toks = tokens(text)
+    token aside: an answer cut at max_tokens may end mid-word). A closed code block is not searched: a model
+    that loops does not close its block (an unclosed one is searched)."""
+    toks = tokens(_CLOSED_CODE.sub(" ", text) if "```" in text else text)
     return loop_length(toks) > 0 or loop_length(toks[:-1]) > 0

@@ -5,7 +5,9 @@
 Each sentence is reduced to its content units (words other than function words; for CJK, character
 pairs), and a sentence restates when most of its units are in the few sentences just before it.
 Numbered steps share a verb or two ("Tap Account. Tap Security."), not most of their content, so
-they do not restate; comparing each sentence with a short window keeps the cost linear.
+they do not restate; comparing each sentence with a short window keeps the cost linear. List items
+are parallel by design ("- 苹果：富含维生素C。- 橙子：富含维生素C和叶酸。"): like code, tables and JSON
+(records repeat their keys and values), they are not judged.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 
 from qlift.quality import text as text_tokens
+from qlift.quality.language import json_value
 from qlift.quality.repetition import CJK, tokens
 
 WINDOW = 4  # a sentence is compared with this many sentences before it
@@ -25,6 +28,7 @@ MIN_SHARE = 0.25  # ... and their share of its judged sentences
 # written as one character class and a check behind it, which scans twice as fast as the plain alternation.
 _SENTENCE = re.compile(r"[.!?。！？\n](?:(?<=[.!?])(?=\s)|(?<![.!?]))")
 _NOT_PROSE = re.compile(r"```.*?(```|\Z)|`[^`\n]*`|^\s*\|.*$|https?://\S+", re.DOTALL | re.MULTILINE)
+_LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+•]|\d+[.)、])[ \t].*$", re.MULTILINE)
 _WORDS = ("a an the is are was were be been being am to of and or but in on at for with by from as it its this that "
           "these those you your yours we our us i me my he she they them their there here have has had do does did "
           "will would can could should may might must shall not no so if then than also just very all any some more "
@@ -37,7 +41,7 @@ _FUNCTION = frozenset(_WORDS.split(" ")) | frozenset(_HAN_FUNCTION)
 # ASCII text is tokenized as ``tokens`` does (its translation table) with \0 as the mark; other text by ``tokens``
 # with _END as the mark: a CJK character is a token of its own, and like \0 it joins nothing when normalized
 # or lowercased, so the tokens between two marks are the sentence's. A text holding _END goes a sentence at a time.
-_ASCII_WORDS = text_tokens._ASCII_WORDS | {0: "\0"}  # tokens' translation; a \0 of the text's own is made \1 first
+_ASCII_WORDS = text_tokens.ASCII_WORDS | {0: "\0"}  # tokens' translation; a \0 of the text's own is made \1 first
 _DROP = _FUNCTION | frozenset("abcdefghijklmnopqrstuvwxyz0123456789")  # on ASCII: function words, 1-character tokens
 _END = "\u4dbf"
 _LONG = re.compile(r"[^ ]{2,}")  # on tokens joined by spaces: the tokens of 2+ characters ...
@@ -56,7 +60,7 @@ def _units(joined: str) -> set[str]:
 def _prose(text: str) -> str:
     if "`" in text or "|" in text or "://" in text:
         text = _NOT_PROSE.sub("\n", text)
-    return text
+    return _LIST_ITEM.sub("\n", text)
 
 
 def sentences(text: str) -> list[str]:
@@ -89,7 +93,9 @@ def near_repetition(text: str) -> bool | None:
     """True when MIN_RESTATED+ sentences, MIN_SHARE+ of those judged, restate a sentence just before them.
     An answer with too few sentences to restate is not flagged (False, not None: a short stable answer is
     the standard a restating canary answer is compared with); None only without a sentence to judge."""
+    if text.lstrip()[:1] in ("{", "[", "`") and json_value(text.strip())[0]:
+        return None  # JSON is data, not sentences
     hits, judged = restated(text)
     if not judged:
-        return None
+        return False if _LIST_ITEM.search(text) else None  # a list: sentences, none judged by design
     return judged > MIN_RESTATED and hits >= MIN_RESTATED and hits / judged >= MIN_SHARE

@@ -56,12 +56,15 @@ def request_schema(request: dict[str, Any]) -> dict[str, Any] | None:
     return schema
 
 
-# Asking for JSON output, not talking about JSON ("How do I parse JSON in Python?" asks for prose and code).
+# Asking for JSON output, not talking about JSON: a question about JSON asks for prose and code ("How do I parse
+# JSON in Python?", "What is the format of a JSON file?", "JSON格式是什么？", "如何用JSON保存配置？"). In Chinese
+# an output verb (or 以, 按) comes next to the word JSON when JSON is asked for ("以JSON格式", "JSON格式输出").
 _ASKS_JSON = re.compile(
-    r"\b(respond|reply|answer|return|output|format|formatted|only|valid)\b[^.?!\n]{0,30}\bjson\b"
+    r"\b(respond|reply|answer|return|output|only)\b[^.?!\n]{0,30}\bjson\b"
     r"|\b(in|as|as an?)\s+json\b"
-    r"|\bjson\b\s*(only|format|output|response|reply|answer)\b"
-    r"|(以|用|返回|输出|回复|格式为|輸出|回覆)\s*json|json\s*(格式|对象|對象)", re.IGNORECASE)
+    r"|\bjson\b\s*only\b"
+    r"|(以|按|按照|返回|输出|回复|回答|格式为|輸出|回覆|生成|给出|給出)\s*(一个|一份|为|為|成|标准|標準|合法|有效)?\s*json"
+    r"|json\s*(格式|对象|對象)?\s*(返回|输出|回复|回答|輸出|回覆|给出|給出)", re.IGNORECASE)
 _JSON_WORD = re.compile(r"\bjson\b", re.IGNORECASE)
 
 

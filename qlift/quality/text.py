@@ -37,17 +37,49 @@ def _mark_ranges(stop: int = 0x20000) -> str:
 
 _MARKS = _mark_ranges()
 # The same tokens on ASCII text, lowercased and split in one pass (1.6x a findall over ``[a-z0-9]+``).
-_ASCII_WORDS = str.maketrans({chr(c): chr(c).lower() if chr(c).isalnum() else " " for c in range(128)})
+ASCII_WORDS = str.maketrans({chr(c): chr(c).lower() if chr(c).isalnum() else " " for c in range(128)})
 _TOKEN = re.compile(rf"[{CJK}]|[^\W_{CJK}]+")
 _MARKED_TOKEN = re.compile(rf"[{CJK}]|[^\W_{CJK}]+(?:[{_MARKS}]+[^\W_{CJK}]*)*")  # slower: only where marks are
 
 
+REMEMBERED_CHARS = 200  # texts this long (answers, not their lines or sentences) have their tokens remembered
+
+
 def tokens(text: str) -> list[str]:
-    """The text's tokens: lowercased CJK characters and runs of letters/digits (with their marks)."""
+    """The text's tokens: lowercased CJK characters and runs of letters/digits (with their marks). An answer's
+    are remembered: the loop, text-shape and engagement checks all read them (each gets its own list)."""
+    return list(_remembered(text)) if len(text) >= REMEMBERED_CHARS else _tokens(text)
+
+
+@lru_cache(maxsize=8192)
+def _remembered(text: str) -> tuple[str, ...]:
+    return tuple(_tokens(text))
+
+
+def _tokens(text: str) -> list[str]:
     if text.isascii():
-        return text.translate(_ASCII_WORDS).split()
+        return text.translate(ASCII_WORDS).split()
     text = unicodedata.normalize("NFC", text).lower()
     return (_MARKED_TOKEN if _has_mark(text) else _TOKEN).findall(text)
+
+
+_ASCII_TOKEN = re.compile(r"[A-Za-z0-9]+")
+
+
+def token_spans(text: str) -> list[tuple[str, int, int]]:
+    """``tokens`` with where each one starts and ends: offsets into ``text`` itself, so a caller that wants
+    ``tokens``' NFC normalisation normalises ``text`` first (NFC can change its length)."""
+    if text.isascii():
+        return [(m[0].lower(), m.start(), m.end()) for m in _ASCII_TOKEN.finditer(text)]
+    pattern = _MARKED_TOKEN if _has_mark(text) else _TOKEN
+    return [(m[0].lower(), m.start(), m.end()) for m in pattern.finditer(text)]
+
+
+def span_tokens(text: str) -> list[str]:
+    """The tokens of ``token_spans``, without their offsets: C calls, no Python step a token."""
+    if text.isascii():
+        return text.translate(ASCII_WORDS).split()
+    return list(map(str.lower, (_MARKED_TOKEN if _has_mark(text) else _TOKEN).findall(text)))
 
 
 @lru_cache(maxsize=65536)

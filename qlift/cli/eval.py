@@ -52,6 +52,10 @@ def eval_cmd(candidate: str, **options: Any) -> None:
             j = r.judge
             click.echo(f"  judge {j['model']}: candidate better {share_text(j, 'wins')}, tie {share_text(j, 'ties')}, "
                        f"baseline better {share_text(j, 'losses')} over {j['judged']} prompts")
+        if r.baseline_reads:
+            from qlift.eval.baseline_reads import describe
+
+            click.echo(f"  {describe(r.baseline_reads)}")
         for g in r.gates:
             click.echo(f"  {'PASS' if g.passed else 'FAIL'}  {g.expr}  ({g.detail})")
         for n in r.notes:

@@ -24,6 +24,7 @@ from qlift.errors import ExternalToolError
 from qlift.eval.backend import Backend
 from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
 from qlift.progress import ProgressLines, bar
+from qlift.quality.toolcalls import calls_of
 from qlift.threads import map_unordered
 
 log = logging.getLogger(__name__)
@@ -152,9 +153,13 @@ class EndpointBackend(Backend):
             "temperature": sampling.temperature, "seed": sampling.seed,
         }
         t0 = time.monotonic()
+        calls: list[tuple[str, str | None]] = []
         if req.messages is not None:
-            data = self._post(client, model, "/v1/chat/completions", {**body, "messages": req.messages})
-            text = data["choices"][0]["message"]["content"] or ""
+            tools = {k: v for k, v in (("tools", req.tools), ("tool_choice", req.tool_choice)) if v is not None}
+            data = self._post(client, model, "/v1/chat/completions", {**body, "messages": req.messages, **tools})
+            message = data["choices"][0]["message"]
+            text = message["content"] or ""
+            calls = list(calls_of(message.get("tool_calls")))
         else:
             data = self._post(client, model, "/v1/completions", {**body, "prompt": req.prompt})
             text = data["choices"][0]["text"]
@@ -162,7 +167,7 @@ class EndpointBackend(Backend):
         usage = data.get("usage") or {}
         gen = Generation(
             text=text, output_tokens=int(usage.get("completion_tokens", 0)), latency_s=latency,
-            finish_reason=data["choices"][0].get("finish_reason"),
+            finish_reason=data["choices"][0].get("finish_reason"), tool_calls=calls,
         )
         if req.reference and self.supports_ppl:
             self._score(client, model, req, gen)

@@ -39,11 +39,14 @@ class Request:
     messages: list[dict[str, str]] | None
     prompt: str | None
     reference: str | None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     @classmethod
     def of(cls, ex: Example) -> Request:
         msgs = [m.model_dump() for m in ex.messages] if ex.messages is not None else None
-        return cls(messages=msgs, prompt=ex.prompt, reference=ex.reference)
+        return cls(messages=msgs, prompt=ex.prompt, reference=ex.reference, tools=ex.tools,
+                   tool_choice=ex.tool_choice)
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Generation:
     finish_reason: str | None = None
     ref_logprob: float | None = None  # sum of the reference tokens' log-probabilities
     ref_tokens: int | None = None
+    # (name, arguments) each, from an endpoint's message.tool_calls; offline backends leave calls in the text
+    tool_calls: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 OnResult = Callable[[int, Generation], None]
@@ -105,7 +110,8 @@ class CacheStats:
 
 
 def cache_key(model_id: str, backend: str, req: Request, sampling: Sampling, numerics: str = "") -> str:
-    key: dict[str, Any] = {"model": model_id, "backend": backend, "request": asdict(req), "sampling": asdict(sampling)}
+    request = {k: v for k, v in asdict(req).items() if v is not None or k not in ("tools", "tool_choice")}
+    key: dict[str, Any] = {"model": model_id, "backend": backend, "request": request, "sampling": asdict(sampling)}
     if numerics:
         key["numerics"] = numerics
     blob = json.dumps(key, sort_keys=True, ensure_ascii=False)

@@ -155,7 +155,8 @@ def score(metric: str, ex: Example, gen: Generation, *, refusal_patterns: Path |
         v = share
     elif metric in QUALITY:
         flag = QUALITY[metric].flag(Answer(ex.prompt_key(), text, refusal_patterns=refusal_patterns,
-                                           finish_reason=gen.finish_reason))
+                                           finish_reason=gen.finish_reason,
+                                           tool_calls=tuple((n, a) for n, a in gen.tool_calls)))
         if flag is None:
             return None
         v = float(flag)

@@ -56,8 +56,8 @@ class EvalOptions:
     """Bearer token for the endpoint (env QLIFT_EVAL_API_KEY)."""
 
     refusal_patterns: Path | None = None
-    """More refusal patterns for the refusal metric: a file, one regular expression a line (beside qlift's English
-    and Chinese ones)."""
+    """More refusal patterns for the refusal metric: a file, one regular expression a line (beside the shipped ones
+    of 18 languages)."""
     judge: str | None = field(default=None, metadata={"metavar": "URL#MODEL"})
     """A judge model (OpenAI-compatible) compares the candidate's and the baseline's answers to each prompt, asked
     twice with the order swapped; needs --baseline."""
@@ -65,6 +65,10 @@ class EvalOptions:
     """Prompts the judge compares (an even sample)."""
     judge_rubric: Path | None = None
     """The judge's instructions, a text file (default: qlift's rubric, docs/eval.md)."""
+    score_with_baseline: bool = False
+    """Score both models' answers under the baseline model: each answer's mean negative log-likelihood per token
+    after its prompt (the rollout's stable_reads check, offline), candidate against baseline with a bootstrap CI;
+    needs --baseline."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -75,3 +79,6 @@ class EvalOptions:
             if self.baseline is None:
                 raise BadInputError("`judge` compares the candidate with the baseline, but no `baseline` was given",
                                     field="judge", hint="Pass `baseline` MODEL, or leave `judge` out.")
+        if self.score_with_baseline and self.baseline is None:
+            raise BadInputError("`score_with_baseline` scores the answers under the baseline, but no `baseline` was "
+                                "given", field="score_with_baseline", hint="Pass `baseline` MODEL.")

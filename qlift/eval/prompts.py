@@ -6,7 +6,9 @@ Each line is a JSON object::
      "reference": "Paris.", "tags": ["geo"],
      "checks": {"contains": "Paris", "max_chars": 200}}
 
-``prompt`` (a plain string, no chat template) may stand in for ``messages``.
+``prompt`` (a plain string, no chat template) may stand in for ``messages``. A chat example may
+offer OpenAI function ``tools`` (and a ``tool_choice``): the answer's tool calls are then checked
+against them (``tool_call_broken``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class Example(BaseModel):
     reference: str | None = Field(None, description="The expected answer (for ppl, exact_match, rougeL, chrF).")
     checks: Checks | None = None
     tags: list[str] = Field(default_factory=list, description="Slices this example counts in.")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description='OpenAI function tools offered with the messages ({"type": "function", "function": '
+        '{"name", "parameters"}} each); the answer\'s tool calls are checked against them.')
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description='OpenAI tool_choice: "auto", "required", "none" or {"type": "function", "function": '
+        '{"name"}}.')
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Example:
@@ -88,12 +96,20 @@ class Example(BaseModel):
             raise ValueError("give exactly one of 'messages' or 'prompt'")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' is empty")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("'tools' need 'messages' (a chat prompt)")
+        if any(not isinstance(t.get("function"), dict) or not isinstance(t["function"].get("name"), str)
+               for t in self.tools or []):
+            raise ValueError('each tool must be {"type": "function", "function": {"name": ..., "parameters": ...}}')
+        if self.tool_choice is not None and self.tools is None:
+            raise ValueError("'tool_choice' needs 'tools'")
         return self
 
     def prompt_key(self) -> dict[str, Any]:
         """What the model sees (and what a cached generation is keyed by)."""
         if self.messages is not None:
-            return {"messages": [m.model_dump() for m in self.messages]}
+            tools = {k: v for k, v in (("tools", self.tools), ("tool_choice", self.tool_choice)) if v is not None}
+            return {"messages": [m.model_dump() for m in self.messages], **tools}
         return {"prompt": self.prompt}
 
 

@@ -100,6 +100,10 @@ def render_markdown(result: Any) -> str:
                 f"candidate better {share_text(j, 'wins')}, tie {share_text(j, 'ties')} ({j['swapped_disagreed']} "
                 f"of them the two orders disagreeing), baseline better {share_text(j, 'losses')}; "
                 f"{j['unjudged']} unjudged.", ""]
+    if getattr(result, "baseline_reads", None):
+        from qlift.eval.baseline_reads import describe
+
+        out += ["## Baseline reads", "", describe(result.baseline_reads) + ".", ""]
     if getattr(result, "latency_warning", None):
         out += [f"> **Warning:** {result.latency_warning}", ""]
     out += ["## Overall", "", *_table([s for s in result.overall if s.n], has_base), ""]

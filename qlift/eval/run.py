@@ -67,6 +67,7 @@ class EvalResult:
     seconds: float = 0.0
     latency_warning: str | None = None  # why the latency comparison says little about the models
     judge: dict[str, Any] | None = None  # --judge: win / tie / loss of the candidate against the baseline
+    baseline_reads: dict[str, Any] | None = None  # --score-with-baseline: both answers' mean NLL under the baseline
 
     def summary(self, metric: str, tag: str | None = None) -> MetricSummary | None:
         rows = self.overall if tag is None else self.slices.get(tag, [])
@@ -270,6 +271,10 @@ def evaluate(candidate: str | ModelRef, options: EvalOptions | None = None, *, b
             notes.append(result.latency_warning)
     if o.judge is not None:
         result.judge = _judge_model(o, examples, rows)
+    if o.score_with_baseline:
+        from qlift.eval.baseline_reads import baseline_reads
+
+        result.baseline_reads = baseline_reads(models[1], requests, gens, impl, cache, resamples=resamples, seed=seed)
     result.gates = [_judge(g, result) for g in parsed_gates]
     result.passed = all(g.passed for g in result.gates)
     result.seconds = round(time.monotonic() - t0, 3)

@@ -40,7 +40,9 @@ def run(raw: dict[str, Any]) -> dict[str, Any]:
     prompts: list[Any] = []
     params: list[Any] = []
     scored: list[tuple[int, int]] = []  # (request index, reference token count)
-    rendered = [prompt_token_ids(tok, {"messages": r.messages, "prompt": r.prompt}) for r in job.requests]
+    # Tools go into the chat template, as llm.chat(tools=) would; the model's <tool_call> text is read by the metric.
+    rendered = [prompt_token_ids(tok, {"messages": r.messages, "prompt": r.prompt, "tools": r.tools})
+                for r in job.requests]
     for ids in rendered:
         prompts.append(TokensPrompt(prompt_token_ids=ids))
         params.append(gen_params)

@@ -31,12 +31,14 @@ class ChatRecord(BaseModel):
 
 def prompt_token_ids(tokenizer: Any, record: Mapping[str, Any]) -> list[int]:
     """A record's prompt as token ids: ``messages`` through the model's chat template (with the
-    generation prompt), else ``prompt`` as plain text. The one rendering eval and batch share."""
+    generation prompt, and the record's ``tools`` where it has them), else ``prompt`` as plain text. The
+    one rendering eval and batch share."""
     messages = record.get("messages")
     if messages is not None:
         if not getattr(tokenizer, "chat_template", None):
             raise IncompatibleError("the model has no chat template, so 'messages' cannot be rendered",
                                     hint="Use 'prompt' instead of 'messages' for this model.")
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        tools = {"tools": record["tools"]} if record.get("tools") else {}
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(record["prompt"])["input_ids"])

@@ -85,8 +85,9 @@ def router(vllm_router: RouterProcess, canary_proxy: FaultProxy) -> RouterProces
 
 # Evidence carries over held windows, so a slow machine (an AVX2 core answers ~4x slower than an AVX-512 one)
 # only needs more of them: 40 windows of 4 s at most; too little traffic after that rolls back with its
-# sizing advice instead of pausing, so a test never waits for a `resume` nobody sends.
-PATIENT = ("--min-requests", "4", "--max-inconclusive", "40", "--on-insufficient", "rollback")
+# sizing advice instead of pausing, so a test never waits for a `resume` nobody sends. The stable's reads (each
+# window scoring answers on the one-core stable: seconds) are tested in test_stable_scorer.py and the README's line.
+PATIENT = ("--min-requests", "4", "--max-inconclusive", "40", "--on-insufficient", "rollback", "--stable-reads", "off")
 
 
 def promote(run_cli, router: RouterProcess, journal: Path, *extra: str, steps: str = "10,50,100",  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ def test_release_promotes_the_candidate_then_skips_it(run_cli, tmp_path: Path, s
             {"stage": "promote", "options": {
                 "steps": [50, 100], "interval": "4s",
                 "analysis": {"min_requests": 4, "max_inconclusive": 40, "on_insufficient": "rollback",
-                             "max_latency_ratio": 2.5, "max_ttft_ratio": 2.5}},
+                             "max_latency_ratio": 2.5, "max_ttft_ratio": 2.5, "stable_reads": "off"}},
              "load": {"prompts": str(REPO / "examples" / "prompts" / "tickets-heldout.jsonl"), "concurrency": 6,
                       "max_tokens": 16}},
         ],

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from qlift.cli.options import click_options
 from qlift.errors import BadInputError
+from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.checks import BY_NAME, CHECKS, WindowKind, argo_metrics, describe
 from qlift.rollout.dataplane import make_data_plane as make_plane
 from qlift.rollout.evidence import Evidence, from_request_records
@@ -54,10 +55,13 @@ def test_every_check_is_one_entry_the_judge_argo_and_status_read() -> None:
     a = AnalysisSpec()
     for c in CHECKS:
         assert all(f in AnalysisSpec.model_fields for f in c.limits), c.name
-    # a split window runs every check that applies to split windows, but the judge model's (it has no verdicts)
-    split = [c.name for c in CHECKS if WindowKind.SPLIT in c.applies and c.name not in ("tpot", "judge")]
-    assert TESTED_CHECKS == sum(BY_NAME[n].tested for n in split) == 15  # 9 of them read answers (qlift.quality)
-    assert check_alpha(a) == pytest.approx(a.alpha / 15)
+    # a split window runs every check that applies to split windows, but the judge model's (it has no verdicts) and
+    # the stable's reads (no stable server read its answers)
+    split = [c.name for c in CHECKS if WindowKind.SPLIT in c.applies
+             and c.name not in ("tpot", "judge", "stable_reads")]
+    # the 6 operational checks and one a registry entry of qlift.quality (the answer checks)
+    assert TESTED_CHECKS == sum(BY_NAME[n].tested for n in split) == 6 + len(ANSWER_METRICS)
+    assert check_alpha(a) == pytest.approx(a.alpha / (6 + len(ANSWER_METRICS)))
     rng = random.Random(0)
     ev = evidence([record("stable", i, latency=rng.uniform(1, 2)) for i in range(60)],
                   [record("canary", i, latency=rng.uniform(1, 2)) for i in range(30)])

@@ -12,6 +12,7 @@ over ``limit``, then a one-sided proportion test in the window's Bonferroni fami
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +20,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from qlift.quality.engagement import disengaged
 from qlift.quality.language import off_language
 from qlift.quality.leak import leaks
 from qlift.quality.refusal import refuses
 from qlift.quality.repetition import loop_length, loops, tokens
 from qlift.quality.rephrase import near_repetition
 from qlift.quality.schema import asks_json, json_invalid, matches_schema, request_schema
+from qlift.quality.textshape import text_shape
+from qlift.quality.toolcalls import ToolCall, tool_call_broken
 from qlift.quality.unfinished import unfinished
 
 PROMPT_CHARS = 2000  # the opening of the prompt that is judged (its language)
@@ -32,15 +36,17 @@ PROMPT_CHARS = 2000  # the opening of the prompt that is judged (its language)
 
 @dataclass(frozen=True)
 class Answer:
-    """What a metric reads: the request (``messages`` or ``prompt``, a system prompt, ``response_format``)
-    and the answer; ``other`` is the other version's answer to the same request where there is one (shadow
-    pairs); ``finish_reason`` the server's (``stop``, ``length``, ``content_filter``), where it is known."""
+    """What a metric reads: the request (``messages`` or ``prompt``, a system prompt, ``response_format``,
+    ``tools`` and ``tool_choice``) and the answer; ``other`` is the other version's answer to the same request
+    where there is one (shadow pairs); ``finish_reason`` the server's (``stop``, ``length``, ``content_filter``),
+    where it is known; ``tool_calls`` the answer's calls, (name, arguments) each (``qlift.quality.toolcalls``)."""
 
     request: dict[str, Any]
     text: str
     other: str | None = None
     refusal_patterns: Path | None = None
     finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def prompt(self) -> str:
@@ -49,6 +55,56 @@ class Answer:
     @property
     def system(self) -> str:
         return system_text(self.request)
+
+    @property
+    def flag_key(self) -> FlagKey:
+        """All a flag reads but the refusal patterns, hashable (``answer_flags``' memo key): the user's and the
+        system's text, the response format and the tools offered (as JSON), the answer, its finish reason, its
+        tool calls and the other version's answer."""
+        calls = tuple((name, args) for name, args in self.tool_calls) if self.tool_calls else ()  # JSON lists
+        return (*request_parts(self.request), self.text, self.finish_reason, calls, self.other)
+
+
+FlagKey = tuple[str, str, str, str, str, str | None, tuple[ToolCall, ...], str | None]
+RequestParts = tuple[str, str, str, str]  # the user's text, the system's, the response format and the tools as JSON
+_canonical = json.JSONEncoder(sort_keys=True).encode  # json.dumps(..., sort_keys=True) without a new encoder a call
+_READ = ("messages", "prompt", "system", "response_format", "tools", "tool_choice")  # what request_parts reads
+
+
+def _request_parts(request: dict[str, Any]) -> RequestParts:
+    fmt = request.get("response_format")
+    tools = {k: request[k] for k in ("tools", "tool_choice") if request.get(k) is not None}
+    return (user_text(request), system_text(request), _canonical(fmt) if fmt else "",
+            _canonical(tools) if tools else "")
+
+
+class _ByRequest:
+    """``RequestParts`` remembered by request object: the judge builds a window's answers again for each metric,
+    around the same request dicts (24 looks a pair), and the format's JSON is most of a look's cost. A request is
+    not changed once judged (the router's records are read-only): one whose top-level values were replaced, or
+    whose messages grew, is read again; an entry holds its request, so no other object takes its id."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self._size = size
+        self._memo: dict[int, tuple[dict[str, Any], tuple[Any, ...], int, RequestParts]] = {}
+
+    def __call__(self, request: dict[str, Any]) -> RequestParts:
+        values = tuple(map(request.get, _READ))
+        n = len(values[0]) if isinstance(values[0], list) else -1  # the messages
+        hit = self._memo.get(id(request))
+        if hit is not None and hit[0] is request and hit[2] == n and all(map(operator.is_, hit[1], values)):
+            return hit[3]
+        parts = _request_parts(request)
+        if len(self._memo) >= self._size:
+            self._memo.clear()
+        self._memo[id(request)] = (request, values, n, parts)
+        return parts
+
+    def cache_clear(self) -> None:
+        self._memo.clear()
+
+
+request_parts = _ByRequest()
 
 
 def message_text(content: Any) -> str:
@@ -102,6 +158,7 @@ class AnswerMetric:
     offline: bool  # `qlift eval --metrics` has it (the request schema is a live-only notion)
     applies: str  # to which answers, in words
     doc: str
+    evidence: Callable[[Answer], str | None] | None = None  # what a person reads beside a flagged answer
 
 
 ANSWER_METRICS: tuple[AnswerMetric, ...] = (
@@ -110,14 +167,19 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
     AnswerMetric("off_language", "answers in another language than the prompt",
                  lambda a: off_language(a.prompt, a.text), "max_off_language_share_ratio", True,
                  "answers and user messages of 4+ words",
-                 "The answer is (30%+ of its words) in another script than the user's message, or py3langid "
-                 "names another language; JSON structure, code and URLs are not language. Not applicable "
-                 "under 4 words on either side."),
+                 "The answer is (30%+ of its words) in another script than the user's message, switches to one "
+                 "for a clause, or py3langid names another language; JSON structure, code, URLs, formulas, names "
+                 "and terms, and quoted text (block quotes, quotes of any script, runs copied from the user's "
+                 "message) are not language. Not applicable under 4 words on either side."),
     AnswerMetric("refusal", "refusals", lambda a: refuses(a.text, a.refusal_patterns), "max_refusal_share_ratio",
-                 True, "every answer", "A refusal pattern (English and Chinese, qlift/quality/data/refusals.txt; "
-                 "more from --refusal-patterns) matches at a clause start of the answer's first 300 characters: "
-                 "its start, after a sentence end (\"Thanks for reaching out! Unfortunately I can't help\"), or "
-                 "after a comma and a contrast word (\", but I can't help\")."),
+                 True, "every answer", "A refusal pattern matches at a clause start of the answer's first 300 "
+                 "characters: its start, after a sentence end of any script (. ! ? 。 ؟ ।), after a greeting "
+                 "(\"Hola, no puedo\"), or after a comma and a contrast or an apology (\", but I can't help\", "
+                 "\"，但是我无法\"). Patterns ship for zh, en, es, pt, fr, de, ru, ja, ko, ar, hi, vi, id, tr, it, nl, "
+                 "pl and uk, one file a language in qlift/quality/data/refusals/; more from --refusal-patterns "
+                 "(analysis.refusal_patterns), a file of the same format. Case, accents, harakat and curly or "
+                 "full-width punctuation do not matter; a quoted refusal, a polite opening (\"Lo siento por la "
+                 "espera\") and a program's \"cannot\" are no refusal."),
     AnswerMetric("schema_broken", "answers that break their request's JSON schema", _schema_broken,
                  "max_schema_broken_share_ratio", False, "requests with response_format json_schema",
                  "The request sent response_format json_schema and the answer does not validate against it."),
@@ -132,13 +194,14 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
                  "max_unfinished_share_ratio", True, "non-empty answers with a finish reason other than length "
                  "and content_filter",
                  "The server finished the answer (finish_reason stop) but its prose ends without a sentence end; "
-                 "a list item, table row, heading, code block, JSON, URL, emoji or sign-off line is an ending. "
+                 "a closing bracket or quote and a sentence end of any script, a list item, table row, heading, "
+                 "code block, JSON, URL, emoji, kaomoji, poem or sign-off line is an ending. "
                  "A one-line answer under 8 words is terse, not cut. Not applicable without a finish reason."),
     AnswerMetric("near_repetition", "answers that restate themselves", lambda a: near_repetition(a.text),
                  "max_near_repetition_share_ratio", True, "answers with a sentence of 3+ content words",
                  "3+ sentences, a quarter or more of those judged, restate the 4 before them: half or more of "
                  "their content words (CJK: character pairs) are in those sentences, without any exact repeat. "
-                 "Code, tables and URLs are not judged."),
+                 "Code, tables, list items, JSON and URLs are not judged."),
     AnswerMetric("leak", "answers that leak their system prompt", lambda a: leaks(a.system, a.text),
                  "max_leak_share_ratio", True, "requests with a system prompt of 8+ words (16+ CJK characters)",
                  "The answer holds a verbatim run of 12+ tokens of its system prompt (24+ for a mostly-CJK one), "
@@ -146,6 +209,36 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
     AnswerMetric("content_filtered", "answers cut by the content filter", _content_filtered,
                  "max_content_filtered_share_ratio", True, "answers with a finish reason",
                  "The router's content filter cut the answer (finish_reason content_filter)."),
+    AnswerMetric("tool_call_broken", "broken tool calls", lambda a: tool_call_broken(a.request, a.tool_calls, a.text),
+                 "max_tool_call_broken_share_ratio", True, "requests that offered tools",
+                 "A call's function.arguments do not parse as a JSON object or do not validate against the offered "
+                 "tool's parameters schema, a call names a tool that was not offered, no call came where "
+                 "tool_choice was \"required\" or named a function, or (no calls) the answer's text holds a "
+                 "Hermes-style <tool_call> block whose JSON is broken. Not applicable without tools, or with "
+                 "tool_choice \"none\"."),
+    AnswerMetric("disengaged", "answers that take up nothing the request asked",
+                 lambda a: disengaged(a.prompt, a.text, a.other), "max_disengaged_share_ratio", True,
+                 "requests with 2+ content units weighing 10+ (about three short words or two long ones; CJK: "
+                 "character pairs), answers in the request's language that are not data or verse",
+                 "The answer (10+ words) takes up under 10% of the request's content words: function words of 15 "
+                 "languages and the words of asking, small talk and form left out, stems of 5 letters, CJK as "
+                 "character pairs, long words weighing more. Where the other version's answer is known (shadow "
+                 "pairs) it is the standard: flagged when that one takes the request up and this one shares little "
+                 "of it (\"Paris.\" beside \"The capital of France is Paris.\" shares it). Not applicable to requests "
+                 "of under 2 content units weighing 10, to answers that are data or verse (code, JSON, tables, a "
+                 "tree, a formula, a poem) and take up nothing, nor, alone, to answers in another language than the "
+                 "request."),
+    AnswerMetric("text_shape", "answers with garbled, padded, repeated or template text",
+                 lambda a: text_shape(a.text) is not None if a.text.strip() else None,
+                 "max_text_shape_share_ratio", True, "every non-empty answer",
+                 "The answer's text is broken in shape (qlift/quality/textshape.py): mojibake (UTF-8 read as "
+                 "cp1252, latin-1, cp1251, GBK, Shift-JIS ...; rare Han characters), U+FFFD, control, private-use or "
+                 "unassigned code points, text escaped twice (&quot;, \\u00e9); padding (blank-line, punctuation, "
+                 "emoji or zero-width runs, or mostly no letters); a verbatim passage of 20+ tokens or a prose "
+                 "sentence of 10+ seen twice anywhere; or chat-template and reasoning markers (<|im_start|>, [INST], "
+                 "USER:, <think> ...) outside code. Each flagged answer carries its evidence (\"mojibake (cp1252): "
+                 "'Ã©' x4 (was 'é')\").",
+                 evidence=lambda a: text_shape(a.text)),
 )
 BY_NAME = {m.name: m for m in ANSWER_METRICS}
 
@@ -153,21 +246,22 @@ BY_NAME = {m.name: m for m in ANSWER_METRICS}
 def answer_flags(answer: Answer, refusal_patterns: Path | None = None) -> dict[str, bool]:
     """Every applicable metric's flag for one answer (memoised: a held window judges its answers again).
     The key is all a flag reads: the user's and the system's text, the answer, its finish reason, the
-    response format and the refusal patterns."""
-    fmt = answer.request.get("response_format")
-    return dict(_flags(user_text(answer.request), answer.system, answer.text,
-                       json.dumps(fmt, sort_keys=True) if fmt else "", answer.finish_reason,
-                       refusal_patterns or answer.refusal_patterns))
+    response format, the tools offered and tool_choice, the answer's tool calls, the other version's answer and
+    the refusal patterns."""
+    return _flags(refusal_patterns or answer.refusal_patterns, *answer.flag_key).copy()
 
 
 @lru_cache(maxsize=16384)
-def _flags(user: str, system: str, text: str, fmt: str, finish_reason: str | None, patterns: Path | None
-           ) -> tuple[tuple[str, bool], ...]:
+def _flags(patterns: Path | None, user: str, system: str, fmt: str, tools: str, text: str, finish_reason: str | None,
+           tool_calls: tuple[ToolCall, ...], other: str | None) -> dict[str, bool]:
+    """The flags (the memo's own dict: callers get a copy)."""
     request: dict[str, Any] = {"prompt": user, "system": system}
     if fmt:
         request["response_format"] = json.loads(fmt)
-    one = Answer(request, text, refusal_patterns=patterns, finish_reason=finish_reason)
-    return tuple((m.name, v) for m in ANSWER_METRICS if (v := m.flag(one)) is not None)
+    if tools:
+        request |= json.loads(tools)
+    one = Answer(request, text, other, patterns, finish_reason=finish_reason, tool_calls=tool_calls)
+    return {m.name: v for m in ANSWER_METRICS if (v := m.flag(one)) is not None}
 
 
 def count(answers: list[Answer], name: str, refusal_patterns: Path | None = None) -> tuple[int, int]:
@@ -204,9 +298,20 @@ def _head(text: str | None, n: int) -> str | None:
 def examples(answers: list[Answer], name: str, refusal_patterns: Path | None = None, k: int = 3
              ) -> list[dict[str, str | None]]:
     """Up to ``k`` flagged answers for a person to read (``answer``: this version's; ``other``: the other
-    version's answer to the same prompt, where known); loops longest first, else in arrival order."""
+    version's answer to the same prompt, where known; ``evidence``: what is wrong with it, where the metric
+    says); loops longest first, else in arrival order."""
     flagged = [a for a in answers if answer_flags(a, refusal_patterns).get(name)]
     if name == "loops":
         flagged.sort(key=lambda a: -loop_length(tokens(a.text)))
-    return [{"prompt": _head(a.prompt, EXAMPLE_CHARS["prompt"]), "answer": _head(a.text, EXAMPLE_CHARS["answer"]),
-             "other": _head(a.other, EXAMPLE_CHARS["answer"])} for a in flagged[:k]]
+    shown = [{"prompt": _head(a.prompt, EXAMPLE_CHARS["prompt"]), "answer": _head(_shown(a), EXAMPLE_CHARS["answer"]),
+              "other": _head(a.other, EXAMPLE_CHARS["answer"])} for a in flagged[:k]]
+    if (metric := BY_NAME.get(name)) is not None and (evidence := metric.evidence) is not None:
+        for example, a in zip(shown, flagged, strict=False):
+            example["evidence"] = _head(evidence(a), EXAMPLE_CHARS["answer"])
+    return shown
+
+
+def _shown(a: Answer) -> str:
+    """The answer as a person reads it: its text, then its tool calls as ``name(arguments)``."""
+    calls = [f"{name}({'…cut' if args is None else args})" for name, args in a.tool_calls]
+    return " ".join([a.text, *calls]) if calls else a.text

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from qlift.rollout.check_types import Look
 from qlift.rollout.evidence import Evidence, VersionEvidence, unique
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
 from qlift.rollout.planes import SourceName
@@ -127,13 +128,14 @@ class Analysis:
             return held.merged(ev)
         return ev
 
-    def early_stop(self, step: int, peek: Evidence | None) -> bool:
-        """A failing canary need not wait for the window's end: once its errors are significant
-        (the same test as the window's), the window ends now and is judged in full."""
+    def early_stop(self, step: int, peek: Evidence | None, look: Look) -> list[str]:
+        """A failing canary need not wait for the window's end: once its errors are significant (the same test
+        as the window's), or an answer check is at the level its looks spend, the window ends now and is judged
+        in full. The names of the checks significant at this look."""
         if peek is None:
-            return False
+            return []
         ev = self.with_carry(step, peek)
-        return bool(early_failures(ev, self.spec.analysis))
+        return [c.name for c in early_failures(ev, self.spec.analysis, look)]
 
     def assess(self, step: int, weight: int, window: Evidence, *, holds: int, passes: int, errors: int = 0
                ) -> Assessment:
@@ -228,8 +230,10 @@ class Analysis:
         ev.notes = unique([*ev.notes, note])
         return ev
 
-    def early_stop_bake(self, peek: Evidence | None, baseline: VersionEvidence, note: str) -> bool:
-        return peek is not None and bool(early_failures(self.bake_evidence(peek, baseline, note), self.spec.analysis))
+    def early_stop_bake(self, peek: Evidence | None, baseline: VersionEvidence, note: str, look: Look) -> list[str]:
+        if peek is None:
+            return []
+        return [c.name for c in early_failures(self.bake_evidence(peek, baseline, note), self.spec.analysis, look)]
 
     def assess_bake(self, window: Evidence, baseline: VersionEvidence, note: str, *, holds: int, passes: int,
                     errors: int = 0) -> Assessment:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from qlift.quality.language import prompt_script
 from qlift.quality.registry import Answer, AnswerMetric, answer_flags, examples
-from qlift.rollout.check_types import CheckResult, CheckStatus, Runner, Window, WindowKind
+from qlift.rollout.check_types import CheckResult, CheckStatus, Look, Runner, Window, WindowKind
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import mcnemar_greater
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from qlift.rollout.shadow import ShadowEvidence
 
 ALL = "all prompts"
+LOOKS_SHARE = 0.25  # of a split window's answer-check level, what its looks spend in all (look_share)
 
 # checks._share_check: (name, canary hits, canary n, stable hits, stable n, limit, spec, what, alpha=) -> result
 ShareTest = Callable[..., CheckResult]
@@ -51,13 +52,15 @@ def _flag(a: Answer, name: str, patterns: Path | None) -> bool | None:
 
 def shadow_answers(ev: ShadowEvidence, patterns: Path | None) -> tuple[list[Answer], list[Answer]]:
     """(canary's, stable's) answers of the pairs both versions answered, in pair order, each with the other's
-    text and its own finish reason."""
+    text and its own finish reason and tool calls."""
     canary, stable = [], []
     for p in ev.pairs:
         if not (p.primary.ok and p.shadow.ok) or p.primary.text is None or p.shadow.text is None:
             continue
-        canary.append(Answer(p.request, p.shadow.text, p.primary.text, patterns, finish_reason=p.shadow.finish_reason))
-        stable.append(Answer(p.request, p.primary.text, p.shadow.text, patterns, finish_reason=p.primary.finish_reason))
+        canary.append(Answer(p.request, p.shadow.text, p.primary.text, patterns, finish_reason=p.shadow.finish_reason,
+                             tool_calls=p.shadow.tool_calls))
+        stable.append(Answer(p.request, p.primary.text, p.shadow.text, patterns, finish_reason=p.primary.finish_reason,
+                             tool_calls=p.primary.tool_calls))
     return canary, stable
 
 
@@ -160,6 +163,19 @@ def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float, share_t
     return r
 
 
+def look_share(look: Look | None, sequential: bool) -> float:
+    """The share of a split window's answer-check level that one test spends. Sequential (alpha spending with
+    t squared, Bonferroni over the looks): the looks at a window in progress spend LOOKS_SHARE of it in all, each
+    the growth of LOOKS_SHARE x t^2 since the last (t: the share of the interval gone), and the window's end the
+    rest. The looks and the end together never spend more than the level, however many looks there were; a bad
+    canary is seen early, when few users have read it, and a healthy one is judged at 3/4 of the level."""
+    if not sequential:
+        return 1.0 if look is None else 0.0
+    if look is None:
+        return 1 - LOOKS_SHARE
+    return LOOKS_SHARE * (min(look.now, 1.0) ** 2 - min(look.before, 1.0) ** 2)
+
+
 def answer_check(m: AnswerMetric, *, alpha_of: Callable[[AnalysisSpec], float], share_test: ShareTest) -> Runner:
     """The registry's runner for ``m``: paired in shadow windows, stratified everywhere; ``alpha_of`` and
     ``share_test`` are the registry's per-check level and unpaired share test (checks.py passes them in)."""
@@ -170,7 +186,11 @@ def answer_check(m: AnswerMetric, *, alpha_of: Callable[[AnalysisSpec], float], 
             r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
             return r
         shadow = w.kind == WindowKind.SHADOW and w.pairs is not None
-        got = run_shadow(m, w, a, alpha_of(a)) if shadow else run_split(m, w, a, alpha_of(a), share_test)
+        if shadow:
+            got = run_shadow(m, w, a, alpha_of(a))
+        else:
+            level = alpha_of(a) * look_share(w.look, a.early_answer_checks)
+            got = run_split(m, w, a, level, share_test) if level > 0 else None
         if got is None:
             r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
             r.detail = f"applies to no answer of both versions in this window ({m.applies})"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from qlift.errors import QliftError
 from qlift.rollout import bake
 from qlift.rollout.analysis import BAKE_STEP, Assessment
+from qlift.rollout.check_types import Look
 from qlift.rollout.journal import Rollout
 from qlift.rollout.states import DecisionAction, Phase, State, StepOutcome
 from qlift.rollout.view import log_window
@@ -40,15 +41,15 @@ class BakePhase(WindowLoop):
         assert kept is not None  # kept in the transaction that moved to 100% (Controller._advance)
         stable, about = kept
 
-        def peek() -> bool:
+        def peek(look: Look) -> list[str]:
             try:
                 ev = self.collector.peek()
             except QliftError:
-                return False
-            if self.analysis.early_stop_bake(ev, stable, about):
-                log.info("canary errors are already significant: ending the bake window early")
-                return True
-            return False
+                return []
+            significant = self.analysis.early_stop_bake(ev, stable, about, look)
+            if significant:
+                log.info("%s already significant: ending the bake window early", ", ".join(significant))
+            return significant
 
         ev = self._split_evidence(r, policy, self.collector.begin, peek)
         if ev is None:

@@ -13,8 +13,10 @@ from typing import Any
 
 from qlift.quality.judge import JudgeResult
 from qlift.quality.registry import Answer as QualityAnswer
+from qlift.quality.toolcalls import ToolCall
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.shadow import Answer, Pair, ShadowEvidence
+from qlift.rollout.stable_reads import StableReads
 from qlift.serialize import to_jsonable
 
 Held = Evidence | ShadowEvidence
@@ -48,18 +50,26 @@ def _version(d: dict[str, Any]) -> VersionEvidence:
     if answers is not None:
         ev.answers = [QualityAnswer(a["request"], a["text"], a.get("other"),
                                     Path(a["refusal_patterns"]) if a.get("refusal_patterns") else None,
-                                    a.get("finish_reason"))
+                                    a.get("finish_reason"), _calls(a.get("tool_calls")))
                       for a in answers]
     return ev
 
 
+def _calls(raw: list[list[str | None]] | None) -> tuple[ToolCall, ...]:
+    """Tool calls as the journal keeps them, (name, arguments) lists, back into pairs (older journals: none)."""
+    return tuple((str(name), args) for name, args in raw or ())
+
+
 def _evidence(d: dict[str, Any]) -> Evidence:
     stable, canary, judged = _version(d.pop("stable")), _version(d.pop("canary")), _judged(d.pop("judged", None))
-    return Evidence(stable, canary, judged=judged, **d)
+    return Evidence(stable, canary, judged=judged, reads=StableReads.load(d.pop("reads", None)), **d)
+
+
+def _side(d: dict[str, Any]) -> Answer:
+    return Answer(**{**d, "tool_calls": _calls(d.get("tool_calls"))})
 
 
 def _shadow(d: dict[str, Any]) -> ShadowEvidence:
-    pairs = [Pair(p["seq"], p["request"], Answer(**p["primary"]), Answer(**p["shadow"]), p["path"])
-             for p in d.pop("pairs")]
+    pairs = [Pair(p["seq"], p["request"], _side(p["primary"]), _side(p["shadow"]), p["path"]) for p in d.pop("pairs")]
     judged = _judged(d.pop("judged", None))
-    return ShadowEvidence(pairs=pairs, judged=judged, **d)
+    return ShadowEvidence(pairs=pairs, judged=judged, reads=StableReads.load(d.pop("reads", None)), **d)

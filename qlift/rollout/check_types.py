@@ -14,6 +14,7 @@ from qlift.rollout.spec import AnalysisSpec, ShadowSpec
 if TYPE_CHECKING:
     from qlift.quality.judge import JudgeResult
     from qlift.rollout.shadow import ShadowEvidence
+    from qlift.rollout.stable_reads import StableReads
 
 
 class CheckStatus(StrEnum):
@@ -37,6 +38,15 @@ class CheckResult:
     p_value: float | None = None
     detail: str = ""
     examples: list[dict[str, str | None]] = field(default_factory=list)  # answer checks: what a person reads
+
+
+@dataclass(frozen=True)
+class Look:
+    """A look at a split window in progress: the share of its interval gone at the previous look and now. The
+    answer checks spend part of their level over the looks (``answer_checks.look_level``)."""
+
+    before: float
+    now: float
 
 
 class WindowKind(StrEnum):
@@ -74,6 +84,8 @@ class Window:
     judged: JudgeResult | None = None
     judge_margin: float | None = None
     alpha: float = 0.05  # the window's family-wise level before Bonferroni (run_checks sets it; agreement's test)
+    look: Look | None = None  # a peek at a window in progress; None: the window's end
+    reads: StableReads | None = None  # both versions' answers read by the stable model (stable_reads.py)
 
     def feeds(self, check: FedCheck) -> bool:
         """This window has what ``check`` reads: answers on both sides, the judge's verdicts, a shadow's pairs."""
@@ -83,6 +95,8 @@ class Window:
             return self.canary.answers is not None and self.stable.answers is not None
         if check.reads == ("judged",):
             return self.judge_margin is not None
+        if check.reads == ("reads",):
+            return self.reads is not None and self.reads.skipped is None
         return True
 
 

@@ -29,6 +29,7 @@ from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exporte
     argo_requests,
     argo_tokens,
 )
+from qlift.rollout.read_checks import check_stable_reads
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stats import TestResult, binomial_greater, mann_whitney_greater, proportion_greater
 
@@ -56,9 +57,9 @@ class Check:
 
 
 def tested_checks() -> int:
-    """The tested checks of a split window that sees answers, without a judge model: what ``alpha`` is divided
-    by before a window's own family is known (``window_spec`` rescales it to the window's)."""
-    return sum(1 for c in CHECKS if c.tested and WindowKind.SPLIT in c.applies and c.reads != ("judged",))
+    """The tested checks of a split window that sees answers, without a judge model or the stable's reads: what
+    ``alpha`` is divided by before a window's own family is known (``window_spec`` rescales it to the window's)."""
+    return sum(1 for c in CHECKS if c.tested and WindowKind.SPLIT in c.applies and c.reads not in WINDOW_EXTRAS)
 
 
 def check_alpha(a: AnalysisSpec) -> float:
@@ -306,7 +307,7 @@ def check_tpot(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> Check
 def answer_checks() -> tuple[Check, ...]:
     return tuple(Check(m.name, ("answers",), "split: share ratio, then one-sided proportion test; shadow: paired "
                        "McNemar; each over the window and per prompt script",
-                       (m.limit, "min_share_increase"), tested=True, early=False,
+                       (m.limit, "min_share_increase"), tested=True, early=True,
                        run=answer_check(m, alpha_of=check_alpha, share_test=_share_check), argo=None,
                        doc=m.doc) for m in ANSWER_METRICS)
 
@@ -335,6 +336,10 @@ def _agreement(w: Window, a: AnalysisSpec) -> CheckResult | None:
 
 def _judge(w: Window, a: AnalysisSpec) -> CheckResult | None:
     return None if w.judge_margin is None else check_judge_model(w.judged, w.judge_margin, check_alpha(a))
+
+
+def _stable_reads(w: Window, a: AnalysisSpec) -> CheckResult | None:
+    return check_stable_reads(w.reads, w.kind, a, check_alpha(a))
 
 
 CHECKS: tuple[Check, ...] = (
@@ -382,7 +387,15 @@ CHECKS: tuple[Check, ...] = (
     Check("judge", ("judged",), "loss - win share <= margin, else one-sided sign test", (), tested=True,
           early=False, run=_judge, argo=None,
           doc="A judge model prefers the stable's answer (shadow.judge, shadow.max_judge_loss_margin)."),
+    # the stable model's reading of both versions' answers, where the stable is a vLLM server (read_checks.py)
+    Check("stable_reads", ("reads",), "mean NLL (and share of tokens under log-probability -12) increase <= "
+          "limit, else one-sided Wilcoxon signed-rank (shadow) or Mann-Whitney U (split), per prompt script",
+          ("max_nll_increase", "max_low_prob_share_increase"), tested=True, early=False, run=_stable_reads,
+          argo=None, doc="The stable model finds the canary's answers less likely after their requests than its own "
+          "(misdecoded text, deflections, answers off its distribution)."),
 )
+# what only some windows have: a judge model's verdicts, the stable's reading of the answers (its server is vLLM)
+WINDOW_EXTRAS = (("judged",), ("reads",))
 BY_NAME = {c.name: c for c in CHECKS}
 
 
@@ -415,7 +428,7 @@ def run_checks(w: Window, a: AnalysisSpec, *, early_only: bool = False) -> list[
 
 def describe(a: AnalysisSpec) -> list[dict[str, object]]:
     """Every check of a split window with its limits under ``a`` (what `status` shows the judge compares)."""
-    return [c.describe(a) for c in CHECKS if WindowKind.SPLIT in c.applies and c.reads != ("judged",)
+    return [c.describe(a) for c in CHECKS if WindowKind.SPLIT in c.applies and c.reads not in WINDOW_EXTRAS
             and (c.name != "tpot" or a.max_tpot_ratio is not None)]
 
 

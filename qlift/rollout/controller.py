@@ -20,6 +20,7 @@ from qlift.rollout import bake
 from qlift.rollout.aborts import confirm_abort, journal_marked_abort
 from qlift.rollout.analysis import DOWN, Assessment
 from qlift.rollout.bake_phase import BakePhase
+from qlift.rollout.check_types import Look
 from qlift.rollout.dataplane import DataPlane
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.journal import Journal, Rollout, is_disk_full
@@ -29,6 +30,7 @@ from qlift.rollout.shadow_phase import ShadowPhase
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.split_pairs import SplitPairs
+from qlift.rollout.stable_reads import make_reader
 from qlift.rollout.states import DecisionAction, State, StepOutcome
 from qlift.rollout.view import log_window
 from qlift.rollout.webhook import WebhookAction
@@ -45,6 +47,7 @@ class Controller(ShadowPhase, BakePhase):
                  collector: Collector, *, pace: Pace | None = None, shadow_source: ShadowSource | None = None) -> None:
         super().__init__(journal, rollout_id, spec, plane, collector, pace=pace, shadow_source=shadow_source)
         self.split_pairs = _split_pairs(spec, self.shadow_source)
+        self.stable_reader = make_reader(spec, self.plane)  # analysis.stable_reads: off, or the stable's vLLM
         self._down_seen: str | None = None  # the router's reason, where it took the canary out during this window
         self._next_paused_check = 0.0
 
@@ -99,22 +102,21 @@ class Controller(ShadowPhase, BakePhase):
 
     # -- one window ------------------------------------------------------------------
 
-    def _peek(self, r: Rollout) -> bool:
+    def _peek(self, r: Rollout, look: Look) -> list[str]:
         try:
             ev = self.collector.peek()
         except QliftError:
-            return False
-        if self.analysis.early_stop(r.step, ev):
-            log.info("canary errors are already significant: ending the window early")
-            return True
-        return False
+            return []
+        significant = self.analysis.early_stop(r.step, ev, look)
+        if significant:
+            log.info("%s already significant: ending the window early", ", ".join(significant))
+        return significant
 
-    def _saw_down(self, r: Rollout) -> bool:
+    def _saw_down(self, r: Rollout) -> None:
         """Note the router's reason while it keeps the canary out of rotation during the window (never ends it)."""
         why = out_of_rotation(self.plane, r.canary)
         if why is not None:
             self._down_seen = why
-        return False
 
     def _mark_down(self, r: Rollout, ev: Evidence) -> None:
         """A canary the router keeps out of rotation at the window's end: no measurement (held as ``canary DOWN``,
@@ -134,13 +136,18 @@ class Controller(ShadowPhase, BakePhase):
             self.split_pairs.begin()
         self.collector.begin()
 
+    def _look(self, r: Rollout, look: Look) -> list[str]:
+        self._saw_down(r)
+        return self._peek(r, look)
+
     def _window(self, r: Rollout, weight: int) -> None:
-        ev = self._split_evidence(r, self.analysis.windows.step, self._begin_window,
-                                  lambda: self._saw_down(r) or self._peek(r))
+        ev = self._split_evidence(r, self.analysis.windows.step, self._begin_window, lambda look: self._look(r, look))
         if ev is None:
             return
         if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
             ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
+        if self.stable_reader is not None and ev.error is None:  # bounded by analysis.stable_reads_deadline_s
+            ev.reads = self.stable_reader.read_split(ev)
         self._mark_down(r, ev)
         v = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes, errors=r.errors)
         log_window(f"window at {weight}%: canary {ev.canary.requests} requests, stable {ev.stable.requests}",

@@ -15,6 +15,7 @@ from typing import Any
 from qlift.quality.judge import JudgeResult
 from qlift.quality.registry import Answer
 from qlift.rollout.planes import SourceName
+from qlift.rollout.stable_reads import StableReads, merged_reads
 from qlift.rollout.stats import mean, quantile
 from qlift.router.metrics import token_latency
 from qlift.router.wire import RequestRecord
@@ -143,6 +144,7 @@ class Evidence:
     judged: JudgeResult | None = None  # the judge model's verdicts on this window's sampled pairs
     judge_margin: float = 0.1  # shadow.max_judge_loss_margin, with ``judged``
     error: str | None = None  # the evidence source failed: no measurement (judged Verdict.ERROR)
+    reads: StableReads | None = None  # both versions' sampled answers read by the stable model (stable_reads.py)
 
     def merged(self, later: Evidence) -> Evidence:
         judged = later.judged if self.judged is None else (
@@ -150,7 +152,7 @@ class Evidence:
         return Evidence(self.stable.merged(later.stable), self.canary.merged(later.canary), self.started_at,
                         later.ended_at, later.source, unique(self.notes + later.notes), self.windows + later.windows,
                         later.weight if later.weight is not None else self.weight, judged, later.judge_margin,
-                        later.error)
+                        later.error, merged_reads(self.reads, later.reads))
 
 
 def unique(notes: list[str]) -> list[str]:
@@ -247,5 +249,6 @@ def from_request_records(version: str, records: Iterable[RequestRecord]) -> Vers
         counter.add(Observation(
             r.ok, r.latency_s, r.stream, r.ttfb_s, r.finish_reason, r.completion_tokens,
             bad_answer=r.reason in BAD_ANSWER_REASONS, session=r.session,
-            answer=None if sample is None else Answer(sample.request(), sample.text, finish_reason=r.finish_reason)))
+            answer=None if sample is None else Answer(sample.request(), sample.text, finish_reason=r.finish_reason,
+                                                      tool_calls=sample.calls())))
     return counter.evidence()

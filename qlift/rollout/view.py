@@ -107,10 +107,11 @@ def pass_reason(c: dict[str, Any]) -> str:
 
 
 def check_cells(checks: list[dict[str, Any]]) -> list[str]:
-    """Every judged check's cell; the skipped ones (no data for them in this source) named in one cell."""
+    """Every judged check's cell; then the skipped ones (no data for them in this source), "skipped: " before the
+    first, each a cell of its own so that a long list wraps between names."""
     cells = [check_cell(c) for c in checks if CheckStatus(c["status"]) is not CheckStatus.SKIPPED]
     skipped = [c["name"] for c in checks if CheckStatus(c["status"]) is CheckStatus.SKIPPED]
-    return cells + ([f"skipped: {', '.join(skipped)}"] if skipped else [])
+    return cells + ([f"skipped: {skipped[0]}", *skipped[1:]] if skipped else [])
 
 
 def wrap_cells(cells: list[str], *, indent: str, cols: int, sep: str = " · ") -> list[str]:
@@ -293,6 +294,8 @@ def example_lines(st: RolloutStatus, cols: int) -> list[str]:
         for e in c["examples"]:
             out += wrap_text(str(e["prompt"]), indent="  ", cols=cols, first="prompt: ")
             out += wrap_text(str(e["answer"]), indent="    ", cols=cols, first="canary: ")
+            if e.get("evidence"):
+                out += wrap_text(str(e["evidence"]), indent="    ", cols=cols, first="why: ")
             if e.get("other") is not None:
                 out += wrap_text(str(e["other"]), indent="    ", cols=cols, first="stable: ")
     return out

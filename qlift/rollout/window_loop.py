@@ -17,6 +17,7 @@ from typing import Any
 from qlift.errors import QliftError
 from qlift.rollout import carry
 from qlift.rollout.analysis import Analysis, Assessment
+from qlift.rollout.check_types import Look
 from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.identity import canary_changed
@@ -33,6 +34,8 @@ from qlift.rollout.windows import WindowPolicy
 log = logging.getLogger("qlift.rollout.controller")  # one logger for the whole controller, as before the split
 
 EARLY_CHECK_S = 1.0  # how often a window in progress peeks at the evidence and re-reads the weights
+# A look at a window in progress -> the checks already significant there (none: the window goes on).
+Peek = Callable[[Look], list[str]]
 RETRY_MAX_S = 2.0  # longest wait between attempts to reach an unreachable data plane
 
 
@@ -118,7 +121,7 @@ class WindowLoop:
             return Void(str(exc))
         return None
 
-    def _watch(self, r: Rollout, policy: WindowPolicy, begin: Callable[[], None], peek: Callable[[], bool]
+    def _watch(self, r: Rollout, policy: WindowPolicy, begin: Callable[[], None], peek: Peek
                ) -> tuple[Void | None, str, str | None]:
         """Wait one interval of ``policy``'s (``peek`` ends it early where the policy allows). Returns (why the
         window is void or None, a note, why the evidence source failed or None). A void window is not judged."""
@@ -131,6 +134,7 @@ class WindowLoop:
         started = self.clock()
         deadline = started + policy.interval_s
         next_check = started + EARLY_CHECK_S
+        looked = 0.0  # the share of the interval gone at the last look
         while (left := deadline - self.clock()) > 0:
             self.sleep(min(self.tick, left))
             self.journal.heartbeat()
@@ -141,13 +145,16 @@ class WindowLoop:
                 next_check = self.clock() + EARLY_CHECK_S
                 if (why := self._drifted()) is not None:
                     return why, "", None
-                if failure is None and policy.early_end and peek():
-                    return None, f"ended early after {self.clock() - started:.1f}s: canary errors already " \
-                                 "significant", None
+                if failure is None and policy.early_end:
+                    now = min(1.0, (self.clock() - started) / policy.interval_s)
+                    significant, looked = peek(Look(looked, now)), now
+                    if significant:
+                        return None, f"ended early after {self.clock() - started:.1f}s: {', '.join(significant)} " \
+                                     "already significant", None
         return self._drifted(), "", failure
 
     def _split_evidence(self, r: Rollout, policy: WindowPolicy, begin: Callable[[], None],
-                        peek: Callable[[], bool]) -> Evidence | None:
+                        peek: Peek) -> Evidence | None:
         """Watch one split window (a step's or the bake's) and collect its evidence; a failed source gives a
         window of no evidence. None: nothing to judge (the window was void, or the canary's model changed)."""
         void, note, failure = self._watch(r, policy, begin, peek)

@@ -221,6 +221,33 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """docs/promote-checks.md's rows: per family and phase, the right outcomes and the median changed answers users
+    read, before and after."""
+    def by(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            out[(r["family"], r["phase"])].append(r)
+        return out
+
+    def right(rs: list[dict[str, Any]]) -> str:
+        want = "promoted" if rs[0]["healthy"] else "rolled_back"
+        return f"{sum(r['state'] == want for r in rs)}/{len(rs)} {want.replace('_', ' ')}"
+
+    def median(rs: list[dict[str, Any]]) -> int:
+        reads = sorted(r["read_changed"] for r in rs)
+        return int(reads[len(reads) // 2])
+
+    old, new = by(before), by(after)
+    lines = []
+    for key in sorted(new, key=lambda k: (k[0] == "healthy", k)):
+        rs, was = new[key], old.get(key, [])
+        checks = ", ".join(sorted({c for r in rs for c in r["failed"]})) or "-"
+        lines.append(f"| {key[0]} ({len(rs)}) | {key[1]} | {right(was) if was else '-'} | {right(rs)} | {checks} | "
+                     f"{median(was) if was else '-'} | {median(rs)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", action="append", help="a family (repeatable); default: all")
@@ -230,7 +257,12 @@ def main() -> None:
     ap.add_argument("--no-early-answer-checks", action="store_true",
                     help="judge answers only at each window's end (the exposure without sequential looks)")
     ap.add_argument("--json", type=Path, help="write every row here too")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                    help="print the table of two earlier --json runs (docs/promote-checks.md) and exit")
     args = ap.parse_args()
+    if args.compare:
+        print(compare(*(json.loads(p.read_text()) for p in args.compare)))
+        return
     phases = [False, True] if args.phase == "both" else [args.phase == "shadow"]
     rows = []
     for case in cases():

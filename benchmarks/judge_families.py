@@ -103,7 +103,7 @@ def _read(body: dict[str, Any], status: int, payload: str) -> tuple[str, list[di
         msg = json.loads(payload)["choices"][0]["message"]
         return msg.get("content") or "", msg.get("tool_calls")
     text, calls = "", {}
-    for line in payload.splitlines():
+    for line in payload.split("\n"):  # not splitlines: misdecoded text holds U+0085, which it splits on
         if not line.startswith("data: {"):
             continue
         for c in json.loads(line[6:]).get("choices") or []:

@@ -194,7 +194,7 @@ class Content:
     kana: str
     words: float
     script: str | None
-    vocabulary: frozenset[str]
+    vocabulary: tuple[str, ...]  # a tuple: the garbage collector stops tracking it, and it has ~100 words
     alternates: dict[str, str]  # Arabic units and their forms without a first ب ل ك ف
 
     @cached_property
@@ -242,7 +242,7 @@ class Content:
         """The first 3 and 4 letters of its Latin, Greek and Cyrillic words of up to MAX_FORM letters (a
         unit's weight is its word's length from MIN_WORD_WEIGHT on)."""
         short = [u for u, w in self.items.items() if len(u) >= 3 and u[0] < "\u0530" and w <= MAX_FORM]
-        return frozenset(chain.from_iterable((u[:3], u[:4]) for u in short))
+        return frozenset([u[:3] for u in short] + [u[:4] for u in short])
 
 
 @lru_cache(maxsize=8192)
@@ -273,4 +273,4 @@ def content(text: str) -> Content:
     main = max(units, key=lambda s: units[s]) if units else None
     length = len(words) + sum(cjk.values()) / CJK_PER_WORD
     alternates = _arabic_alternates(distinct) if "arabic" in units else {}
-    return Content(items, han, kana, length, main, frozenset(distinct), alternates)
+    return Content(items, han, kana, length, main, tuple(distinct), alternates)

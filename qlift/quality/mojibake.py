@@ -65,9 +65,11 @@ def bad_characters(text: str) -> str | None:
         return f"control characters: {n}" if n else None
     counts: Counter[str] = Counter()
     chars = list(set(text))
-    for ch, what in zip(chars, map(_bad, chars), strict=True):  # map: the cached lookups run in C
-        if what:
-            counts[what] += text.count(ch)
+    kinds = list(map(_bad, chars))  # map: the cached lookups run in C
+    if any(kinds):
+        for ch, what in zip(chars, kinds, strict=True):
+            if what:
+                counts[what] += text.count(ch)
     if len(stacks := _STACKED.findall(text)) >= STACKS:
         counts["letters with stacked diacritics"] = len(stacks)
     return ", ".join(f"{what}: {n}" for what, n in counts.most_common()) or None

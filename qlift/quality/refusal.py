@@ -34,6 +34,7 @@ _QUOTE_CHARS = re.compile("[\"'«「『‹»」』›]")
 # What can open a quotation or a block quote (language.unquoted): a single quote after a space, a line break or
 # a bracket (an apostrophe inside "I'm" opens nothing).
 _MAY_QUOTE = ('"', "「", "『", "“", "‘", "«", "‹", "„", "《", "〈", "＂", ">", " '", "\n'", "('", "['")
+_MAY_QUOTE_AT = re.compile("|".join(map(re.escape, _MAY_QUOTE)))  # one scan for any of them
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def refuses(text: str, extra: Path | None = None) -> bool:
     # A quoted refusal (a block quote too) is not said; quotations (at most 400 characters) are cut from a
     # prefix only, which keeps a long answer's cost that of its opening.
     head = text.lstrip()[:OPENING_CHARS + 400]
-    if any(mark in head for mark in _MAY_QUOTE) or head.startswith("'"):
+    if _MAY_QUOTE_AT.search(head) or head.startswith("'"):
         head = unquoted(head).lstrip()
     opening = fold(head[:OPENING_CHARS])
     folded = opening + fold(head[OPENING_CHARS:OPENING_CHARS + READ_ON_CHARS])

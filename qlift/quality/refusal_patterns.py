@@ -198,8 +198,10 @@ class ByFirstLetter:
         return self._compiled[ids]
 
     def match(self, text: str, pos: int) -> re.Match[str] | None:
-        first = _NON_WORD.match(text, pos).end() if self._lead else pos  # type: ignore[union-attr]  # \W* matches
-        letter = text[first:first + 1]
+        letter = text[pos:pos + 1]
+        if self._lead and not (letter.isalnum() or letter == "_"):  # \W* skips to the first word character
+            first = _NON_WORD.match(text, pos).end()  # type: ignore[union-attr]  # \W* matches
+            letter = text[first:first + 1]
         try:
             regex = self._by_letter[letter]
         except KeyError:  # the first time this letter opens a clause
@@ -230,7 +232,12 @@ class ShippedPatterns:
 
     def __init__(self, branches: list[str], gate: str) -> None:
         self.gate = Gate.of(gate) if gate else None
-        self.lines = ByFirstLetter(branches, lead="\\W*")
+        self._branches = branches
+
+    @cached_property
+    def lines(self) -> ByFirstLetter:
+        """Built the first time the gate opens: most windows never meet most scripts."""
+        return ByFirstLetter(self._branches, lead="\\W*")
 
     def opens(self, text: str) -> bool:
         return self.gate is None or self.gate.opens(text)

@@ -12,11 +12,11 @@ over ``limit``, then a one-sided proportion test in the window's Bonferroni fami
 from __future__ import annotations
 
 import json
-import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from qlift.quality.unfinished import unfinished
 PROMPT_CHARS = 2000  # the opening of the prompt that is judged (its language)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: the judge builds a window's answers again for each metric
 class Answer:
     """What a metric reads: the request (``messages`` or ``prompt``, a system prompt, ``response_format``,
     ``tools`` and ``tool_choice``) and the answer; ``other`` is the other version's answer to the same request
@@ -56,16 +56,7 @@ class Answer:
     def system(self) -> str:
         return system_text(self.request)
 
-    @property
-    def flag_key(self) -> FlagKey:
-        """All a flag reads but the refusal patterns, hashable (``answer_flags``' memo key): the user's and the
-        system's text, the response format and the tools offered (as JSON), the answer, its finish reason, its
-        tool calls and the other version's answer."""
-        calls = tuple((name, args) for name, args in self.tool_calls) if self.tool_calls else ()  # JSON lists
-        return (*request_parts(self.request), self.text, self.finish_reason, calls, self.other)
 
-
-FlagKey = tuple[str, str, str, str, str, str | None, tuple[ToolCall, ...], str | None]
 RequestParts = tuple[str, str, str, str]  # the user's text, the system's, the response format and the tools as JSON
 _canonical = json.JSONEncoder(sort_keys=True).encode  # json.dumps(..., sort_keys=True) without a new encoder a call
 _READ = ("messages", "prompt", "system", "response_format", "tools", "tool_choice")  # what request_parts reads
@@ -81,8 +72,8 @@ def _request_parts(request: dict[str, Any]) -> RequestParts:
 class _ByRequest:
     """``RequestParts`` remembered by request object: the judge builds a window's answers again for each metric,
     around the same request dicts (24 looks a pair), and the format's JSON is most of a look's cost. A request is
-    not changed once judged (the router's records are read-only): one whose top-level values were replaced, or
-    whose messages grew, is read again; an entry holds its request, so no other object takes its id."""
+    not changed once judged (the router's records are read-only): one whose top-level values were replaced by
+    others, or whose messages grew, is read again; an entry holds its request, so no other object takes its id."""
 
     def __init__(self, size: int = 8192) -> None:
         self._size = size
@@ -92,7 +83,7 @@ class _ByRequest:
         values = tuple(map(request.get, _READ))
         n = len(values[0]) if isinstance(values[0], list) else -1  # the messages
         hit = self._memo.get(id(request))
-        if hit is not None and hit[0] is request and hit[2] == n and all(map(operator.is_, hit[1], values)):
+        if hit is not None and hit[0] is request and hit[2] == n and hit[1] == values:
             return hit[3]
         parts = _request_parts(request)
         if len(self._memo) >= self._size:
@@ -248,7 +239,9 @@ def answer_flags(answer: Answer, refusal_patterns: Path | None = None) -> dict[s
     The key is all a flag reads: the user's and the system's text, the answer, its finish reason, the
     response format, the tools offered and tool_choice, the answer's tool calls, the other version's answer and
     the refusal patterns."""
-    return _flags(refusal_patterns or answer.refusal_patterns, *answer.flag_key).copy()
+    calls = tuple((name, args) for name, args in answer.tool_calls) if answer.tool_calls else ()  # JSON lists
+    return _flags(refusal_patterns or answer.refusal_patterns, *request_parts(answer.request), answer.text,
+                  answer.finish_reason, calls, answer.other).copy()
 
 
 @lru_cache(maxsize=16384)
@@ -300,9 +293,9 @@ def examples(answers: list[Answer], name: str, refusal_patterns: Path | None = N
     """Up to ``k`` flagged answers for a person to read (``answer``: this version's; ``other``: the other
     version's answer to the same prompt, where known; ``evidence``: what is wrong with it, where the metric
     says); loops longest first, else in arrival order."""
-    flagged = [a for a in answers if answer_flags(a, refusal_patterns).get(name)]
-    if name == "loops":
-        flagged.sort(key=lambda a: -loop_length(tokens(a.text)))
+    found = (a for a in answers if answer_flags(a, refusal_patterns).get(name))
+    # loops: the longest of all; else the first k (the rest of the window is not looked at)
+    flagged = sorted(found, key=lambda a: -loop_length(tokens(a.text))) if name == "loops" else list(islice(found, k))
     shown = [{"prompt": _head(a.prompt, EXAMPLE_CHARS["prompt"]), "answer": _head(_shown(a), EXAMPLE_CHARS["answer"]),
               "other": _head(a.other, EXAMPLE_CHARS["answer"])} for a in flagged[:k]]
     if (metric := BY_NAME.get(name)) is not None and (evidence := metric.evidence) is not None:

@@ -38,10 +38,11 @@ def loop_length(toks: list[str]) -> int:
     if n < LOOP_MIN_TOKENS:
         return 0
     best = 0
-    last = toks[-1] if toks else None
-    for p in range(1, min(LOOP_MAX_UNIT, n // LOOP_MIN_REPEATS) + 1):
-        if toks[n - 1 - p] != last:
-            continue
+    last = toks[-1]
+    at = n - 1 - min(LOOP_MAX_UNIT, n // LOOP_MIN_REPEATS)  # the unit sizes p whose token p back is the last one:
+    while (at := _find(toks, last, at, n - 1)) >= 0:  # found by list.index, not a Python step per size
+        p = n - 1 - at
+        at += 1
         i = n - 1
         while i - p >= 0 and toks[i] == toks[i - p]:
             i -= 1
@@ -49,6 +50,13 @@ def loop_length(toks: list[str]) -> int:
         if covered >= max(LOOP_MIN_TOKENS, LOOP_MIN_REPEATS * p):
             best = max(best, covered)
     return best
+
+
+def _find(toks: list[str], tok: str, start: int, stop: int) -> int:
+    try:
+        return toks.index(tok, start, stop)
+    except ValueError:
+        return -1
 
 
 def loops(text: str) -> bool:

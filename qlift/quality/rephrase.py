@@ -60,7 +60,15 @@ def _units(joined: str) -> set[str]:
 def _prose(text: str) -> str:
     if "`" in text or "|" in text or "://" in text:
         text = _NOT_PROSE.sub("\n", text)
-    return _LIST_ITEM.sub("\n", text)
+    return _LIST_ITEM.sub("\n", text) if _may_hold_list(text) else text
+
+
+def _may_hold_list(text: str) -> bool:
+    """A line break, or a list marker opening the one line: without either _LIST_ITEM has nothing to match."""
+    if "\n" in text:
+        return True
+    first = text.lstrip(" \t")[:1]
+    return first != "" and (first in "-*+•" or first.isdecimal())  # \d: a decimal digit of any script
 
 
 def sentences(text: str) -> list[str]:
@@ -73,8 +81,9 @@ def _unit_sets(text: str) -> list[set[str]]:
     text = _prose(text)
     if text.isascii():
         words = _SENTENCE.sub("\0", text.replace("\0", "\1")).translate(_ASCII_WORDS)
-        drop = _DROP.union(filter(str.isdigit, words.replace("\0", " ").split()))  # and the numbers
-        return [set(s.split()) - drop for s in words.split("\0")]
+        numbers = set(filter(str.isdigit, words.replace("\0", " ").split()))  # dropped too
+        return [set(s.split()) - _DROP - numbers for s in words.split("\0")] if numbers else \
+            [set(s.split()) - _DROP for s in words.split("\0")]
     if _END in text:
         return [_units(" ".join(tokens(s))) for s in _SENTENCE.split(text)]
     return [_units(s) for s in " ".join(tokens(_SENTENCE.sub(_END, text))).split(_END)]

@@ -59,6 +59,7 @@ _SPECIAL_TOKEN = re.compile(
 _REASONING = re.compile(r"</?[\w:-]*(?:think|thinking|thought|reasoning|reflection|scratchpad)>|◁/?think▷"
                         r"|\[/?THINK\]", re.IGNORECASE)  # <think>, <seed:think>, Kimi's ◁think▷, Magistral's [THINK]
 _ROLES = ("system", "user", "assistant", "model")
+_ROLE_WORD = re.compile("|".join(_ROLES))  # one scan for any of them
 _ROLE_LINE = re.compile(rf"(?:^|\n)({'|'.join(_ROLES)})[ \t]*(?:\n(?=[ \t]*\S)|\s*\Z)")
 # transcript headers a model writes when it goes on with the conversation (Vicuna, Alpaca, Anthropic)
 _ROLE_HEADER = re.compile(r"^(?:(?:USER|ASSISTANT):|#{2,3} ?(?:Human|Assistant|Instruction|Response):"
@@ -88,7 +89,7 @@ def template_marker(body: str) -> str | None:
             return f"reasoning block: {m.group()!r}"
     if ("Ġ" in body or "Ċ" in body or "▁" in body) and len(pieces := _PIECES.findall(body)) >= 3:
         return f"tokenizer pieces: {Counter(pieces).most_common(1)[0][0]!r} x{len(pieces)}"
-    if any(role in body for role in _ROLES) and (m := _ROLE_LINE.search(body)) and body.strip() != m.group(1):
+    if _ROLE_WORD.search(body) and (m := _ROLE_LINE.search(body)) and body.strip() != m.group(1):
         return f"template marker: role line {m.group(1)!r}"
     if ":" in body and (m := _ROLE_HEADER.search(body)):
         return f"template marker: role header {m.group()!r}"
@@ -125,8 +126,10 @@ def without_trailing_markers(text: str) -> str:
     return text[:m.start()] if m else text
 
 
+_DATA_CHAR = re.compile(r'[|{\["]')  # where _DATA_LINE is worth running (one scan)
 _DATA_LINE = re.compile(r"^[ \t]*[|{}\[\]\"].*(?:\n|\Z)", re.MULTILINE)  # a table row, JSON: cells repeat
 _RULE_LINE = re.compile(r"^[ \t]*(?:[-=_*~#+|:<>][ \t]*){3,40}(?:\n|\Z)", re.MULTILINE)  # a rule, not a wall
+_RULE_CHARS = frozenset("-=_*~#+|:<>")  # what a one-line text opens with where _RULE_LINE can match it
 _MATH = re.compile(r"\$\$.*?\$\$|\\\[.*?\\\]|\$[^$\n]+\$|\\\(.*?\\\)", re.DOTALL)  # LaTeX is no padding
 _BLANK_RUN = re.compile(rf"\n(?:[^\S\n]*\n){{{BLANK_LINES},}}")
 _FILLER = re.compile(rf"[^\w\s]{{{FILLER_RUN},}}")  # over the text without its whitespace
@@ -177,7 +180,7 @@ def padding(plain: str, toks: list[str]) -> str | None:
     """``plain``: the prose without tables and JSON lines; ``toks``: its tokens."""
     if "$" in plain or "\\" in plain:
         plain = _MATH.sub(" ", plain)
-    body = _RULE_LINE.sub("", plain)
+    body = _RULE_LINE.sub("", plain) if "\n" in plain or plain.lstrip(" \t")[:1] in _RULE_CHARS else plain
     if m := _BLANK_RUN.search(body):
         return f"padding: {m.group().count(chr(10)) - 1} blank lines in a row"
     dense = "".join(body.split())
@@ -210,6 +213,7 @@ class _Runs:
         first: dict[tuple[str, ...], int] = {}
         self.ids = list(map(first.setdefault, zip(*(toks[i:] for i in range(RUN_TOKENS)), strict=False), count()))
         self.distinct = len(first)
+        self._seen: dict[int, list[int]] = {RUN_TOKENS: self.ids}
 
     def repeat(self, n: int) -> bool:
         """Some run of ``n`` >= RUN_TOKENS tokens occurs twice: the ids of the runs that cover it, twice."""
@@ -226,10 +230,10 @@ class _Runs:
     def first_seen(self, n: int) -> list[int]:
         """For each run of ``n`` tokens, where it first occurs (ids count the calls: the first call a run makes
         stores its own index)."""
-        if n == RUN_TOKENS:
-            return self.ids
-        first: dict[tuple[int, ...], int] = {}
-        return list(map(first.setdefault, self._covering(n), count()))
+        if n not in self._seen:
+            first: dict[tuple[int, ...], int] = {}
+            self._seen[n] = list(map(first.setdefault, self._covering(n), count()))
+        return self._seen[n]
 
     def passages(self, n: int) -> Iterator[tuple[int, int]]:
         """(start, length) of each maximal run of ``n``+ tokens that appeared earlier: the positions whose run
@@ -279,13 +283,19 @@ def _sentence_key(sentence: str) -> tuple[str, ...]:
 
 
 _SENTENCE_WORDS = ASCII_WORDS | {ord(c): "\0" for c in ".!?"}  # tokens' translation, a sentence end marked
+_END_MARK = "\u4dbf"  # a CJK character: a token of its own, neither cased nor a mark, so it joins nothing
 
 
 def _sentence_keys(line: str) -> list[tuple[str, ...]]:
-    """``_sentence_key`` of each piece of the line split after a sentence end; an ASCII line without formulas
-    translated once and split at the marked ends (tokens do not cross them)."""
-    if line.isascii() and "$" not in line:
-        return [tuple(piece.split()) for piece in line.translate(_SENTENCE_WORDS).split("\0")]
+    """``_sentence_key`` of each piece of the line split after a sentence end. A line without formulas is
+    tokenized once, its ends marked (tokens do not cross them, nor does case or normalisation): an ASCII one by
+    the translation, another with _END_MARK, unless it holds that character."""
+    if "$" not in line:
+        if line.isascii():
+            return [tuple(piece.split()) for piece in line.translate(_SENTENCE_WORDS).split("\0")]
+        if _END_MARK not in line:
+            joined = " ".join(tokens(_SENTENCE_END.sub(_END_MARK, line)))
+            return [tuple(piece.split()) for piece in joined.split(_END_MARK)]
     return [_sentence_key(sentence) for sentence in _SENTENCE_END.split(line)]
 
 
@@ -359,6 +369,6 @@ def text_shape(text: str) -> str | None:
     body = prose(text)
     if evidence := template_marker(body) or escaped(body):
         return evidence
-    plain = _DATA_LINE.sub("", body) if any(c in body for c in '|{["') else body
+    plain = _DATA_LINE.sub("", body) if _DATA_CHAR.search(body) else body
     toks = tokens(plain)
     return padding(plain, toks) or repetition(text, plain, toks)

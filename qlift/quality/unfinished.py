@@ -130,5 +130,5 @@ def unfinished(text: str, finish_reason: str | None) -> bool | None:
         return None  # no sentence punctuation to tell a cut by
     if text.rstrip()[-1] in ":：,，":
         return True  # "Here are the steps:" promised more
-    has_stop = any(c in _ENDS for c in text.rstrip()[:-1])
+    has_stop = not _ENDS.isdisjoint(text.rstrip()[:-1])
     return has_stop or len(tokens(text)) >= MIN_TOKENS

@@ -12,7 +12,7 @@ import pytest
 
 from qlift.quality import language, repetition, rephrase, textshape, unfinished
 from qlift.quality.content_units import _DIGIT_GROUP
-from qlift.quality.registry import _request_parts, request_parts
+from qlift.quality.registry import ANSWER_METRICS, Answer, _request_parts, answer_flags, request_parts
 from qlift.quality.schema import parse_json_output
 from qlift.quality.text import span_tokens, token_spans
 
@@ -137,3 +137,19 @@ def test_loop_length_tries_the_unit_sizes_every_size_would_have() -> None:
         unit = [f"w{rng.randint(0, 3)}" for _ in range(rng.randint(1, 9))]
         toks = [f"w{rng.randint(0, 3)}" for _ in range(rng.randint(0, 40))] + unit * rng.randint(0, 12)
         assert repetition.loop_length(toks) == _loop_length_by_size(toks), toks
+
+
+def test_flags_read_one_at_a_time_are_the_flags_of_every_metric() -> None:
+    """answer_flags computes a metric's flag when it is first read: read in any order, or all at once, they are
+    each metric's flag, and a metric that does not apply is no key."""
+    request = {"messages": [{"role": "user", "content": "Where is my order A12345? It should be here by now."}]}
+    for text in ["Your order A12345 left the warehouse on Monday and should arrive by Friday.",
+                 "I'm sorry, but I can't help with that.", "Your order will arrive on", '{"intent": "shipping"}']:
+        answer = Answer(request, text, finish_reason="stop")
+        eager = {m.name: v for m in ANSWER_METRICS if (v := m.flag(answer)) is not None}
+        one_by_one = answer_flags(answer)
+        assert one_by_one.get("unfinished") is eager.get("unfinished")
+        assert ("leak" in one_by_one, one_by_one.get("leak"), one_by_one.get("leak", "n/a")) == (False, None, "n/a")
+        with pytest.raises(KeyError):
+            one_by_one["leak"]
+        assert dict(one_by_one) == eager == answer_flags(answer) and len(one_by_one) == len(eager)

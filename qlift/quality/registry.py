@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from qlift.quality.engagement import disengaged
 from qlift.quality.language import off_language
@@ -234,27 +234,74 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
 BY_NAME = {m.name: m for m in ANSWER_METRICS}
 
 
-def answer_flags(answer: Answer, refusal_patterns: Path | None = None) -> dict[str, bool]:
+def answer_flags(answer: Answer, refusal_patterns: Path | None = None) -> Flags:
     """Every applicable metric's flag for one answer (memoised: a held window judges its answers again).
     The key is all a flag reads: the user's and the system's text, the answer, its finish reason, the
     response format, the tools offered and tool_choice, the answer's tool calls, the other version's answer and
     the refusal patterns."""
     calls = tuple((name, args) for name, args in answer.tool_calls) if answer.tool_calls else ()  # JSON lists
-    return _flags(refusal_patterns or answer.refusal_patterns, *request_parts(answer.request), answer.text,
-                  answer.finish_reason, calls, answer.other).copy()
+    return _flags(refusal_patterns or answer.refusal_patterns, request_parts(answer.request), answer.text,
+                  answer.finish_reason, calls, answer.other)
+
+
+_Default = TypeVar("_Default")
+
+
+class Flags(Mapping[str, bool]):
+    """One answer's flags, read-only: the applicable metrics (a flag that is None is no key), each computed the
+    first time it is read. The judge reads one metric over a window's answers, then the next: one check's code
+    and tables at a time stay in the CPU's caches (all of an answer's checks in a row cost ~15% more)."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer: Answer | None = answer
+        self._known: dict[str, bool | None] = {}
+
+    def _flag(self, name: str) -> bool | None:
+        if name not in self._known:
+            if (metric := BY_NAME.get(name)) is None or self._answer is None:
+                return None
+            self._known[name] = metric.flag(self._answer)
+            if len(self._known) == len(ANSWER_METRICS):
+                self._answer = None  # every flag is known: the request and texts can go
+        return self._known[name]
+
+    def __getitem__(self, name: str) -> bool:
+        if (flag := self._flag(name)) is None:
+            raise KeyError(name)
+        return flag
+
+    @overload
+    def get(self, name: str, /) -> bool | None: ...
+    @overload
+    def get(self, name: str, /, default: bool | _Default) -> bool | _Default: ...
+
+    def get(self, name: str, /, default: object = None) -> object:  # the judge's one read: no KeyError raised
+        flag = self._flag(name)
+        return default if flag is None else flag
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._flag(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (m.name for m in ANSWER_METRICS if self._flag(m.name) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 @lru_cache(maxsize=16384)
-def _flags(patterns: Path | None, user: str, system: str, fmt: str, tools: str, text: str, finish_reason: str | None,
-           tool_calls: tuple[ToolCall, ...], other: str | None) -> dict[str, bool]:
-    """The flags (the memo's own dict: callers get a copy)."""
+def _flags(patterns: Path | None, parts: RequestParts, text: str, finish_reason: str | None,
+           tool_calls: tuple[ToolCall, ...], other: str | None) -> Flags:
+    user, system, fmt, tools = parts
     request: dict[str, Any] = {"prompt": user, "system": system}
     if fmt:
         request["response_format"] = json.loads(fmt)
     if tools:
         request |= json.loads(tools)
-    one = Answer(request, text, other, patterns, finish_reason=finish_reason, tool_calls=tool_calls)
-    return {m.name: v for m in ANSWER_METRICS if (v := m.flag(one)) is not None}
+    return Flags(Answer(request, text, other, patterns, finish_reason=finish_reason, tool_calls=tool_calls))
 
 
 def count(answers: list[Answer], name: str, refusal_patterns: Path | None = None) -> tuple[int, int]:

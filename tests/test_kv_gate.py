@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from qlift.eval.gate_index import index_dir, records, write_record
 from qlift.eval.generation import EvalModel
+from qlift.gates.index import index_dir, records, write_record
 from qlift.models.ref import ModelRef, hash_memo
 from qlift.serve.plan import DTYPE_BYTES
 

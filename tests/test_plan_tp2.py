@@ -117,12 +117,13 @@ def test_kv_heads_that_tp_cannot_split_are_refused(tmp_path: Path) -> None:
 
 def test_serve_recipe_auto_plans_tp2_for_the_32b_on_two_h100s(q32b: ModelDir, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from qlift.models.ref import ModelRef
     from qlift.serve.launch import plan_launch
 
     monkeypatch.setenv("QLIFT_HOME", str(tmp_path))  # the FP8-KV gate finds no report here
-    two = plan_launch(q32b.path, recipe="auto", hardware=simulate("H100", 2))
+    two = plan_launch(ModelRef.at(q32b.path), recipe="auto", hardware=simulate("H100", 2))
     assert two.recipe.tensor_parallel_size == 2 and two.memory.tensor_parallel_size == 2 and two.memory.fits
     assert any("tensor_parallel_size 2" in n for n in two.notes)
-    one = plan_launch(q32b.path, recipe="auto", hardware=simulate("H100", 1))
+    one = plan_launch(ModelRef.at(q32b.path), recipe="auto", hardware=simulate("H100", 1))
     assert one.recipe.tensor_parallel_size == 1
     assert any("this machine has 1 GPU" in n for n in one.notes)

@@ -199,7 +199,7 @@ def test_merge_then_deploy_through_run(tmp_path: Path, tiny_qwen2_tied: Path, ti
     from qlift.serialize import to_jsonable
 
     merged = tmp_path / "merged"
-    m = merge.run(merge.MergeInputs(base=tiny_qwen2_tied, adapters=[tiny_lora_tied], output=merged),
+    m = merge.run(merge.MergeInputs(base=ModelRef.at(tiny_qwen2_tied), adapters=[tiny_lora_tied], output=merged),
                   merge.MergeOptions(verify=False))
     assert isinstance(m, merge.MergeResult) and m.output == merged and m.modified_tensors > 0
     assert (merged / "qlift.json").is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -33,8 +34,9 @@ def eval_cmd(candidate: str, **options: Any) -> None:
           --prompts examples/prompts/smoke.jsonl --gate "json_valid >= 0.98" --json
     """
     from qlift.eval import EvalInputs, require_pass, run
+    from qlift.models.ref import ModelRef
 
-    r = run(EvalInputs(candidate), EvalOptions(**options))
+    r = run(EvalInputs(ModelRef.at(Path(candidate)), named=candidate), EvalOptions(**options))
 
     def human() -> None:
         from qlift.eval.report import fmt, fmt_diff, wtl

@@ -34,8 +34,10 @@ def merge_cmd(base: Path, adapters: tuple[Path, ...], output: Path, **options: A
       qlift merge ./base ./lora -o ./merged --no-verify --device cuda --json
     """
     from qlift import merge
+    from qlift.models.ref import ModelRef
 
-    r = merge.run(merge.MergeInputs(base=base, adapters=list(adapters), output=output), MergeOptions(**options))
+    inputs = merge.MergeInputs(base=ModelRef.at(base), adapters=list(adapters), output=output)
+    r = merge.run(inputs, MergeOptions(**options))
 
     def human() -> None:
         click.echo(f"wrote {r.output}: {len(r.shards)} shard(s), {r.tensors} tensors "

@@ -34,13 +34,14 @@ def quantize_cmd(model: Path, awq: bool, fp8: bool, output: Path, **options: Any
       qlift quantize smollm2 --awq -o smollm2-awq --threads 1   # beside a server pinned to the other core
     """
     from qlift import quantize
+    from qlift.models.ref import ModelRef
     from qlift.progress import StepBar
 
     opts = QuantizeOptions.from_switches(awq=awq, fp8=fp8, **options)
     bar = StepBar("calibrating layers", unit="layer")
     try:
         result = quantize.run(
-            quantize.QuantizeInputs(model, output), opts,
+            quantize.QuantizeInputs(ModelRef.at(model), output), opts,
             on_status=None if STATE.quiet else lambda msg: click.echo(f"quantize: {msg}", err=True),
             on_step=bar.update, echo_log=STATE.verbose > 0,
         )

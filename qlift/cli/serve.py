@@ -90,10 +90,11 @@ def plan_cmd(model: Path, recipe: str, workload: str, sets: tuple[str, ...], gpu
       qlift plan ./merged --recipe multi-tenant-a100x2 --gpu A100-40GB --gpus 2
       qlift plan ./merged -r chat-h100 --gpu H100 --set max_model_len=131072
     """
+    from qlift.models.ref import ModelRef
     from qlift.serve.launch import plan_launch
 
     hw = _hardware(gpu, gpus)
-    planned = plan_launch(model, recipe=recipe, hardware=hw, workload=workload, sets=list(sets))
+    planned = plan_launch(ModelRef.at(model), recipe=recipe, hardware=hw, workload=workload, sets=list(sets))
     p = planned.memory
     p.notes[:0] = ([f"recipe auto: {planned.reason}"] if recipe == "auto" else []) + planned.notes
     emit(p, lambda: _print_plan(p))
@@ -127,12 +128,13 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
       qlift serve ./merged --recipe auto --gpu T4 --dry-run
       qlift serve ./smollm2 --recipe cpu --lora tickets=./adapters/tickets --lora-runtime
     """
+    from qlift.models.ref import ModelRef
     from qlift.serve.launch import prepare
     from qlift.serve.lora import parse_lora_flags
 
     opts = ServeOptions(loras=parse_lora_flags(loras), **options)
     if opts.dry_run:
-        spec = prepare(model, opts, _hardware(opts.gpu, opts.gpus))
+        spec = prepare(ModelRef.at(model), opts, _hardware(opts.gpu, opts.gpus))
         emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
         return
     from qlift import serve
@@ -157,7 +159,7 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
 
     hooks = serve.ServeHooks(on_plan=lambda spec: None if STATE.json else _print_plan(spec.plan),
                              on_note=lambda note: say(f"note: {note}"), on_launch=starting, on_ready=ready, view=view)
-    outcome = serve.run(serve.ServeInputs(model), opts, hooks=hooks)
+    outcome = serve.run(serve.ServeInputs(ModelRef.at(model)), opts, hooks=hooks)
     click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by} "
                f"in {outcome.stop_s:.1f} s", err=True)
 

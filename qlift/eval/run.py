@@ -15,7 +15,7 @@ from typing import Any
 from qlift.errors import BadInputError, ExternalToolError, GateFailedError, IncompatibleError
 from qlift.eval.backend import Backend
 from qlift.eval.compare import MetricSummary, summarize
-from qlift.eval.gates import Gate, GateResult, parse_gate
+from qlift.eval.gates import parse_gate
 from qlift.eval.generation import (
     CacheStats,
     EvalModel,
@@ -29,6 +29,7 @@ from qlift.eval.metrics import METRICS, applies, parse_metrics, score
 from qlift.eval.options import EvalOptions
 from qlift.eval.prompts import Example, load_prompts
 from qlift.fsutil import check_output_path
+from qlift.gates.grammar import Gate, GateResult
 from qlift.models.ref import ModelRef, hash_memo
 from qlift.settings import eval_cache_dir, vllm_python
 
@@ -159,25 +160,28 @@ def _judge(gate: Gate, result: EvalResult) -> GateResult:
 
 @dataclass(frozen=True)
 class EvalInputs:
-    """What an eval consumes: the candidate (a model directory or its ``ModelRef``, a built-in name, or the model an
-    endpoint serves); ``baseline``: the ``ModelRef`` of the directory the options' baseline names, where the caller
-    has it. A ref's content hash is the report's, not computed again."""
+    """What an eval consumes: the candidate's ``ModelRef``; ``named``: the candidate as the command line named it (a
+    model directory, or the model an endpoint serves; default: the ref's base); ``baseline``: the ``ModelRef`` of the
+    directory the options' baseline names, where the caller has it. A ref's content hash is the report's, not
+    computed again."""
 
-    candidate: str | ModelRef
+    candidate: ModelRef
     baseline: ModelRef | None = None
+    named: str | None = None
 
 
 def run(inputs: EvalInputs, options: EvalOptions) -> EvalResult:
     """The eval stage's entry point: ``evaluate`` the candidate; a failed gate is in the result, not raised."""
-    return evaluate(inputs.candidate, options, baseline_ref=inputs.baseline)
+    named = inputs.named if inputs.named is not None else str(inputs.candidate.base)
+    return evaluate(named, options, candidate_ref=inputs.candidate, baseline_ref=inputs.baseline)
 
 
-def evaluate(candidate: str | ModelRef, options: EvalOptions | None = None, *, baseline_ref: ModelRef | None = None,
-             **fields: Any) -> EvalResult:
+def evaluate(candidate: str, options: EvalOptions | None = None, *, candidate_ref: ModelRef | None = None,
+             baseline_ref: ModelRef | None = None, **fields: Any) -> EvalResult:
     """Generate with both models, score, compare, judge the gates, and write the reports.
 
-    ``options`` (or ``EvalOptions`` field names as keywords, e.g. ``prompts=...``) say how. A ``ModelRef`` candidate
-    (and ``baseline_ref``, the baseline's) carries its hash: the report's, not computed again.
+    ``options`` (or ``EvalOptions`` field names as keywords, e.g. ``prompts=...``) say how. ``candidate_ref`` (and
+    ``baseline_ref``, the baseline's) carries its hash: the report's, not computed again.
     Raises nothing for a failed gate (see ``EvalResult.passed`` and ``require_pass``);
     every backend failure raises ``ExternalToolError``.
     """
@@ -187,8 +191,6 @@ def evaluate(candidate: str | ModelRef, options: EvalOptions | None = None, *, b
     report_dir, force, max_tokens, resamples, seed = o.report_dir, o.force, o.max_tokens, o.resamples, o.seed
     use_cache, concurrency, max_model_len, api_key = o.use_cache, o.concurrency, o.max_model_len, o.api_key
     t0 = time.monotonic()
-    candidate_ref = candidate if isinstance(candidate, ModelRef) else None
-    candidate = str(candidate.base) if isinstance(candidate, ModelRef) else candidate
     examples = load_prompts(prompts)
     parsed_gates = [parse_gate(g) for g in gates]
     names = parse_metrics(metrics)
@@ -283,10 +285,10 @@ def evaluate(candidate: str | ModelRef, options: EvalOptions | None = None, *, b
 
         write_reports(result, Path(report_dir), force=force, inputs=_inputs(models, prompts))
         result.report_dir = str(report_dir)
-        from qlift.eval.gate_index import record_of, write_record
+        from qlift.gates.index import record_of, write_record
 
         record = record_of(result, Path(report_dir))
-        if record is not None:  # what `qlift serve --recipe auto` reads (qlift.eval.gate_index)
+        if record is not None:  # what `qlift serve --recipe auto` reads (qlift.gates.index)
             log.info("gate record for %s: %s", record["content_hash"], write_record(record))
     return result
 

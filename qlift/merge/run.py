@@ -151,20 +151,18 @@ class _Run:
 @dataclass(frozen=True)
 class MergeInputs:
     """What a merge consumes: the base model, its LoRA adapters (applied in order), and where the result goes.
-    ``base`` may be a ``ModelRef`` (a release's): its adapters, if it carries any, are applied before ``adapters``."""
+    ``base`` is a ``ModelRef``: its adapters, if it carries any, are applied before ``adapters``."""
 
-    base: Path | ModelRef
+    base: ModelRef
     adapters: list[Path]
     output: Path
 
 
 def run(inputs: MergeInputs, options: MergeOptions) -> MergeResult:
     """The merge stage's entry point: ``merge_model`` on ``inputs`` as ``options`` say."""
-    if isinstance(inputs.base, ModelRef):
-        base, adapters = inputs.base.base, [a.path for a in inputs.base.adapters]
-    else:
-        base, adapters = inputs.base, []
-    return merge_model(base=base, adapters=adapters + list(inputs.adapters), out=inputs.output, options=options)
+    carried = [a.path for a in inputs.base.adapters]
+    return merge_model(base=inputs.base.base, adapters=carried + list(inputs.adapters), out=inputs.output,
+                       options=options)
 
 
 def merge_model(*, base: Path, adapters: list[Path], out: Path, options: MergeOptions | None = None,

@@ -4,23 +4,25 @@ top of it (in order), and one content hash over all of them.
 The hash of a plain directory is its lineage content hash (``qlift.lineage.describe_input``:
 path, size and sha256 of every file, reusing the digests a ``qlift.json`` records for unchanged
 files), the digest `qlift eval` writes as ``candidate.content_hash`` (eval hashes its local
-models through ``ModelRef.of``, or takes the ref it is given) and the eval gate matches, against the
+models through the ref it is given) and the eval gate matches, against the
 rollout spec's ``canary_hash`` or the canary's dir. `qlift serve` records the ModelRef it serves
 (``model.json``), and a router backend entry can carry its hash (``model_hash``).
 
 Identity is computed once and carried: merge, quantize and download return their output's ref
 (``ModelRef.written``, from the records of the ``qlift.json`` they wrote), and the stages' inputs take
-a ref, so a release hashes each model directory at most once (docs/release.md, "ModelRef").
+a ref (the CLI's ``ModelRef.at``, hashed when first read), so a release hashes each model directory at most
+once (docs/release.md, "ModelRef").
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
 from qlift import lineage
 from qlift.fsutil import write_json_atomic
@@ -33,29 +35,55 @@ class AdapterRef(BaseModel):
 
 
 class ModelRef(BaseModel):
-    """A model version: ``base`` plus ``adapters`` in order, identified by ``content_hash``."""
+    """A model version: ``base`` plus ``adapters`` in order, identified by ``content_hash``.
+
+    Built without a hash (``ModelRef.at``, what the CLI passes a stage), the hash is computed when first
+    read, remembering file hashes in ``hash_memo()``: a stage that never asks (merge, quantize, `qlift plan`
+    without an FP8-KV report) reads no weights for it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     base: Path = Field(description="The model directory.")
     adapters: tuple[AdapterRef, ...] = Field((), description="LoRA adapters applied on top, in order.")
-    content_hash: str = Field(description="sha256 over the base's and the adapters' lineage content hashes.")
+    _hash: str | None = PrivateAttr(None)
+
+    def __init__(self, *, base: Path, adapters: Iterable[AdapterRef] = (), content_hash: str | None = None) -> None:
+        super().__init__(base=base, adapters=tuple(adapters))
+        self._hash = content_hash
+
+    @computed_field(description="sha256 over the base's and the adapters' lineage content hashes.", repr=False)  # type: ignore[prop-decorator]
+    @property
+    def content_hash(self) -> str:
+        if self._hash is None:
+            self._hash = ref_hash(self.base, self.adapters, memo=hash_memo())
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModelRef):
+            return NotImplemented
+        return (self.base, self.adapters, self.content_hash) == (other.base, other.adapters, other.content_hash)
+
+    def __hash__(self) -> int:
+        return hash((self.base, self.adapters))
 
     @classmethod
-    def of(cls, base: Path, adapters: tuple[AdapterRef, ...] | list[AdapterRef] = (), *,
-           memo: Path | None = None) -> ModelRef:
+    def at(cls, base: Path, adapters: Iterable[AdapterRef] = ()) -> ModelRef:
+        """``base`` (and ``adapters``) as a command line names them, hashed only if a stage reads the hash."""
+        return cls(base=Path(base), adapters=adapters)
+
+    @classmethod
+    def of(cls, base: Path, adapters: Iterable[AdapterRef] = (), *, memo: Path | None = None) -> ModelRef:
         """Hash ``base`` (and ``adapters``) now; cheap for a dir whose qlift.json still matches its files.
         ``memo``: see ``dir_hash``."""
-        return cls(base=Path(base), adapters=tuple(adapters),
-                   content_hash=ref_hash(Path(base), tuple(adapters), memo=memo))
+        adapters = tuple(adapters)
+        return cls(base=Path(base), adapters=adapters, content_hash=ref_hash(Path(base), adapters, memo=memo))
 
     @classmethod
     def written(cls, base: Path, outputs: dict[str, lineage.FileRecord]) -> ModelRef:
         """The ref of a directory a stage just wrote, from the file records its ``qlift.json`` holds
         (``lineage.write_manifest``'s ``outputs``): no file is read again."""
-        return cls(base=Path(base), adapters=(), content_hash=lineage.content_hash(outputs))
+        return cls(base=Path(base), content_hash=lineage.content_hash(outputs))
 
-    def with_adapters(self, adapters: tuple[AdapterRef, ...] | list[AdapterRef], *,
-                      memo: Path | None = None) -> ModelRef:
+    def with_adapters(self, adapters: Iterable[AdapterRef], *, memo: Path | None = None) -> ModelRef:
         """This plain model with ``adapters`` on top: its hash is reused, only the adapters are hashed."""
         if self.adapters:
             raise ValueError(f"{self.base} already carries adapters; add them to its plain ref")

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class QuantizeInputs:
-    """What a quantization consumes: the model directory (or a release's ``ModelRef`` of it), and where the
+    """What a quantization consumes: the model's ``ModelRef`` (its directory; the hash is not read), and where the
     quantized checkpoint goes."""
 
-    model: Path | ModelRef
+    model: ModelRef
     output: Path
 
 
@@ -33,6 +33,5 @@ def run(inputs: QuantizeInputs, options: QuantizeOptions, *, on_status: Callable
     messages (default: the log), ``on_step(done, total)`` AWQ's per-layer progress, ``echo_log`` the tool's log."""
     from qlift.quantize.api import quantize
 
-    model = inputs.model.base if isinstance(inputs.model, ModelRef) else inputs.model
-    return quantize(model, inputs.output, options, on_status=on_status,
+    return quantize(inputs.model.base, inputs.output, options, on_status=on_status,
                     on_step=on_step, echo_log=echo_log)

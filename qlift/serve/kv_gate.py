@@ -4,7 +4,7 @@ An FP8 KV cache halves the KV bytes per token (about twice the sequences in flig
 but it changes the model's answers, by how much depends on the model. So `qlift serve --recipe auto`
 turns ``kv_cache_dtype=fp8`` on only where the newest gated `qlift eval` report for the checkpoint's
 content hash, with the candidate run at that setting (``qlift eval ... --set kv_cache_dtype=fp8``),
-passed (qlift.eval.gate_index); it names that report, or says why it kept FP8 KV off. A recipe or a
+passed (qlift.gates.index); it names that report, or says why it kept FP8 KV off. A recipe or a
 ``--set`` that names kv_cache_dtype is left as it is: the rule only fills what nobody chose.
 """
 
@@ -46,11 +46,11 @@ def compares_with_baseline(record: dict[str, Any]) -> bool:
     """Only a gate against the baseline (``rougeL >= baseline - 0.02``) says what FP8 KV changed;
     a report with absolute thresholds alone says nothing about it."""
     from qlift.errors import QliftError
-    from qlift.eval.gates import parse_gate
+    from qlift.gates.grammar import parse
 
     for g in record.get("gates") or []:
         try:
-            if parse_gate(str(g.get("expr"))).uses_baseline:
+            if parse(str(g.get("expr"))).uses_baseline:
                 return True
         except QliftError:
             continue
@@ -70,7 +70,7 @@ def _no_report(model: Path, short: str | None) -> KvDecision:
 
 def decide(content_hash: str, model: Path) -> KvDecision:
     """FP8 KV for the checkpoint with ``content_hash`` (at ``model``): on, with the report, or off and why."""
-    from qlift.eval.gate_index import newest
+    from qlift.gates.index import newest
 
     short = content_hash.removeprefix("sha256:")[:12]
     record = newest(content_hash, engine_arg="kv_cache_dtype", values=FP8_KV, keep=compares_with_baseline)
@@ -88,21 +88,17 @@ def decide(content_hash: str, model: Path) -> KvDecision:
 
 
 def apply_kv_gate(recipe: Recipe, md: ModelDir, sets: list[str], *,
-                  ref: ModelRef | None = None) -> tuple[Recipe, KvDecision | None]:
+                  ref: ModelRef) -> tuple[Recipe, KvDecision | None]:
     """``recipe`` with FP8 KV where the gate index allows it; None where the recipe or a --set chose already.
-    ``ref``: the checkpoint's plain ref where the caller has it (its hash is looked up, not computed again)."""
+    ``ref``: the checkpoint's plain ref (its hash is read only where a record could match, and never twice)."""
     chosen = recipe.engine.kv_cache_dtype not in (None, "auto")
     if chosen or any(normalize(s.partition("=")[0].strip()) == "kv_cache_dtype" for s in sets):
         return recipe, None
-    from qlift.eval.gate_index import any_checkpoint_has
-    from qlift.models.ref import hash_memo
-
+    from qlift.gates.index import any_checkpoint_has
     if not any_checkpoint_has(engine_arg="kv_cache_dtype", values=FP8_KV, keep=compares_with_baseline):
         # No FP8-KV report for any checkpoint: off whatever this one hashes to, and `qlift plan` of a
         # 15 GB model need not read 15 GB to say so.
         return recipe, _no_report(md.path, None)
-    if ref is None:
-        ref = ModelRef.of(md.path.resolve(), memo=hash_memo())  # serve hashes it anyway; remembered, so once
     decision = decide(ref.content_hash, md.path)
     if decision.kv_cache_dtype is None:
         return recipe, decision

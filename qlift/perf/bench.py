@@ -16,12 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from qlift import __version__
 from qlift.errors import BadInputError, ExternalToolError, NotFoundError
 from qlift.perf.options import BenchOptions
 from qlift.perf.slo import RequestRecord, goodput, vllm_goodput_args
+from qlift.vllm.client import NotAModelList, ServerRefused, ServerUnreachable, VllmClient
 from qlift.vllm.worker import Worker, run_worker
 
 log = logging.getLogger(__name__)
@@ -78,24 +77,21 @@ def api_base(endpoint: str) -> str:
 def server_info(base: str, model: str) -> dict[str, Any]:
     """The server's /v1/models entry for ``model``; raises when it is not up or does not serve it."""
     try:
-        resp = httpx.get(f"{base}/v1/models", timeout=10.0)
-    except httpx.HTTPError as exc:
-        raise ExternalToolError(f"cannot reach {base}/v1/models: {exc}",
+        models = {m.id: m for m in VllmClient(base, timeout_s=10.0).models()}
+    except ServerUnreachable as exc:
+        raise ExternalToolError(f"cannot reach {base}/v1/models: {exc.reason}",
                                 hint="Start the server first (`qlift serve`) or fix --endpoint.", tool="vllm") from None
-    if resp.status_code != 200:
-        raise ExternalToolError(f"{base}/v1/models answered HTTP {resp.status_code}", tool="vllm",
-                                hint="Is --endpoint an OpenAI-compatible vLLM server?")
-    try:
-        data = resp.json().get("data")
-        models = {str(m.get("id")): m for m in data}
-    except (ValueError, AttributeError, TypeError, RecursionError):
+    except ServerRefused as exc:
+        raise ExternalToolError(f"{base}/v1/models answered HTTP {exc.status}", tool="vllm",
+                                hint="Is --endpoint an OpenAI-compatible vLLM server?") from None
+    except NotAModelList:
         raise ExternalToolError(f"{base}/v1/models did not answer an OpenAI model list (JSON with 'data': [...])",
                                 hint="Is --endpoint an OpenAI-compatible vLLM server?", tool="vllm") from None
     if model not in models:
         raise NotFoundError(f"the server at {base} does not serve '{model}' (it serves: {', '.join(models)})",
                             hint="Pass one of those to --model.")
     entry = models[model]
-    return {"root": entry.get("root"), "max_model_len": entry.get("max_model_len")}
+    return {"root": entry.root, "max_model_len": entry.max_model_len}
 
 
 def pick_tokenizer(model: str, root: Any) -> str:

@@ -9,20 +9,21 @@ over the polling intervals in which it gained any (idle gaps between levels do n
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
-_SERIES = re.compile(r"^vllm:generation_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+from qlift.vllm.client import GENERATION_TOKENS, VllmClient, VllmError, parse_prometheus
 
 
 def generation_tokens(text: str) -> float | None:
     """The sum of ``vllm:generation_tokens_total`` over its series (engines, models) in a /metrics page."""
-    values = [float(m.group(1)) for m in _SERIES.finditer(text)]
-    return sum(values) if values else None
+    try:
+        return parse_prometheus(text, only=(GENERATION_TOKENS,)).generation_tokens
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -46,14 +47,15 @@ class CounterSampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def _poll(self, client: httpx.Client) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            value = generation_tokens(client.get(f"{self.base_url}/metrics").text)
+    def _poll(self, client: VllmClient) -> None:
+        with contextlib.suppress(VllmError):
+            value = client.metrics(only=(GENERATION_TOKENS,)).generation_tokens
             if value is not None:
                 self.points.append((time.monotonic(), value))
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=5.0) as http:
+            client = VllmClient(self.base_url, timeout_s=5.0, http=http)
             while not self._stop.is_set():
                 self._poll(client)
                 self._stop.wait(self.interval_s)

@@ -101,8 +101,12 @@ def answer_score(logprobs: Sequence[float], prompt_tokens: int, low_logprob: flo
     return AnswerScore(-sum(logprobs) / n, sum(1 for x in logprobs if x < low_logprob) / n, n, prompt_tokens)
 
 
+def _api_key() -> str | None:
+    return os.environ.get("QLIFT_STABLE_READS_API_KEY")  # sent, never logged
+
+
 def _headers() -> dict[str, str]:
-    key = os.environ.get("QLIFT_STABLE_READS_API_KEY")  # sent, never logged
+    key = _api_key()
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -195,16 +199,12 @@ def score_answers(items: Sequence[tuple[list[dict[str, str]], str]], s: ScorerSe
 def vllm_models(url: str, *, timeout_s: float = 5.0) -> list[str] | None:
     """The models ``url`` serves as a vLLM server (its /v1/models entries owned by vLLM; [] where it is another
     server); None where it cannot tell (down, refusing): ask again later."""
-    import httpx
+    from qlift.vllm.client import NotAModelList, ServerRefused, ServerUnreachable, VllmClient
 
     try:
-        r = httpx.get(f"{url}/v1/models", headers=_headers(), timeout=timeout_s)
-    except httpx.HTTPError:
+        entries = VllmClient(url, api_key=_api_key(), timeout_s=timeout_s).models()
+    except (ServerUnreachable, ServerRefused):
         return None
-    if r.status_code != 200:
-        return None
-    try:
-        entries = r.json().get("data") or []
-    except (ValueError, AttributeError):
+    except NotAModelList:
         return []
-    return [str(m["id"]) for m in entries if isinstance(m, dict) and m.get("owned_by") == VLLM_OWNER and m.get("id")]
+    return [m.id for m in entries if m.owned_by == VLLM_OWNER and m.id]

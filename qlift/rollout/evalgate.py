@@ -17,23 +17,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from qlift.errors import BadInputError, GateFailedError, IntegrityError, NotFoundError
 from qlift.fsutil import sha256_file
 from qlift.lineage import read_manifest
 from qlift.models.ref import dir_hash
+from qlift.vllm.client import VllmClient, VllmError
 
 
 def served_model_dir(backend_url: str, model: str | None = None) -> Path | None:
     """The model dir a vLLM server was started with (``root`` in /v1/models), if local; with ``model``,
     that entry's root (for a LoRA adapter, the adapter dir vLLM loaded)."""
     try:
-        data = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=5.0).json()
-        entry = next((m for m in data["data"] if model is not None and m.get("id") == model), data["data"][0])
-        root = entry.get("root")
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        entries = VllmClient(backend_url, timeout_s=5.0).models()
+    except VllmError:
         return None
+    entry = next((m for m in entries if m.id == model), entries[0] if entries else None)
+    root = entry.root if entry is not None else None
     return Path(root) if root and Path(root).is_dir() else None
 
 

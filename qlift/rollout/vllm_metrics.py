@@ -12,9 +12,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-import httpx
-
 from qlift.rollout.evidence import VersionEvidence
+from qlift.vllm.client import Metrics, VllmClient, VllmError, parse_prometheus
 
 log = logging.getLogger(__name__)
 
@@ -27,31 +26,22 @@ _HISTOGRAMS = {
 }
 
 
+# Only the families read here (vLLM's /metrics is large).
 _WANTED = ("vllm:request_success", "vllm:generation_tokens", "vllm:num_preemptions", "vllm:num_requests_waiting",
            "vllm:num_requests_running", *_HISTOGRAMS.values())
 
 
-def _wanted_lines(text: str) -> str:
-    """Only the families read here: vLLM's /metrics is large, and parsing all of it every window
-    costs a loaded core tenths of a second."""
-    keep = []
-    for line in text.splitlines():
-        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
-        if name.startswith(_WANTED):
-            keep.append(line)
-    return "\n".join(keep) + "\n"
+def _snapshot(metrics: Metrics) -> Snapshot:
+    """Samples summed over the labels that only name the model or engine."""
+    out: Snapshot = defaultdict(float)
+    for s in metrics.samples:
+        labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in _IGNORED_LABELS))
+        out[(s.name, labels)] += s.value
+    return dict(out)
 
 
 def parse_metrics(text: str) -> Snapshot:
-    """Samples summed over the labels that only name the model or engine."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: Snapshot = defaultdict(float)
-    for family in text_string_to_metric_families(_wanted_lines(text)):
-        for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in _IGNORED_LABELS))
-            out[(s.name, labels)] += s.value
-    return dict(out)
+    return _snapshot(parse_prometheus(text, only=_WANTED))
 
 
 _warned: set[str] = set()
@@ -59,13 +49,12 @@ _warned: set[str] = set()
 
 def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
     try:
-        resp = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
-        resp.raise_for_status()
-        return parse_metrics(resp.text)
-    except (httpx.HTTPError, ValueError) as exc:
+        return _snapshot(VllmClient(url, timeout_s=timeout).metrics(only=_WANTED))
+    except VllmError as exc:
         if url not in _warned:  # once per backend, not every window
             _warned.add(url)
-            log.warning("no vLLM metrics from %s (the evidence goes without them): %s", url, str(exc).splitlines()[0])
+            why = next(iter(exc.reason.splitlines()), type(exc.cause).__name__)
+            log.warning("no vLLM metrics from %s (the evidence goes without them): %s", url, why)
         return None
 
 

@@ -15,17 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-import httpx
-
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, NotFoundError
 from qlift.serve import lora_slots
 from qlift.serve.lora import LoraCheck, check_adapter, check_lora_name
 from qlift.serve.served_models import ServedModel, served_models
-from qlift.serve.served_models import request as _request
-from qlift.serve.served_models import server_url as _url
+from qlift.vllm.client import ADAPTER_LOAD_TIMEOUT_S, VllmClient, error_text
+from qlift.vllm.client import server_url as _url
 
 log = logging.getLogger(__name__)
-TIMEOUT_S = 120.0  # a load reads the adapter's weights into the engine
 
 
 @dataclass
@@ -36,19 +33,6 @@ class ServedAdapter:
     base: str | None
     path: str | None
     content_hash: str | None  # None when its path is not a directory on this machine
-
-
-def _error_text(resp: httpx.Response) -> str:
-    try:
-        data = resp.json()
-    except ValueError:
-        return resp.text[:200]
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message", err))[:300]
-        return str(data.get("detail") or data.get("message") or data)[:300]
-    return str(data)[:300]
 
 
 def base_model(server: str, *, api_key: str | None = None) -> ServedModel:
@@ -84,14 +68,6 @@ def adapter_hash(path: str | Path | None) -> str | None:
 def list_adapters(server: str, *, api_key: str | None = None) -> list[ServedAdapter]:
     return [ServedAdapter(name=m.id, base=m.parent, path=m.root, content_hash=adapter_hash(m.root))
             for m in served_models(server, api_key=api_key) if m.is_adapter]
-
-
-def _runtime_off(resp: httpx.Response) -> bool:
-    """vLLM answers a bare 404 (no OpenAI error body) when runtime LoRA updating is off."""
-    try:
-        return resp.status_code in (404, 405) and "error" not in resp.json()
-    except ValueError:
-        return resp.status_code in (404, 405)
 
 
 def check_for_server(server: str, name: str, path: Path, *, base_dir: Path | None = None,
@@ -135,21 +111,19 @@ def load(server: str, name: str, path: Path, **how: Unpack[LoadOptions]) -> Lora
                             field="NAME", hint=f"Unload it first: qlift lora unload {name} --server {_url(server)}.")
     with lora_slots.slots_lock(server):
         slots = lora_slots.room_for(server, name, api_key=api_key, restart_if_full=how.get("restart_if_full", False))
-        resp = _request("POST", server, "/v1/load_lora_adapter", api_key=api_key, timeout=TIMEOUT_S,
-                        json={"lora_name": name, "lora_path": str(checked.path)})
-        if slots is not None and resp.status_code < 400:  # activated: it holds a slot from now on, unloaded or not
+        reply = VllmClient(server, api_key=api_key).load_adapter(name, checked.path)
+        if slots is not None and reply.ok:  # activated: it holds a slot from now on, unloaded or not
             slots.loads.append(lora_slots.SlotLoad(name, str(checked.path)))
             lora_slots.save(slots)
-    if _runtime_off(resp):
+    if reply.runtime_off:
         raise IncompatibleError(f"{_url(server)} does not load adapters at runtime",
                                 hint="Start it with `qlift serve BASE --lora-runtime` "
                                      "(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).")
-    if resp.status_code >= 400:
-        text = _error_text(resp)
-        if "max_lora_rank" in text:
-            raise IncompatibleError(f"the server refused adapter {name}: {text}",
+    if not reply.ok:
+        if "max_lora_rank" in reply.error:
+            raise IncompatibleError(f"the server refused adapter {name}: {reply.error}",
                                     hint="Restart the server with a larger --set max_lora_rank, or merge the adapter.")
-        raise ExternalToolError(f"the server refused adapter {name} ({resp.status_code}): {text}",
+        raise ExternalToolError(f"the server refused adapter {name} ({reply.status}): {reply.error}",
                                 hint="See the server's log.", tool="vllm")
     if verify:
         try:
@@ -161,11 +135,12 @@ def load(server: str, name: str, path: Path, **how: Unpack[LoadOptions]) -> Lora
 
 
 def answer_one_token(server: str, name: str, *, api_key: str | None = None) -> None:
-    resp = _request("POST", server, "/v1/completions", api_key=api_key, timeout=TIMEOUT_S,
-                    json={"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
+    resp = VllmClient(server, api_key=api_key).request(
+        "POST", "/v1/completions", timeout_s=ADAPTER_LOAD_TIMEOUT_S,  # its first answer may still be slow
+        json={"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
     if resp.status_code >= 400:
         raise ExternalToolError(f"adapter {name} was loaded but does not answer ({resp.status_code}): "
-                                f"{_error_text(resp)}", hint="See the server's log.", tool="vllm")
+                                f"{error_text(resp)}", hint="See the server's log.", tool="vllm")
 
 
 def unload(server: str, name: str, *, api_key: str | None = None, missing_ok: bool = False) -> bool:
@@ -178,13 +153,12 @@ def unload(server: str, name: str, *, api_key: str | None = None, missing_ok: bo
             return False
         raise NotFoundError(f"{_url(server)} serves no adapter named {name}",
                             hint=f"`qlift lora list --server {_url(server)}` shows what it serves.")
-    resp = _request("POST", server, "/v1/unload_lora_adapter", api_key=api_key, json={"lora_name": name})
-    if _runtime_off(resp):
+    reply = VllmClient(server, api_key=api_key).unload_adapter(name)
+    if reply.runtime_off:
         raise IncompatibleError(f"{_url(server)} does not unload adapters at runtime",
                                 hint="Start it with `qlift serve BASE --lora-runtime`.")
-    if resp.status_code == 404 and missing_ok:
+    if reply.status == 404 and missing_ok:
         return False
-    if resp.status_code >= 400:
-        raise ExternalToolError(f"the server refused to unload {name} ({resp.status_code}): {_error_text(resp)}",
-                                tool="vllm")
+    if not reply.ok:
+        raise ExternalToolError(f"the server refused to unload {name} ({reply.status}): {reply.error}", tool="vllm")
     return True

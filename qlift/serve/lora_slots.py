@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
-
 from qlift.errors import ExternalToolError, IncompatibleError
 from qlift.fsutil import file_lock, write_json_atomic
 from qlift.settings import qlift_home
+from qlift.vllm.client import LORA_INFO, PROCESS_START, Metrics, ServerUnreachable, VllmClient, VllmError
+from qlift.vllm.client import server_url as _base
 
 log = logging.getLogger(__name__)
-_START = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+(\S+)", re.M)
-_MAX_LORA = re.compile(r'^vllm:lora_requests_info\{[^}]*max_lora="(\d+)"', re.M)
 
 
 @dataclass
@@ -66,37 +63,20 @@ class SlotState:
                 self.loads.append(SlotLoad(name, path))
 
 
-def _base(server: str) -> str:
-    return server.rstrip("/").removesuffix("/v1")
-
-
 def state_path(server: str) -> Path:
     parts = urlsplit(_base(server))
     host = "".join(c if c.isalnum() or c in ".-" else "_" for c in (parts.hostname or "server"))
     return qlift_home() / "lora-slots" / f"{host}-{parts.port or 80}.json"
 
 
-def read_metrics(server: str, *, api_key: str | None = None) -> str:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def read_metrics(server: str, *, api_key: str | None = None) -> Metrics:
+    """What counting needs of the server's /metrics: its instance (process start time) and its slots."""
     try:
-        resp = httpx.get(_base(server) + "/metrics", headers=headers, timeout=10.0)
-        resp.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ExternalToolError(f"cannot read {_base(server)}/metrics to count its adapter slots ({exc})",
+        return VllmClient(server, api_key=api_key).metrics(only=(PROCESS_START, LORA_INFO))
+    except VllmError as exc:
+        raise ExternalToolError(f"cannot read {_base(server)}/metrics to count its adapter slots ({exc.reason})",
                                 hint="Check --server; qlift counts a server's LoRA loads from its /metrics.",
                                 tool="vllm") from None
-    return resp.text
-
-
-def instance_of(metrics: str) -> float | None:
-    """The server instance: its process start time (a restart changes it)."""
-    m = _START.search(metrics)
-    return float(m.group(1)) if m else None
-
-
-def max_loras_of(metrics: str) -> int | None:
-    m = _MAX_LORA.search(metrics)
-    return int(m.group(1)) if m else None
 
 
 def _read_state(path: Path) -> SlotState | None:
@@ -112,12 +92,12 @@ def _read_state(path: Path) -> SlotState | None:
 
 def _touch_engine(server: str, base_name: str, api_key: str | None) -> None:
     """One token from the base: vLLM writes ``vllm:lora_requests_info`` (max_lora) at its first engine step."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        httpx.post(_base(server) + "/v1/completions", headers=headers, timeout=120.0,
-                   json={"model": base_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0})
-    except httpx.HTTPError as exc:
-        log.debug("base request for max_lora failed: %s", exc)
+        VllmClient(server, api_key=api_key).request(
+            "POST", "/v1/completions", timeout_s=120.0,
+            json={"model": base_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0})
+    except ServerUnreachable as exc:
+        log.debug("base request for max_lora failed: %s", exc.reason)
 
 
 def current(server: str, listed: dict[str, str | None], *, base_name: str,
@@ -125,15 +105,15 @@ def current(server: str, listed: dict[str, str | None], *, base_name: str,
     """The slot count of the instance now serving at ``server`` (reset when it restarted), with every adapter
     it lists counted. ``listed``: adapter name -> path, from /v1/models."""
     metrics = read_metrics(server, api_key=api_key)
-    start = instance_of(metrics)
+    start = metrics.process_start_time
     if start is None:
         raise ExternalToolError(f"{_base(server)}/metrics has no process_start_time_seconds, so qlift cannot tell "
                                 "this server instance's adapter loads from another's", tool="vllm",
                                 hint="Point --server at a vLLM server (its own /metrics).")
-    max_loras = max_loras_of(metrics)
+    max_loras = metrics.max_loras
     if max_loras is None:
         _touch_engine(server, base_name, api_key)
-        max_loras = max_loras_of(read_metrics(server, api_key=api_key))
+        max_loras = read_metrics(server, api_key=api_key).max_loras
     old = _read_state(state_path(server))
     state = old if old is not None and old.start_time == start else SlotState(_base(server), start, max_loras)
     state.max_loras = max_loras

@@ -35,66 +35,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from aiohttp import web  # noqa: E402
-from faults import RouterProcess, ThreadedApp  # noqa: E402
-from judge_families import Answerer, Case, cases, deck, stable  # noqa: E402
+from faults import RouterProcess, ScriptedBackend  # noqa: E402
+from judge_families import Case, cases, deck, stable  # noqa: E402
 
 TOKEN = "judge-families-token"
 
 
-class ScriptedBackend(ThreadedApp):
-    """An OpenAI-style chat server whose answers ``answer`` writes: text streamed a few characters a chunk,
-    tool calls streamed as vLLM does (the call's name first, its arguments in pieces). Its usage counts the
-    stable's answer to the same request: every canary is as long as the stable, so only what it says differs."""
-
-    def __init__(self, served_model: str, answer: Answerer) -> None:
-        self.served_model, self.answer = served_model, answer
-        super().__init__()
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        text, finish, calls = self.answer(body)
-        same_text, _, same_calls = stable(body)
-        n = max(1, len(same_text) // 4 + sum(len(c["function"]["arguments"]) // 4 for c in same_calls or []))
-        usage = {"prompt_tokens": 24, "completion_tokens": n, "total_tokens": 24 + n}
-        message: dict[str, Any] = {"role": "assistant", "content": text or None}
-        if calls:
-            message["tool_calls"] = calls
-        if not body.get("stream"):
-            return web.json_response({"id": "x", "object": "chat.completion", "model": self.served_model,
-                                      "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                                      "usage": usage})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        deltas: list[dict[str, Any]] = [{"content": text[i:i + 5]} for i in range(0, len(text), 5)]
-        for k, c in enumerate(calls or []):
-            args = c["function"]["arguments"]
-            deltas.append({"tool_calls": [{"index": k, "id": c["id"], "type": "function",
-                                           "function": {"name": c["function"]["name"], "arguments": ""}}]})
-            deltas += [{"tool_calls": [{"index": k, "function": {"arguments": args[i:i + 6]}}]}
-                       for i in range(0, len(args), 6)]
-        for i, delta in enumerate(deltas or [{"content": ""}]):
-            choice = {"index": 0, "delta": delta, "finish_reason": finish if i == len(deltas) - 1 else None}
-            chunk = {"id": "x", "object": "chat.completion.chunk", "model": self.served_model, "choices": [choice]}
-            await resp.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-        if (body.get("stream_options") or {}).get("include_usage"):
-            await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    def make_app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        return app
+def stable_length(body: dict[str, Any], text: str) -> int:
+    """Completion tokens as the stable's answer to the same request counts them: every canary is as long as the
+    stable, so only what it says differs."""
+    same_text, _, same_calls = stable(body)
+    return max(1, len(same_text) // 4 + sum(len(c["function"]["arguments"]) // 4 for c in same_calls or []))
 
 
 def _read(body: dict[str, Any], status: int, payload: str) -> tuple[str, list[dict[str, Any]] | None]:
@@ -179,7 +130,8 @@ def run_case(case: Case, shadow: bool, tmp: Path, timeout_s: float, interval: st
     journal = tmp / "j.sqlite"
     extra = ["--shadow", "30%", "--shadow-min-pairs", "20", "--shadow-windows", "2"] if shadow else []
     t0 = time.monotonic()
-    with ScriptedBackend("m-stable", stable) as s, ScriptedBackend("m-canary", case.answer) as c, \
+    with ScriptedBackend("m-stable", stable, prompt_tokens=24, completion_tokens=stable_length) as s, \
+            ScriptedBackend("m-canary", case.answer, prompt_tokens=24, completion_tokens=stable_length) as c, \
             RouterProcess("--backend", f"stable={s.url}@m-stable", "--backend", f"canary={c.url}@m-canary",
                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "pub",
                           log_path=tmp / "router.log", token=TOKEN) as router, Load(router.url) as load:

@@ -601,6 +601,76 @@ class TinyBackend(ThreadedApp):
         return app
 
 
+ToolCalls = list[dict[str, Any]] | None  # an OpenAI message's tool_calls
+Reply = tuple[str, str] | tuple[str, str, ToolCalls]  # an answer: its text, finish reason and any tool calls
+
+
+class ScriptedBackend(ThreadedApp):
+    """An OpenAI-style chat server whose answers ``answer`` writes (request body -> ``Reply``): text streamed
+    5 characters a chunk (so a word may be split across chunks), tool calls as vLLM streams them (the call's
+    name first, then its arguments 6 characters a chunk). Usage counts the judge's tokens of the text, unless
+    ``completion_tokens`` (request body, text -> count) counts otherwise. Counts requests."""
+
+    def __init__(self, served_model: str, answer: Callable[[dict[str, Any]], Reply], *, prompt_tokens: int = 20,
+                 completion_tokens: Callable[[dict[str, Any], str], int] | None = None) -> None:
+        self.served_model, self.answer = served_model, answer
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
+        self.requests = 0
+        super().__init__()
+
+    def _usage(self, body: dict[str, Any], text: str) -> dict[str, int]:
+        from qlift.quality.text import tokens
+
+        n = self.completion_tokens(body, text) if self.completion_tokens else max(1, len(tokens(text)))
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        body = await request.json()
+        text, finish, *rest = self.answer(body)
+        calls: ToolCalls = rest[0] if rest else None
+        usage = self._usage(body, text)
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+            if calls:
+                message["tool_calls"] = calls
+            return web.json_response({"id": "x", "object": "chat.completion", "model": self.served_model,
+                                      "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                                      "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        deltas: list[dict[str, Any]] = [{"content": text[i:i + 5]} for i in range(0, len(text), 5)]
+        for k, c in enumerate(calls or []):
+            args = c["function"]["arguments"]
+            deltas.append({"tool_calls": [{"index": k, "id": c["id"], "type": "function",
+                                           "function": {"name": c["function"]["name"], "arguments": ""}}]})
+            deltas += [{"tool_calls": [{"index": k, "function": {"arguments": args[i:i + 6]}}]}
+                       for i in range(0, len(args), 6)]
+        deltas = deltas or [{"content": ""}]  # an empty answer still streams its finish reason
+        for i, delta in enumerate(deltas):
+            choice = {"index": 0, "delta": delta, "finish_reason": finish if i == len(deltas) - 1 else None}
+            chunk = {"id": "x", "object": "chat.completion.chunk", "model": self.served_model, "choices": [choice]}
+            await resp.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+
 class RouterProcess:
     """``qlift router ... --port 0 --json`` as a real process; ``url`` once its ready line is out."""
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
-from faults import RouterProcess, ThreadedApp
+from faults import RouterProcess, ScriptedBackend
 
 from qlift.quality.text import CJK
 
@@ -192,56 +191,7 @@ HEALTHY: dict[str, Answerer] = {
 }
 
 
-# -- the pieces: a scripted backend, a bounded load, the promotion ----------------------------------------
-
-
-class ContentBackend(ThreadedApp):
-    """An OpenAI-style chat server whose answers ``answerer`` writes; streamed in pieces of a few characters
-    (so a word may be split across chunks), usage counted in the judge's own tokens."""
-
-    def __init__(self, served_model: str, answerer: Answerer) -> None:
-        self.served_model, self.answerer = served_model, answerer
-        self.requests = 0
-        super().__init__()
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        from qlift.quality.text import tokens
-
-        self.requests += 1
-        body = await request.json()
-        text, finish = self.answerer(body)
-        usage = {"prompt_tokens": 20, "completion_tokens": max(1, len(tokens(text))),
-                 "total_tokens": 20 + max(1, len(tokens(text)))}
-        if not body.get("stream"):
-            return web.json_response({"id": "x", "object": "chat.completion", "model": self.served_model,
-                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                   "finish_reason": finish}], "usage": usage})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
-        for i, piece in enumerate(pieces):
-            choice = {"index": 0, "delta": {"content": piece}, "finish_reason": finish if i == len(pieces) - 1
-                      else None}
-            await resp.write(f"data: {json.dumps({'id': 'x', 'model': self.served_model, 'choices': [choice]})}"
-                             f"\n\n".encode())
-        if (body.get("stream_options") or {}).get("include_usage"):
-            await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    def make_app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        return app
+# -- the pieces: a bounded load, the promotion (the scripted backend is faults.ScriptedBackend) ----------
 
 
 class DeckLoad:
@@ -322,7 +272,7 @@ def promote(run_cli: Any, tmp_path: Path, canary: Answerer, *, shadow: bool, chi
     cfg = tmp_path / "router.yaml"
     cfg.write_text(f"filter_file: {words}\n")
     extra = ["--shadow", "30%", "--shadow-min-pairs", "20", "--shadow-windows", "2"] if shadow else []
-    with ContentBackend("m-stable", stable_answerer) as s, ContentBackend("m-canary", canary) as c, \
+    with ScriptedBackend("m-stable", stable_answerer) as s, ScriptedBackend("m-canary", canary) as c, \
             RouterProcess("--backend", f"stable={s.url}@m-stable", "--backend", f"canary={c.url}@m-canary",
                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "pub",
                           "--config", cfg, log_path=tmp_path / "router.log", token=TOKEN) as router, \

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from faults import RouterProcess, metric_value
-from test_promote_adversarial import BAD, ContentBackend, DeckLoad, deck, stable
+from faults import RouterProcess, ScriptedBackend, metric_value
+from test_promote_adversarial import BAD, DeckLoad, deck, stable
 
 from qlift.errors import QliftError
 from qlift.router.client import RouterClient
@@ -74,7 +74,7 @@ class TurnsBadAt100:
             t.join(5)
 
 
-class Failing(ContentBackend):
+class Failing(ScriptedBackend):
     """Answers 500 (an engine that died behind a live HTTP server) once ``failing`` is set."""
 
     def __init__(self, served_model: str, failing: threading.Event) -> None:
@@ -92,8 +92,8 @@ class Failing(ContentBackend):
 @contextmanager
 def rollout_under_load(tmp_path: Path, canary: Any) -> Iterator[tuple[RouterProcess, DeckLoad]]:
     """``canary``: an answerer, or a backend not started yet."""
-    backend = canary if isinstance(canary, ContentBackend) else ContentBackend("m-canary", canary)
-    with ContentBackend("m-stable", stable) as s, backend as c, \
+    backend = canary if isinstance(canary, ScriptedBackend) else ScriptedBackend("m-canary", canary)
+    with ScriptedBackend("m-stable", stable) as s, backend as c, \
             RouterProcess("--backend", f"stable={s.url}@m-stable", "--backend", f"canary={c.url}@m-canary",
                           "--weight", "stable=100", "--weight", "canary=0", "--public-model", "pub",
                           log_path=tmp_path / "router.log", token=TOKEN) as router, \

@@ -118,6 +118,22 @@ def test_one_registry_feeds_the_eval_the_judge_and_the_docs() -> None:
             assert f"`{m.name}`" in docs["eval.md"], m.name
 
 
+def test_each_answer_metric_has_one_generated_limit_field_read_typed() -> None:
+    from qlift.quality.limits import SHARE_LIMITS
+
+    assert set(SHARE_LIMITS) == set(BY_NAME)
+    fields = list(AnalysisSpec.model_fields)
+    limits = [lim.field for lim in SHARE_LIMITS.values()]
+    start = fields.index("max_empty_share_ratio") + 1  # generated in the table's order, where the flags show them
+    assert fields[start:start + len(limits)] == limits
+    info = AnalysisSpec.model_fields["max_refusal_share_ratio"]
+    assert info.default == 2.0 and info.description == "Highest canary/stable share of refusals."
+    spec = AnalysisSpec(max_refusal_share_ratio=3)
+    assert spec.share_limit("refusal") == 3.0 and spec.share_limit("loops") == 2.0
+    with pytest.raises(ValueError, match="greater than 0"):
+        AnalysisSpec(max_leak_share_ratio=0)
+
+
 def test_eval_scores_the_answer_metrics_per_example_with_a_file_of_more_refusals(tmp_path: Path) -> None:
     from qlift.eval.generation import Generation
     from qlift.eval.metrics import score

@@ -51,6 +51,15 @@ def test_tokens_are_words_and_cjk_characters() -> None:
     assert repetition.tokens is tokens  # the loop and repetition metrics read the same tokens
 
 
+def test_one_script_table_serves_the_tokens_and_the_routers_filter() -> None:
+    from qlift.router.textnorm import has_unspaced, is_unspaced
+
+    assert all(is_unspaced(c) for c in "ขລမកဢ注カ한ㄅ𠀀")  # Thai, Lao, Myanmar, Khmer, Han, kana, Hangul, ...
+    assert not has_unspaced("Привет, мир! café हिन्दी")
+    assert tokens("ขอบคุณครับ สวัสดี") == ["ขอบคุณครับ", "สวัสดี"]  # no spaces between words, but letters
+    assert tokens("𠀀𠀁字") == ["𠀀", "𠀁", "字"]  # ideographs beyond the BMP are one token each, as Han is
+
+
 @pytest.mark.parametrize("lang", sorted(SAME))
 def test_identical_answers_score_one_in_every_language(lang: str) -> None:
     text = SAME[lang]

@@ -23,9 +23,10 @@ from qlift.rollout.check_types import CheckStatus, Window, WindowKind
 from qlift.rollout.checks import family
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.judge import judge
-from qlift.rollout.read_checks import check_stable_reads, wilcoxon_greater
+from qlift.rollout.read_checks import check_stable_reads
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec
 from qlift.rollout.stable_reads import CANARY, STABLE, ReadAnswer, StableReader, StableReads, make_reader
+from qlift.rollout.stats import wilcoxon_greater
 
 MOJIBAKE = "Le remboursement a été émis, à bientôt.".encode().decode("cp1252", errors="replace")
 
@@ -151,7 +152,7 @@ def test_the_signed_rank_test_is_exact_for_small_samples_and_agrees_with_its_app
     rng = random.Random(3)
     diffs = [rng.gauss(0.3, 1) for _ in range(25)]
     exact = wilcoxon_greater(diffs).p_value
-    import qlift.rollout.read_checks as rc
+    import qlift.rollout.stats as rc
 
     approx = pytest.MonkeyPatch()
     approx.setattr(rc, "EXACT_UP_TO", 0)

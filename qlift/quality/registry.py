@@ -23,6 +23,7 @@ from typing import Any, TypeVar, overload
 from qlift.quality.engagement import disengaged
 from qlift.quality.language import off_language
 from qlift.quality.leak import leaks
+from qlift.quality.limits import SHARE_LIMITS
 from qlift.quality.refusal import refuses
 from qlift.quality.repetition import loop_length, loops, tokens
 from qlift.quality.rephrase import near_repetition
@@ -145,25 +146,28 @@ class AnswerMetric:
     name: str  # the flag's name: evidence counts, the check and the eval metric carry it
     what: str  # the bad answers, in words ("answers that loop")
     flag: Callable[[Answer], bool | None]
-    limit: str  # the AnalysisSpec field: highest canary/stable share ratio that passes
     offline: bool  # `qlift eval --metrics` has it (the request schema is a live-only notion)
     applies: str  # to which answers, in words
     doc: str
     evidence: Callable[[Answer], str | None] | None = None  # what a person reads beside a flagged answer
 
+    @property
+    def limit(self) -> str:
+        """The AnalysisSpec field: highest canary/stable share ratio that passes (``limits.SHARE_LIMITS``)."""
+        return SHARE_LIMITS[self.name].field
+
 
 ANSWER_METRICS: tuple[AnswerMetric, ...] = (
-    AnswerMetric("loops", "answers that loop", lambda a: loops(a.text), "max_loop_share_ratio", True, "every answer",
+    AnswerMetric("loops", "answers that loop", lambda a: loops(a.text), True, "every answer",
                  "The answer ends in a unit of 1-64 words (or CJK characters) repeated 3+ times over 12+ of them."),
     AnswerMetric("off_language", "answers in another language than the prompt",
-                 lambda a: off_language(a.prompt, a.text), "max_off_language_share_ratio", True,
-                 "answers and user messages of 4+ words",
+                 lambda a: off_language(a.prompt, a.text), True, "answers and user messages of 4+ words",
                  "The answer is (30%+ of its words) in another script than the user's message, switches to one "
                  "for a clause, or py3langid names another language; JSON structure, code, URLs, formulas, names "
                  "and terms, and quoted text (block quotes, quotes of any script, runs copied from the user's "
                  "message) are not language. Not applicable under 4 words on either side."),
-    AnswerMetric("refusal", "refusals", lambda a: refuses(a.text, a.refusal_patterns), "max_refusal_share_ratio",
-                 True, "every answer", "A refusal pattern matches at a clause start of the answer's first 300 "
+    AnswerMetric("refusal", "refusals", lambda a: refuses(a.text, a.refusal_patterns), True,
+                 "every answer", "A refusal pattern matches at a clause start of the answer's first 300 "
                  "characters: its start, after a sentence end of any script (. ! ? 。 ؟ ।), after a greeting "
                  "(\"Hola, no puedo\"), or after a comma and a contrast or an apology (\", but I can't help\", "
                  "\"，但是我无法\"). Patterns ship for zh, en, es, pt, fr, de, ru, ja, ko, ar, hi, vi, id, tr, it, nl, "
@@ -172,43 +176,41 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
                  "full-width punctuation do not matter; a quoted refusal, a polite opening (\"Lo siento por la "
                  "espera\") and a program's \"cannot\" are no refusal."),
     AnswerMetric("schema_broken", "answers that break their request's JSON schema", _schema_broken,
-                 "max_schema_broken_share_ratio", False, "requests with response_format json_schema",
+                 False, "requests with response_format json_schema",
                  "The request sent response_format json_schema and the answer does not validate against it."),
-    AnswerMetric("json_invalid", "answers that are no JSON where JSON was asked", _json_invalid,
-                 "max_json_invalid_share_ratio", True,
+    AnswerMetric("json_invalid", "answers that are no JSON where JSON was asked", _json_invalid, True,
                  "requests that ask for JSON: response_format json_object/json_schema, the word JSON in the system "
                  "prompt, or a user message asking for JSON output",
                  "JSON was asked for (response_format json_object or json_schema, the word JSON in the system "
                  "prompt, or the user asking for JSON output: \"answer in JSON\", \"return only JSON\", "
                  "\"以JSON格式\") and the answer does not parse (one markdown fence tolerated)."),
     AnswerMetric("unfinished", "answers cut mid-sentence", lambda a: unfinished(a.text, a.finish_reason),
-                 "max_unfinished_share_ratio", True, "non-empty answers with a finish reason other than length "
-                 "and content_filter",
+                 True, "non-empty answers with a finish reason other than length and content_filter",
                  "The server finished the answer (finish_reason stop) but its prose ends without a sentence end; "
                  "a closing bracket or quote and a sentence end of any script, a list item, table row, heading, "
                  "code block, JSON, URL, emoji, kaomoji, poem or sign-off line is an ending. "
                  "A one-line answer under 8 words is terse, not cut. Not applicable without a finish reason."),
     AnswerMetric("near_repetition", "answers that restate themselves", lambda a: near_repetition(a.text),
-                 "max_near_repetition_share_ratio", True, "answers with a sentence of 3+ content words",
+                 True, "answers with a sentence of 3+ content words",
                  "3+ sentences, a quarter or more of those judged, restate the 4 before them: half or more of "
                  "their content words (CJK: character pairs) are in those sentences, without any exact repeat. "
                  "Code, tables, list items, JSON and URLs are not judged."),
     AnswerMetric("leak", "answers that leak their system prompt", lambda a: leaks(a.system, a.text),
-                 "max_leak_share_ratio", True, "requests with a system prompt of 8+ words (16+ CJK characters)",
+                 True, "requests with a system prompt of 8+ words (16+ CJK characters)",
                  "The answer holds a verbatim run of 12+ tokens of its system prompt (24+ for a mostly-CJK one), "
                  "or of 80% of a shorter one."),
     AnswerMetric("content_filtered", "answers cut by the content filter", _content_filtered,
-                 "max_content_filtered_share_ratio", True, "answers with a finish reason",
+                 True, "answers with a finish reason",
                  "The router's content filter cut the answer (finish_reason content_filter)."),
     AnswerMetric("tool_call_broken", "broken tool calls", lambda a: tool_call_broken(a.request, a.tool_calls, a.text),
-                 "max_tool_call_broken_share_ratio", True, "requests that offered tools",
+                 True, "requests that offered tools",
                  "A call's function.arguments do not parse as a JSON object or do not validate against the offered "
                  "tool's parameters schema, a call names a tool that was not offered, no call came where "
                  "tool_choice was \"required\" or named a function, or (no calls) the answer's text holds a "
                  "Hermes-style <tool_call> block whose JSON is broken. Not applicable without tools, or with "
                  "tool_choice \"none\"."),
     AnswerMetric("disengaged", "answers that take up nothing the request asked",
-                 lambda a: disengaged(a.prompt, a.text, a.other), "max_disengaged_share_ratio", True,
+                 lambda a: disengaged(a.prompt, a.text, a.other), True,
                  "requests with 2+ content units weighing 10+ (about three short words or two long ones; CJK: "
                  "character pairs), answers in the request's language that are not data or verse",
                  "The answer (10+ words) takes up under 10% of the request's content words: function words of 15 "
@@ -221,7 +223,7 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
                  "request."),
     AnswerMetric("text_shape", "answers with garbled, padded, repeated or template text",
                  lambda a: text_shape(a.text) is not None if a.text.strip() else None,
-                 "max_text_shape_share_ratio", True, "every non-empty answer",
+                 True, "every non-empty answer",
                  "The answer's text is broken in shape (qlift/quality/textshape.py): mojibake (UTF-8 read as "
                  "cp1252, latin-1, cp1251, GBK, Shift-JIS ...; rare Han characters), U+FFFD, control, private-use or "
                  "unassigned code points, text escaped twice (&quot;, \\u00e9); padding (blank-line, punctuation, "
@@ -328,7 +330,8 @@ def redact_secrets(text: str) -> str:
     return _SECRET.sub("[redacted]", text)
 
 
-def _head(text: str | None, n: int) -> str | None:
+def example_text(text: str | None, n: int) -> str | None:
+    """``text`` as an example shows it: on one line, secrets redacted, cut to ``n`` characters."""
     if text is None:
         return None
     text = redact_secrets(" ".join(text.split()))
@@ -343,11 +346,12 @@ def examples(answers: list[Answer], name: str, refusal_patterns: Path | None = N
     found = (a for a in answers if answer_flags(a, refusal_patterns).get(name))
     # loops: the longest of all; else the first k (the rest of the window is not looked at)
     flagged = sorted(found, key=lambda a: -loop_length(tokens(a.text))) if name == "loops" else list(islice(found, k))
-    shown = [{"prompt": _head(a.prompt, EXAMPLE_CHARS["prompt"]), "answer": _head(_shown(a), EXAMPLE_CHARS["answer"]),
-              "other": _head(a.other, EXAMPLE_CHARS["answer"])} for a in flagged[:k]]
+    shown = [{"prompt": example_text(a.prompt, EXAMPLE_CHARS["prompt"]),
+              "answer": example_text(_shown(a), EXAMPLE_CHARS["answer"]),
+              "other": example_text(a.other, EXAMPLE_CHARS["answer"])} for a in flagged[:k]]
     if (metric := BY_NAME.get(name)) is not None and (evidence := metric.evidence) is not None:
         for example, a in zip(shown, flagged, strict=False):
-            example["evidence"] = _head(evidence(a), EXAMPLE_CHARS["answer"])
+            example["evidence"] = example_text(evidence(a), EXAMPLE_CHARS["answer"])
     return shown
 
 

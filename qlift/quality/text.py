@@ -2,9 +2,10 @@
 (``qlift eval``'s rougeL, repetition) and live (the rollout's loop and agreement checks).
 
 rouge-score's tokenizer keeps only ``[a-z0-9]``: a Chinese, Japanese or Russian answer has no tokens
-there, and two identical ones score 0. Here a token is one CJK character (Han, kana, Hangul: scripts
-written without spaces) or a run of letters and digits of any other script, with its combining marks
-(Devanagari vowel signs, Arabic harakat: without them Hindi words would break apart); lowercased, NFC.
+there, and two identical ones score 0. Here a token is one CJK character (Han, kana, Hangul, Bopomofo:
+the ``UNSPACED_SCRIPTS`` with ``char_tokens``) or a run of letters and digits of any other script (Thai
+too), with its combining marks (Devanagari vowel signs, Arabic harakat: without them Hindi words would
+break apart); lowercased, NFC.
 Punctuation and ``_`` are not tokens, so on ASCII text the tokens are rouge-score's (``don't`` is
 ``don``, ``t``) and so are the scores: ``rouge_l`` returns rouge-score's F1, bit for bit.
 
@@ -17,9 +18,42 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 
-CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # scripts written without spaces
+
+@dataclass(frozen=True)
+class Script:
+    """A script written without spaces between words: the router's filter matches its rules anywhere in it,
+    not on word edges. ``char_tokens``: each character is a token of the text checks (an ideograph or a
+    syllable); otherwise a token is a run of its letters, as in any other script (a Thai letter is a letter)."""
+
+    name: str
+    ranges: tuple[tuple[int, int], ...]  # first and last code point, inclusive
+    char_tokens: bool
+
+
+UNSPACED_SCRIPTS = (
+    Script("Thai and Lao", ((0x0E00, 0x0EFF),), char_tokens=False),
+    Script("Myanmar", ((0x1000, 0x109F),), char_tokens=False),
+    Script("Khmer", ((0x1780, 0x17FF),), char_tokens=False),
+    Script("Han", ((0x2E80, 0x2FDF), (0x3190, 0x319F), (0x31C0, 0x31EF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF),
+                   (0xF900, 0xFAFF), (0x20000, 0x3134F)), char_tokens=True),  # radicals, kanbun, strokes, ext. A-H
+    Script("Kana", ((0x3040, 0x30FF), (0x31F0, 0x31FF)), char_tokens=True),
+    Script("Bopomofo", ((0x3100, 0x312F), (0x31A0, 0x31BF)), char_tokens=True),
+    # Korean spaces its phrases, not its words: particles and endings join the word ("폭탄을")
+    Script("Hangul", ((0xAC00, 0xD7AF),), char_tokens=True),
+)
+
+
+def char_class(scripts: Iterable[Script]) -> str:
+    """The scripts' code points as a regex character class body (``[...]`` without the brackets)."""
+    return "".join(f"{chr(lo)}-{chr(hi)}" for script in scripts for lo, hi in script.ranges)
+
+
+UNSPACED = char_class(UNSPACED_SCRIPTS)
+CJK = char_class(s for s in UNSPACED_SCRIPTS if s.char_tokens)  # each character a token
 
 
 def _mark_ranges(stop: int = 0x20000) -> str:

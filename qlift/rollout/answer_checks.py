@@ -97,7 +97,7 @@ def paired_test(name: str, what: str, flags: list[PairedFlags], a: AnalysisSpec,
     return r
 
 
-def _strata(scripts: list[str | None]) -> list[str]:
+def script_strata(scripts: list[str | None]) -> list[str]:
     """The prompt scripts a window is tested by: every known one, when there are two or more."""
     known = sorted({s for s in scripts if s is not None})
     return known if len(known) > 1 else []
@@ -124,7 +124,7 @@ def run_shadow(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float) -> Che
     flags, canary = _paired(m, w.pairs, a.refusal_patterns)
     if not flags:
         return None
-    strata = _strata([f.script for f in flags])
+    strata = script_strata([f.script for f in flags])
     level = alpha / (1 + len(strata))
     results = [(ALL, paired_test(m.name, f"share of {m.what}", flags, a, level))]
     results += [(s, paired_test(m.name, f"share of {m.what}", [f for f in flags if f.script == s], a, level))
@@ -139,7 +139,7 @@ def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float, share_t
     """Unpaired share tests (``share_test``: the registry's) over the window and per prompt script; None when the
     metric applies to no answer of a version."""
     assert w.canary.answers is not None and w.stable.answers is not None
-    limit = getattr(a, m.limit)
+    limit = a.share_limit(m.name)
 
     def counted(answers: list[Answer]) -> list[tuple[str | None, bool]]:
         return [(prompt_script(x.prompt), v) for x in answers
@@ -148,7 +148,7 @@ def run_split(m: AnswerMetric, w: Window, a: AnalysisSpec, alpha: float, share_t
     canary, stable = counted(w.canary.answers), counted(w.stable.answers)
     if not canary or not stable:
         return None
-    strata = [s for s in _strata([s for s, _ in canary + stable])
+    strata = [s for s in script_strata([s for s, _ in canary + stable])
               if any(x == s for x, _ in canary) and any(x == s for x, _ in stable)]
     level = alpha / (1 + len(strata))
 
@@ -182,7 +182,7 @@ def answer_check(m: AnswerMetric, *, alpha_of: Callable[[AnalysisSpec], float], 
 
     def run(w: Window, a: AnalysisSpec) -> CheckResult:
         if w.canary.answers is None or w.stable.answers is None:
-            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
+            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=a.share_limit(m.name))
             r.detail = "the evidence source sees no answers (the qlift router's request log and shadow pairs do)"
             return r
         shadow = w.kind == WindowKind.SHADOW and w.pairs is not None
@@ -192,7 +192,7 @@ def answer_check(m: AnswerMetric, *, alpha_of: Callable[[AnalysisSpec], float], 
             level = alpha_of(a) * look_share(w.look, a.early_answer_checks)
             got = run_split(m, w, a, level, share_test) if level > 0 else None
         if got is None:
-            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=getattr(a, m.limit))
+            r = CheckResult(m.name, CheckStatus.SKIPPED, limit=a.share_limit(m.name))
             r.detail = f"applies to no answer of both versions in this window ({m.applies})"
             return r
         return got

@@ -13,52 +13,17 @@ margin; one past it on too few answers for a test holds. The tests run over the 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from qlift.quality.scorer import LOW_LOGPROB
-from qlift.rollout.answer_checks import ALL, _strata, decide
+from qlift.rollout.answer_checks import ALL, decide, script_strata
 from qlift.rollout.check_types import CheckResult, CheckStatus, WindowKind
 from qlift.rollout.spec import AnalysisSpec
 from qlift.rollout.stable_reads import CANARY, STABLE, ReadAnswer, StableReads
-from qlift.rollout.stats import TestResult, mann_whitney_greater, mean, normal_sf
+from qlift.rollout.stats import mann_whitney_greater, mean, wilcoxon_greater
 
 NAME = "stable_reads"
-EXACT_UP_TO = 25  # differences (non-zero) up to which the signed-rank p-value is exact
 EXAMPLES = 3
-
-
-def wilcoxon_greater(diffs: Sequence[float]) -> TestResult:
-    """One-sided Wilcoxon signed-rank p-value for H1: the differences tend to be positive. Zeros are dropped, tied
-    magnitudes share their mean rank; exact (every sign pattern, given the ranks) up to EXACT_UP_TO differences,
-    else the normal approximation with tie and continuity corrections."""
-    d = [x for x in diffs if x != 0]
-    n = len(d)
-    if n == 0:
-        return TestResult("wilcoxon", 1.0)
-    order = sorted(range(n), key=lambda i: abs(d[i]))
-    doubled = [0] * n  # twice each rank: tied ranks are halves
-    ties = 0.0
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
-            j += 1
-        for k in range(i, j + 1):
-            doubled[order[k]] = i + j + 2
-        t = j - i + 1
-        ties += t**3 - t
-        i = j + 1
-    w = sum(r for r, x in zip(doubled, d, strict=True) if x > 0)  # doubled W+
-    if n <= EXACT_UP_TO:
-        counts = [1] + [0] * sum(doubled)  # sign patterns by their doubled W+
-        for r in doubled:
-            for s in range(len(counts) - 1, r - 1, -1):
-                counts[s] += counts[s - r]
-        return TestResult("wilcoxon", sum(counts[w:]) / 2**n)
-    mu = n * (n + 1) / 4
-    var = n * (n + 1) * (2 * n + 1) / 24 - ties / 48
-    return TestResult("wilcoxon", normal_sf((w / 2 - mu - 0.5) / math.sqrt(var)) if var > 0 else 1.0)
 
 
 def mean_nll(answers: list[ReadAnswer]) -> float:
@@ -135,7 +100,7 @@ def check_stable_reads(reads: StableReads | None, kind: WindowKind, a: AnalysisS
                    "never a failure"
         return r
     # a script is tested on its own where both versions have min_samples answers to its prompts
-    strata = [s for s in _strata([x.script for x in canary + stable])
+    strata = [s for s in script_strata([x.script for x in canary + stable])
               if min(sum(x.script == s for x in canary), sum(x.script == s for x in stable)) >= a.min_samples]
     level = alpha / (len(METRICS) * (1 + len(strata)))
     results = []

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from qlift.quality.judge import parse_target, sample
 from qlift.quality.language import prompt_script
-from qlift.quality.registry import EXAMPLE_CHARS, Answer, _head, user_text
+from qlift.quality.registry import EXAMPLE_CHARS, Answer, example_text, user_text
 from qlift.quality.scorer import ScorerSettings, messages_of, score_answers, vllm_models
 
 if TYPE_CHECKING:
@@ -102,8 +102,8 @@ def _read(side: str, a: Answer, pair: int | None) -> tuple[list[dict[str, str]],
     """(messages, answer, what ReadAnswer keeps of it) for one answer to score."""
     keep: dict[str, Any] = {"side": side, "script": prompt_script(a.prompt), "pair": pair}
     if side == CANARY:
-        keep |= {"prompt": _head(user_text(a.request), EXAMPLE_CHARS["prompt"]),
-                 "text": _head(a.text, EXAMPLE_CHARS["answer"])}
+        keep |= {"prompt": example_text(user_text(a.request), EXAMPLE_CHARS["prompt"]),
+                 "text": example_text(a.text, EXAMPLE_CHARS["answer"])}
     return messages_of(a.request), a.text, keep
 
 

@@ -4,19 +4,19 @@
 Error and share checks compare two proportions (Fisher's exact test when a cell is small,
 else the pooled two-proportion z-test); latency, TTFT and token counts compare samples with
 the Mann-Whitney U test (normal approximation with tie and continuity corrections), as
-Netflix's Kayenta does.
+Netflix's Kayenta does; paired samples (a shadow window's) with the Wilcoxon signed-rank test.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class TestResult:
-    test: str  # "fisher", "z", "binomial", "mann-whitney"
+    test: str  # "fisher", "z", "binomial", "mann-whitney", "wilcoxon", "mcnemar"
     p_value: float
 
 
@@ -76,6 +76,17 @@ def binomial_greater(x: int, n: int, rate: float) -> TestResult:
     return TestResult("binomial", min(1.0, p))
 
 
+def _tied_runs(ordered: Sequence[float]) -> Iterator[tuple[int, int]]:
+    """(first, last) index of each run of equal values in sorted ``ordered``: the ranks a run shares."""
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[i]:
+            j += 1
+        yield i, j
+        i = j + 1
+
+
 def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> TestResult:
     """One-sided Mann-Whitney U p-value for H1: values of ``x`` tend to be larger than ``y``'s."""
     nx, ny = len(x), len(y)
@@ -85,22 +96,48 @@ def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> TestResult:
     n = nx + ny
     rank_sum_x = 0.0
     tie_term = 0.0
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
+    for i, j in _tied_runs([v for v, _ in pooled]):
         avg_rank = (i + j) / 2 + 1
         t = j - i + 1
         tie_term += t**3 - t
         rank_sum_x += avg_rank * sum(1 for k in range(i, j + 1) if pooled[k][1] == 0)
-        i = j + 1
     u = rank_sum_x - nx * (nx + 1) / 2
     mean = nx * ny / 2
     var = nx * ny / 12 * ((n + 1) - tie_term / (n * (n - 1))) if n > 1 else 0.0
     if var <= 0:
         return TestResult("mann-whitney", 1.0)
     return TestResult("mann-whitney", normal_sf((u - mean - 0.5) / math.sqrt(var)))
+
+
+EXACT_UP_TO = 25  # differences (non-zero) up to which the signed-rank p-value is exact
+
+
+def wilcoxon_greater(diffs: Sequence[float]) -> TestResult:
+    """One-sided Wilcoxon signed-rank p-value for H1: the differences tend to be positive. Zeros are dropped, tied
+    magnitudes share their mean rank; exact (every sign pattern, given the ranks) up to EXACT_UP_TO differences,
+    else the normal approximation with tie and continuity corrections."""
+    d = [x for x in diffs if x != 0]
+    n = len(d)
+    if n == 0:
+        return TestResult("wilcoxon", 1.0)
+    order = sorted(range(n), key=lambda i: abs(d[i]))
+    doubled = [0] * n  # twice each rank: tied ranks are halves
+    ties = 0.0
+    for i, j in _tied_runs([abs(d[k]) for k in order]):
+        for k in range(i, j + 1):
+            doubled[order[k]] = i + j + 2
+        t = j - i + 1
+        ties += t**3 - t
+    w = sum(r for r, x in zip(doubled, d, strict=True) if x > 0)  # doubled W+
+    if n <= EXACT_UP_TO:
+        counts = [1] + [0] * sum(doubled)  # sign patterns by their doubled W+
+        for r in doubled:
+            for s in range(len(counts) - 1, r - 1, -1):
+                counts[s] += counts[s - r]
+        return TestResult("wilcoxon", sum(counts[w:]) / 2**n)
+    mu = n * (n + 1) / 4
+    var = n * (n + 1) * (2 * n + 1) / 24 - ties / 48
+    return TestResult("wilcoxon", normal_sf((w / 2 - mu - 0.5) / math.sqrt(var)) if var > 0 else 1.0)
 
 
 def quantile(samples: Sequence[float], q: float) -> float | None:

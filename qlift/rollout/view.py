@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.checks import CheckStatus
 from qlift.rollout.journal import journal_flag, with_journal
-from qlift.rollout.states import Phase
+from qlift.rollout.states import Phase, State
 
 if TYPE_CHECKING:
     from qlift.rollout.status import RolloutStatus
@@ -192,7 +192,7 @@ def role_words(text: str, st: RolloutStatus) -> str:
 
 def down_line(st: RolloutStatus) -> str:
     """``canary DOWN: <the router's reason>`` and what the rollout does about it."""
-    then = "rolled back" if st.state == "rolled_back" else \
+    then = "rolled back" if st.state == State.ROLLED_BACK else \
         f"held, {st.errors} window(s) in a row; rolls back after consecutive_error_limit" if not st.final else "ended"
     return f"canary DOWN: {st.canary_down} -- the router keeps it out of rotation ({then})"
 

@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 # Scripts written without spaces between words: their rules match anywhere, not on word boundaries.
-_UNSPACED_RANGES = (
-    "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff"
-    "\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
-)
+from qlift.quality.text import UNSPACED as _UNSPACED_RANGES
+
 _UNSPACED = re.compile(f"[{_UNSPACED_RANGES}]")
 _SPACED_WORD = re.compile(f"[^\\W{_UNSPACED_RANGES}]")  # a word character of a script that spaces its words
 EDGE = "\x00"  # marks word edges; normalize() removes it (and every other control character) from text

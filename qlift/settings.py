@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
 
@@ -60,25 +57,11 @@ def eval_cache_dir() -> Path:
     return Path(env).expanduser() if env else cache_dir() / "eval"
 
 
-_GIVEN_ROUTER_TOKEN: ContextVar[str | None] = ContextVar("qlift_router_token", default=None)
-
-
-def router_token() -> str | None:
-    """Bearer token of `qlift router`'s admin API: the one a caller gave (``given_router_token``), else
-    QLIFT_ROUTER_TOKEN; unset = admin API off.
+def router_token(given: str | None = None) -> str | None:
+    """Bearer token of `qlift router`'s admin API: ``given`` (a caller's own), else QLIFT_ROUTER_TOKEN; unset =
+    admin API off. Resolved once where a command or a library call enters, then passed to what needs it.
 
     Stripped of surrounding whitespace (a trailing newline from `$(cat token.txt)` or a file
     read as-is), as the router strips the token a client presents: the two sides always agree.
     """
-    return (_GIVEN_ROUTER_TOKEN.get() or os.environ.get("QLIFT_ROUTER_TOKEN") or "").strip() or None
-
-
-@contextmanager
-def given_router_token(token: str | None) -> Iterator[None]:
-    """``router_token()`` is ``token`` inside (None: the environment's), for this thread's context only: the
-    environment is never changed, so no other thread and no child process sees it."""
-    reset = _GIVEN_ROUTER_TOKEN.set(token)
-    try:
-        yield
-    finally:
-        _GIVEN_ROUTER_TOKEN.reset(reset)
+    return (given or os.environ.get("QLIFT_ROUTER_TOKEN") or "").strip() or None

@@ -180,7 +180,7 @@ def test_nginx_plane_reads_prometheus_by_scrape_target(prometheus: str, tmp_path
             "nginx": {"prefix": str(tmp_path / "nginx")}}
     spec = build_spec({**base, "prometheus": {"url": prometheus}}, {})
     assert spec.prometheus is not None and spec.prometheus.preset == "nginx"
-    collector = make_collector(spec, {})
+    collector = make_collector(spec, {}, router_token=None)
     collector.begin()
     ev = collector.collect()
     assert ev.canary.requests >= 20 and ev.stable.requests >= 20, ev
@@ -188,7 +188,7 @@ def test_nginx_plane_reads_prometheus_by_scrape_target(prometheus: str, tmp_path
     assert {c.name for c in run_checks(ev, spec.analysis) if c.status == "fail"} == set()
 
     routed = build_spec({**base, "prometheus": {"url": prometheus, "preset": "router"}}, {})
-    collector = make_collector(routed, {})
+    collector = make_collector(routed, {}, router_token=None)
     collector.begin()
     ev = collector.collect()
     assert ev.canary.requests == 0

@@ -296,13 +296,13 @@ def test_canary_adapter_refuses_data_planes_that_split_by_server(tmp_path: Path)
         "stable": "stable", "canary": "canary", "data_plane": "nginx", "nginx": {"prefix": str(tmp_path)},
         "backends": {"stable": url, "canary": url}})
     with pytest.raises(IncompatibleError, match="needs the builtin router: nginx splits traffic by upstream"):
-        resolve_target(nginx, "tickets")
+        resolve_target(nginx, "tickets", router_token=None)
     gateway = RolloutSpec.model_validate({
         "stable": "stable", "canary": "canary", "data_plane": "gateway-api", "provider": "prometheus",
         "prometheus": {"url": "http://127.0.0.1:9090"},
         "gateway": {"parent_refs": [{"name": "gw"}], "backends": {"stable": {"name": "a"}, "canary": {"name": "b"}}}})
     with pytest.raises(IncompatibleError, match="the gateway-api data plane has no runtime loading"):
-        resolve_target(gateway, "tickets")
+        resolve_target(gateway, "tickets", router_token=None)
 
 
 def test_one_server_for_both_versions_leaves_its_engine_metrics_out() -> None:
@@ -310,9 +310,11 @@ def test_one_server_for_both_versions_leaves_its_engine_metrics_out() -> None:
     from qlift.rollout.spec import RolloutSpec
 
     spec = RolloutSpec.model_validate({"stable": "stable", "canary": "canary", "router": "http://127.0.0.1:9"})
-    shared = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8000/"})
+    shared = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8000/"},
+                            router_token=None)
     assert shared.vllm is None and SHARED_SERVER_NOTE in getattr(shared.primary, "notes", [])
-    apart = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8001"})
+    apart = make_collector(spec, {"stable": "http://127.0.0.1:8000", "canary": "http://127.0.0.1:8001"},
+                           router_token=None)
     assert apart.vllm is not None and SHARED_SERVER_NOTE not in getattr(apart.primary, "notes", [])
 
 
@@ -326,11 +328,11 @@ def test_prometheus_presets_refuse_two_versions_on_one_server() -> None:
               "backends": {"stable": "http://127.0.0.1:8000#base", "canary": "http://127.0.0.1:8000#tickets"}}
     spec = RolloutSpec.model_validate({**fields, "prometheus": {"url": "http://127.0.0.1:9090"}})
     with pytest.raises(BadInputError, match="one server \\(127.0.0.1:8000\\)") as exc:
-        make_collector(spec, {})
+        make_collector(spec, {}, router_token=None)
     assert exc.value.field == "prometheus"
     own = RolloutSpec.model_validate({**fields, "prometheus": {"url": "http://127.0.0.1:9090",
                                                               "queries": {"requests": "sum(x{model=\"$model\"})"}}})
-    assert make_collector(own, {}).primary is not None
+    assert make_collector(own, {}, router_token=None).primary is not None
 
 
 def test_eval_gate_looks_up_the_canary_by_its_model_name_on_a_shared_server(tiny_qwen2_tied: Path,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -99,27 +98,25 @@ def test_the_release_hands_the_router_token_to_the_rollout_in_its_inputs(
     assert "s3cret" not in repr(inputs)  # never printed
 
 
-def test_the_rollouts_entry_point_scopes_the_token_and_puts_the_environment_back(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from qlift.settings import given_router_token as router_token_for
+def test_the_rollouts_entry_point_resolves_the_token_once_and_passes_it_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
     from qlift.settings import router_token
 
+    rollout_run = importlib.import_module("qlift.rollout.run")  # the module (qlift.rollout.run is its function)
+
     monkeypatch.setenv("QLIFT_ROUTER_TOKEN", "callers")
-    with router_token_for("releases"):
-        assert router_token() == "releases"
-    assert router_token() == "callers"
-    with router_token_for(None):
-        assert router_token() == "callers"
+    assert router_token("releases") == "releases" and router_token(None) == "callers"
+    given: list[str | None] = []
+    monkeypatch.setattr(rollout_run, "start", lambda spec, journal, **kw: given.append(kw["router_token"]))
+    spec = PromoteOptions().rollout_spec(stable="stable", canary="canary", router="http://127.0.0.1:3")
+    rollout_run.run(rollout_run.RolloutInputs(tmp_path / "j.sqlite", router_token="releases"), spec)
+    rollout_run.run(rollout_run.RolloutInputs(tmp_path / "j.sqlite"), spec)
     monkeypatch.delenv("QLIFT_ROUTER_TOKEN")
-    with router_token_for("releases"):
-        assert router_token() == "releases"
-        assert "QLIFT_ROUTER_TOKEN" not in os.environ  # never put where a child process or another thread reads it
-        seen: list[str | None] = []
-        worker = threading.Thread(target=lambda: seen.append(router_token()))
-        worker.start()
-        worker.join()
-        assert seen == [None]
-    assert "QLIFT_ROUTER_TOKEN" not in os.environ
+    rollout_run.run(rollout_run.RolloutInputs(tmp_path / "j.sqlite", router_token="releases"), spec)
+    assert given == ["releases", "callers", "releases"]
+    assert "QLIFT_ROUTER_TOKEN" not in os.environ  # never put where a child process or another thread reads it
 
 
 def test_nothing_in_the_release_reads_or_edits_the_environment() -> None:

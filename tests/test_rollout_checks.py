@@ -91,7 +91,7 @@ def test_the_nginx_plane_gets_the_nginx_preset_and_plane(tmp_path: Path) -> None
                        "backends": {"s": "http://127.0.0.1:1", "c": "http://127.0.0.1:2"}, "provider": "prometheus",
                        "prometheus": {"url": "http://127.0.0.1:9"}}, {})
     assert spec.prometheus is not None and spec.prometheus.preset == "nginx"
-    assert make_plane(spec).kind == "nginx"
+    assert make_plane(spec, router_token=None).kind == "nginx"
     explicit = build_spec({**spec.model_dump(mode="json"), "prometheus": {"url": "http://x:9", "preset": "vllm"}}, {})
     assert explicit.prometheus is not None and explicit.prometheus.preset == "vllm"
 

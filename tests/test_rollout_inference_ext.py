@@ -50,7 +50,8 @@ def test_the_packaged_schema_is_the_vendored_crd() -> None:
 
 def test_set_weights_creates_then_patches_and_reads_back(kube: FakeKube, tmp_path: Path) -> None:
     out = tmp_path / "rewrite.yaml"
-    plane = make_plane(build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path)), output=str(out)), {}))
+    plane = make_plane(build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path)), output=str(out)), {}),
+                       router_token=None)
     assert plane.kind == "inference-ext" and plane.weights() is None  # not created yet
 
     plane.set_weights({"stable": 90, "canary": 10})
@@ -73,7 +74,8 @@ def test_set_weights_creates_then_patches_and_reads_back(kube: FakeKube, tmp_pat
 
 
 def test_a_hand_edit_is_seen_as_drift(kube: FakeKube, tmp_path: Path) -> None:
-    plane = make_plane(build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path))), {}))
+    plane = make_plane(build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path))), {}),
+                       router_token=None)
     plane.set_weights({"stable": 90, "canary": 10})
     rule = kube.get(*KEY)["spec"]["rules"][0]  # type: ignore[index]
     kube.edit(*KEY, {"spec": {"rules": [{**rule, "targets": [{"modelRewrite": "smollm2", "weight": 3},
@@ -84,7 +86,8 @@ def test_a_hand_edit_is_seen_as_drift(kube: FakeKube, tmp_path: Path) -> None:
 
 
 def test_the_server_refusing_is_one_error(kube: FakeKube, tmp_path: Path) -> None:
-    bad = make_plane(build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path, token="wrong"))), {}))
+    bad = make_plane(build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path, token="wrong"))), {}),
+                     router_token=None)
     assert bad.weights() is None
     with pytest.raises(ExternalToolError, match="InferenceModelRewrite serving/llm-rewrite failed: 401"):
         bad.set_weights({"stable": 90, "canary": 10})
@@ -139,7 +142,7 @@ def test_model_names_default_to_the_backends_models_then_the_versions(tmp_path: 
 
 def test_a_rollout_on_the_rewrite_ends_promoted_at_canary_100(kube: FakeKube, tmp_path: Path) -> None:
     sp = build_spec(spec_data(tmp_path, kubeconfig=str(kube.kubeconfig(tmp_path))), {})
-    plane = make_plane(sp)
+    plane = make_plane(sp, router_token=None)
     journal = Journal(tmp_path / "j.sqlite")
     r = journal.create(sp.model_dump(mode="json"), sp.stable, sp.canary)
     clock = FakeClock()

@@ -294,7 +294,7 @@ def test_pause_abort_from_another_connection(tmp_path: Path) -> None:
     assert clock.now >= paused_at + 5 * sp.interval
     assert plane.applied == [{"s": 90, "c": 10}]  # paused: no window judged, no step taken
     original = dataplane.make_data_plane
-    dataplane.make_data_plane = lambda s: plane  # type: ignore[assignment,return-value]
+    dataplane.make_data_plane = lambda s, router_token: plane  # type: ignore[assignment,return-value,misc]
     try:
         aborted = api.abort(tmp_path / "j.sqlite")
     finally:
@@ -344,7 +344,7 @@ def test_a_canary_whose_model_changes_mid_rollout_is_paused_unjudged(tmp_path: P
     from qlift.rollout import dataplane
 
     original = dataplane.make_data_plane
-    dataplane.make_data_plane = lambda s: plane  # type: ignore[assignment,return-value]
+    dataplane.make_data_plane = lambda s, router_token: plane  # type: ignore[assignment,return-value,misc]
     try:
         api.abort(tmp_path / "j.sqlite")
     finally:

@@ -84,7 +84,7 @@ def use_plane(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """api.* builds its data plane from the spec: hand it ours."""
 
     def use(plane: MemoryPlane) -> None:
-        monkeypatch.setattr(dataplane, "make_data_plane", lambda s: plane)
+        monkeypatch.setattr(dataplane, "make_data_plane", lambda s, router_token: plane)
 
     return use
 

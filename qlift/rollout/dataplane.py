@@ -1,21 +1,23 @@
 """Data planes: where the weights live. Each one reads and sets ``{version: percent}``.
 
-``builtin`` is the qlift router's admin API; ``nginx`` and ``gateway-api`` render config
-(see nginx.py and gateway.py).
+``builtin`` is the qlift router's admin API; ``nginx``, ``gateway-api`` and ``inference-ext`` render config
+(nginx.py, gateway.py, inference_ext.py). Each is built by the maker its entry in the planes table names
+(``qlift.rollout.planes``); the rollout asks a plane only what the protocols below declare.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, cast, runtime_checkable
 
 from qlift.errors import ExternalToolError
-from qlift.rollout.planes import PLANES, Capability, PlaneName
+from qlift.rollout.planes import PLANES, Capability
 from qlift.rollout.spec import RolloutSpec
 
 if TYPE_CHECKING:
     from qlift.rollout.shadow import ShadowSource
+    from qlift.router.wire import ShadowState
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,20 @@ class Identifies(Protocol):
         """What ``version`` serves now (a model hash or dir): changes when another model is loaded under it."""
 
 
+@dataclass(frozen=True)
+class ServerAddress:
+    """Where a version's server answers, as its data plane knows it."""
+
+    url: str | None  # None: the plane shows it only redacted (credentials): its own health view is all there is
+    model: str | None  # the model name the server must list (None: any)
+
+
+@runtime_checkable
+class KnowsServers(Protocol):
+    def server(self, version: str) -> ServerAddress | None:
+        """Where ``version``'s server answers (None: the plane does not know)."""
+
+
 @runtime_checkable
 class NamesModels(Protocol):
     def backend_models(self) -> dict[str, str]:
@@ -73,6 +89,14 @@ class Mirroring(Protocol):
 
     def mirror(self, *, stable: str, canary: str) -> ShadowSource:
         """Its mirroring switch and answer pairs for a rollout of ``canary`` against ``stable``."""
+
+    def mirroring(self) -> ShadowState | None:
+        """The mirroring in force now (None: none)."""
+
+
+def mirroring_now(plane: DataPlane) -> ShadowState | None:
+    """What the plane mirrors now; None where it mirrors nothing or cannot mirror."""
+    return cast(Mirroring, plane).mirroring() if Capability.MIRROR in plane.capabilities else None
 
 
 def mirror_source(plane: DataPlane, spec: RolloutSpec) -> ShadowSource | None:
@@ -138,6 +162,14 @@ class RouterDataPlane:
     def backend_urls(self) -> dict[str, str]:
         return {b.name: b.url for b in self.client.state().backends}
 
+    def mirroring(self) -> ShadowState | None:
+        return self.client.state().shadow
+
+    def server(self, version: str) -> ServerAddress:
+        b = self.client.state().backend(version)
+        redacted = "***@" in b.url  # qlift.router.config.redact_url's mark: the credentials are not ours to see
+        return ServerAddress(None if redacted else b.url, b.served_model or None)
+
     def backend_models(self) -> dict[str, str]:
         """Version name -> the model name the router asks its server for (``NAME=URL#MODEL``)."""
         return {b.name: b.served_model for b in self.client.state().backends if b.served_model}
@@ -164,40 +196,18 @@ class RouterDataPlane:
                                 hint="Pass the router's backend names (`qlift router --backend NAME=URL`).")
 
 
-def _builtin(spec: RolloutSpec) -> DataPlane:
-    from qlift.settings import router_token
+class PlaneMaker(Protocol):
+    """What a plane's entry names as its maker (PlaneKind.maker). Each is given the router's admin token (None:
+    none); the qlift router's uses it."""
 
+    def __call__(self, spec: RolloutSpec, *, router_token: str | None) -> DataPlane: ...
+
+
+def make_router_plane(spec: RolloutSpec, *, router_token: str | None) -> DataPlane:
     assert spec.router is not None
-    return RouterDataPlane(spec.router, router_token())
+    return RouterDataPlane(spec.router, router_token)
 
 
-def _nginx(spec: RolloutSpec) -> DataPlane:
-    from qlift.rollout.nginx import NginxDataPlane
-
-    assert spec.nginx is not None
-    return NginxDataPlane(spec.nginx, {v: spec.backends[v] for v in (spec.stable, spec.canary)})
-
-
-def _gateway(spec: RolloutSpec) -> DataPlane:
-    from qlift.rollout.gateway import GatewayDataPlane
-
-    assert spec.gateway is not None
-    return GatewayDataPlane(spec.gateway)
-
-
-def _inference_ext(spec: RolloutSpec) -> DataPlane:
-    from qlift.rollout.inference_ext import InferenceExtDataPlane
-
-    assert spec.inference_ext is not None
-    return InferenceExtDataPlane(spec.inference_ext, {v: spec.served_model(v) for v in (spec.stable, spec.canary)})
-
-
-# How each plane of the planes table (qlift.rollout.planes.PLANES) is built.
-MAKERS: dict[PlaneName, Callable[[RolloutSpec], DataPlane]] = {
-    "builtin": _builtin, "nginx": _nginx, "gateway-api": _gateway, "inference-ext": _inference_ext,
-}
-
-
-def make_data_plane(spec: RolloutSpec) -> DataPlane:
-    """The spec's data plane, built by its entry in MAKERS."""
-    return MAKERS[spec.data_plane](spec)
+def make_data_plane(spec: RolloutSpec, *, router_token: str | None) -> DataPlane:
+    """The spec's data plane, built by the maker its entry in the planes table names."""
+    return PLANES[spec.data_plane].load_maker()(spec, router_token=router_token)

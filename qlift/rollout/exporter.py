@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from qlift.errors import QliftError
 from qlift.fsutil import AppendedLines
+from qlift.rollout.planes import PLANES, SourceName
 
 log = logging.getLogger(__name__)
 ROLLOUT_LABELS = ["rollout", "stable", "canary", "state", "data_plane"]
@@ -125,9 +126,11 @@ class RolloutCollector(Collector):
         yield _canary_down(rid, r.canary, history.get("windows") or [])
         if spec.get("bake"):
             yield from _bake(r, history.get("windows") or [])
-        prefix = (spec.get("nginx") or {}).get("prefix")
-        if spec.get("data_plane") == "nginx" and prefix:
-            yield from self._nginx(Path(prefix) / "logs" / "access.jsonl")
+        plane = PLANES.get(str(spec.get("data_plane", "")))
+        if plane is not None and plane.section is not None and plane.evidence == SourceName.NGINX_ACCESS_LOG:
+            prefix = (spec.get(plane.section) or {}).get("prefix")
+            if prefix:
+                yield from self._nginx(Path(prefix) / "logs" / "access.jsonl")
 
     def _nginx(self, path: Path) -> Iterator[Metric]:
         self.nginx.read(path)

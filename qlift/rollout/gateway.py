@@ -21,7 +21,7 @@ import yaml
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.loaders import read_yaml
 from qlift.rollout.planes import PLANES, Capability
-from qlift.rollout.spec import GatewaySpec
+from qlift.rollout.spec import GatewaySpec, RolloutSpec
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 SCHEMA_FILE = Path(__file__).with_name("schemas") / "gateway.networking.k8s.io_httproutes.yaml"
@@ -180,3 +180,8 @@ class GatewayDataPlane:
 
     def backend_urls(self) -> dict[str, str]:
         return {}
+
+
+def make_gateway_plane(spec: RolloutSpec, *, router_token: str | None) -> GatewayDataPlane:
+    assert spec.gateway is not None
+    return GatewayDataPlane(spec.gateway)

@@ -19,7 +19,7 @@ from qlift.k8s_objects import X_API, model_rewrite
 from qlift.loaders import read_yaml
 from qlift.rollout.gateway import CustomObject, crd_schema, validate_object, write_yaml
 from qlift.rollout.planes import PLANES, Capability
-from qlift.rollout.spec import InferenceExtSpec
+from qlift.rollout.spec import InferenceExtSpec, RolloutSpec
 
 GROUP, VERSION = X_API.split("/")
 PLURAL = "inferencemodelrewrites"
@@ -84,3 +84,8 @@ class InferenceExtDataPlane:
 
     def backend_urls(self) -> dict[str, str]:
         return {}
+
+
+def make_inference_ext_plane(spec: RolloutSpec, *, router_token: str | None) -> InferenceExtDataPlane:
+    assert spec.inference_ext is not None
+    return InferenceExtDataPlane(spec.inference_ext, {v: spec.served_model(v) for v in (spec.stable, spec.canary)})

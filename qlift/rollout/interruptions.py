@@ -103,15 +103,18 @@ def interruptions(events: list[dict[str, Any]]) -> list[Interruption]:
     return out
 
 
-def live_weights(spec: RolloutSpec, timeout: float = 3.0) -> dict[str, Any] | None:
-    """What the qlift router holds now ({"url", "weights"} or {"url", "error"}); None for other data planes."""
-    if spec.data_plane != "builtin" or not spec.router:
+def live_weights(spec: RolloutSpec, timeout: float = 3.0, *, router_token: str | None = None) -> dict[str, Any] | None:
+    """What the qlift router holds now ({"url", "weights"} or {"url", "error"}); None for other data planes.
+    ``router_token``: its admin token (None: QLIFT_ROUTER_TOKEN's)."""
+    from qlift.rollout.planes import PLANES
+
+    if not PLANES[spec.data_plane].at_router or not spec.router:
         return None
     from qlift.router.client import RouterClient
-    from qlift.settings import router_token
+    from qlift.settings import router_token as given_or_env
 
     try:
-        state = RouterClient(spec.router, router_token(), timeout=timeout).state()
+        state = RouterClient(spec.router, given_or_env(router_token), timeout=timeout).state()
     except (QliftError, ValueError) as exc:
         return {"url": spec.router, "weights": None, "error": exc.one_line() if isinstance(exc, QliftError)
                 else str(exc)}

@@ -45,9 +45,10 @@ from urllib.parse import urlsplit
 
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.fsutil import AppendedLines
+from qlift.rollout.dataplane import DataPlane, ServerAddress
 from qlift.rollout.evidence import EvidenceCounter, Observation, VersionEvidence
 from qlift.rollout.planes import PLANES, Capability, SourceName
-from qlift.rollout.spec import NginxSpec
+from qlift.rollout.spec import NginxSpec, RolloutSpec
 
 _WEIGHTS_MARK = "# qlift-weights: "
 RELOADS = "reloads.jsonl"
@@ -237,6 +238,16 @@ class NginxDataPlane:
 
     def backend_urls(self) -> dict[str, str]:
         return dict(self.backends)
+
+    def server(self, version: str) -> ServerAddress | None:
+        """Its --backend URL; a ``#MODEL`` after it names the model the server must list."""
+        url = self.backends.get(version)
+        return ServerAddress(url, url.partition("#")[2] or None) if url else None
+
+
+def make_nginx_plane(spec: RolloutSpec, *, router_token: str | None) -> DataPlane:
+    assert spec.nginx is not None
+    return NginxDataPlane(spec.nginx, {v: spec.backends[v] for v in (spec.stable, spec.canary)})
 
 
 class AccessLogSource:

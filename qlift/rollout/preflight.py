@@ -15,15 +15,13 @@ from __future__ import annotations
 import logging
 import shlex
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 from qlift.errors import BadInputError, ExternalToolError, QliftError
-from qlift.rollout.dataplane import DataPlane, ReportsDown, RouterDataPlane
+from qlift.rollout.dataplane import DataPlane, KnowsServers, ReportsDown, mirroring_now
 from qlift.rollout.journal import Journal, Rollout
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import State
+from qlift.vllm.client import NotAModelList, ServerRefused, ServerUnreachable, VllmClient
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +55,11 @@ def _start_command(spec: RolloutSpec, journal: Path | None, stable: str, canary:
     return shlex.join(argv)
 
 
-def _shadow_of(plane: DataPlane) -> Any:
-    return plane.client.state().shadow if isinstance(plane, RouterDataPlane) else None
-
-
 def check_start_state(plane: DataPlane, spec: RolloutSpec, journal: Journal, journal_arg: Path | None, *,
                       force: bool, spec_file: Path | None = None) -> None:
     """Refuse a new rollout unless the live plane is at the starting state: the stable 100%, no shadow."""
     live = plane.weights()
-    shadow = _shadow_of(plane)
+    shadow = mirroring_now(plane)
     problem, hint = None, None
     live_shares = shares(live) if live is not None else None
     latest = journal.latest()
@@ -125,16 +119,14 @@ def check_resume_state(plane: DataPlane, journal: Journal, r: Rollout, *, force:
 
 def probe_models(url: str) -> tuple[list[str] | None, str]:
     """The model ids a server lists at ``GET /v1/models``, or None and why it did not answer with a list."""
-    base = url.partition("#")[0].rstrip("/")
     try:
-        resp = httpx.get(base + "/v1/models", timeout=PROBE_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if resp.status_code != 200:
-        return None, f"HTTP {resp.status_code}"
-    try:
-        ids = [m["id"] for m in resp.json()["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
-    except (ValueError, KeyError, TypeError):
+        ids = [m.id for m in VllmClient(url, timeout_s=PROBE_TIMEOUT_S).models()]
+    except ServerUnreachable as exc:
+        cause = exc.cause
+        return None, f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    except ServerRefused as exc:
+        return None, f"HTTP {exc.status}"
+    except NotAModelList:
         return None, "its answer is not a model list"
     return ids, "" if ids else "it lists no model"
 
@@ -155,22 +147,18 @@ def check_serves(url: str, model: str | None, *, what: str, router_view: str | N
 
 
 def check_canary_serves(plane: DataPlane, spec: RolloutSpec) -> None:
-    """The canary's server answers and lists its model, before the first weight moves (the router's backend;
-    the other planes' --backend URL, where given)."""
-    if isinstance(plane, RouterDataPlane):
-        b = plane.client.state().backend(spec.canary)
-        view = None if b.healthy else (b.problem or "its /health check fails")
-        if "***@" in b.url:  # credentials redacted: the router's own view is all there is
-            if view is not None:
-                raise ExternalToolError(f"the router reports the canary {spec.canary} DOWN ({view})", tool="router",
-                                        hint="Start (or fix) its server, then run the command again")
-            return
-        check_serves(b.url, b.served_model or None, what=f"the canary {spec.canary}", router_view=view)
+    """The canary's server answers and lists its model, before the first weight moves, where the plane knows
+    its address (the router's backend, nginx's --backend URL); with the plane's own health view, where it has one."""
+    address = plane.server(spec.canary) if isinstance(plane, KnowsServers) else None
+    if address is None:
         return
-    url = spec.backends.get(spec.canary)
-    if url and spec.data_plane == "nginx":
-        fragment = url.partition("#")[2]
-        check_serves(url, fragment or None, what=f"the canary {spec.canary}")
+    view = plane.down(spec.canary) if isinstance(plane, ReportsDown) else None
+    if address.url is None:  # shown redacted (credentials): the plane's own view is all there is
+        if view is not None:
+            raise ExternalToolError(f"the router reports the canary {spec.canary} DOWN ({view})", tool="router",
+                                    hint="Start (or fix) its server, then run the command again")
+        return
+    check_serves(address.url, address.model, what=f"the canary {spec.canary}", router_view=view)
 
 
 def out_of_rotation(plane: DataPlane, version: str) -> str | None:

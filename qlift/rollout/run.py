@@ -12,7 +12,7 @@ from pathlib import Path
 from qlift.rollout.api import start
 from qlift.rollout.journal import Rollout
 from qlift.rollout.spec import RolloutSpec
-from qlift.settings import given_router_token
+from qlift.settings import router_token
 
 
 @dataclass(frozen=True)
@@ -33,18 +33,16 @@ class RolloutInputs:
 
 
 def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
-    """Run the rollout ``options`` describe until it is final (``api.start``); the journal's last record of it."""
-    with given_router_token(inputs.router_token):  # the router clients it builds use it; no environment edit
-        return _run(inputs, options)
-
-
-def _run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
+    """Run the rollout ``options`` describe until it is final (``api.start``); the journal's last record of it.
+    The admin token is resolved here once (``inputs.router_token``, else QLIFT_ROUTER_TOKEN) and handed to the
+    plane and the evidence it builds; the environment is never edited."""
+    token = router_token(inputs.router_token)
     if inputs.canary_adapter is not None:
         from qlift.rollout.api import start_with_adapter
 
         name, adapter = inputs.canary_adapter
         return start_with_adapter(options, inputs.journal, name, adapter, new=inputs.new,
                                   allow_stable_down=inputs.allow_stable_down, force=inputs.force,
-                                  spec_file=inputs.spec_file)[0]
+                                  spec_file=inputs.spec_file, router_token=token)[0]
     return start(options, inputs.journal, new=inputs.new, allow_stable_down=inputs.allow_stable_down,
-                 force=inputs.force, spec_file=inputs.spec_file)
+                 force=inputs.force, spec_file=inputs.spec_file, router_token=token)

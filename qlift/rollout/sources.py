@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from qlift.errors import BadInputError
@@ -123,32 +122,38 @@ class Collector:
         return ev
 
 
-def _router_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
-    from qlift.settings import router_token
+class SourceMaker(Protocol):
+    """How a data plane's default evidence source is built; given the router's admin token (None: none)."""
 
+    def __call__(self, spec: RolloutSpec, versions: list[str], *, router_token: str | None) -> EvidenceSource: ...
+
+
+def _router_source(spec: RolloutSpec, versions: list[str], *, router_token: str | None) -> EvidenceSource:
     if not spec.router:
         return _NoPrimary(versions)
-    return RouterSource(spec.router, router_token(), versions)
+    return RouterSource(spec.router, router_token, versions)
 
 
-def _access_log_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
+def _access_log_source(spec: RolloutSpec, versions: list[str], *, router_token: str | None) -> EvidenceSource:
     from qlift.rollout.nginx import AccessLogSource
 
     assert spec.nginx is not None
     return AccessLogSource(spec.nginx.prefix, {v: spec.backends[v] for v in versions})
 
 
-def _none_source(spec: RolloutSpec, versions: list[str]) -> EvidenceSource:
-    return _router_source(spec, versions) if spec.router else _NoPrimary(versions)
+def _none_source(spec: RolloutSpec, versions: list[str], *, router_token: str | None) -> EvidenceSource:
+    return _router_source(spec, versions, router_token=router_token) if spec.router else _NoPrimary(versions)
 
 
 # A data plane's default evidence source (qlift.rollout.planes.PLANES[...].evidence) -> how to build it.
-SOURCES: dict[SourceName, Callable[[RolloutSpec, list[str]], EvidenceSource]] = {
+SOURCES: dict[SourceName, SourceMaker] = {
     SourceName.ROUTER: _router_source, SourceName.NGINX_ACCESS_LOG: _access_log_source, SourceName.NONE: _none_source,
 }
 
 
-def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector:
+def make_collector(spec: RolloutSpec, backend_urls: dict[str, str], *, router_token: str | None) -> Collector:
+    """The spec's evidence: Prometheus where it names it, else its data plane's default source (the router's
+    admin token, None: none, reaches the router's request log), with the versions' vLLM /metrics beside."""
     from qlift.rollout.planes import PLANES
 
     versions = [spec.stable, spec.canary]
@@ -168,7 +173,7 @@ def make_collector(spec: RolloutSpec, backend_urls: dict[str, str]) -> Collector
                 "prometheus.queries over your gateway's per-model series (docs/lora.md).")
         primary = PrometheusSource(spec.prometheus, versions, spec.models, spec.interval, instances)
     else:
-        primary = SOURCES[PLANES[spec.data_plane].evidence](spec, versions)
+        primary = SOURCES[PLANES[spec.data_plane].evidence](spec, versions, router_token=router_token)
     urls = {v: u for v, u in {**backend_urls, **spec.backends}.items() if v in versions}
     if len(urls) == 2 and len({u.rstrip("/") for u in urls.values()}) == 1:
         # Both versions are model names on one vLLM server (an adapter and its base): its /metrics are one

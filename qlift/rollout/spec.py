@@ -9,14 +9,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from qlift.errors import BadInputError
 from qlift.loaders import read_yaml
 from qlift.options import OptionField, option_fields
-from qlift.rollout.planes import PLANES, Capability, PlaneName
+from qlift.quality.limits import SHARE_LIMITS
+from qlift.rollout.plane_sections import WithPlaneSections
+from qlift.rollout.planes import PLANES, Capability, PlaneChoice
 from qlift.rollout.spec_sections import (
     DURATION_SCHEMA,
     BackendRef,
@@ -26,6 +36,7 @@ from qlift.rollout.spec_sections import (
     NginxSpec,
     ParentRef,
     PrometheusSpec,
+    RolledVersions,
     StrictSpec,
     parse_duration,
 )
@@ -43,8 +54,8 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
-class AnalysisSpec(StrictSpec):
-    """Limits of the judge. Ratios are canary / stable over the same window."""
+class _JudgeLimits(StrictSpec):
+    """The fields of AnalysisSpec before its answer metrics' limits."""
 
     min_requests: int = Field(20, ge=1, description="Canary requests needed in a window before it can pass.")
     max_error_rate: float = Field(0.01, ge=0, le=1, description="Highest canary error rate that passes.")
@@ -65,39 +76,20 @@ class AnalysisSpec(StrictSpec):
     max_length_share_ratio: float = Field(
         1.5, gt=0, description="Highest canary/stable share of answers cut at max_tokens (finish_reason=length).")
     max_empty_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of empty completions.")
-    max_loop_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that end in a loop (qlift.quality).")
-    max_off_language_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers in another language than the prompt.")
-    max_refusal_share_ratio: float = Field(2.0, gt=0, description="Highest canary/stable share of refusals.")
-    max_schema_broken_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that break their request's json_schema.")
-    max_json_invalid_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that are no JSON where the request asked "
-        "for JSON (response_format, the system prompt or the user message).")
-    max_unfinished_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that end mid-sentence although the server "
-        "finished them (finish_reason stop).")
-    max_near_repetition_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that restate one claim several ways "
-        "(qlift.quality).")
-    max_leak_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that repeat a verbatim run of their "
-        "system prompt.")
-    max_content_filtered_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers cut by the router's content filter "
-        "(finish_reason content_filter).")
-    max_text_shape_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers with garbled, padded, repeated or template "
-        "text (mojibake, U+FFFD, blank-line or emoji padding, a passage repeated anywhere, <|im_start|> or <think> "
-        "debris; qlift.quality.textshape).")
-    max_disengaged_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers that take up none of the request's content "
-        "words (deflections, another subject, the answer to another request; qlift.quality.engagement).")
-    max_tool_call_broken_share_ratio: float = Field(
-        2.0, gt=0, description="Highest canary/stable share of answers to requests that offered tools whose "
-        "tool calls are broken (arguments no JSON object or off the tool's schema, an unknown tool, no call where "
-        "tool_choice required one).")
+
+
+# One limit for each answer metric, generated from qlift.quality.limits (their flags, docs and validation too).
+if TYPE_CHECKING:
+    _AnswerLimits = _JudgeLimits  # read through AnalysisSpec.share_limit, typed
+else:
+    _AnswerLimits = create_model(
+        "_AnswerLimits", __base__=_JudgeLimits, __module__=__name__,
+        **{lim.field: (float, Field(lim.default, gt=0, description=lim.description)) for lim in SHARE_LIMITS.values()})
+
+
+class AnalysisSpec(_AnswerLimits):
+    """Limits of the judge. Ratios are canary / stable over the same window."""
+
     refusal_patterns: Path | None = Field(
         None, description="A file of more refusal patterns (one regular expression a line) beside the shipped "
         "ones of 18 languages (qlift/quality/data/refusals/).")
@@ -154,6 +146,10 @@ class AnalysisSpec(StrictSpec):
             except BadInputError as exc:
                 raise ValueError(exc.message.replace("URL#MODEL", "auto, off or URL#MODEL")) from None
         return v
+
+    def share_limit(self, metric: str) -> float:
+        """An answer metric's limit (``registry.ANSWER_METRICS``' name): its field is generated, so untyped."""
+        return float(getattr(self, SHARE_LIMITS[metric].field))
 
 
 def parse_percent(value: Any) -> Any:
@@ -213,7 +209,7 @@ class ShadowSpec(StrictSpec):
         return v
 
 
-class PromoteOptions(StrictSpec):
+class PromoteOptions(WithPlaneSections):
     """How a canary is stepped, judged and baked, and where the weights and evidence live: what a release file's
     promote stage sets, validated alone. ``RolloutSpec`` adds the versions, the router and the backends."""
 
@@ -227,7 +223,7 @@ class PromoteOptions(StrictSpec):
     vllm_metrics: bool = Field(True, description="Also read each backend's vLLM /metrics into the evidence.")
     models: dict[str, str] = Field(
         default_factory=dict, description="Version name -> served model name ($model in Prometheus queries).")
-    data_plane: PlaneName = Field(
+    data_plane: PlaneChoice = Field(
         "builtin", description="Where the weights live (qlift.rollout.planes).")
     nginx: NginxSpec | None = None
     gateway: GatewaySpec | None = None
@@ -259,15 +255,11 @@ class PromoteOptions(StrictSpec):
         if self.bake and len(self.steps) < 2:
             raise ValueError("bake needs a step below 100 first: the bake judges the canary against the stable's "
                              "figures from that step's last window")
-        if self.data_plane == "nginx" and self.nginx is None:
-            raise ValueError("data_plane nginx needs an nginx: section (prefix, listen)")
-        if self.data_plane == "gateway-api" and self.gateway is None:
-            raise ValueError("data_plane gateway-api needs a gateway: section")
-        if self.data_plane == "inference-ext":
-            if self.inference_ext is None:
-                raise ValueError("data_plane inference-ext needs an inference_ext: section")
-            if self.inference_ext.kubeconfig is None and self.inference_ext.output is None:
-                raise ValueError("data_plane inference-ext needs inference_ext.kubeconfig or inference_ext.output")
+        plane, section = PLANES[self.data_plane], self.plane_section(PLANES[self.data_plane])
+        if plane.section is not None and section is None:
+            raise ValueError(plane.missing_section)
+        if section is not None:
+            section.check()
         if self.provider == "prometheus" and self.prometheus is None:
             raise ValueError("provider prometheus needs a prometheus: section (url)")
         if self.shadow is not None and Capability.MIRROR not in PLANES[self.data_plane].capabilities:
@@ -278,25 +270,14 @@ class PromoteOptions(StrictSpec):
     def check_versions(self, stable: str, canary: str, backends: Mapping[str, str]) -> None:
         """The rules between these options and the versions they roll out, by name, with their ``backends`` URLs
         (a ValueError names the broken one): a release checks them with its own names before its router runs."""
-        if self.data_plane == "nginx":
-            missing = [v for v in (stable, canary) if v not in backends]
-            if missing:
-                raise ValueError(f"data_plane nginx needs backends: URLs for {', '.join(missing)}")
-        if self.data_plane == "gateway-api" and self.gateway is not None:
-            missing = [v for v in (stable, canary) if v not in self.gateway.backends]
-            if missing:
-                raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
-        if self.data_plane == "inference-ext":
-            served = {self.served_model_of(v, backends) for v in (stable, canary)}
-            if len(served) == 1:
-                raise ValueError(f"stable and canary both rewrite to model {served.pop()!r}: set inference_ext.models")
+        section = self.plane_section(PLANES[self.data_plane])
+        if section is not None:
+            section.check_versions(RolledVersions(stable, canary, backends, self.models))
 
     def served_model_of(self, version: str, backends: Mapping[str, str]) -> str:
         """The model name ``version`` (served at ``backends[version]``) is served as on the Inference Extension's
         pool."""
-        own = self.inference_ext.models if self.inference_ext is not None else {}
-        fragment = backends.get(version, "").partition("#")[2]
-        return own.get(version) or self.models.get(version) or fragment or version
+        return (self.inference_ext or InferenceExtSpec.model_validate({})).served_model(version, backends, self.models)
 
     def rollout_spec(self, *, stable: str, canary: str, router: str | None, **more: object) -> RolloutSpec:
         """The spec that rolls ``canary`` out over ``stable`` with these options (``more``: RolloutSpec's other
@@ -327,8 +308,8 @@ class RolloutSpec(PromoteOptions):
         if self.stable == self.canary:
             raise ValueError("stable and canary must be different versions")
         self._check_options()
-        if self.data_plane == "builtin" and not self.router:
-            raise ValueError("the builtin data plane needs router: URL (--router)")
+        if PLANES[self.data_plane].at_router and not self.router:
+            raise ValueError(f"the {self.data_plane} data plane needs router: URL (--router)")
         self.check_versions(self.stable, self.canary, self.backends)
         if self.provider == "builtin" and not self.router and not self.backends:
             raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")

@@ -4,6 +4,8 @@ sections of Prometheus, nginx, Gateway API and the Inference Extension (re-expor
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,6 +42,30 @@ class StrictSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+@dataclass(frozen=True)
+class RolledVersions:
+    """The versions a rollout moves, with what the spec says of them: base URLs (``backends``) and served model
+    names (``models``)."""
+
+    stable: str
+    canary: str
+    backends: Mapping[str, str]
+    models: Mapping[str, str]
+
+    def missing(self, known: Mapping[str, object]) -> list[str]:
+        return [v for v in (self.stable, self.canary) if v not in known]
+
+
+class PlaneSection(StrictSpec):
+    """A data plane's settings section (its entry in qlift.rollout.planes names it); the spec asks it these
+    when its plane is the rollout's. A ValueError says which rule is broken."""
+
+    def check(self) -> None:
+        """The section's rules alone."""
+
+    def check_versions(self, versions: RolledVersions) -> None:
+        """The section's rules with the versions it rolls out."""
+
 
 class PrometheusSpec(StrictSpec):
     """A Prometheus server that scrapes the router (and backends), queried with PromQL."""
@@ -54,7 +80,7 @@ class PrometheusSpec(StrictSpec):
     timeout_s: Duration = Field(10.0, description="Timeout of one query.")
 
 
-class NginxSpec(StrictSpec):
+class NginxSpec(PlaneSection):
     """nginx as the data plane: qlift renders the split into its own prefix dir and reloads."""
 
     prefix: Path = Field(description="nginx prefix dir (nginx.conf, logs, temp dirs, pid live here).")
@@ -73,6 +99,11 @@ class NginxSpec(StrictSpec):
         False, description="Send X-Qlift-Backend (the upstream address that answered) with every answer. Off: "
         "a client never learns which version answered it (the access log has it).")
 
+    def check_versions(self, versions: RolledVersions) -> None:
+        missing = versions.missing(versions.backends)
+        if missing:
+            raise ValueError(f"data_plane nginx needs backends: URLs for {', '.join(missing)}")
+
 
 class BackendRef(StrictSpec):
     name: str = Field(description="Kubernetes Service name of this version.")
@@ -85,7 +116,7 @@ class ParentRef(StrictSpec):
     sectionName: str | None = None  # noqa: N815  (the Gateway API field name)
 
 
-class GatewaySpec(StrictSpec):
+class GatewaySpec(PlaneSection):
     """Gateway API as the data plane: an HTTPRoute whose backendRefs carry the weights."""
 
     route_name: str = Field("qlift-llm", description="metadata.name of the HTTPRoute.")
@@ -98,8 +129,13 @@ class GatewaySpec(StrictSpec):
     context: str | None = Field(None, description="kubeconfig context.")
     output: Path | None = Field(None, description="Also write the rendered HTTPRoute YAML here (GitOps).")
 
+    def check_versions(self, versions: RolledVersions) -> None:
+        missing = versions.missing(self.backends)
+        if missing:
+            raise ValueError(f"gateway.backends lacks {', '.join(missing)}")
 
-class InferenceExtSpec(StrictSpec):
+
+class InferenceExtSpec(PlaneSection):
     """The Gateway API Inference Extension as the data plane: the InferenceModelRewrite that `qlift deploy k8s
     --lora NAME=DIR --gateway-api` renders, whose targets' weights split one public model name between the
     models one Deployment serves (a base and its LoRA adapters)."""
@@ -114,5 +150,20 @@ class InferenceExtSpec(StrictSpec):
     kubeconfig: Path | None = Field(None, description="Apply to this cluster with the kubernetes client.")
     context: str | None = Field(None, description="kubeconfig context.")
     output: Path | None = Field(None, description="Also write the rendered InferenceModelRewrite YAML here (GitOps).")
+
+    def check(self) -> None:
+        if self.kubeconfig is None and self.output is None:
+            raise ValueError("data_plane inference-ext needs inference_ext.kubeconfig or inference_ext.output")
+
+    def check_versions(self, versions: RolledVersions) -> None:
+        served = {self.served_model(v, versions.backends, versions.models) for v in (versions.stable, versions.canary)}
+        if len(served) == 1:
+            raise ValueError(f"stable and canary both rewrite to model {served.pop()!r}: set inference_ext.models")
+
+    def served_model(self, version: str, backends: Mapping[str, str], models: Mapping[str, str]) -> str:
+        """The model name ``version`` is served as on the pool: this section's models:, the spec's, the #MODEL
+        of its ``backends`` URL, else its own name."""
+        fragment = backends.get(version, "").partition("#")[2]
+        return self.models.get(version) or models.get(version) or fragment or version
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from typing import Any
 
 from qlift.errors import ExternalToolError, QliftError
 from qlift.rollout.dataplane import DataPlane, mirror_source
 from qlift.rollout.journal import Journal, Rollout, is_disk_full
+from qlift.rollout.next_state import abort_confirmed, abort_requested
+from qlift.rollout.persist import commit
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import RUNNING, DecisionAction, State, StepOutcome
+from qlift.rollout.states import RUNNING, State
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +58,8 @@ def shadow_off(spec: RolloutSpec, plane: DataPlane) -> None:
 def request_abort(journal: Journal, r: Rollout, plane: DataPlane, reason: str = ABORT_REASON) -> Rollout:
     """Journal ``abort_requested`` with the 100% stable weights in one transaction, then apply and confirm.
     Raises ExternalToolError, the abort staying requested, when the data plane does not take them."""
-    stable = r.weights_for(0)
-
-    def also(db: Any) -> None:
-        journal.transition(db, r.id, r.state, State.ABORT_REQUESTED, reason, desired_version=r.stable)
-        journal.finish_step(db, r.id, r.step, StepOutcome.ABORTED)
-        journal.decide(db, r.id, r.step, DecisionAction.ABORT, reason, manual=True)
-
     try:
-        done = journal.change_weights(r.id, stable, reason, plane.set_weights, allowed_states=(r.state,), also=also)
+        done = commit(journal, r, abort_requested(r.stable, reason), plane.set_weights)
     except QliftError as exc:
         raise _unconfirmed(r, exc) from None
     if not done:  # the controller moved meanwhile: start over from what the journal says now
@@ -94,9 +88,7 @@ def confirm_abort(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
     last = journal.last_change(r.id)
     if last is not None and last.weights == stable and last.applied_at is None:
         journal.mark_applied(last.id)
-    reason = "aborted by an operator: the data plane confirmed 100% stable"
-    with journal.tx() as db:
-        journal.transition(db, r.id, State.ABORT_REQUESTED, State.ABORTED, reason)
+    commit(journal, r, abort_confirmed(), allowed=(State.ABORT_REQUESTED,))
     shadow_off(spec_of(r), plane)
     return journal.get(r.id)
 

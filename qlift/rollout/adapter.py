@@ -17,61 +17,22 @@ got created is unloaded unless the new `start` promotes the same adapter.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import shlex
-import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import BadInputError, IncompatibleError, QliftError
-from qlift.rollout.journal import Journal, Rollout, now_iso
+from qlift.rollout.adapter_journal import AdapterJournal, AdapterRecord, adapter_journal, read_adapter
+from qlift.rollout.journal import Journal, Rollout
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import ADAPTER_OPEN, AdapterState, State, can_move_adapter
+from qlift.rollout.states import AdapterState, State
 
 log = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS canary_adapters (
-  id INTEGER PRIMARY KEY, name TEXT NOT NULL, path TEXT NOT NULL, server TEXT NOT NULL,
-  content_hash TEXT NOT NULL, base_dir TEXT, base_name TEXT, state TEXT NOT NULL, rollout_id INTEGER,
-  created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-"""
-_COLUMNS_ADDED = {"restart_argv": "TEXT"}  # journals written before these columns get them on open
 HEALTHY_WAIT_S = 30.0  # the router re-checks its backends every couple of seconds
-
-
-@dataclass
-class AdapterRecord:
-    id: int
-    name: str
-    path: str
-    server: str
-    content_hash: str
-    base_dir: str | None
-    base_name: str | None
-    state: AdapterState
-    rollout_id: int | None
-    created_at: str
-    updated_at: str
-    restart_argv: str | None = None  # restart_command() once promoted, as JSON
-
-    def __post_init__(self) -> None:
-        self.state = AdapterState(self.state)
-
-    def serve_command(self) -> list[str]:
-        """`qlift serve` with this adapter: what reproduces the promoted state after a restart (the one
-        journaled at the promotion, with the server's port, recipe and other adapters, where there is one)."""
-        from qlift.serve.lora import serve_command
-
-        if self.restart_argv:
-            return [str(a) for a in json.loads(self.restart_argv)]
-        return serve_command(Path(self.base_dir or "BASE_DIR"), {self.name: Path(self.path)},
-                             served_name=self.base_name, runtime=True)
 
 
 def restart_command(rec: AdapterRecord) -> list[str]:
@@ -98,78 +59,6 @@ def restart_command(rec: AdapterRecord) -> list[str]:
                          served_name=rec.base_name, runtime=True, host=where.hostname, port=where.port)
 
 
-class AdapterJournal:
-    """The ``canary_adapters`` table beside the rollout journal's own tables (same file, WAL)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        if not self.path.exists():
-            Journal(self.path).close()  # the rollout tables first: a file of only this table is not a journal
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(_SCHEMA)
-        have = {r["name"] for r in self.db.execute("PRAGMA table_info(canary_adapters)")}
-        for column, kind in _COLUMNS_ADDED.items():
-            if column not in have:
-                self.db.execute(f"ALTER TABLE canary_adapters ADD COLUMN {column} {kind}")
-
-    def close(self) -> None:
-        self.db.close()
-
-    def open_records(self) -> list[AdapterRecord]:
-        marks = ", ".join("?" for _ in ADAPTER_OPEN)
-        rows = self.db.execute(f"SELECT * FROM canary_adapters WHERE state IN ({marks}) ORDER BY id",
-                               ADAPTER_OPEN).fetchall()
-        return [AdapterRecord(**dict(r)) for r in rows]
-
-    def for_rollout(self, rollout_id: int) -> AdapterRecord | None:
-        row = self.db.execute("SELECT * FROM canary_adapters WHERE rollout_id = ? ORDER BY id DESC LIMIT 1",
-                              (rollout_id,)).fetchone()
-        return None if row is None else AdapterRecord(**dict(row))
-
-    def add(self, *, name: str, path: Path, server: str, content_hash: str, base_dir: str | None,
-            base_name: str | None, rollout_id: int | None) -> AdapterRecord:
-        t = now_iso()
-        cur = self.db.execute(
-            "INSERT INTO canary_adapters (name, path, server, content_hash, base_dir, base_name, state, rollout_id,"
-            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, str(path), server, content_hash, base_dir, base_name, AdapterState.LOADING, rollout_id, t, t))
-        return self.get(int(cur.lastrowid or 0))
-
-    def get(self, rid: int) -> AdapterRecord:
-        return AdapterRecord(**dict(self.db.execute("SELECT * FROM canary_adapters WHERE id = ?", (rid,)).fetchone()))
-
-    def move(self, rec: AdapterRecord, state: AdapterState) -> AdapterRecord:
-        """The record's next state, checked against states.ADAPTER_TRANSITIONS (a final one is never left)."""
-        if not can_move_adapter(rec.state, state):
-            raise QliftError(f"adapter record {rec.id} ({rec.name}): {rec.state} -> {state} is not a valid "
-                             "transition")
-        return self._set(rec, state=state)
-
-    def keep_command(self, rec: AdapterRecord, argv: list[str]) -> AdapterRecord:
-        return self._set(rec, restart_argv=json.dumps(argv))
-
-    def link(self, rec: AdapterRecord, rollout_id: int) -> AdapterRecord:
-        return self._set(rec, rollout_id=rollout_id)
-
-    def _set(self, rec: AdapterRecord, **fields: Any) -> AdapterRecord:
-        fields["updated_at"] = now_iso()
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        self.db.execute(f"UPDATE canary_adapters SET {cols} WHERE id = ?", (*fields.values(), rec.id))
-        return self.get(rec.id)
-
-
-@contextlib.contextmanager
-def adapter_journal(path: Path) -> Iterator[AdapterJournal]:
-    aj = AdapterJournal(path)
-    try:
-        yield aj
-    finally:
-        aj.close()
-
-
 @dataclass
 class AdapterTarget:
     """Where the adapter goes: the stable's server, and the base it serves there."""
@@ -179,15 +68,15 @@ class AdapterTarget:
     base_dir: Path | None
 
 
-def resolve_target(spec: RolloutSpec, name: str) -> AdapterTarget:
-    """The stable's server, checked to be the canary's too with model ``name`` (builtin data plane only)."""
-    if spec.data_plane == "nginx":
-        raise IncompatibleError(
-            "--canary-adapter needs the builtin router: nginx splits traffic by upstream (host:port), and stable "
-            "and canary are one server here, told apart only by the request body's model, which plain nginx "
-            "cannot read", hint="Use --data-plane builtin with `qlift router --backend stable=URL#BASE "
-                                "--backend canary=URL#ADAPTER` (docs/lora.md).")
-    if spec.data_plane != "builtin" or not spec.router:
+def resolve_target(spec: RolloutSpec, name: str, *, router_token: str | None) -> AdapterTarget:
+    """The stable's server, checked to be the canary's too with model ``name`` (builtin data plane only; the
+    router's admin token ``router_token``, None: none)."""
+    from qlift.rollout.planes import PLANES
+
+    plane = PLANES[spec.data_plane]
+    if plane.adapter_refusal is not None:
+        raise IncompatibleError(plane.adapter_refusal.message, hint=plane.adapter_refusal.hint)
+    if not plane.at_router or not spec.router:
         raise IncompatibleError(
             f"--canary-adapter loads the adapter at runtime through the builtin router; the {spec.data_plane} "
             "data plane has no runtime loading (on Kubernetes the Deployment serves adapters with --lora)",
@@ -195,9 +84,8 @@ def resolve_target(spec: RolloutSpec, name: str) -> AdapterTarget:
                  "--gateway-api` (docs/lora.md).")
     from qlift.router.client import RouterClient
     from qlift.serve.lora_runtime import find_served, served_models
-    from qlift.settings import router_token
 
-    state = RouterClient(spec.router, router_token()).state()
+    state = RouterClient(spec.router, router_token).state()
     try:
         stable, canary = state.backend(spec.stable), state.backend(spec.canary)
     except KeyError as exc:
@@ -271,14 +159,14 @@ def _rollout_of(journal: Journal, aj: AdapterJournal, rec: AdapterRecord, latest
     return None
 
 
-def prepare(spec: RolloutSpec, journal_path: Path, name: str, path: Path) -> AdapterRecord:
+def prepare(spec: RolloutSpec, journal_path: Path, name: str, path: Path, *, router_token: str | None) -> AdapterRecord:
     """Check, journal and load the adapter (or find it loaded by a killed `start`); returns its record."""
     from qlift.lineage import describe_input
     from qlift.serve.lora import check_lora_name
     from qlift.serve.lora_runtime import check_for_server
 
     check_lora_name(name, flag="--canary-adapter")
-    target = resolve_target(spec, name)
+    target = resolve_target(spec, name, router_token=router_token)
     checked = check_for_server(target.server, name, path, base_dir=target.base_dir)  # refused before any journal
     settle(journal_path, keep=(name, str(checked.path)))
     with Journal(journal_path) as journal, adapter_journal(journal_path) as aj:
@@ -299,17 +187,16 @@ def prepare(spec: RolloutSpec, journal_path: Path, name: str, path: Path) -> Ada
         else:
             log.info("adapter %s was journaled by an earlier start (%s): resuming with it", name, rec.state)
         rec = _load(aj, rec, target.base_dir)
-    _wait_router_healthy(spec)
+    _wait_router_healthy(spec, router_token)
     return rec
 
 
-def _wait_router_healthy(spec: RolloutSpec) -> None:
+def _wait_router_healthy(spec: RolloutSpec, router_token: str | None) -> None:
     """The router takes a backend into rotation at its next health check (once the model is listed)."""
     from qlift.router.client import RouterClient
-    from qlift.settings import router_token
 
     assert spec.router is not None
-    client = RouterClient(spec.router, router_token())
+    client = RouterClient(spec.router, router_token)
     deadline = time.monotonic() + HEALTHY_WAIT_S
     while time.monotonic() < deadline:
         if client.state().backend(spec.canary).healthy:
@@ -334,22 +221,9 @@ def finish(journal_path: Path, r: Rollout) -> AdapterRecord | None:
 
 def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None:
     """The adapter of rollout ``rollout_id`` as `qlift promote status` shows it (None without one)."""
-    from urllib.parse import quote
-
-    if not Path(journal_path).is_file():
+    rec = read_adapter(journal_path, rollout_id)
+    if rec is None:
         return None
-    db = sqlite3.connect(f"file:{quote(str(Path(journal_path).resolve()))}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
-    try:  # read-only, as `status` reads the journal: a journal without the table has no adapter
-        row = db.execute("SELECT * FROM canary_adapters WHERE rollout_id = ? ORDER BY id DESC LIMIT 1",
-                         (rollout_id,)).fetchone()
-    except sqlite3.Error:
-        row = None
-    finally:
-        db.close()
-    if row is None:
-        return None
-    rec = AdapterRecord(**dict(row))
     out = {"name": rec.name, "path": rec.path, "server": rec.server, "content_hash": rec.content_hash,
            "state": rec.state}
     if rec.state == AdapterState.KEPT or rec.restart_argv:

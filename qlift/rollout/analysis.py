@@ -5,8 +5,9 @@ rollout does with it, the policy Argo Rollouts keeps in its AnalysisRun: evidenc
 windows carried into the next one, passes needed per step (``intervals_per_step``), holds
 tolerated (``max_inconclusive``), windows without evidence tolerated in a row
 (``consecutive_error_limit``), the early stop on significant canary errors, and what too little
-canary traffic does (pause by default, never a rollback unless asked). It returns a typed
-``Phase``; the controller only acts on it.
+canary traffic does (pause by default, never a rollback unless asked). It returns the rollout's
+``Next`` (next_state.py) as data; the controller only persists it (persist.py). Where the kinds of window
+(a step's, the shadow phase's, the bake's) differ, a named ``WindowPolicy`` field (windows.py) says how.
 
 Shadow windows (the canary answering mirrored copies of live prompts) go through the same
 object and the same judge (judge.py, whose registry holds the checks of answer pairs too). A
@@ -18,19 +19,24 @@ starts the count again.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from qlift.rollout.check_types import Look
-from qlift.rollout.evidence import Evidence, VersionEvidence, unique
+from qlift.rollout.evidence import Evidence, unique
+from qlift.rollout.journal import Rollout
 from qlift.rollout.judge import Action, Decision, Verdict, early_failures, judge
+from qlift.rollout.next_state import Carry, Counters, Held, JudgedWindow, Next, StepMove, Weights
 from qlift.rollout.planes import SourceName
-from qlift.rollout.shadow import ShadowEvidence, judge_window
+from qlift.rollout.shadow import ShadowEvidence
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec
-from qlift.rollout.states import Phase
+from qlift.rollout.states import Phase, State, StepOutcome
 from qlift.rollout.traffic import Cause, TrafficCounts, explain
-from qlift.rollout.windows import BAKE_STEP, SHADOW_STEP, WindowPolicies
+from qlift.rollout.webhook import WebhookAction
+from qlift.rollout.windows import BAKE_STEP, SHADOW_STEP, WindowPolicies, WindowPolicy, WindowRole
+
+__all__ = ["BAKE_STEP", "DOWN", "SHADOW_STEP", "Analysis", "WindowState", "error_limit", "record", "sizing_advice"]
 
 DOWN = "canary DOWN"  # how a canary the router keeps out of rotation is named, wherever it shows
 
@@ -39,29 +45,18 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
 
-@dataclass
-class Assessment:
-    phase: Phase
-    reason: str  # the decision's (and a transition's) reason
-    decision: Decision
-    evidence: Evidence | ShadowEvidence
-    holds: int  # the step's held windows after this one
-    passes: int  # the step's passing windows after this one
-    errors: int = 0  # windows in a row without evidence (its source failed), this one included
-
-    def record(self) -> dict[str, Any]:
-        """The window as the journal keeps it (``Journal.add_window``)."""
-        d, ev = self.decision, self.evidence
-        checks = [asdict(c) for c in d.checks]
-        if isinstance(ev, ShadowEvidence):
-            summary = ev.summary()
-            return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": SourceName.SHADOW,
-                    "stable": summary["stable"], "canary": summary["canary"], "action": self.phase,
-                    "reason": d.reason, "checks": checks, "notes": [f"{summary['pairs']} shadow pairs"]}
-        return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": ev.source,
-                "stable": ev.stable.summary(), "canary": ev.canary.summary(), "action": self.phase,
-                "reason": self.reason, "checks": checks,
-                "notes": ev.notes + ([f"cumulative over {ev.windows} windows of this step"] if ev.windows > 1 else [])}
+def record(phase: Phase, reason: str, d: Decision, ev: Held) -> dict[str, Any]:
+    """The window as the journal keeps it (``Journal.add_window``)."""
+    checks = [asdict(c) for c in d.checks]
+    if isinstance(ev, ShadowEvidence):
+        summary = ev.summary()
+        return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": SourceName.SHADOW,
+                "stable": summary["stable"], "canary": summary["canary"], "action": phase,
+                "reason": d.reason, "checks": checks, "notes": [f"{summary['pairs']} shadow pairs"]}
+    return {"started_at": _iso(ev.started_at), "ended_at": _iso(ev.ended_at), "source": ev.source,
+            "stable": ev.stable.summary(), "canary": ev.canary.summary(), "action": phase,
+            "reason": reason, "checks": checks,
+            "notes": ev.notes + ([f"cumulative over {ev.windows} windows of this step"] if ev.windows > 1 else [])}
 
 
 def on_insufficient(spec: RolloutSpec) -> Phase:
@@ -104,150 +99,137 @@ def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int, *, rolled_back: 
             + (" with them" if rolled_back else " (or start again with them)"))
 
 
-Carry = tuple[int, Evidence | ShadowEvidence]
+@dataclass(frozen=True)
+class WindowState:
+    """Where the rollout stands as a window ends: its journaled row and the held evidence it judges on."""
+
+    rollout: Rollout
+    carry: Carry | None = None
+
+
+def window_step(policy: WindowPolicy, r: Rollout) -> int:
+    """The step index a window of ``policy`` is journaled (and its evidence carried) under."""
+    return r.step if policy.journal_step is None else policy.journal_step
+
+
+def planned_weight(policy: WindowPolicy, r: Rollout) -> int:
+    return {WindowRole.SHADOW: 0, WindowRole.BAKE: 100}.get(policy.role, r.steps[r.step])
 
 
 class Analysis:
-    """The policy around the judges for one rollout; ``carry`` is the held evidence of the current step (or of
-    the shadow phase, under SHADOW_STEP). ``on_carry`` is called with it whenever it changes, so the
-    controller can journal it and a restarted controller judges with what the killed one had."""
+    """The policy around the judge for one rollout: ``assess`` turns a window's evidence into the rollout's
+    ``Next`` (next_state.py), as data; the controller only persists it."""
 
-    def __init__(self, spec: RolloutSpec, carry: Carry | None = None) -> None:
+    def __init__(self, spec: RolloutSpec) -> None:
         self.spec = spec
         self.windows = WindowPolicies.of(spec)  # what a window of each kind needs
-        self.carry: Carry | None = carry
 
-    def reset(self) -> None:
-        self.carry = None
-
-    def with_carry(self, step: int, ev: Any) -> Any:
-        held = self.carry[1] if self.carry is not None and self.carry[0] == step else None
+    def with_carry(self, policy: WindowPolicy, at: WindowState, ev: Held) -> Held:
+        """``ev`` added up with the held evidence of its step; a kept stable (the bake's) is never added up."""
+        held = at.carry[1] if at.carry is not None and at.carry[0] == window_step(policy, at.rollout) else None
         if isinstance(held, Evidence) and isinstance(ev, Evidence):
-            return held.merged(ev)
+            merged = held.merged(ev)
+            if policy.kept_stable:
+                merged.stable = ev.stable
+                merged.notes = unique(merged.notes)
+            return merged
         if isinstance(held, ShadowEvidence) and isinstance(ev, ShadowEvidence):
             return held.merged(ev)
         return ev
 
-    def early_stop(self, step: int, peek: Evidence | None, look: Look) -> list[str]:
+    def early_stop(self, policy: WindowPolicy, at: WindowState, peek: Evidence | None, look: Look) -> list[str]:
         """A failing canary need not wait for the window's end: once its errors are significant (the same test
         as the window's), or an answer check is at the level its looks spend, the window ends now and is judged
         in full. The names of the checks significant at this look."""
         if peek is None:
             return []
-        ev = self.with_carry(step, peek)
+        ev = self.with_carry(policy, at, peek)
+        assert isinstance(ev, Evidence)
         return [c.name for c in early_failures(ev, self.spec.analysis, look)]
 
-    def assess(self, step: int, weight: int, window: Evidence, *, holds: int, passes: int, errors: int = 0
-               ) -> Assessment:
-        """One split window; ``holds``, ``passes`` and ``errors``: the journal's counts before it."""
-        a, policy = self.spec.analysis, self.windows.step
-        window.weight = weight  # the judge sizes windows by the planned share
-        ev = self.with_carry(step, window)
-        d = judge(ev, a)
-        if d.verdict == Verdict.ERROR or (ev.canary.down is not None and d.action == Action.ADVANCE):
-            return self._no_measurement(step, d, ev, holds, passes, errors + 1)  # never advance onto a DOWN canary
+    def assess(self, policy: WindowPolicy, evidence: Held, window: WindowState) -> Next:
+        """One judged window of ``policy``'s kind: what the rollout becomes next. A failing check rolls back; a
+        pass counts toward ``policy.passes`` passing windows, then the rollout moves on; a hold carries the
+        evidence into the next window, up to ``policy.max_holds``; a window without evidence counts toward
+        consecutive_error_limit; a canary the router keeps out of rotation is never advanced onto."""
+        r = window.rollout
+        if isinstance(evidence, Evidence):
+            evidence.weight = planned_weight(policy, r)  # the judge sizes windows by the planned share
+        ev = self.with_carry(policy, window, evidence)
+        d = judge(ev, self.spec.analysis, self.spec.shadow if isinstance(ev, ShadowEvidence) else None)
+        down = ev.canary.down if isinstance(ev, Evidence) else None
+        if d.verdict == Verdict.ERROR or (down is not None and d.action == Action.ADVANCE):
+            return self._no_measurement(policy, r, d, ev, down)
         if d.action == Action.ROLLBACK:
-            self.carry = None
-            down = f"{DOWN}: {ev.canary.down}; " if ev.canary.down is not None else ""
-            return Assessment(Phase.ROLLBACK, down + d.reason, d, ev, holds, passes)
+            prefix = policy.reason_prefix + (f"{DOWN}: {down}; " if down is not None else "")
+            return self._rollback(policy, r, prefix + d.reason, d, ev)
         if d.action == Action.ADVANCE:
-            self.carry = None
-            if passes + 1 < policy.passes:
-                return Assessment(Phase.PASS, d.reason, d, ev, holds, passes + 1)
-            return Assessment(Phase.ADVANCE, d.reason, d, ev, 0, 0)
-        # held: inconclusive or too little traffic
-        self.carry = (step, ev)
-        if holds + 1 <= policy.max_holds:
-            return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
-        if is_insufficient(d, ev):
+            done = r.passes + 1
+            if done < policy.passes:
+                reason = policy.pass_text.format(done=done, needed=policy.passes, reason=d.reason)
+                holds = 0 if policy.pass_resets_holds else r.holds
+                return self._judged(policy, r, Phase.PASS, reason, d, ev, Counters(holds, done, 0), None)
+            return self._passed(policy, r, policy.passed_text.format(needed=policy.passes, reason=d.reason), d, ev)
+        held = (window_step(policy, r), ev)
+        if r.holds + 1 <= policy.max_holds:
+            return self._judged(policy, r, Phase.HOLD, d.reason, d, ev, Counters(r.holds + 1, r.passes, 0), held)
+        if policy.exhausted_holds_follow_on_insufficient:
+            reason = (f"shadow phase inconclusive for {r.holds + 1} windows: {d.reason}; mirror a larger share "
+                      f"(--shadow), or a longer --interval, or raise --max-inconclusive")
+            if on_insufficient(self.spec) == Phase.ROLLBACK:
+                return self._rollback(policy, r, reason, d, ev)
+            return self._paused(policy, r, reason, d, ev, held)
+        if isinstance(ev, Evidence) and is_insufficient(d, ev):
             rollback = on_insufficient(self.spec) == Phase.ROLLBACK
-            advice = sizing_advice(ev, self.spec, weight, rolled_back=rollback)
+            advice = sizing_advice(ev, self.spec, planned_weight(policy, r), rolled_back=rollback)
             if rollback:
-                self.carry = None
-                return Assessment(Phase.ROLLBACK, f"{advice} (on_insufficient: rollback)", d, ev, holds + 1, passes)
-            return Assessment(Phase.PAUSE, advice, d, ev, 0, passes)
-        self.carry = None
-        reason = f"inconclusive for {holds + 1} windows (max_inconclusive {a.max_inconclusive}): {d.reason}"
-        return Assessment(Phase.ROLLBACK, reason, d, ev, holds + 1, passes)
+                return self._rollback(policy, r, f"{advice} (on_insufficient: rollback)", d, ev)
+            return self._paused(policy, r, advice, d, ev, held)
+        reason = f"inconclusive for {r.holds + 1} windows (max_inconclusive {self.spec.analysis.max_inconclusive}): " \
+                 f"{d.reason}"
+        return self._rollback(policy, r, reason, d, ev)
 
-    def _no_measurement(self, step: int, d: Decision, ev: Evidence | ShadowEvidence, holds: int, passes: int,
-                        errors: int) -> Assessment:
+    def _no_measurement(self, policy: WindowPolicy, r: Rollout, d: Decision, ev: Held, down: str | None) -> Next:
         """A window whose evidence source failed: held (its held evidence carried on) up to
         ``consecutive_error_limit`` such windows in a row; one more rolls back, as Argo's Error phase aborts."""
-        limit = error_limit(self.spec.analysis)
-        down = ev.canary.down if isinstance(ev, Evidence) else None
+        errors, limit = r.errors + 1, error_limit(self.spec.analysis)
         if errors <= limit:
-            self.carry = (step, ev)
-            if down is not None:  # the router's own word, in status, the page and the metrics
-                return Assessment(Phase.HOLD, f"{DOWN}: {down} (held: {errors} window(s) in a row; rolls back after "
-                                  f"consecutive_error_limit {limit})", d, ev, holds, passes, errors)
-            return Assessment(Phase.HOLD, d.reason, d, ev, holds, passes, errors)
-        self.carry = None
+            reason = d.reason if down is None else (f"{DOWN}: {down} (held: {errors} window(s) in a row; rolls back "
+                                                    f"after consecutive_error_limit {limit})")
+            return self._judged(policy, r, Phase.HOLD, reason, d, ev, Counters(r.holds, r.passes, errors),
+                                (window_step(policy, r), ev))
         if down is not None:
-            return Assessment(Phase.ROLLBACK, f"{DOWN}: {down}: out of rotation for {errors} windows in a row "
-                              f"(consecutive_error_limit {limit})", d, ev, holds, passes, errors)
-        phase = "shadow phase: " if step == SHADOW_STEP else ""
-        reason = (f"{phase}no evidence for {errors} windows in a row (consecutive_error_limit {limit}): the evidence "
-                  f"source failed: {ev.error}")
-        return Assessment(Phase.ROLLBACK, reason, d, ev, holds, passes, errors)
+            reason = (f"{DOWN}: {down}: out of rotation for {errors} windows in a row (consecutive_error_limit "
+                      f"{limit})")
+        else:
+            reason = (f"{policy.reason_prefix}no evidence for {errors} windows in a row (consecutive_error_limit "
+                      f"{limit}): the evidence source failed: {ev.error}")
+        return self._rollback(policy, r, reason, d, ev, errors)
 
-    def assess_shadow(self, window: ShadowEvidence, *, holds: int, passes: int, errors: int = 0) -> Assessment:
-        """One shadow window: the judge model's verdicts on its pairs (bounded by shadow.judge_deadline_s), the
-        held windows' pairs added up (as a step's held evidence is), then the same policy: a failing check rolls
-        back; a pass advances once ``shadow.windows`` windows passed; a hold holds up to max_inconclusive
-        windows, then pauses (or rolls back, with on_insufficient rollback). A window whose pairs could not be
-        read counts toward consecutive_error_limit, as a split window's failed evidence source does."""
-        shadow, policy = self.spec.shadow, self.windows.shadow
-        assert shadow is not None and policy is not None
-        window.judged = judge_window(window, shadow)
-        ev = self.with_carry(SHADOW_STEP, window)
-        d = judge(ev, self.spec.analysis, shadow)
-        if d.verdict == Verdict.ERROR:
-            return self._no_measurement(SHADOW_STEP, d, ev, holds, passes, errors + 1)
-        self.carry = (SHADOW_STEP, ev) if d.action == Action.HOLD else None
-        if d.action == Action.ROLLBACK:
-            return Assessment(Phase.ROLLBACK, f"shadow phase: {d.reason}", d, ev, holds, passes)
-        if d.action == Action.ADVANCE:
-            if passes + 1 >= policy.passes:
-                return Assessment(Phase.ADVANCE, f"shadow phase passed ({policy.passes} windows): {d.reason}", d, ev,
-                                  0, 0)
-            # a passing window's held windows are spent: the next one gets max_inconclusive holds of its own
-            return Assessment(Phase.PASS, d.reason, d, ev, 0, passes + 1)
-        if holds + 1 <= policy.max_holds:
-            return Assessment(Phase.HOLD, d.reason, d, ev, holds + 1, passes)
-        reason = (f"shadow phase inconclusive for {holds + 1} windows: {d.reason}; mirror a larger share "
-                  f"(--shadow), or a longer --interval, or raise --max-inconclusive")
-        return Assessment(on_insufficient(self.spec), reason, d, ev, 0, passes)
+    def _judged(self, policy: WindowPolicy, r: Rollout, phase: Phase, reason: str, d: Decision, ev: Held,
+                counters: Counters | None, held: Carry | None, **more: Any) -> Next:
+        window = JudgedWindow(window_step(policy, r), record(phase, reason, d, ev), d.p_values, held, tuple(d.checks))
+        return Next(more.pop("state", r.state), reason, phase, counters, window, webhook=WebhookAction(phase), **more)
 
-    # -- the bake after 100% (RolloutSpec.bake) ---------------------------------------------
+    def _rollback(self, policy: WindowPolicy, r: Rollout, reason: str, d: Decision, ev: Held,
+                  errors: int = 0) -> Next:
+        return self._judged(policy, r, Phase.ROLLBACK, reason, d, ev, Counters(None, None, errors), None,
+                            state=State.ROLLED_BACK, step=StepMove(StepOutcome.ROLLED_BACK),
+                            weights=Weights(0, "rollback"), desired_version=r.stable)
 
-    def bake_evidence(self, window: Evidence, baseline: VersionEvidence, note: str) -> Evidence:
-        """A bake window's canary (its held windows' added up) against ``baseline``, the stable's evidence from its
-        last window before 100%: at 100% the stable serves nobody, so its figures are the kept ones, never added up."""
-        held = self.carry[1] if self.carry is not None and self.carry[0] == BAKE_STEP else None
-        ev = held.merged(window) if isinstance(held, Evidence) else window
-        ev.stable = baseline
-        ev.notes = unique([*ev.notes, note])
-        return ev
+    def _paused(self, policy: WindowPolicy, r: Rollout, reason: str, d: Decision, ev: Held, held: Carry) -> Next:
+        return self._judged(policy, r, Phase.PAUSE, reason, d, ev, Counters(0, None, 0), held, state=State.PAUSED)
 
-    def early_stop_bake(self, peek: Evidence | None, baseline: VersionEvidence, note: str, look: Look) -> list[str]:
-        if peek is None:
-            return []
-        return [c.name for c in early_failures(self.bake_evidence(peek, baseline, note), self.spec.analysis, look)]
-
-    def assess_bake(self, window: Evidence, baseline: VersionEvidence, note: str, *, holds: int, passes: int,
-                    errors: int = 0) -> Assessment:
-        """One bake window, judged as a step's (the same checks, holds, pauses and rollbacks) against the kept
-        stable figures; the bake passes (ADVANCE) once ``spec.bake`` windows passed."""
-        ev = self.bake_evidence(window, baseline, note)
-        self.carry = None  # added up above: ``assess`` must not add the held windows again
-        v = self.assess(BAKE_STEP, 100, ev, holds=holds, passes=passes, errors=errors)
-        if v.phase not in (Phase.PASS, Phase.ADVANCE):
-            return v
-        assert self.windows.bake is not None
-        done, needed = passes + 1, self.windows.bake.passes
-        if done < needed:
-            return Assessment(Phase.PASS, f"bake window {done}/{needed} passed: {v.reason}", v.decision, v.evidence,
-                              holds, done)
-        return Assessment(Phase.ADVANCE, f"bake passed ({needed} window(s) at 100%): {v.reason}", v.decision,
-                          v.evidence, 0, 0)
+    def _passed(self, policy: WindowPolicy, r: Rollout, reason: str, d: Decision, ev: Held) -> Next:
+        """The step, the shadow phase or the bake passed: the next step's weights, or the policy's next state."""
+        more: dict[str, Any] = {"state": policy.passed_state, "step": StepMove(policy.finish_on_pass)}
+        if policy.passed_state == State.BAKED:
+            more["desired_version"] = r.canary
+        if policy.next_step_on_pass:
+            nxt, weight = r.step + 1, r.steps[r.step + 1]
+            more.update(step=StepMove(policy.finish_on_pass, (nxt, weight)), position=nxt, webhook_step=nxt,
+                        weights=Weights(weight, f"step {nxt + 1}/{len(r.steps)}: canary {weight}%"))
+            if weight == 100 and self.spec.bake and isinstance(ev, Evidence):
+                more["baseline"] = ev.stable
+        nxt_state = self._judged(policy, r, Phase.ADVANCE, reason, d, ev, Counters(), None, **more)
+        return replace(nxt_state, webhook=policy.webhook_on_pass)

@@ -16,8 +16,9 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qlift import settings
 from qlift.errors import BadInputError, GateFailedError, NotFoundError, QliftError
-from qlift.rollout import preflight
+from qlift.rollout import next_state, preflight
 from qlift.rollout.aborts import (
     abort_with_full_journal,
     converge,
@@ -27,8 +28,9 @@ from qlift.rollout.aborts import (
 )
 from qlift.rollout.dataplane import DataPlane, NamesModels, check_stable_up, check_versions
 from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, journal_flag, now_iso
+from qlift.rollout.persist import announce, commit
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import RUNNING, DecisionAction, EventKind, State, StepOutcome
+from qlift.rollout.states import RUNNING, EventKind, State
 from qlift.rollout.webhook import WebhookAction, notify, validate_webhook
 
 if TYPE_CHECKING:
@@ -45,10 +47,10 @@ def status(journal_path: Path | None = None, rollout_id: int | None = None) -> d
     return out
 
 
-def make_plane(spec: RolloutSpec) -> DataPlane:
+def make_plane(spec: RolloutSpec, router_token: str | None) -> DataPlane:
     from qlift.rollout import dataplane
 
-    return dataplane.make_data_plane(spec)
+    return dataplane.make_data_plane(spec, router_token=router_token)
 
 
 def _eval_gate(spec: RolloutSpec, backend_urls: dict[str, str],
@@ -78,24 +80,28 @@ def validate_spec(spec: RolloutSpec) -> None:
     validate_webhook(spec.webhook)
 
 
-def run_controller(journal: Journal, r: Rollout, *, plane: DataPlane | None = None) -> Rollout:
+def run_controller(journal: Journal, r: Rollout, *, router_token: str | None,
+                   plane: DataPlane | None = None) -> Rollout:
     from qlift.rollout.controller import Controller
     from qlift.rollout.interruptions import journaled_life
     from qlift.rollout.sources import make_collector
 
     spec = spec_of(r)
-    plane = plane or make_plane(spec)
-    collector = make_collector(spec, plane.backend_urls())
+    plane = plane or make_plane(spec, router_token)
+    collector = make_collector(spec, plane.backend_urls(), router_token=router_token)
     with journaled_life(journal, r.id):  # a stop (SIGTERM, Ctrl-C, an error) and a resume are journaled events
         return Controller(journal, r.id, spec, plane, collector).run()  # the mirror, where any, is the plane's
 
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
-          allow_stable_down: bool = False, force: bool = False, spec_file: Path | None = None) -> Rollout:
+          allow_stable_down: bool = False, force: bool = False, spec_file: Path | None = None,
+          router_token: str | None = None) -> Rollout:
     """Run the rollout in the foreground until it is final; resume the journal's active one if any. A new
     rollout is refused while the data plane reports the stable down, unless ``allow_stable_down``; one whose
     live weights or shadow are not the starting state (or a resumed one's not its journal's), unless ``force``;
-    and one whose canary does not answer (preflight.py)."""
+    and one whose canary does not answer (preflight.py). ``router_token``: the router's admin token (None:
+    QLIFT_ROUTER_TOKEN's), as every control operation here takes it."""
+    token = settings.router_token(router_token)
     path = Path(journal_path or default_journal())
     validate_spec(spec)
     with Journal(path) as journal, journal.controller_lock() as mine:
@@ -105,7 +111,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
         latest = journal.latest()
         if latest is not None and (journal.abort_marker.exists() or not (latest.state in RUNNING
                                                                          or latest.state == State.PAUSED)):
-            latest = converge(journal, latest, make_plane(spec_of(latest)))
+            latest = converge(journal, latest, make_plane(spec_of(latest), token))
         active = journal.active()
         if active is not None:
             if (active.stable, active.canary) != (spec.stable, spec.canary):
@@ -115,16 +121,16 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
                          f"`qlift promote abort{journal_flag(path)}` it first.")
             log.info("resuming rollout %d at step %d/%d (%s)", active.id, active.step + 1, len(active.steps),
                      active.state)
-            resumed_plane = make_plane(spec_of(active))
+            resumed_plane = make_plane(spec_of(active), token)
             preflight.check_resume_state(resumed_plane, journal, active, force=force)
-            return run_controller(journal, active, plane=resumed_plane)
+            return run_controller(journal, active, router_token=token, plane=resumed_plane)
         if latest is not None and latest.state in (State.PROMOTED, State.FINISHED) and not new:
             raise BadInputError(
                 f"rollout {latest.id} in {path} already promoted {latest.canary} (it has 100% of the traffic); "
                 f"a new rollout would move weights back to {spec.canary} {spec.steps[0]}%",
                 hint=f"Pass --new to start another rollout, or `qlift promote status{journal_flag(path)}` to see "
                      "the last one.")
-        plane = make_plane(spec)
+        plane = make_plane(spec, token)
         check_versions(plane, [spec.stable, spec.canary])
         check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
         preflight.check_start_state(plane, spec, journal, journal_path, force=force, spec_file=spec_file)
@@ -134,7 +140,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
         r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary, state=first)
         log.info("rollout %d: %s over %s, steps %s, window %gs%s", r.id, spec.canary, spec.stable, spec.steps,
                  spec.interval, " after a shadow phase" if first == State.SHADOWING else "")
-        return run_controller(journal, r, plane=plane)
+        return run_controller(journal, r, router_token=token, plane=plane)
 
 
 def _existing_journal(journal_path: Path | None) -> Path:
@@ -165,10 +171,7 @@ def pause(journal_path: Path | None = None) -> Rollout:
     with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
         _not_final(journal, r)
-        with journal.tx() as db:
-            if journal.transition(db, r.id, tuple(RUNNING), State.PAUSED, "paused by an operator",
-                                  holds=0, errors=0):
-                journal.decide(db, r.id, r.step, DecisionAction.PAUSE, "paused by an operator", manual=True)
+        commit(journal, r, next_state.operator_pause(), allowed=tuple(RUNNING))
         return journal.get(r.id)
 
 
@@ -180,25 +183,22 @@ def paused_from(journal: Journal, r: Rollout) -> State:
     return State.PROGRESSING
 
 
-def resume(journal_path: Path | None = None) -> Rollout:
+def resume(journal_path: Path | None = None, *, router_token: str | None = None) -> Rollout:
     """Set a paused rollout going again (an unconfirmed abort: retry it); with no controller running,
     run one here (foreground)."""
     with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
-        spec = spec_of(r)
+        spec, token = spec_of(r), settings.router_token(router_token)
         if journal.abort_marker.exists() or r.state == State.ABORT_REQUESTED or r.state.final:
-            r = converge(journal, r, make_plane(spec))
+            r = converge(journal, r, make_plane(spec, token))
             _not_final(journal, r)
         if r.state == State.PAUSED:
             back = paused_from(journal, r)
-            with journal.tx() as db:
-                if journal.transition(db, r.id, State.PAUSED, back, "resumed by an operator",
-                                      holds=0, errors=0):
-                    journal.decide(db, r.id, r.step, DecisionAction.RESUME, "resumed by an operator", manual=True)
+            commit(journal, r, next_state.operator_resume(back))
         with journal.controller_lock() as mine:
             if not mine:
                 return journal.get(r.id)  # the running controller picks it up
-            final = run_controller(journal, journal.get(r.id))
+            final = run_controller(journal, journal.get(r.id), router_token=token)
         from qlift.rollout.adapter import settle
 
         settle(journal.path)  # a --canary-adapter of a rollout now rolled back or aborted is unloaded
@@ -208,11 +208,11 @@ def resume(journal_path: Path | None = None) -> Rollout:
 # -- abort and manual promotion ---------------------------------------------------------------
 
 
-def abort(journal_path: Path | None = None) -> Rollout:
+def abort(journal_path: Path | None = None, *, router_token: str | None = None) -> Rollout:
     """Weights back to 100% stable (journaled first), state aborted once the data plane confirms."""
     with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
-        plane = make_plane(spec_of(r))
+        plane = make_plane(spec_of(r), settings.router_token(router_token))
         try:
             if journal.abort_marker.exists() or r.state.final or r.state == State.ABORT_REQUESTED:
                 done = converge(journal, r, plane)
@@ -234,7 +234,7 @@ def abort(journal_path: Path | None = None) -> Rollout:
         return final
 
 
-def promote_now(journal_path: Path | None = None) -> Rollout:
+def promote_now(journal_path: Path | None = None, *, router_token: str | None = None) -> Rollout:
     """Skip the remaining analysis: 100% canary, state promoted, recorded as manual."""
     with Journal(_existing_journal(journal_path)) as journal:
         r = _latest(journal)
@@ -243,23 +243,13 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
             raise QliftError(f"rollout {r.id} has an abort requested",
                              hint=f"Run `qlift promote abort{journal_flag(journal.path)}` to finish it.")
         spec = spec_of(r)
-        plane = make_plane(spec)
-        reason = "manual promotion: remaining analysis skipped"
-        last = len(r.steps) - 1
-
-        def also(db: Any) -> None:
-            journal.finish_step(db, r.id, r.step, StepOutcome.PROMOTED)
-            journal.decide(db, r.id, r.step, DecisionAction.PROMOTE, reason, manual=True)
-            journal.transition(db, r.id, r.state, State.PROMOTED, reason, desired_version=r.canary, step=last)
-
-        if not journal.change_weights(r.id, r.weights_for(100), reason, plane.set_weights,
-                                      allowed_states=(r.state,), also=also):
+        plane = make_plane(spec, settings.router_token(router_token))
+        nxt = next_state.operator_promote(r.canary, len(r.steps) - 1)
+        if not commit(journal, r, nxt, plane.set_weights):
             raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
                              hint=f"See `qlift promote status{journal_flag(journal.path)}`, then try again.")
         shadow_off(spec, plane)
-        notify(spec.webhook, {"rollout": r.id, "at": now_iso(), "action": WebhookAction.PROMOTE,
-                              "state": State.PROMOTED.value, "reason": reason, "stable": r.stable,
-                              "canary": r.canary, "manual": True, "weights": r.weights_for(100)})
+        announce(spec.webhook, journal, r, nxt)
         return journal.get(r.id)
 
 
@@ -267,21 +257,22 @@ def promote_now(journal_path: Path | None = None) -> Rollout:
 
 
 def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, path: Path,
-                       **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
+                       router_token: str | None = None, **start_options: Any) -> tuple[Rollout, AdapterRecord | None]:
     """`qlift promote start --canary-adapter NAME=DIR`: load, roll out, then unload or keep.
     ``start_options`` go to ``qlift.rollout.api.start``."""
     from qlift.rollout.adapter import AdapterState, finish, prepare, resolve_target
 
+    token = settings.router_token(router_token)
     journal_path = Path(journal_path or default_journal())
     if spec.eval_report is not None and spec.canary_model is None and spec.canary_hash is None:
         # The gate with the base included, before anything loads; `start`'s own gate then sees the adapter dir.
         from qlift.rollout.evalgate import check_eval_report
 
-        target = resolve_target(spec, name)
+        target = resolve_target(spec, name, router_token=token)
         check_eval_report(spec.eval_report, Path(path), target.base_dir)
         spec = spec.model_copy(update={"canary_model": Path(path).resolve()})
-    prepare(spec, journal_path, name, path)
-    final = start(spec, journal_path, **start_options)
+    prepare(spec, journal_path, name, path, router_token=token)
+    final = start(spec, journal_path, router_token=token, **start_options)
     rec = finish(journal_path, final)
     if rec is not None and rec.state == AdapterState.KEPT:
         log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,

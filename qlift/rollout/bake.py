@@ -10,41 +10,30 @@ still running, until `qlift promote finish` records it released (``finished``).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from qlift.errors import NotFoundError, QliftError
 from qlift.rollout import carry
 from qlift.rollout.evidence import VersionEvidence
-from qlift.rollout.journal import Journal, Rollout, default_journal, now_iso
+from qlift.rollout.journal import Journal, Rollout, default_journal
 from qlift.rollout.spec import RolloutSpec
-from qlift.rollout.states import DecisionAction, Phase, State
+from qlift.rollout.states import Phase, State
 from qlift.rollout.windows import bake_policy
 
 Record = dict[str, Any]
 
 
-def keep_baseline(db: sqlite3.Connection, rollout_id: int, step: int, stable: VersionEvidence) -> None:
-    """The stable's evidence of ``step``'s last judged window, kept (in ``db``'s transaction) for the bake."""
-    row = db.execute("SELECT max(id) FROM windows WHERE rollout_id = ? AND step = ?", (rollout_id, step)).fetchone()
-    db.execute("INSERT OR REPLACE INTO bake_baselines (rollout_id, window_id, evidence) VALUES (?, ?, ?)",
-               (rollout_id, row[0] if row else None, carry.dump_version(stable)))
-
-
 def baseline(journal: Journal, rollout_id: int) -> tuple[VersionEvidence, str] | None:
-    """The kept stable evidence and a note saying which window it is from; None when none was kept (or the
-    journal, read-only and written by an older qlift, has no such table)."""
-    try:
-        row = journal.db.execute("SELECT b.evidence, w.started_at, w.ended_at FROM bake_baselines b LEFT JOIN "
-                                 "windows w ON w.id = b.window_id WHERE b.rollout_id = ?", (rollout_id,)).fetchone()
-    except sqlite3.OperationalError:
+    """The kept stable evidence and a note saying which window it is from; None when none was kept."""
+    kept = journal.baseline(rollout_id)
+    if kept is None:
         return None
-    if row is None:
-        return None
-    ev = carry.load_version(row[0])
-    when = f" ({row[1][11:19]}-{row[2][11:19]})" if row[1] and row[2] else ""
+    text, started, ended = kept
+    ev = carry.load_version(text)
+    when = f" ({started[11:19]}-{ended[11:19]})" if started and ended else ""
     note = (f"stable: its last window before 100%{when}, {ev.requests} requests; it serves nobody at 100%, so the "
             "bake judges the canary against those figures")
     return ev, note
@@ -53,21 +42,34 @@ def baseline(journal: Journal, rollout_id: int) -> tuple[VersionEvidence, str] |
 # -- status ---------------------------------------------------------------------------------------------
 
 
+class BakeStage(StrEnum):
+    """Where a rollout's bake is, as `promote status` says it."""
+
+    NOT_STARTED = "not started"
+    NOT_REACHED = "not reached"
+    BAKING = "baking"
+    PAUSED = "paused"
+    PASSED = "passed: the stable still runs until `qlift promote finish`"
+    RELEASED = "passed, the stable released"
+    FAILED = "failed: rolled back to the stable"
+    SKIPPED = "skipped (promoted by hand)"
+    ABORTED = "aborted"
+
+
 @dataclass
 class BakeStatus:
     required: int  # passing windows at 100% the bake needs (``--bake``)
     passed: int
     left: int  # passing windows still needed (0 once it passed or ended)
-    phase: str  # not started, baking, paused, passed, failed, skipped, aborted
+    phase: BakeStage
     judged: str  # how a bake window is judged, in words
     baseline: Record | None  # the stable's kept figures (its summary), None before the switch
     windows: list[Record]
 
 
-PHASES = {State.BAKING: "baking", State.BAKED: "passed: the stable still runs until `qlift promote finish`",
-          State.FINISHED: "passed, the stable released", State.ROLLED_BACK: "failed: rolled back to the stable",
-          State.PROMOTED: "skipped (promoted by hand)", State.ABORTED: "aborted",
-          State.ABORT_REQUESTED: "aborted"}
+STAGES = {State.BAKING: BakeStage.BAKING, State.BAKED: BakeStage.PASSED, State.FINISHED: BakeStage.RELEASED,
+          State.ROLLED_BACK: BakeStage.FAILED, State.PROMOTED: BakeStage.SKIPPED, State.ABORTED: BakeStage.ABORTED,
+          State.ABORT_REQUESTED: BakeStage.ABORTED}
 
 
 def bake_status(journal: Journal, r: Rollout, spec: RolloutSpec, windows: list[Record]) -> BakeStatus | None:
@@ -79,11 +81,11 @@ def bake_status(journal: Journal, r: Rollout, spec: RolloutSpec, windows: list[R
     passed = sum(1 for w in windows if Phase(w["action"]) in (Phase.PASS, Phase.ADVANCE))
     reached = bool(windows) or r.state in (State.BAKING, State.BAKED, State.FINISHED)
     if not reached:
-        phase = "not started" if not r.state.final else "not reached"
+        phase = BakeStage.NOT_REACHED if r.state.final else BakeStage.NOT_STARTED
     elif r.state == State.PAUSED:
-        phase = "paused"
+        phase = BakeStage.PAUSED
     else:
-        phase = PHASES.get(r.state, str(r.state))
+        phase = STAGES.get(r.state, BakeStage.BAKING)
     left = max(0, policy.passes - passed) if r.state in (State.BAKING, State.PAUSED) or not reached else 0
     judged = (f"{policy.passes} passing {policy.interval_s:g}s window(s) at canary 100% on every check the steps "
               f"run, against {policy.against}")
@@ -98,7 +100,8 @@ def finish(journal_path: Path | None = None) -> Rollout:
     """Record the stable of a baked rollout released (``baked`` -> ``finished``); the weights stay 100% canary.
     Anything else is refused with one line saying what to do instead."""
     from qlift.rollout.aborts import spec_of
-    from qlift.rollout.webhook import WebhookAction, notify
+    from qlift.rollout.next_state import finished
+    from qlift.rollout.persist import announce, commit
 
     path = Path(journal_path or default_journal())
     if not path.is_file():
@@ -109,15 +112,11 @@ def finish(journal_path: Path | None = None) -> Rollout:
             raise NotFoundError(f"no rollout in {path}", hint="Start one with `qlift promote start`.")
         if r.state != State.BAKED:
             raise _not_baked(r)
-        reason = f"the stable {r.stable} released by an operator: {r.canary} baked at 100% and serves every user"
-        with journal.tx() as db:
-            if not journal.transition(db, r.id, State.BAKED, State.FINISHED, reason):
-                raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
-                                 hint="See `qlift promote status`, then try again.")
-            journal.decide(db, r.id, r.step, DecisionAction.FINISH, reason, manual=True)
-        notify(spec_of(r).webhook, {"rollout": r.id, "at": now_iso(), "action": WebhookAction.FINISH,
-                                     "state": State.FINISHED.value, "reason": reason, "stable": r.stable,
-                                     "canary": r.canary, "manual": True, "weights": r.weights_for(100)})
+        nxt = finished(r.stable, r.canary)
+        if not commit(journal, r, nxt):
+            raise QliftError(f"rollout {r.id} changed meanwhile ({journal.get(r.id).state})",
+                             hint="See `qlift promote status`, then try again.")
+        announce(spec_of(r).webhook, journal, r, nxt)
         return journal.get(r.id)
 
 

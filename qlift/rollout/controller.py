@@ -1,55 +1,74 @@
 """The controller: a reconcile loop. Each window it re-reads the data plane, converges it to
-the journal's weights, watches one window, lets the analysis decide, and acts on the phase.
+the journal's weights, watches one window of the rollout's kind (window_kinds.py: a step's, the
+shadow phase's, the bake's), lets the analysis say what comes next, and persists that once.
 
-Everything it decides goes through the journal first (see journal.py), and every state
-change through ``Journal.transition``, so a controller killed at any point is resumed by the
-next `start`/`resume` at the recorded step. It reads the journal every tick, so `pause`,
-`abort` and `promote` from another shell take effect within a tick; an interrupted window is
-discarded, never judged. A window during which the weights drifted (a restarted router, a
-hand-edited nginx.conf, a reverted HTTPRoute) is discarded too, and the weights re-applied.
-Time comes from ``clock`` and ``sleep`` (injectable: tests drive whole rollouts in a blink).
+Everything it decides is a ``Next`` (next_state.py) written by ``_persist``: one transaction
+(persist.py), then one notify, so a controller killed at any point is resumed by the next
+`start`/`resume` at the recorded step. It reads the journal every tick, so `pause`, `abort` and
+`promote` from another shell take effect within a tick; an interrupted window is discarded, never
+judged. A window during which the weights drifted (a restarted router, a hand-edited nginx.conf, a
+reverted HTTPRoute) is discarded too, and the weights re-applied. Time comes from ``pace``
+(injectable: tests drive whole rollouts in a blink).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from qlift.errors import QliftError
-from qlift.rollout import bake
+from qlift.rollout import carry, next_state
 from qlift.rollout.aborts import confirm_abort, journal_marked_abort
-from qlift.rollout.analysis import DOWN, Assessment
-from qlift.rollout.bake_phase import BakePhase
+from qlift.rollout.analysis import Analysis, WindowState
+from qlift.rollout.bake import baseline
 from qlift.rollout.check_types import Look
-from qlift.rollout.dataplane import DataPlane
-from qlift.rollout.evidence import Evidence
+from qlift.rollout.dataplane import DataPlane, mirror_source
+from qlift.rollout.identity import canary_changed
 from qlift.rollout.journal import Journal, Rollout, is_disk_full
-from qlift.rollout.preflight import out_of_rotation
+from qlift.rollout.next_state import Carry, Next
+from qlift.rollout.persist import announce, commit
+from qlift.rollout.reconcile import Reconciler
 from qlift.rollout.shadow import ShadowSource
-from qlift.rollout.shadow_phase import ShadowPhase
 from qlift.rollout.sources import Collector
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.split_pairs import SplitPairs
 from qlift.rollout.stable_reads import make_reader
-from qlift.rollout.states import DecisionAction, State, StepOutcome
+from qlift.rollout.states import RUNNING, EventKind, Phase, State
 from qlift.rollout.view import log_window
 from qlift.rollout.webhook import WebhookAction
-from qlift.rollout.window_loop import EARLY_CHECK_S, Pace, Void, log
+from qlift.rollout.window_kinds import BakeWindows, Needs, ShadowWindows, StepWindows, WindowKind
+from qlift.rollout.window_loop import EARLY_CHECK_S, RETRY_MAX_S, Pace, Void, log, watch
 
 __all__ = ["Controller", "Pace", "Void"]
 
 
-class Controller(ShadowPhase, BakePhase):
-    """The reconcile loop over a rollout's phases: the shadow phase (shadow_phase.py), the split steps (here)
-    and the bake (bake_phase.py), on the window machinery of window_loop.py."""
-
+class Controller:
     def __init__(self, journal: Journal, rollout_id: int, spec: RolloutSpec, plane: DataPlane,
                  collector: Collector, *, pace: Pace | None = None, shadow_source: ShadowSource | None = None) -> None:
-        super().__init__(journal, rollout_id, spec, plane, collector, pace=pace, shadow_source=shadow_source)
-        self.split_pairs = _split_pairs(spec, self.shadow_source)
-        self.stable_reader = make_reader(spec, self.plane)  # analysis.stable_reads: off, or the stable's vLLM
-        self._down_seen: str | None = None  # the router's reason, where it took the canary out during this window
+        self.journal, self.rid, self.spec, self.plane, self.collector = journal, rollout_id, spec, plane, collector
+        self.pace = pace or Pace()
+        self.tick, self.sleep, self.clock = self.pace.tick, self.pace.sleep, self.pace.clock
+        self.analysis = Analysis(spec)
+        self.shadow_source = mirror_source(plane, spec) if shadow_source is None else shadow_source
+        self.reconciler = Reconciler(journal, rollout_id, plane)
+        self.kinds = self._window_kinds()
+        self.webhook_failures = 0
+        self._retry_s = self.pace.tick
         self._next_paused_check = 0.0
+
+    def _window_kinds(self) -> dict[State, WindowKind]:
+        policies, reader = self.analysis.windows, make_reader(self.spec, self.plane)  # analysis.stable_reads
+        kinds: dict[State, WindowKind] = {State.PROGRESSING: StepWindows(
+            policies.step, self.collector, self.plane, _split_pairs(self.spec, self.shadow_source), reader,
+            self.clock)}
+        if policies.shadow is not None and self.shadow_source is not None:
+            kinds[State.SHADOWING] = ShadowWindows(policies.shadow, self.spec, self.shadow_source, reader, self.clock)
+        if policies.bake is not None:
+            kinds[State.BAKING] = BakeWindows(policies.bake, self.collector, self.journal, self.clock)
+        return kinds
+
+    @property
+    def drifts(self) -> int:
+        return self.reconciler.drifts
 
     # -- the loop --------------------------------------------------------------------
 
@@ -77,6 +96,20 @@ class Controller(ShadowPhase, BakePhase):
                 log.warning("%s; retrying in %.1fs", exc.one_line(), self._retry_s)
                 self._back_off()
 
+    def _back_off(self) -> None:
+        self.journal.heartbeat()
+        self.sleep(self._retry_s)
+        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+
+    def recover(self) -> None:
+        """Re-apply weights journaled but never applied; restore the journal's weights if the plane drifted."""
+        try:
+            pending = self.journal.reapply_pending(self.rid, self.plane.set_weights)
+            if pending is not None:
+                log.info("re-applied journaled weights %s (%s)", pending.weights, pending.reason)
+            self.reconciler.reconcile()
+        except QliftError as exc:
+            log.warning("could not converge the data plane yet: %s", exc.one_line())
 
     def _step(self, r: Rollout) -> None:
         if r.state == State.ABORT_REQUESTED:  # journaled, not confirmed: apply 100% stable until the plane is
@@ -86,110 +119,104 @@ class Controller(ShadowPhase, BakePhase):
                 self._next_paused_check = self.clock() + EARLY_CHECK_S
                 self.reconciler.reconcile()
             self.sleep(self.tick)
-        elif r.state == State.SHADOWING:
-            self._shadow_window(r)
-        elif r.state == State.BAKING:
-            self._bake_window(r)
         else:
-            weight = r.steps[r.step]
-            if not self._ensure_weights(r, r.weights_for(weight), f"step {r.step + 1}/{len(r.steps)}: canary "
-                                        f"{weight}%", start_step=weight):
-                return
-            if weight == 100:
-                self._promoted(r)
-            else:
-                self._window(r, weight)
+            self._window(r, self.kinds[r.state])
 
     # -- one window ------------------------------------------------------------------
 
-    def _peek(self, r: Rollout, look: Look) -> list[str]:
-        try:
-            ev = self.collector.peek()
-        except QliftError:
-            return []
-        significant = self.analysis.early_stop(r.step, ev, look)
-        if significant:
-            log.info("%s already significant: ending the window early", ", ".join(significant))
-        return significant
-
-    def _saw_down(self, r: Rollout) -> None:
-        """Note the router's reason while it keeps the canary out of rotation during the window (never ends it)."""
-        why = out_of_rotation(self.plane, r.canary)
-        if why is not None:
-            self._down_seen = why
-
-    def _mark_down(self, r: Rollout, ev: Evidence) -> None:
-        """A canary the router keeps out of rotation at the window's end: no measurement (held as ``canary DOWN``,
-        rolled back after consecutive_error_limit such windows); one that was out for part of it: a note."""
-        why = out_of_rotation(self.plane, r.canary)
-        ev.canary.down, ev.canary.down_seen = why, self._down_seen
-        if why is not None:
-            ev.error = ev.error or f"{DOWN}: {why}"
-            log.warning("%s: %s", DOWN, why)
-        elif self._down_seen is not None:
-            ev.notes.append(f"the router kept the canary out of rotation during the window ({self._down_seen}); "
-                            "it was back by the window's end")
-
-    def _begin_window(self) -> None:
-        self._down_seen = None
-        if self.split_pairs is not None:
-            self.split_pairs.begin()
-        self.collector.begin()
-
-    def _look(self, r: Rollout, look: Look) -> list[str]:
-        self._saw_down(r)
-        return self._peek(r, look)
-
-    def _window(self, r: Rollout, weight: int) -> None:
-        ev = self._split_evidence(r, self.analysis.windows.step, self._begin_window, lambda look: self._look(r, look))
-        if ev is None:
+    def _window(self, r: Rollout, kind: WindowKind) -> None:
+        needs = kind.needs(r)
+        if not self._ensure_weights(r, needs):
             return
-        if self.split_pairs is not None:  # bounded by shadow.judge_deadline_s
-            ev.judged, ev.judge_margin = self.split_pairs.judged(), self.split_pairs.spec.max_judge_loss_margin
-        if self.stable_reader is not None and ev.error is None:  # bounded by analysis.stable_reads_deadline_s
-            ev.reads = self.stable_reader.read_split(ev)
-        self._mark_down(r, ev)
-        v = self.analysis.assess(r.step, weight, ev, holds=r.holds, passes=r.passes, errors=r.errors)
-        log_window(f"window at {weight}%: canary {ev.canary.requests} requests, stable {ev.stable.requests}",
-                   v.phase, v.reason, v.decision.checks)
-        self._act(r, v)
-
-    def _moved_on(self, r: Rollout, v: Assessment, step: int | None) -> None:
-        if step is None:
-            self._advance(r, v)
-        else:
-            self._leave_shadow(r, v)
-
-    def _advance(self, r: Rollout, v: Assessment) -> None:
-        nxt = r.step + 1
-        weight = r.steps[nxt]
-
-        def also(db: Any) -> None:
-            self._journal_window(db, r.step, v)
-            self.journal.finish_step(db, self.rid, r.step, StepOutcome.PASSED)
-            self.journal.start_step(db, self.rid, nxt, weight)
-            self.journal.update(db, self.rid, step=nxt, holds=0, passes=0, errors=0)
-            if weight == 100 and self.spec.bake and isinstance(v.evidence, Evidence):
-                bake.keep_baseline(db, self.rid, r.step, v.evidence.stable)
-
-        reason = f"step {nxt + 1}/{len(r.steps)}: canary {weight}%"
-        if self.journal.change_weights(self.rid, r.weights_for(weight), reason, self.plane.set_weights,
-                                       allowed_states=(State.PROGRESSING,), also=also):
-            log.info("advanced: %s", reason)
-            self._notify(r, WebhookAction.ADVANCE, v.reason, v.decision.p_values, step=nxt)
-
-    def _promoted(self, r: Rollout) -> None:
-        if self.spec.bake and self._start_bake(r):
+        if needs.canary == 100 and r.state == State.PROGRESSING:
+            self._persist(r, self._at_100(r))
             return
-        reason = f"canary {r.canary} at 100%: promoted"
-        with self.journal.tx() as db:
-            if not self.journal.transition(db, self.rid, State.PROGRESSING, State.PROMOTED, reason,
-                                           desired_version=r.canary):
-                return
-            self.journal.finish_step(db, self.rid, r.step, StepOutcome.PROMOTED)
-            self.journal.decide(db, self.rid, r.step, DecisionAction.PROMOTED, reason)
-        log.info(reason)
-        self._notify(r, WebhookAction.PROMOTED, reason, {}, state=State.PROMOTED)
+        kind.arm(r)
+        at = WindowState(r, self._held())
+
+        def peek(look: Look) -> list[str]:
+            significant = self.analysis.early_stop(kind.policy, at, kind.peek(r), look)
+            if significant:
+                log.info("%s already significant: ending the window early", ", ".join(significant))
+            return significant
+
+        watched = watch(self.journal, r, self.reconciler, self.pace, kind.policy, lambda: kind.begin(r), peek)
+        if watched.void is not None:
+            self._discard(r, watched.void)
+            return
+        if self._canary_changed(r):
+            return
+        ev = kind.collect(r, watched, kind.policy.interval_s)
+        nxt = self.analysis.assess(kind.policy, ev, at)
+        assert nxt.window is not None and nxt.phase is not None
+        judged = self.analysis.with_carry(kind.policy, at, ev)
+        log_window(kind.describe(ev, judged), nxt.phase, nxt.window.record["reason"], list(nxt.window.checks))
+        self._persist(r, nxt)
+        if nxt.phase in (Phase.ROLLBACK, Phase.ADVANCE):
+            kind.ended(nxt.phase == Phase.ADVANCE)
+
+    def _held(self) -> Carry | None:
+        """The held evidence the journal keeps (a killed controller's too): judged on with the next window."""
+        held = self.journal.carry(self.rid)
+        return None if held is None else (held[0], carry.load(held[1], held[2]))
+
+    def _at_100(self, r: Rollout) -> Next:
+        """The 100% step reached: promoted, or the bake begins (where the stable's figures were kept)."""
+        if self.spec.bake:
+            if baseline(self.journal, self.rid) is not None:
+                return next_state.bake_started(r.stable, r.canary, self.spec.bake)
+            log.warning("no stable figures were kept from before 100%%: promoted without a bake")
+        return next_state.promoted(r.stable, r.canary)
+
+    def _ensure_weights(self, r: Rollout, needs: Needs) -> bool:
+        want = r.weights_for(needs.canary)
+        last = self.journal.last_change(self.rid)
+        if last is not None and last.weights == want:
+            if last.applied_at is None:  # journaled, but the plane was down: apply it now
+                self.journal.reapply_pending(self.rid, self.plane.set_weights)
+            return True
+        log.info("%s -> weights %s", needs.reason, want)
+        also = None
+        if needs.start_step is not None:
+            def also(db: sqlite3.Connection) -> None:
+                self.journal.start_step(db, self.rid, r.step, needs.start_step)  # type: ignore[arg-type]
+        return self.journal.change_weights(self.rid, want, needs.reason, self.plane.set_weights,
+                                           allowed_states=tuple(RUNNING), also=also)
+
+    def _canary_changed(self, r: Rollout) -> bool:
+        """Pause, unjudged, when the canary's model is not the one this rollout's evidence is about."""
+        why = canary_changed(self.journal, self.rid, self.plane, r.canary)
+        if why is not None:
+            self._persist(r, next_state.canary_changed(why))  # never judge the new model on the old one's evidence
+        return why is not None
+
+    def _discard(self, r: Rollout, void: Void) -> None:
+        log.warning("window discarded: %s", void.reason)
+        if not void.interrupted:
+            self.journal.log_event(self.rid, EventKind.WINDOW_DISCARDED, {"step": r.step, "state": r.state,
+                                                                           "reason": void.reason})
+
+    # -- the one write ---------------------------------------------------------------
+
+    def _persist(self, r: Rollout, nxt: Next) -> None:
+        """``nxt`` in one transaction (weights it changes journaled first, then applied), then one notify;
+        nothing when another process moved the rollout meanwhile. A final state's weights that the plane
+        refused are retried by ``_converge_final`` until applied."""
+        if not commit(self.journal, r, nxt, self.plane.set_weights):
+            return
+        if nxt.state == State.BAKED:
+            log.info("%s; `qlift promote finish` releases the stable %s", nxt.reason, r.stable)
+        elif nxt.state in (State.ROLLED_BACK, State.PAUSED):
+            log.warning("%s: %s", "rolled back" if nxt.state == State.ROLLED_BACK else "paused", nxt.reason)
+        elif nxt.webhook == WebhookAction.ADVANCE and nxt.weights is not None:
+            log.info("advanced: %s", nxt.weights.reason)
+        elif nxt.state != r.state:
+            log.info("%s", nxt.reason)
+        failure = announce(self.spec.webhook, self.journal, r, nxt)
+        if failure is not None:
+            self.webhook_failures += 1
+            self.journal.log_event(self.rid, EventKind.WEBHOOK_FAILED, {"action": nxt.webhook, "error": failure,
+                                                                         "failures": self.webhook_failures})
 
     # -- aborts and final states -----------------------------------------------------
 

@@ -299,6 +299,21 @@ class Journal(JournalFile):
                               (rollout_id,)).fetchone()
         return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
 
+    def keep_baseline(self, db: sqlite3.Connection, rollout_id: int, step: int, evidence: str) -> None:
+        """The stable's evidence (JSON: carry.py) of ``step``'s last judged window, kept for the bake."""
+        row = db.execute("SELECT max(id) FROM windows WHERE rollout_id = ? AND step = ?", (rollout_id, step)).fetchone()
+        db.execute("INSERT OR REPLACE INTO bake_baselines (rollout_id, window_id, evidence) VALUES (?, ?, ?)",
+                   (rollout_id, row[0] if row else None, evidence))
+
+    def baseline(self, rollout_id: int) -> tuple[str, str | None, str | None] | None:
+        """The kept stable evidence (JSON) and the start and end of the window it is from; None when none was
+        kept (or the journal, read-only and written by an older qlift, has no such table)."""
+        if self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'bake_baselines'").fetchone() is None:
+            return None
+        row = self.db.execute("SELECT b.evidence, w.started_at, w.ended_at FROM bake_baselines b LEFT JOIN "
+                              "windows w ON w.id = b.window_id WHERE b.rollout_id = ?", (rollout_id,)).fetchone()
+        return None if row is None else (str(row[0]), row[1], row[2])
+
     def event(self, db: sqlite3.Connection, rollout_id: int, kind: EventKind, detail: dict[str, Any]) -> None:
         db.execute("INSERT INTO events (rollout_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                    (rollout_id, now_iso(), str(kind), json.dumps(detail)))

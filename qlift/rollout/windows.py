@@ -21,6 +21,8 @@ from enum import StrEnum
 
 from qlift.rollout.check_types import WindowKind
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, ShadowSpec
+from qlift.rollout.states import State, StepOutcome
+from qlift.rollout.webhook import WebhookAction
 
 SHADOW_STEP = -1  # the step index shadow windows are journaled (and their evidence carried) under
 BAKE_STEP = -2  # ... and the bake's windows at 100% (``RolloutSpec.bake``)
@@ -44,6 +46,8 @@ def min_count(kind: WindowKind, a: AnalysisSpec, shadow: ShadowSpec | None = Non
 
 @dataclass(frozen=True)
 class WindowPolicy:
+    """What a window of one kind needs, and how the analysis (analysis.py) treats it where kinds differ."""
+
     role: WindowRole
     kind: WindowKind  # what its checks see: a split window or a shadow one
     min_count: int  # canary requests (split) or answered pairs (shadow) before it can pass
@@ -52,6 +56,20 @@ class WindowPolicy:
     against: str  # what the canary is compared with, in words
     passes: int  # passing windows that end the step, the shadow phase or the bake
     max_holds: int  # held windows tolerated (max_inconclusive)
+    # a passing window spends the held windows before it: the next one gets max_holds holds of its own
+    pass_resets_holds: bool = False
+    # held windows beyond max_holds do what on_insufficient says whatever held them (else: only too little
+    # canary traffic pauses; an unsure check rolls back)
+    exhausted_holds_follow_on_insufficient: bool = False
+    # the stable's evidence is the kept figures the window came with, never added up with held windows'
+    kept_stable: bool = False
+    passed_state: State = State.PROGRESSING  # where the rollout goes once ``passes`` windows passed
+    next_step_on_pass: bool = True  # ... and whether it moves to the next step's weights
+    finish_on_pass: StepOutcome | None = StepOutcome.PASSED  # how the current step ends then, if it does
+    webhook_on_pass: WebhookAction = WebhookAction.ADVANCE
+    reason_prefix: str = ""  # what a rolled-back or failed-to-measure window's reason starts with
+    passed_text: str = "{reason}"  # the reason once it passed: {needed}, {reason}
+    pass_text: str = "{reason}"  # a passing window's reason short of that: {done}, {needed}, {reason}
 
     @property
     def journal_step(self) -> int | None:
@@ -72,7 +90,9 @@ def shadow_policy(spec: RolloutSpec) -> WindowPolicy | None:
     a = spec.analysis
     return WindowPolicy(WindowRole.SHADOW, WindowKind.SHADOW, min_count(WindowKind.SHADOW, a, spec.shadow),
                         spec.interval, False, "the stable's answers to the same prompts", spec.shadow.windows,
-                        a.max_inconclusive)
+                        a.max_inconclusive, pass_resets_holds=True, exhausted_holds_follow_on_insufficient=True,
+                        next_step_on_pass=False, finish_on_pass=None, reason_prefix="shadow phase: ",
+                        passed_text="shadow phase passed ({needed} windows): {reason}")
 
 
 def bake_policy(spec: RolloutSpec) -> WindowPolicy | None:
@@ -81,7 +101,11 @@ def bake_policy(spec: RolloutSpec) -> WindowPolicy | None:
         return None
     a = spec.analysis
     return WindowPolicy(WindowRole.BAKE, WindowKind.SPLIT, min_count(WindowKind.SPLIT, a), spec.interval, True,
-                        "the stable's figures from its last window before the switch", spec.bake, a.max_inconclusive)
+                        "the stable's figures from its last window before the switch", spec.bake, a.max_inconclusive,
+                        kept_stable=True, passed_state=State.BAKED, next_step_on_pass=False,
+                        finish_on_pass=StepOutcome.PROMOTED, webhook_on_pass=WebhookAction.BAKED,
+                        passed_text="bake passed ({needed} window(s) at 100%): {reason}",
+                        pass_text="bake window {done}/{needed} passed: {reason}")
 
 
 @dataclass(frozen=True)

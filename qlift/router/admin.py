@@ -1,5 +1,6 @@
 """The router's admin API (``Authorization: Bearer $QLIFT_ROUTER_TOKEN``): its state, weights, shadow
-settings and pairs, and the request log a rollout reads. The data path is ``datapath.DataPath``."""
+settings and pairs, its live backends (``live.LiveBackends``), and the request log a rollout reads. The data
+path is ``datapath.DataPath``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import itertools
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from qlift.router.backend_change import BackendChange
 from qlift.router.config import check_weights
+from qlift.router.live import BackendRefused, LiveBackends
 from qlift.router.proxy import MAX_JSON_DEPTH, json_error
 from qlift.router.shadow import Shadow
 from qlift.router.wire import ShadowSettings
@@ -33,6 +37,7 @@ async def _admin_json(request: web.Request) -> Any:
 class AdminApi:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.live = LiveBackends(router)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/admin/state", self.admin_state)
@@ -41,6 +46,11 @@ class AdminApi:
         app.router.add_put("/admin/shadow", self.admin_set_shadow)
         app.router.add_delete("/admin/shadow", self.admin_clear_shadow)
         app.router.add_get("/admin/shadow", self.admin_shadow_pairs)
+        app.router.add_post("/admin/backends", self.admin_add_backend)
+        app.router.add_put("/admin/backends/{name}", self.admin_repoint_backend)
+        app.router.add_delete("/admin/backends/{name}", self.admin_retire_backend)
+        app.router.add_post("/admin/backends/{name}/resolve", self.admin_resolve_backend)
+        app.on_cleanup.append(self.live.close)
 
     def refusal(self, request: web.Request) -> web.Response | None:
         if self.router.admin_token is None:
@@ -50,6 +60,38 @@ class AdminApi:
             return json_error(401, "missing or wrong admin token (Authorization: Bearer $QLIFT_ROUTER_TOKEN)",
                                "authentication_error")
         return None
+
+    async def _backend_call(self, request: web.Request,
+                            call: Callable[[Any], Awaitable[BackendChange]]) -> web.Response:
+        """A live-backend change (``call`` gets the JSON body, None when empty): the change, or the refusal as
+        one line (400, 404, 409, 503)."""
+        refusal = self.refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            body = None
+            if await request.read():
+                try:
+                    body = await _admin_json(request)
+                except ValueError as exc:
+                    raise BackendRefused(400, f"the body is not JSON: {exc}") from None
+            change = await call(body)
+        except BackendRefused as exc:
+            kind = {404: "not_found_error", 409: "conflict_error", 503: "service_unavailable"}
+            return json_error(exc.status, exc.message, kind.get(exc.status, "invalid_request_error"))
+        return web.json_response(change.model_dump())
+
+    async def admin_add_backend(self, request: web.Request) -> web.Response:
+        return await self._backend_call(request, self.live.add)
+
+    async def admin_repoint_backend(self, request: web.Request) -> web.Response:
+        return await self._backend_call(request, lambda body: self.live.repoint(request.match_info["name"], body))
+
+    async def admin_retire_backend(self, request: web.Request) -> web.Response:
+        return await self._backend_call(request, lambda body: self.live.retire(request.match_info["name"]))
+
+    async def admin_resolve_backend(self, request: web.Request) -> web.Response:
+        return await self._backend_call(request, lambda body: self.live.resolve(request.match_info["name"], body))
 
     async def admin_state(self, request: web.Request) -> web.Response:
         return self.refusal(request) or web.json_response(self.router.state().model_dump())

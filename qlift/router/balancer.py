@@ -41,6 +41,10 @@ class Backend:
     # May take users while at weight 0 (only with failover_to_zero_weight): its 0 came from the config, not
     # from the admin API, through which a rollout's shadow phase and its rollback set a canary's 0.
     spare: bool = False
+    # Its model was named (URL#MODEL, served_model, or the admin API): a server listing another model leaves it
+    # out of rotation. Unpinned, it takes the model its server lists (re-resolved when the server changes model).
+    pinned: bool = False
+    went_away: bool = False  # its /health failed since its model was last listed (it may come back as another)
 
     def wire_state(self) -> BackendState:
         return BackendState(name=self.name, url=redact_url(self.url), served_model=self.served_model or "",
@@ -86,6 +90,18 @@ class Balancer:
         for b in self.backends:
             b.weight = weights.get(b.name, 0)
             b.spare = False  # a 0 set through the admin API (a rollout's shadow phase, its rollback) is no spare
+
+    def add(self, backend: Backend) -> None:
+        """A new backend, last in order (its session keys' ranges come after the others')."""
+        self.backends.append(backend)  # in place: the health checker holds this same list
+        self.by_name[backend.name] = backend
+
+    def remove(self, name: str) -> Backend:
+        """Take a backend out for good; its requests in flight finish on the object they hold."""
+        backend = self.by_name.pop(name)
+        self.backends.remove(backend)
+        self._deck = []  # a fresh deck for the next request
+        return backend
 
     def _routable(self, b: Backend, exclude: set[str]) -> bool:
         return b.healthy and b.served_model is not None and b.name not in exclude

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s
         ok = False
     if not ok:
         backend.model_listed = False  # it may come back serving something else
+        backend.went_away = True
         return False
     if backend.model_listed:
         return True
@@ -50,8 +52,15 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s
     ids = [m["id"] for m in listed]
     if backend.served_model is None:
         backend.served_model = ids[0]
+    elif backend.served_model not in ids and not backend.pinned and backend.went_away:
+        # Its server came back serving another version (a role swap): the router follows it. One that stayed up
+        # and dropped its model (an adapter unloaded) is a fault, not a new version: that stays out of rotation.
+        log.warning("backend %s now serves %r, no longer %r: re-resolved from its /v1/models (its model is not "
+                    "pinned)%s", backend.name, ids[0], backend.served_model,
+                    f"; model_hash {backend.model_hash} dropped" if backend.model_hash else "")
+        backend.served_model, backend.model_hash = ids[0], None
     elif backend.served_model not in ids:
-        problem = f"model {backend.served_model!r} is not listed at /v1/models (it lists {', '.join(ids)})"
+        problem = unlisted(backend, ids)
         if backend.problem != problem:
             log.warning("backend %s: %s", backend.name, problem)
             backend.problem = problem
@@ -59,26 +68,46 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s
     entry = next(m for m in listed if m["id"] == backend.served_model)
     root, parent = entry.get("root"), entry.get("parent")
     backend.served_root = None if root is None else f"{root}" + (f" on {parent}" if parent else "")
-    backend.model_listed, backend.problem = True, None
+    backend.model_listed, backend.problem, backend.went_away = True, None, False
     return True
+
+
+def unlisted(backend: Backend, ids: list[str]) -> str:
+    """Why a backend whose model its server no longer lists is out of rotation, naming both models and the admin
+    call that makes it serve what the server lists."""
+    head = f"model {backend.served_model!r} is not listed at /v1/models (it lists {', '.join(ids)})"
+    if not backend.pinned:  # its server stayed up: no restart to follow
+        return (f"{head}; its server did not restart: to serve {ids[0]!r}, POST /admin/backends/{backend.name}/"
+                f"resolve (RouterClient.resolve_backend)")
+    return (f"{head}; the backend is pinned to it: to serve {ids[0]!r}, PUT /admin/backends/{backend.name} "
+            f"{json.dumps({'model': ids[0]})} (RouterClient.repoint_backend), or point its URL at a server of "
+            f"{backend.served_model!r}")
 
 
 class HealthChecker:
     def __init__(self, session_for: Callable[[Backend], aiohttp.ClientSession], backends: list[Backend], *,
                  interval_s: float, timeout_s: float, failures: int,
-                 on_change: Callable[[Backend], None]) -> None:
+                 on_change: Callable[[Backend], None],
+                 on_resolved: Callable[[Backend], None] | None = None) -> None:
         self.session_for = session_for
         self.backends = backends
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.failures = failures
         self.on_change = on_change
+        self.on_resolved = on_resolved  # a backend took another model (to keep it in the state file)
         self._task: asyncio.Task[None] | None = None
 
     async def check_all(self) -> None:
-        results = await asyncio.gather(*(check_once(self.session_for(b), b, self.timeout_s) for b in self.backends))
-        for backend, ok in zip(self.backends, results, strict=True):
+        backends = list(self.backends)  # the admin API may add or retire one while the checks run
+        models = [b.served_model for b in backends]
+        results = await asyncio.gather(*(check_once(self.session_for(b), b, self.timeout_s) for b in backends))
+        for backend, ok, model in zip(backends, results, models, strict=True):
+            if not any(b is backend for b in self.backends):
+                continue  # retired while it was checked
             self.record(backend, ok)
+            if model is not None and backend.served_model != model and self.on_resolved is not None:
+                self.on_resolved(backend)
 
     def record(self, backend: Backend, ok: bool) -> None:
         was = backend.healthy

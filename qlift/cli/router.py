@@ -22,6 +22,13 @@ Examples:
   qlift router --backend stable=http://127.0.0.1:8001#smollm2 --port 0 --json   # ready line as JSON
   qlift router --config router.yaml                                             # keys, limits, filter
   QLIFT_ROUTER_TOKEN=secret qlift router --config router.yaml                   # with the admin API
+  QLIFT_ROUTER_TOKEN=secret qlift router --config router.yaml --take-over       # restart, no outage
+
+\b
+Restarting without an outage (an upgrade, a changed setting): start the new router with the same
+--host/--port/--config plus --take-over. It receives the running router's listening socket and its
+weights, shadow settings and backends, prints its ready line once serving, and the old router then
+drains and exits by itself (no SIGTERM needed). Without a router running there, it simply starts.
 """
 
 
@@ -45,8 +52,13 @@ def config_flags(fn: Any) -> Any:
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="router.yaml with the same settings and more (keys, limits, filter, timeouts); flags win.")
 @config_flags
+@click.option("--take-over", is_flag=True,
+              help="Take over the router running on this --host/--port without refusing a connection: its "
+                   "listening socket, weights, shadow settings and backends pass to this process; it then drains "
+                   "and exits (and stays up if this one fails to start). Run as its user, with its QLIFT_HOME.")
 @json_option
-def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], config_path: Path | None, **flags: Any) -> None:
+def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], config_path: Path | None, take_over: bool,
+               **flags: Any) -> None:
     """Route OpenAI chat/completions traffic between model versions by weight or session.
 
     Splits requests between backends by weight (sticky per X-Session-Id or `user`), streams
@@ -60,7 +72,8 @@ def router_cmd(backends: tuple[str, ...], weights: tuple[str, ...], config_path:
     from qlift.settings import router_token
 
     config = build_config(config_path=config_path, backends=list(backends), weights=list(weights), flags=flags)
-    router.run(router.RouterInputs(router_token()), config, on_ready=_print_ready, restore_signals=False)
+    router.run(router.RouterInputs(router_token(), take_over=take_over), config, on_ready=_print_ready,
+               restore_signals=False)
 
 
 def _print_ready(router: Router) -> None:
@@ -68,8 +81,9 @@ def _print_ready(router: Router) -> None:
         click.echo(json.dumps({"url": router.url, "pid": os.getpid(), "public_model": router.public_model,
                                "weights": router.balancer.weights,
                                "backends": [b.state() for b in router.balancer.backends],
-                               "admin": router.admin_token is not None}))
+                               "admin": router.admin_token is not None, "took_over_from": router.took_over_from}))
     else:
         parts = ", ".join(f"{b.name} {b.weight}% ({'up' if b.healthy else 'DOWN'})" for b in router.balancer.backends)
         model = repr(router.public_model) if router.public_model else "(pending: first backend not answering)"
-        click.echo(f"router ready at {router.url} (pid {os.getpid()}): model {model} -> {parts}")
+        took = f" (took over from pid {router.took_over_from})" if router.took_over_from else ""
+        click.echo(f"router ready at {router.url} (pid {os.getpid()}): model {model} -> {parts}{took}")

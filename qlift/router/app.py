@@ -8,6 +8,7 @@ import contextlib
 import hmac
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -20,8 +21,19 @@ from qlift.router.balancer import Backend, Balancer
 from qlift.router.config import RouterConfig
 from qlift.router.datapath import COMPLETIONS, PASSTHROUGH, DataPath
 from qlift.router.filters import ContentFilter
+from qlift.router.handover import (
+    Carried,
+    HandoverOffer,
+    carried_state,
+    close_after_handover,
+    first_set,
+    hold_admin_writes,
+    inherit,
+    let_connections_go,
+)
 from qlift.router.health import HealthChecker, models_of
 from qlift.router.limits import ApiKeys, bearer_token, read_token_file
+from qlift.router.live import backend_session
 from qlift.router.metrics import RouterMetrics
 from qlift.router.proxy import json_error
 from qlift.router.serverlimits import (
@@ -47,16 +59,21 @@ class Router:
     the OpenAI routes through its ``data`` path and the admin API through ``AdminApi``."""
 
     def __init__(self, config: RouterConfig, *, admin_token: str | None = None,
-                 content_filter: ContentFilter | None = None) -> None:
+                 content_filter: ContentFilter | None = None, carried: Carried | None = None) -> None:
         self.config = config
         self.admin_token = admin_token
         weights = config.weights()
         self.saved = SavedState(config.state_file)
-        saved_weights, saved_shadow = self.saved.load([b.name for b in config.backends])
+        # With the backends the admin API added or re-pointed, if any; a router taken over hands over its own.
+        saved = carried.adopt(self.saved, config.backends) if carried else self.saved.load(config.backends)
+        saved_weights, saved_shadow = saved.weights, saved.shadow
         weights = saved_weights or weights
         self.balancer = Balancer([Backend(b.name, b.url, b.served_model, weights[b.name], model_hash=b.model_hash,
-                                          spare=not saved_weights and weights[b.name] == 0)
-                                  for b in config.backends], failover_to_zero_weight=config.failover_to_zero_weight)
+                                          spare=b.name in carried.spare if carried else
+                                          not saved_weights and weights[b.name] == 0,
+                                          pinned=b.served_model is not None)
+                                  for b in saved.backends or config.backends],
+                                 failover_to_zero_weight=config.failover_to_zero_weight)
         self.public_model = config.public_model
         self.shadow: Shadow | None = None
         self.set_shadow(Shadow(saved_shadow) if saved_shadow else None)
@@ -70,12 +87,15 @@ class Router:
         self.health: HealthChecker | None = None
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.took_over_from: int | None = None  # the pid of the router this one took over (--take-over)
+        self.handover_to: int | None = None  # set while handing over to a new process (its pid, 0: unknown)
         self._unguard_logs: Callable[[], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_request_bytes)
+        app = web.Application(client_max_size=self.config.max_request_bytes, middlewares=[hold_admin_writes(self)])
+        app.on_response_prepare.append(close_after_handover(self))
         for path in COMPLETIONS + PASSTHROUGH:
             app.router.add_post(path, self.data.handle)
         app.router.add_get("/v1/models", self.models)
@@ -86,8 +106,9 @@ class Router:
         app.on_cleanup.append(self._close_sessions)
         return app
 
-    async def start(self) -> str:
-        """Open backend pools, run a first health round, listen; returns the router's URL."""
+    async def start(self, sock: socket.socket | None = None) -> str:
+        """Open backend pools, run a first health round, listen (on ``sock``: a router's it took over); returns
+        the router's URL."""
         srv = self.config.server
         try:  # a --host that is no address fails now, before any backend is asked
             await asyncio.get_running_loop().getaddrinfo(self.config.host, self.config.port)
@@ -97,17 +118,11 @@ class Router:
         open_files = raise_open_files_limit()
         t = self.config.timeouts
         for b in self.balancer.backends:
-            # One pool per backend, keep-alive; per-phase timeouts are applied per request. A pooled
-            # connection outliving the backend's keep-alive races its close: a request sent on it dies.
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=t.keepalive_s, enable_cleanup_closed=True)
-            # Bodies are asked for uncompressed (the router rewrites them); one compressed anyway is
-            # decoded here, never passed on as compressed bytes without their Content-Encoding.
-            self.sessions[b.name] = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s),
-            )
+            self.sessions[b.name] = backend_session(t)  # one keep-alive pool per backend
         h = self.config.health
         self.health = HealthChecker(lambda b: self.sessions[b.name], self.balancer.backends, interval_s=h.interval_s,
-                                    timeout_s=h.timeout_s, failures=h.failures, on_change=self._health_changed)
+                                    timeout_s=h.timeout_s, failures=h.failures, on_change=self._health_changed,
+                                    on_resolved=lambda b: self.save_state())
         await self.health.check_all()
         for b in self.balancer.backends:  # down at start: out of rotation until a check passes
             b.healthy = b.healthy and b.health_failures == 0
@@ -122,7 +137,7 @@ class Router:
         site = GuardedSite(self.runner, self.config.host, self.config.port,
                            max_connections=connection_cap(srv.max_connections, open_files),
                            header_timeout_s=srv.header_timeout_s, on_refused=self.metrics.connections_refused.inc,
-                           on_header_timeout=self.metrics.client_timeouts.labels("header").inc)
+                           on_header_timeout=self.metrics.client_timeouts.labels("header").inc, sock=sock)
         try:
             await site.start()
         except OSError as exc:
@@ -132,15 +147,20 @@ class Router:
         self.url = f"http://{self.config.host}:{port}"
         return self.url
 
-    async def stop(self) -> None:
-        """Stop listening, let in-flight requests finish (up to drain_s, once), then close everything."""
+    async def stop(self, *, handed_over: bool = False) -> None:
+        """Stop listening, let in-flight requests finish (up to drain_s, once), then close everything.
+        ``handed_over``: another process listens on the socket now, so client connections are let go too."""
         if self.runner is not None:
+            deadline = asyncio.get_running_loop().time() + self.config.drain_s
             for site in list(self.runner.sites):
                 await site.stop()
+            server = self.runner.server
+            if handed_over and server is not None:
+                await let_connections_go(lambda: list(server.connections), deadline)
             idle = self.data.idle
             if not idle.is_set():
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.config.drain_s):
+                    async with asyncio.timeout_at(deadline):
                         await idle.wait()
                 if not idle.is_set():
                     log.warning("drain_s (%g s) is over: cutting %d request(s) still in flight",
@@ -244,8 +264,9 @@ class Router:
                            seq=self.data.seq, shadow=self.shadow.state() if self.shadow else None)
 
     def save_state(self) -> None:
-        """Keep what the admin API set (weights, shadow settings) for the next start (``state_file``)."""
-        self.saved.save(self.balancer.weights, self.shadow.settings if self.shadow else None)
+        """Keep what the admin API set (weights, shadow settings, backends) for the next start (``state_file``)."""
+        self.saved.save(self.balancer.weights, self.shadow.settings if self.shadow else None,
+                        backends=self.balancer.backends)
 
     def set_shadow(self, shadow: Shadow | None) -> None:
         self.shadow = shadow
@@ -253,14 +274,24 @@ class Router:
 
 
 async def serve(config: RouterConfig, *, admin_token: str | None, on_ready: Callable[[Router], None],
-                content_filter: ContentFilter | None = None, restore_signals: bool = True) -> None:
-    """Run the router until SIGINT or SIGTERM, then drain.
+                content_filter: ContentFilter | None = None, restore_signals: bool = True,
+                take_over: bool = False) -> None:
+    """Run the router until SIGINT or SIGTERM, or until a new process took it over, then drain.
 
-    The signal handlers stay during the drain (a second signal does not cut it short) and,
-    with ``restore_signals=False`` (the CLI, about to exit), after it too, so a late signal
-    cannot turn a clean stop into a kill.
+    ``take_over``: first take over the router listening on the configured host and port, if one is
+    (``qlift.router.handover``). The signal handlers stay during the drain (a second signal does not
+    cut it short) and, with ``restore_signals=False`` (the CLI, about to exit), after it too, so a late
+    signal cannot turn a clean stop into a kill.
     """
-    router = Router(config, admin_token=admin_token, content_filter=content_filter)
+    inherited = inherit(config.host, config.port) if take_over else None
+    try:
+        carried = carried_state(inherited, config.backends) if inherited else None
+        router = Router(config, admin_token=admin_token, content_filter=content_filter, carried=carried)
+    except BaseException:
+        if inherited is not None:
+            inherited.abandon()
+        raise
+    offer: HandoverOffer | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -269,12 +300,25 @@ async def serve(config: RouterConfig, *, admin_token: str | None, on_ready: Call
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        await router.start()
+        try:
+            await router.start(sock=inherited.sock if inherited else None)
+        except BaseException:
+            if inherited is not None:
+                inherited.abandon()
+            raise
+        if inherited is not None:
+            inherited.confirm()
+            router.took_over_from = inherited.pid
+            router.save_state()
+            log.info("took over from the router with pid %d: it drains and exits", inherited.pid)
+        offer = HandoverOffer.of(router)
         on_ready(router)
-        await stop.wait()
-        log.info("stopping: draining in-flight requests (up to %g s)", config.drain_s)
+        if await first_set(stop, *([offer.done] if offer else [])) is stop:
+            log.info("stopping: draining in-flight requests (up to %g s)", config.drain_s)
     finally:
-        await router.stop()
+        if offer is not None:
+            await offer.close()
+        await router.stop(handed_over=offer is not None and offer.done.is_set())
         if restore_signals:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

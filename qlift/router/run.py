@@ -2,7 +2,8 @@
 (``qlift router``); ``start`` (``qlift.router.handle``) serves in a process of its own and returns a handle.
 
 ``RouterConfig`` is the stage's options (backends, weights, limits, ...); the admin token is an input, kept out
-of the config so a dumped config never carries it. ``run`` serves until SIGINT or SIGTERM, then drains.
+of the config so a dumped config never carries it. ``run`` serves until SIGINT or SIGTERM (or until a new
+process takes it over: ``qlift.router.handover``), then drains.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RouterInputs:
-    """The admin API's bearer token (None: no admin API), as QLIFT_ROUTER_TOKEN gives it to ``qlift router``."""
+    """The admin API's bearer token (None: no admin API), as QLIFT_ROUTER_TOKEN gives it to ``qlift router``;
+    ``take_over``: take over the router running on the configured host and port, if any (``--take-over``)."""
 
     admin_token: str | None = None
+    take_over: bool = False
 
 
 @dataclass
@@ -48,5 +51,6 @@ def run(inputs: RouterInputs, options: RouterConfig, *, on_ready: Callable[[Rout
         else:
             on_ready(router)
 
-    asyncio.run(serve(options, admin_token=inputs.admin_token, on_ready=ready_at, restore_signals=restore_signals))
+    asyncio.run(serve(options, admin_token=inputs.admin_token, on_ready=ready_at, restore_signals=restore_signals,
+                      take_over=inputs.take_over))
     return ready[0]

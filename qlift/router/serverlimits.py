@@ -179,8 +179,9 @@ class GuardedSite(web.TCPSite):
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int,
                  header_timeout_s: float, on_refused: Callable[[], None] = lambda: None,
-                 on_header_timeout: Callable[[], None] = lambda: None) -> None:
+                 on_header_timeout: Callable[[], None] = lambda: None, sock: socket.socket | None = None) -> None:
         super().__init__(runner, host, port)
+        self.sock = sock  # a listening socket to serve on (one inherited from the router taken over), not host:port
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.on_refused = on_refused
@@ -204,9 +205,12 @@ class GuardedSite(web.TCPSite):
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner (what TCPSite.start does first)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, self._host, self._port,
-                                                reuse_address=self._reuse_address, reuse_port=self._reuse_port,
-                                                backlog=self._backlog)
+        if self.sock is not None:
+            self._server = await loop.create_server(self._protocol, sock=self.sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(self._protocol, self._host, self._port,
+                                                    reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+                                                    backlog=self._backlog)
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
 

@@ -20,6 +20,12 @@ def labels(app: str, role: str | None = None) -> dict[str, str]:
     return out
 
 
+def router_fleet_service(app: str) -> str:
+    """The headless Service whose EndpointSlices list every qlift router pod of ``app`` that ``qlift deploy k8s
+    --data-plane builtin`` renders: the name a rollout discovers its routers by."""
+    return f"{app}-router-fleet"
+
+
 def model_rewrite(*, app: str, namespace: str, public_model: str, weights: dict[str, int]) -> dict[str, Any]:
     """Requests for ``public_model`` go to each served model in proportion to its weight; a weight of 0
     leaves the model out (the CRD's weights start at 1)."""

@@ -29,6 +29,10 @@ K8S_SCHEMAS = {
     ("v1", "Service"): "service-v1.json",
     ("v1", "ConfigMap"): "configmap-v1.json",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscaler-autoscaling-v2.json",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudget-policy-v1.json",
+    ("v1", "ServiceAccount"): "serviceaccount-v1.json",
+    ("rbac.authorization.k8s.io/v1", "Role"): "role-rbac-v1.json",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebinding-rbac-v1.json",
 }
 ARGO_CRDS = {"Rollout": "rollout-crd.yaml", "AnalysisTemplate": "analysis-template-crd.yaml"}
 

@@ -35,6 +35,7 @@ Examples:
   qlift deploy k8s merged --recipe chat-h100 -o k8s/
   qlift deploy k8s merged --recipe chat-a100-80g --canary merged-awq -o k8s/ --namespace serving
   qlift deploy k8s merged --recipe chat-h100 --canary merged-awq --rollout argo -o k8s-argo/ --json
+  qlift deploy k8s merged --recipe chat-h100 --canary merged-awq --data-plane builtin -o k8s-fleet/
   qlift deploy k8s smollm2 --recipe cpu --set max_model_len=2048 -o k8s-cpu/ --image registry.local/qlift-cpu:1
   qlift deploy k8s smollm2 --recipe cpu --lora tickets=adapters/tickets --gateway-api -o k8s-lora/
 """)
@@ -52,6 +53,10 @@ def k8s_cmd(model: Path, out: Path, loras: tuple[str, ...], force: bool, **optio
     model from a PVC), a Service and an HPA on vLLM's queue depth via prometheus-adapter
     (its rule is rendered too); plus the Gateway API HTTPRoute. With --canary, also
     promote-rollout.yaml for `qlift promote start -f`. Writes qlift.json (lineage).
+
+    With --data-plane builtin, no HTTPRoute: a fleet of qlift routers (Deployment, PodDisruptionBudget,
+    a Service and a headless Service, admin token and API keys from the Secret --router-secret) in
+    front of a vllm-router per version, and the promote spec names the fleet (docs/deployment.md).
     """
     from qlift.deploy import DeployInputs, run
     from qlift.serve.lora import parse_lora_flags
@@ -60,7 +65,8 @@ def k8s_cmd(model: Path, out: Path, loras: tuple[str, ...], force: bool, **optio
     result = run(DeployInputs(out, force=force), opts)
     files = sorted(p.name for p in out.iterdir())
     payload = {
-        "out": str(out), "recipe": result.recipe, "rollout": opts.rollout, "image": result.image,
+        "out": str(out), "recipe": result.recipe, "rollout": opts.rollout, "data_plane": opts.data_plane,
+        "image": result.image, "promote_spec": result.promote_file if result.promote_spec is not None else None,
         "versions": result.versions, "engine_args": result.engine_args, "files": files,
         "objects": [{"file": f, "kind": o["kind"], "name": o["metadata"]["name"]} for f, o in result.objects.items()],
     }
@@ -71,6 +77,6 @@ def k8s_cmd(model: Path, out: Path, loras: tuple[str, ...], force: bool, **optio
             click.echo(f"  {f:32} {o['kind']} {o['metadata']['name']}")
         click.echo(f"apply: kubectl apply -k {out}")
         if result.promote_spec is not None:
-            click.echo(f"promote: qlift promote start -f {out / 'promote-rollout.yaml'}")
+            click.echo(f"promote: qlift promote start -f {out / result.promote_file}")
 
     emit(payload, human)

@@ -3,8 +3,10 @@
 ``qlift deploy k8s`` renders Kubernetes manifests for a model (and a canary) from a serving
 recipe: a vLLM Deployment and Service per version, an HPA on vLLM's queue depth, the
 Gateway API HTTPRoute that ``qlift promote`` drives, or an Argo Rollouts ``Rollout`` with
-an ``AnalysisTemplate`` that runs promote's own checks. Nothing is applied: the output is
-a kustomize directory for ``kubectl apply -k`` or GitOps.
+an ``AnalysisTemplate`` that runs promote's own checks; or, with ``--data-plane builtin``
+(``fleet``), a fleet of qlift routers in front of a vllm-router per version, where every
+answer check runs. Nothing is applied: the output is a kustomize directory for
+``kubectl apply -k`` or GitOps.
 """
 
 from typing import TYPE_CHECKING

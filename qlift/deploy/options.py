@@ -14,6 +14,10 @@ from qlift.options import Range, check_fields
 
 INT32_MAX = 2**31 - 1
 DEFAULT_IMAGES = {"gpu": "vllm/vllm-openai:v0.26.0", "cpu": "qlift-cpu:latest"}
+ROUTER_IMAGE = "qlift:latest"  # docker/Dockerfile: `qlift` is its entrypoint
+VLLM_ROUTER_IMAGE = "vllm/vllm-router:v0.1.17"  # vllm-project/router's release image
+# vllm-router policies its release binary and its PyPI launcher both take
+PoolPolicy = Literal["cache_aware", "power_of_two", "consistent_hash", "round_robin", "random"]
 Count = Annotated[int, Range(ge=1, le=INT32_MAX)]  # a Kubernetes int32 count
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # 40: the object names add suffixes
 _DNS_LABEL_63 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -79,6 +83,23 @@ class DeployOptions:
     gateway_api: bool = False
     """Route by model name through the Gateway API Inference Extension: InferencePool, InferenceModelRewrite, an
     InferenceObjective per adapter (docs/lora.md)."""
+    data_plane: Literal["gateway-api", "builtin"] = field(default="gateway-api",
+                                                          metadata={"choices": ("gateway-api", "builtin")})
+    """Where a rollout's weights live. gateway-api: the HTTPRoute `qlift promote` re-weights, judged on request counts
+    and latency from Prometheus; builtin: a fleet of qlift routers (every answer check, the shadow phase, the judge)
+    in front of a vllm-router per version (docs/deployment.md)."""
+    router_replicas: Annotated[int, Range(ge=2, le=INT32_MAX)] = 2
+    """qlift router pods (builtin data plane): at least 2, on different nodes where the cluster has them."""
+    router_image: str = ROUTER_IMAGE
+    """Image with qlift for the router fleet (builtin data plane; docker/Dockerfile)."""
+    router_secret: str | None = None
+    """Secret holding the routers' admin token (key admin-token) and client API keys (key api-keys), created by you,
+    never rendered (builtin data plane; default: NAME-router)."""
+    vllm_router_image: str = VLLM_ROUTER_IMAGE
+    """Image with vllm-router, in front of each version's vLLM pods (builtin data plane)."""
+    vllm_router_policy: PoolPolicy = field(default="cache_aware", metadata={"choices": (
+        "cache_aware", "power_of_two", "consistent_hash", "round_robin", "random")})
+    """How vllm-router picks a version's replica (builtin data plane)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -90,6 +111,22 @@ class DeployOptions:
             raise BadInputError("the Gateway API routes to the model's Deployment by model name; a canary or an "
                                 "Argo rollout splits by Service", field="gateway_api",
                                 hint="Serve the candidate as an adapter (loras) with the Gateway API.")
+        if self.fleet and (self.gateway_api or self.rollout == "argo"):
+            raise BadInputError("the builtin data plane is the qlift routers' own split; the Gateway API Inference "
+                                "Extension and Argo Rollouts each split traffic themselves", field="data_plane",
+                                hint="Drop gateway_api and rollout argo, or use data_plane gateway-api.")
+
+    @property
+    def fleet(self) -> bool:
+        """The data plane is the qlift router (a fleet of them here), as qlift.rollout.planes says."""
+        from qlift.rollout.planes import PLANES
+
+        return PLANES[self.data_plane].at_router
+
+    @property
+    def secret(self) -> str:
+        """The routers' Secret: --router-secret, else NAME-router."""
+        return self.router_secret or f"{self.app}-router"
 
     @property
     def served_as(self) -> str:
@@ -111,14 +148,17 @@ def _check_names(opts: DeployOptions) -> None:
                                                    or _DNS_LABEL_63.match(opts.gateway_namespace)):
         raise BadInputError(f"{opts.gateway_namespace!r} is not a namespace name (a DNS label: "
                             f"{_LABEL_HELP}, at most 63 characters)", field="gateway_namespace")
-    for name, value in (("pvc", opts.pvc), ("gateway", opts.gateway)):
+    named = (("pvc", opts.pvc), ("gateway", opts.gateway), ("router_secret", opts.router_secret))
+    for name, value in ((n, v) for n, v in named if v is not None):
         if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
             raise BadInputError(f"{value!r} is not a Kubernetes object name (a DNS-1123 subdomain: lowercase "
                                 "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
                                 "253 characters)", field=name, hint="Example: qlift-models.")
-    image = _IMAGE.match(opts.image) if opts.image is not None else None
-    if opts.image is not None and (image is None or len(image["name"]) > 255):
-        raise BadInputError(f"{opts.image!r} is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
-                            "NAME in lowercase)", field="image", hint="Example: registry.local/vllm:v0.26.0.")
+    images = (("image", opts.image), ("router_image", opts.router_image), ("vllm_router_image", opts.vllm_router_image))
+    for name, ref in ((n, r) for n, r in images if r is not None):
+        image = _IMAGE.match(ref)
+        if image is None or len(image["name"]) > 255:
+            raise BadInputError(f"{ref!r} is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
+                                "NAME in lowercase)", field=name, hint="Example: registry.local/vllm:v0.26.0.")
     if opts.public_model is not None and (not opts.public_model.strip() or not opts.public_model.isprintable()):
         raise BadInputError(f"{opts.public_model!r} must be a printable, non-empty name", field="public_model")

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from qlift.deploy import argo, inference_ext, k8s
+from qlift.deploy import argo, fleet, inference_ext, k8s
 from qlift.deploy.options import DeployOptions
 from qlift.errors import BadInputError
 from qlift.fsutil import atomic_output_dir
@@ -25,6 +25,7 @@ from qlift.serve.plan import fit_to_model
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 
 PROMOTE_SPEC = "promote-rollout.yaml"  # for `qlift promote start -f`; not a cluster object
+FLEET_SPEC = "promote-fleet.yaml"  # the builtin plane's spec while `qlift promote` takes no `routers:` yet
 MAX_GPUS_PER_POD = 64  # the largest nodes hold 8-16 GPUs; a count past this is a typo, not a plan
 
 
@@ -38,6 +39,12 @@ class DeployResult:
     promote_spec: dict[str, Any] | None = None
     recipe_path: Path | None = None
     out: Path | None = None
+
+    @property
+    def promote_file(self) -> str:
+        """The file promote_spec is written to: promote-fleet.yaml while `qlift promote` takes no ``routers:``."""
+        waits = self.promote_spec is not None and "routers" in self.promote_spec and not fleet.spec_takes_routers()
+        return FLEET_SPEC if waits else PROMOTE_SPEC
 
 
 def _check_recipe(recipe: Recipe) -> None:
@@ -98,11 +105,15 @@ def render_k8s(opts: DeployOptions) -> DeployResult:
     if opts.rollout == "argo":
         objects = _argo_objects(opts, fitted, stable, canary)
         promote = None
+    elif opts.fleet:  # the qlift routers split the traffic: no route for a gateway to re-weight
+        objects = _promote_objects(opts, fitted, versions) | fleet.objects(opts, versions)
+        promote = fleet.promote_spec(opts, stable, canary) if canary is not None else None
     else:
         objects = _promote_objects(opts, fitted, versions)
         promote = _promote_spec(opts, stable, canary, gateway) if canary is not None else None
-    objects["httproute.yaml"] = route = render_httproute(gateway, {next(iter(roles)): 100})
-    validate_httproute(route)
+    if not opts.fleet:
+        objects["httproute.yaml"] = route = render_httproute(gateway, {next(iter(roles)): 100})
+        validate_httproute(route)
     if opts.gateway_api:
         objects.update(inference_ext.objects(opts, stable))
         validate_httproute(objects["httproute.yaml"])
@@ -213,11 +224,13 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
         kustomization = _kustomization(list(result.objects), opts.namespace)
         (tmp / "kustomization.yaml").write_text(to_yaml(kustomization), encoding="utf-8")
         if result.promote_spec is not None:
-            header = f"# qlift promote start -f {PROMOTE_SPEC}   (docs/deployment.md)\n"
-            (tmp / PROMOTE_SPEC).write_text(header + to_yaml(result.promote_spec),
-                                            encoding="utf-8")
+            header = f"# qlift promote start -f {result.promote_file}   (docs/deployment.md)\n"
+            if result.promote_file != PROMOTE_SPEC:
+                header += "# (with a qlift promote that reads routers:, the router fleet)\n"
+            (tmp / result.promote_file).write_text(header + to_yaml(result.promote_spec), encoding="utf-8")
         write_manifest(tmp, operation="deploy-k8s", inputs=inputs, started_at=started, parameters={
-            "recipe": result.recipe, "rollout": opts.rollout, "app": opts.app, "namespace": opts.namespace,
+            "recipe": result.recipe, "rollout": opts.rollout, "data_plane": opts.data_plane, "app": opts.app,
+            "namespace": opts.namespace,
             "image": result.image, "pvc": opts.pvc, "versions": result.versions, "sets": list(opts.sets),
             "engine_args": result.engine_args,
         })

@@ -244,6 +244,7 @@ def test_plan_cache_gate_change_and_failing_gate(run_cli, tmp_path: Path, tiny_q
     assert failed["error"].startswith("stage 'eval': 1 of 1 gate(s) failed")
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: stage 'eval': 1 of 1 gate(s) failed: rougeL >= baseline + 5") and "report.md" in last
+    assert f"`qlift release run {f}` again reuses the stages before eval" in last  # the file run, as run (#54)
     st = json.loads(run_cli("release", "status", f, "--json").stdout)
     assert {s["name"]: s["status"] for s in st["stages"]} == {"base": "never run", "merge": "done", "eval": "failed"}
     assert st["last_run"]["outcome"] == "failed"

@@ -55,12 +55,13 @@ def test_the_plan_says_what_promote_will_do_to_a_production_routers_traffic(
         assert fresh["action"] == "run"
         assert fresh["warning"] == f"will run promote: moves live traffic on {router.url} (now canary=0, stable=100)"
 
-        # After a promotion the backend named canary holds 100%: running promote again moves users back.
+        # After a promotion the backend named canary holds 100%: promote would refuse to start there (#54: the
+        # plan used to announce that the weights go back to the stable).
         RouterClient(router.url, TOKEN).set_weights({"stable": 0, "canary": 100})
         again = _promote_line(run_cli, f)
-        assert again["warning"].startswith(f"will run promote: weights go back to the stable (stable=90, "
-                                           f"canary=10 at the first step) on {router.url}, then out again (now "
-                                           "canary=100, stable=0)")
+        assert again["warning"].startswith(f"promote would refuse to start: a rollout starts from the stable at "
+                                           f"100% and {router.url} does not hold it (canary=100, stable=0); the "
+                                           "canary was promoted")
 
     # Without the router's token, the last promote in the journal decides; an eval to run blocks the live
     # stages, and the blocked promote line still warns.
@@ -72,9 +73,8 @@ def test_the_plan_says_what_promote_will_do_to_a_production_routers_traffic(
         journal.end("promote", "sha256:" + "0" * 64, StageStatus.DONE, result={"state": "promoted"})
     blocked = _promote_line(run_cli, f)
     assert blocked["action"] == "blocked" and blocked["reason"] == "needs eval (made when it runs)"
-    assert blocked["warning"].startswith("will re-run promote: weights go back to the stable (stable=90, "
-                                         "canary=10 at the first step) on http://127.0.0.1:1, then out again (the "
-                                         "last promote here promoted the canary)")
+    assert blocked["warning"].startswith("will re-run promote, which refuses to start unless http://127.0.0.1:1 "
+                                         "holds the stable at 100% (the last promote here promoted the canary)")
 
 
 def test_status_shows_the_rollouts_outcome_reason_journal_and_each_stages_duration(

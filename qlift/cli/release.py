@@ -124,7 +124,7 @@ def status_cmd(file: Path, out: Path | None) -> None:
     from qlift.release import load_release
     from qlift.release.status import release_status, status_lines
 
-    status = release_status(_with_out(load_release(file), out))
+    status = release_status(_with_out(load_release(file), out), echo=_progress)
 
     def human() -> None:
         for line in status_lines(status):

@@ -129,7 +129,9 @@ class ReleaseJournal:
                 schema_version.check_readable(self.db, self.path, what="a release journal", supported=SCHEMA_VERSION)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.db = sqlite3.connect(self.path, isolation_level=None)
+                # check_same_thread off: `release run` starts its servers in threads that journal each pid
+                # (``live.Processes`` holds a lock around every such write).
+                self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 schema_version.check_readable(self.db, self.path, what="a release journal", supported=SCHEMA_VERSION)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")
@@ -183,6 +185,19 @@ class ReleaseJournal:
                         "WHERE name=? AND key=?",
                         (status.value, content_hash, json.dumps(result or {}), now(), json.dumps(files or {}), name,
                          key))
+
+    def settle(self, name: str, key: str, status: StageStatus, result: Mapping[str, JsonValue]) -> None:
+        """A stage's outcome as learnt after its run (its rollout finished outside the release); its times stay."""
+        self.db.execute("UPDATE stages SET status=?, result=?, finished_at=coalesce(finished_at, ?) "
+                        "WHERE name=? AND key=?", (StageStatus(status).value, json.dumps(result), now(), name, key))
+
+    def settle_run(self, run_id: int, outcome: RunOutcome, detail: str) -> None:
+        """A run's outcome as learnt after it ended (its rollout finished outside the release)."""
+        outcome = RunOutcome(outcome)
+        if outcome not in (RunOutcome.DONE, RunOutcome.FAILED):
+            raise ValueError(f"a run ends done or failed, not {outcome}")
+        self.db.execute("UPDATE runs SET outcome=?, detail=?, finished_at=coalesce(finished_at, ?) WHERE id=?",
+                        (outcome.value, detail, now(), run_id))
 
     def set_files(self, name: str, key: str, files: dict[str, list[int]]) -> None:
         """The output's file stats, after reading every byte proved it unchanged."""

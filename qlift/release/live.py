@@ -17,7 +17,7 @@ import secrets
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -62,6 +62,7 @@ class Processes:
     def __init__(self, journal: ReleaseJournal, run_id: int) -> None:
         self.journal, self.run_id = journal, run_id
         self.handles: list[tuple[Stoppable, bool]] = []
+        self.lock = threading.Lock()  # the servers start together, each in its own thread
 
     def start(self, stage: str, start: Callable[[Callable[[int], None]], H], url: Callable[[H], str], *,
               keep: bool) -> H:
@@ -71,27 +72,33 @@ class Processes:
 
         def started(pid: int) -> None:
             pids.append(pid)
-            self.journal.add_server(pid, stage, self.run_id, "")
+            with self.lock:
+                self.journal.add_server(pid, stage, self.run_id, "")
 
         try:
             handle = start(started)
         except BaseException as exc:
-            for pid in pids:
-                self.journal.server_stopped(pid)
+            with self.lock:
+                for pid in pids:
+                    self.journal.server_stopped(pid)
             if isinstance(exc, ExternalToolError):
                 raise ExternalToolError(f"stage '{stage}': {exc.message}", hint=exc.hint, tool=exc.tool) from None
             raise
-        self.journal.add_server(handle.pid, stage, self.run_id, url(handle))
-        self.handles.append((handle, keep))
-        if keep:  # the release will not stop it: nothing of it is ours to track any more
-            self.journal.server_stopped(handle.pid)
+        with self.lock:
+            self.journal.add_server(handle.pid, stage, self.run_id, url(handle))
+            self.handles.append((handle, keep))
+            if keep:  # the release will not stop it: nothing of it is ours to track any more
+                self.journal.server_stopped(handle.pid)
         return handle
 
     def stop(self) -> None:
-        for handle, keep in reversed(self.handles):
+        with self.lock:
+            handles = list(self.handles)
+        for handle, keep in reversed(handles):
             if not keep:
                 handle.stop()
-                self.journal.server_stopped(handle.pid)
+                with self.lock:
+                    self.journal.server_stopped(handle.pid)
 
 
 OURS = (b"qlift.vllm.cli_main", b"qlift.router.handle")  # the argv of the servers a release starts
@@ -109,7 +116,7 @@ def stop_leftovers(journal: ReleaseJournal) -> list[int]:
             journal.server_stopped(pid)
             continue
         older = b"qlift" in cmdline and (b"serve" in cmdline or b"router" in cmdline)  # `qlift serve` of old runs
-        if older or any(arg in OURS for arg in cmdline):
+        if older or any(arg in OURS or arg.endswith(b"/vllm-router") for arg in cmdline):  # a pool's router too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)  # each was started as its own process group
             stopped.append(pid)
@@ -153,7 +160,9 @@ def new_router_token() -> str:
 
 class Traffic:
     """Streamed chats through the router from a prompt file, a few at a time, until stopped (at most
-    ``max_requests``); each conversation carries a session id, as a chat UI's would."""
+    ``max_requests``). No request carries a session key: the router deals each one by the weights, so the
+    canary's share is reached in the first window (sticky sessions would keep the users already seen on the
+    stable's slice, and a short window would see only those)."""
 
     def __init__(self, url: str, model: str, o: LoadOptions) -> None:
         from qlift.loaders import iter_jsonl
@@ -185,8 +194,7 @@ class Traffic:
                 body = {"model": self.model, "messages": rng.choice(self.messages), "max_tokens": self.o.max_tokens,
                         "temperature": 0, "stream": True}
                 try:
-                    with client.stream("POST", f"{self.url}/v1/chat/completions", json=body,
-                                       headers={"X-Session-Id": f"user-{rng.randrange(1000)}"}) as resp:
+                    with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
                         code = resp.status_code
                         for line in resp.iter_lines():  # to the end of the stream, as a chat UI reads it
                             if line.strip() == "data: [DONE]":
@@ -200,7 +208,72 @@ class Traffic:
 
 
 def promote(spec: RolloutSpec, journal_path: Path, token: str | None) -> Rollout:
-    """`qlift promote start --new` in this process, driving the router with its admin token ``token``."""
+    """`qlift promote start --new` in this process, driving the router with its admin token ``token``; every
+    `qlift promote ...` its log lines name (a pause's `qlift promote resume`) names this run's rollout journal."""
     from qlift.rollout import RolloutInputs, run
 
-    return run(RolloutInputs(journal_path, new=True, router_token=token), spec)
+    with hints_name_journal(journal_path):
+        return run(RolloutInputs(journal_path, new=True, router_token=token), spec)
+
+
+class _JournalInHints(logging.Filter):
+    def __init__(self, journal: Path) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from qlift.rollout.journal import with_journal
+
+        said = record.getMessage()
+        named = with_journal(said, self.journal)
+        if named != said:
+            record.msg, record.args = named, None
+        return True
+
+
+@contextlib.contextmanager
+def hints_name_journal(journal: Path) -> Iterator[None]:
+    """While the release's rollout runs, qlift's log handlers print its hints with ``--journal JOURNAL``."""
+    handlers = [*logging.getLogger("qlift").handlers, *logging.getLogger().handlers]
+    named = _JournalInHints(journal)
+    for h in handlers:
+        h.addFilter(named)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(named)
+
+
+def server_problem(url: str) -> str | None:
+    """Why a serve stage's ``url:`` is no running vLLM server (None: its /v1/models answers, or asks for a key)."""
+    from qlift.vllm.client import ServerRefused, ServerUnreachable, VllmClient, VllmError
+
+    try:
+        VllmClient(url, timeout_s=5.0).models()
+    except ServerUnreachable as exc:
+        return f"nothing answers at {url} ({exc.reason})"
+    except ServerRefused as exc:
+        if exc.status in (401, 403):  # it answers; its key is the router's business
+            return None
+        return f"{url} answers /v1/models with HTTP {exc.status}: not a vLLM server"
+    except VllmError as exc:
+        return f"{url} is not a vLLM server ({exc.reason})"
+    return None
+
+
+def router_problem(url: str) -> str | None:
+    """Why a router stage's ``url:`` is no running qlift router (None: its /health answers as the router's does,
+    healthy backends or not)."""
+    import httpx
+
+    health = url.rstrip("/") + "/health"
+    try:
+        body = httpx.get(health, timeout=5.0).json()
+    except httpx.HTTPError as exc:
+        return f"nothing answers at {url} ({type(exc).__name__}: {exc})"
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "status" not in body:
+        return f"{health} does not answer as a qlift router's does"
+    return None

@@ -44,7 +44,9 @@ def serve_key(plan: LivePlan, stage: Stage) -> dict[str, JsonValue]:
 
         served = served_model_dir(o.url)
         ref = ModelRef.of(served) if served is not None else plan.made[stage.input]
-        plan.notes[stage.name] = f"a running server: {o.url}"
+        problem = live.server_problem(o.url)  # said in the plan; the run stops there (liveplan._check_urls)
+        plan.notes[stage.name] = f"a running server: {o.url}" if problem is None else \
+            f"{problem}: the run stops here unless a server answers there first"
     else:
         name, plan.notes[stage.name] = plan.choices[stage.name]
         ref = plan.made[name]
@@ -74,6 +76,11 @@ def _serve(model: ModelRef, o: ServeStageOptions) -> Callable[[Callable[[int], N
 
 
 def router_key(plan: LivePlan, stage: Stage) -> dict[str, JsonValue]:
+    o = stage.opts(RouterStageOptions)
+    if o.url:
+        problem = live.router_problem(o.url)
+        plan.notes[stage.name] = f"a running router: {o.url}" if problem is None else \
+            f"{problem}: the run stops here unless a router answers there first"
     servers: list[JsonValue] = [*plan.serve_keys()]
     return {"servers": servers}
 

@@ -36,6 +36,7 @@ from qlift.release.doors import (
     planned_quantization,
     run_base,
 )
+from qlift.release.follow import follow, follow_beside, promote_journal
 from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
 from qlift.release.kinds import TABLE, BaseKind
@@ -43,8 +44,10 @@ from qlift.release.livecontext import CheckedEval, LivePlan, rollout_state
 from qlift.release.liveplan import key_live, run_live
 from qlift.release.outputs import ModelOutput, Ran, StageOutput, journaled_output
 from qlift.release.report import Action, StageReport, first_line, short, stage_key
-from qlift.release.rollout_state import status_command
+from qlift.release.rollout_state import release_command, status_command
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
+from qlift.release.stage_options import CANARY, STABLE
+from qlift.rollout.journal import journal_flag
 from qlift.serialize import to_jsonable
 
 
@@ -226,6 +229,8 @@ class Pipeline:
             ran = run(out)
         except BaseException as exc:
             self.journal.end(name, key, StageStatus.FAILED, result={"error": str(exc)})
+            if isinstance(exc, QliftError) and exc.hint:  # a stage's hint names the run: this file (and --out)
+                exc.hint = exc.hint.replace("`qlift release run`", f"`{release_command(self.release)}`")
             if isinstance(exc, QliftError | KeyboardInterrupt):
                 self._report(StageReport(name, kind, Action.FAILED, first_line(exc), key, str(out),
                                          seconds=round(time.monotonic() - t0, 2)))
@@ -256,7 +261,7 @@ class Pipeline:
         evals = [s.name for s in self.release.stages if TABLE[s.kind].checks]
         needs = [n for n in self.pending if n in served or n in evals]
         mover = next((s for s in stages if TABLE[s.kind].moves_traffic), None)
-        warning = self._traffic_warning(stages, mover)
+        warning, refused = self._traffic_warning(stages, mover)
         warnings = {mover.name: warning} if mover is not None else {}
         if needs:
             for s in stages:
@@ -270,11 +275,17 @@ class Pipeline:
                                          f"promoted already with key {short(plan.keys[mover.name])}",
                                          plan.keys[s.name], result=row.result if s is mover else None))
             return
+        if mover is not None and self._rerun_note(mover):
+            plan.notes[mover.name] = self._rerun_note(mover)
         if self.dry_run:
             for s in stages:
                 self._report(StageReport(s.name, s.kind, Action.RUN, plan.notes.get(s.name, "live stage"),
                                          plan.keys[s.name], warning=warnings.get(s.name, "")))
             return
+        if mover is not None and refused:  # before any server starts: promote itself would refuse after
+            raise BadInputError(f"stage '{mover.name}': {warning}", path=self.release.file,
+                                hint=f"Nothing started and nothing moved; `{status_command(self.release)}` shows the "
+                                     "last rollout.")
         if mover is not None and warning:
             self.echo(f"{mover.name}: {warning}")
             self._confirm_traffic(mover, stages)
@@ -292,28 +303,51 @@ class Pipeline:
             raise QliftError(f"stage '{promote.name}' not confirmed: nothing moved on {url}",
                              hint="Run again and answer yes, or pass --yes.")
 
-    def _traffic_warning(self, stages: list[Stage], promote: Stage | None) -> str:
+    def _rerun_note(self, promote: Stage) -> str:
+        """What running promote again does where its last rollout here ended: a new one from the first step."""
+        last = self.journal.latest(promote.name)
+        state = rollout_state(last.result) if last is not None else None
+        if last is None or state is None or not state.final:
+            return ""
+        return (f"a new rollout from the first step ({_first_weights(promote)}), in a new rollout journal; the last "
+                f"one ({last.result.get('journal', '?')}) ended {state}")
+
+    def _traffic_warning(self, stages: list[Stage], promote: Stage | None) -> tuple[str, bool]:
         """What running promote does to a router that serves users (one named with url:), said before it does
-        it: from the router's weights where its admin API answers, else from the last promote journaled here.
-        A router the release starts carries only the release's own traffic."""
+        it, and whether promote refuses to start there: from the router's weights where its admin API answers,
+        else from the last promote journaled here (as the rollout's own journal had it). A rollout starts only
+        from the stable at 100% (qlift.rollout.preflight); a router the release starts carries only the
+        release's own traffic."""
         url = next((s.options.url for s in stages if isinstance(s.options, RouterStageOptions)), None)
         if promote is None or not url:
-            return ""
+            return "", False
         from qlift.rollout.states import State
 
         last = self.journal.latest(promote.name)
-        promoted = last is not None and rollout_state(last.result) is State.PROMOTED
+        last_state = rollout_state(last.result) if last is not None else None
+        promoted = last_state in (State.PROMOTED, State.FINISHED)
         weights = _router_weights(url, self.router_token)
         if weights is not None:
-            now = "now " + ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
-            moving = weights.get("canary", 0) > 0
+            now = ", ".join(f"{name}={w}" for name, w in sorted(weights.items()))
+            off_start = any(w > 0 for name, w in weights.items() if name != STABLE)
         else:
-            now, moving = ("the last promote here promoted the canary" if promoted else ""), promoted
-        if moving:
-            return (f"will {'re-run' if last else 'run'} promote: weights go back to the stable "
-                    f"({_first_weights(promote)}) on {url}, then out again ({now}); to keep the canary, "
-                    "re-point the router's names first (docs/promote.md)")
-        return f"will run promote: moves live traffic on {url}" + (f" ({now})" if now else "")
+            now, off_start = ("the last promote here promoted the canary" if promoted else ""), promoted
+        if not off_start:
+            return f"will run promote: moves live traffic on {url}" + (f" (now {now})" if now else ""), False
+        if weights is not None and weights.get(CANARY, 0) < 100:
+            mine = promote_journal(self.release, last, self.journal.last_run()) if last is not None else None
+            fix = (f"a rollout is moving it: let it end, or abort it (this release's last one: `qlift promote abort"
+                   f"{journal_flag(mine)}`)" if mine is not None and mine.is_file() else
+                   "another rollout is moving it: let it end, or abort it with `qlift promote abort` and the "
+                   "--journal of the `qlift promote` process driving it")
+        else:
+            fix = ("the canary was promoted: serve it as this file's stable (the backend named stable) and the next "
+                   "version as its candidate, or re-point the router's names (docs/promote.md, after a promotion)")
+        if weights is None:  # the journal's word only: the router may have been re-pointed since
+            return (f"will re-run promote, which refuses to start unless {url} holds the stable at 100% ({now}); "
+                    f"{fix}"), False
+        return (f"promote would refuse to start: a rollout starts from the stable at 100% and {url} does not hold "
+                f"it ({now}); {fix}"), True
 
 
 def _first_weights(promote: Stage) -> str:
@@ -354,7 +388,9 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
     drives it with it)."""
     path = release.out / JOURNAL_NAME
     reports = [] if reports is None else reports
-    if not dry_run:
+    if dry_run:
+        follow_beside(release, echo)  # a rollout ended outside the release: the plan starts from its outcome
+    else:
         make_output_dirs(release.out, named=release.out_from)
     with ReleaseJournal(path if path.exists() or not dry_run else Path(":memory:")) as journal:
         if dry_run:
@@ -373,6 +409,7 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
 
 def _run_locked(pipeline: Pipeline) -> list[StageReport]:
     release, journal, echo = pipeline.release, pipeline.journal, pipeline.echo
+    follow(release, journal, echo)
     stopped = live.stop_leftovers(journal)
     if stopped:
         echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")

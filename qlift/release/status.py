@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -15,6 +15,7 @@ from qlift.release.kinds import TABLE
 from qlift.release.livecontext import rollout_journal, rollout_state
 from qlift.release.rollout_state import PromoteShown, ReadRollout, SaidRollout
 from qlift.release.spec import Release
+from qlift.rollout.journal import journal_flag, with_journal
 
 
 class StageShown(StrEnum):
@@ -69,9 +70,13 @@ class ReleaseStatus:
     stages: list[StageLine | UnrunStage]
 
 
-def release_status(release: Release) -> ReleaseStatus:
-    """The last run's outcome, each stage's latest row (with its duration), and the rollout's outcome."""
+def release_status(release: Release, echo: Callable[[str], None] | None = None) -> ReleaseStatus:
+    """The last run's outcome, each stage's latest row (with its duration), and the rollout's outcome. A rollout
+    ended outside the release is journaled first (``follow``), the line saying so handed to ``echo``."""
+    from qlift.release.follow import follow_beside
+
     path = release.out / NAME
+    follow_beside(release, echo or (lambda line: None))
     names = ["base", *(s.name for s in release.stages)]
     if not path.exists():
         return ReleaseStatus(release=release.name, journal=str(path), last_run=None, rollout=None,
@@ -160,9 +165,9 @@ def status_lines(status: ReleaseStatus) -> list[str]:
     if isinstance(rollout, ReadRollout):
         lines += _read_rollout_lines(rollout)
     elif rollout is not None:
-        lines.append(f"rollout {rollout.state}{_reason(rollout.reason)}")
+        lines.append(f"rollout {rollout.state}{_reason(with_journal(rollout.reason, rollout.journal))}")
     if rollout is not None and rollout.journal:
-        lines.append(f"rollout journal {rollout.journal} (`qlift promote status --journal {rollout.journal}`)")
+        lines.append(f"rollout journal {rollout.journal} (`qlift promote status{journal_flag(rollout.journal)}`)")
     lines.append(f"release journal {status.journal}")
     return lines
 
@@ -188,7 +193,7 @@ def _read_rollout_lines(rollout: ReadRollout) -> list[str]:
     the router's weights now, each server, and what to run next."""
     st = rollout.status
     where = "" if st.final else f" at step {st.step + 1}/{len(st.steps)}, weights {_weights(st.weights)}"
-    out = [f"rollout {st.state}{where}{_reason(st.reason)}"]
+    out = [f"rollout {st.state}{where}{_reason(with_journal(st.reason, st.journal))}"]
     out += [f"  controller {i.line()}" for i in st.interruptions]
     if st.interrupted is None and not st.final and not st.controller.alive:
         out.append("  controller: none running (it left no record of how it stopped: SIGKILL or a crash)")

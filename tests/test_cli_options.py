@@ -136,7 +136,7 @@ def test_router_flags_are_its_config_fields() -> None:
     from qlift.router.config import FLAG_FIELDS, RouterConfig
 
     params = {p.name: p for p in router_cmd.params}
-    own = {"backends", "weights", "config_path", "json_output"}  # spelled by hand: not RouterConfig's
+    own = {"backends", "weights", "config_path", "json_output", "take_over"}  # spelled by hand: not RouterConfig's
     assert set(params) - own == set(FLAG_FIELDS), "a settings flag without its field, or a field without its flag"
     for name in FLAG_FIELDS:
         info = RouterConfig.model_fields[name]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from qlift.hardware import Hardware
     from qlift.serve.launch import LaunchSpec
     from qlift.serve.plan import MemoryPlan
+    from qlift.serve.pool import PoolHandle, PoolSpec
 
 _FIELDS = [f.name for f in dataclasses.fields(ServeOptions)]
 _LORA = _FIELDS.index("loras")
@@ -127,12 +128,19 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
       qlift serve ./merged -r chat-h200 --set api_server_count=8
       qlift serve ./merged --recipe auto --gpu T4 --dry-run
       qlift serve ./smollm2 --recipe cpu --lora tickets=./adapters/tickets --lora-runtime
+      qlift serve ./smollm2 --recipe cpu --replicas 2 --port 8000
     """
     from qlift.models.ref import ModelRef
     from qlift.serve.launch import prepare
     from qlift.serve.lora import parse_lora_flags
 
     opts = ServeOptions(loras=parse_lora_flags(loras), **options)
+    if opts.dry_run and opts.replicas > 1:
+        from qlift.serve.pool import prepare_pool
+
+        pool = prepare_pool(ModelRef.at(model), opts, _hardware(opts.gpu, opts.gpus))
+        emit(_dry_run_result(pool.front) | _pool_result(pool), lambda: _print_pool_dry_run(pool))
+        return
     if opts.dry_run:
         spec = prepare(ModelRef.at(model), opts, _hardware(opts.gpu, opts.gpus))
         emit(_dry_run_result(spec), lambda: _print_dry_run(spec))
@@ -148,7 +156,9 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
                    access=opts.access_log, note=say)
 
     def starting(spec: LaunchSpec) -> None:
-        say(f"starting vLLM with recipe {spec.recipe}; log: {spec.run_dir / 'vllm.log'}")
+        n = spec.options.replicas
+        logs = spec.run_dir / ("replica-*/vllm.log" if n > 1 else "vllm.log")
+        say(f"starting {f'{n} vLLM servers' if n > 1 else 'vLLM'} with recipe {spec.recipe}; log: {logs}")
         if phases is not None:
             phases.began = time.monotonic()  # phase times count from vLLM's start
 
@@ -157,10 +167,17 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
             phases.close()
         _ready(spec, pid)
 
+    def pool_ready(pool: PoolHandle) -> None:
+        if phases is not None:
+            phases.close()
+        _pool_ready(pool)
+
     hooks = serve.ServeHooks(on_plan=lambda spec: None if STATE.json else _print_plan(spec.plan),
-                             on_note=lambda note: say(f"note: {note}"), on_launch=starting, on_ready=ready, view=view)
+                             on_note=lambda note: say(f"note: {note}"), on_launch=starting, on_ready=ready, view=view,
+                             on_pool_ready=pool_ready)
     outcome = serve.run(serve.ServeInputs(ModelRef.at(model)), opts, hooks=hooks)
-    click.echo(f"stopped vLLM (pid {outcome.pid}, process group) on {outcome.stopped_by} "
+    what = f"the pool of {opts.replicas} vLLM servers and vllm-router (pid" if opts.replicas > 1 else "vLLM (pid"
+    click.echo(f"stopped {what} {outcome.pid}, process group) on {outcome.stopped_by} "
                f"in {outcome.stop_s:.1f} s", err=True)
 
 
@@ -181,6 +198,39 @@ def _ready(spec: LaunchSpec, pid: int) -> None:
         sys.stdout.flush()
 
 
+def _pool_ready(pool: PoolHandle) -> None:
+    spec = pool.spec
+    replicas = [{"base_url": f"{m.spec.base_url}/v1", "pid": m.pid, "log": str(m.server.log_path),
+                 "bound_to": s.text} for m, s in zip(pool.members, pool.spec_pool.shares, strict=True)]
+    info = {"status": "ready", "base_url": f"{spec.base_url}/v1", "model": spec.served_model_name, "pid": pool.pid,
+            "run_dir": str(spec.run_dir), "log": str(pool.router_log), "model_ref": to_jsonable(spec.model_ref),
+            "router": {"pid": pool.pid, "policy": spec.options.router_policy, "log": str(pool.router_log),
+                       "metrics_url": f"http://127.0.0.1:{pool.spec_pool.router_metrics_port}/metrics"},
+            "replicas": replicas}
+    if STATE.json:
+        click.echo(json.dumps(info))
+    else:
+        click.echo(f"serving {spec.served_model_name} at {spec.base_url}/v1 (vllm-router pid {pool.pid}, policy "
+                   f"{spec.options.router_policy}) over {len(replicas)} replicas; Ctrl-C stops them all")
+        for i, r in enumerate(replicas):
+            click.echo(f"  replica {i}: {r['base_url']} (pid {r['pid']}, {r['bound_to']}; log {r['log']})")
+    sys.stdout.flush()
+
+
+def _pool_result(pool: PoolSpec) -> dict[str, Any]:
+    return {"router_argv": pool.router_argv, "replicas": [
+        {"base_url": f"{r.base_url}/v1", "argv": r.argv, "env": r.env, "bound_to": s.text}
+        for r, s in zip(pool.replicas, pool.shares, strict=True)]}
+
+
+def _print_pool_dry_run(pool: PoolSpec) -> None:
+    _print_dry_run(pool.front, argv=False)
+    for i, (r, s) in enumerate(zip(pool.replicas, pool.shares, strict=True)):
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
+        click.echo(f"# replica {i} ({s.text}): {env} {shlex.join(r.argv)}")
+    click.echo(f"# in front: {shlex.join(pool.router_argv)}")
+
+
 def _dry_run_result(spec: LaunchSpec) -> dict[str, Any]:
     return {"argv": spec.argv, "command": shlex.join(spec.argv), "config": spec.config_yaml,
             "config_path": str(spec.run_dir / "config.yaml"), "recipe": spec.recipe,
@@ -188,7 +238,7 @@ def _dry_run_result(spec: LaunchSpec) -> dict[str, Any]:
             "api_key_env": spec.api_key_env, "plan": spec.plan, "notes": spec.notes, "model_ref": spec.model_ref}
 
 
-def _print_dry_run(spec: LaunchSpec) -> None:
+def _print_dry_run(spec: LaunchSpec, *, argv: bool = True) -> None:
     click.echo(f"# recipe {spec.recipe}: {spec.recipe_reason}")
     if spec.model_ref is not None:
         click.echo(f"# model version {spec.model_ref.content_hash}"
@@ -197,10 +247,11 @@ def _print_dry_run(spec: LaunchSpec) -> None:
         click.echo("# environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))
     if spec.api_key_env:
         click.echo(f"# API key from ${spec.api_key_env}, passed as $VLLM_API_KEY")
-    click.echo(shlex.join(spec.argv))
-    click.echo(f"\n# {spec.run_dir / 'config.yaml'}")
-    click.echo(spec.config_yaml.rstrip())
-    click.echo("")
+    if argv:
+        click.echo(shlex.join(spec.argv))
+        click.echo(f"\n# {spec.run_dir / 'config.yaml'}")
+        click.echo(spec.config_yaml.rstrip())
+        click.echo("")
     _print_plan(spec.plan)
 
 

@@ -46,6 +46,9 @@ class ServeStageOptions(ServeOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.core is not None and self.replicas > 1:  # a ValueError: validation names the stage and the field
+            raise ValueError(f"core: {self.core} binds one server; replicas: {self.replicas} split this machine's "
+                             "cores between them (leave core out, or set VLLM_CPU_OMP_THREADS_BIND to their cores)")
         for entry in self.sets:
             key = entry.split("=", 1)[0].strip()
             if key in ("port", "host"):  # a ValueError: validation names the stage and the field

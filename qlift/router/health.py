@@ -32,14 +32,21 @@ async def models_of(session: aiohttp.ClientSession, backend: Backend, timeout_s:
         return None
 
 
-async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> bool:
-    """/health answers 200, and the backend lists its model (checked once per healthy spell)."""
+async def answers(session: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
     try:
-        async with asyncio.timeout(timeout_s), session.get(backend.url + "/health", headers=IDENTITY) as resp:
+        async with asyncio.timeout(timeout_s), session.get(url, headers=IDENTITY) as resp:
             await resp.read()
-            ok = resp.status == 200
+            return resp.status == 200
     except (TimeoutError, aiohttp.ClientError):
-        ok = False
+        return False
+
+
+async def check_once(session: aiohttp.ClientSession, backend: Backend, timeout_s: float) -> bool:
+    """/health answers 200 (or, for a vllm-router pool with a replica down, /readiness does), and the backend
+    lists its model (checked once per healthy spell)."""
+    ok = await answers(session, backend.url + "/health", timeout_s)
+    if not ok:  # vllm-router's /health is 503 while any replica is down; /readiness is 200 while one is up
+        ok = await answers(session, backend.url + "/readiness", timeout_s)
     if not ok:
         backend.model_listed = False  # it may come back serving something else
         backend.went_away = True

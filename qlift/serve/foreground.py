@@ -11,6 +11,7 @@ from types import FrameType
 
 from qlift.serve.handle import ServeHandle
 from qlift.serve.launch import LaunchSpec, check_plan
+from qlift.serve.pool import PoolHandle, PoolSpec
 from qlift.serve.restart import write_record
 from qlift.vllm.logview import LogView
 
@@ -43,6 +44,22 @@ def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None 
     check_plan(spec.plan)
     handle = ServeHandle.create(spec, view=view)
     write_record(spec)  # what `qlift lora load --restart-if-full` restarts this server with
+    return hold(handle, lambda: on_ready(spec, handle.pid) if on_ready is not None else None)
+
+
+def run_pool(pool: PoolSpec, *, on_ready: Callable[[PoolHandle], None] | None = None,
+             view: LogView | None = None) -> ServeOutcome:
+    """``run`` for a pool of replicas behind vllm-router (qlift.serve.pool): its record names every replica, so
+    `qlift lora load` reaches each; a replica that dies is taken out while the others serve."""
+    check_plan(pool.front.plan)
+    handle = PoolHandle.create_pool(pool, view=view)
+    write_record(pool.front, replicas=pool.replica_urls)
+    return hold(handle, lambda: on_ready(handle) if on_ready is not None else None)
+
+
+def hold(handle: ServeHandle, ready: Callable[[], None]) -> ServeOutcome:
+    """Launch ``handle`` and hold it until a signal (drain, then stop) or until it dies (raise)."""
+    spec = handle.spec
     stopped: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -55,8 +72,7 @@ def run(spec: LaunchSpec, *, on_ready: Callable[[LaunchSpec, int], None] | None 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         handle.launch(on_poll=check)
-        if on_ready is not None:
-            on_ready(spec, handle.pid)
+        ready()
         handle.wait(on_poll=check)
         raise AssertionError("unreachable: wait() returns only by raising")
     except _Stop as stop:

@@ -65,10 +65,8 @@ class ServeHandle:
         ``on_started`` gets vLLM's pid before the wait, ``on_poll`` runs at each poll (to raise on a signal)."""
         view = self.view
         phases = StartupPhases(view.on_phase) if view.on_phase else None
-        self.server.start()
-        (self.spec.run_dir / "server.pid").write_text(str(self.pid))
-        if on_started is not None:
-            on_started(self.pid)
+        if self.server.proc is None:
+            self.begin(on_started)
 
         def startup_poll() -> None:
             if on_poll is not None:
@@ -81,6 +79,13 @@ class ServeHandle:
         for line in self.follow.lines():  # the last startup lines: the route list, uvicorn's start
             view.startup_line(phases, line)
         return self
+
+    def begin(self, on_started: Callable[[int], None] | None = None) -> None:
+        """Start vLLM without waiting (``launch`` then waits; a pool starts all its replicas first)."""
+        self.server.start()
+        (self.spec.run_dir / "server.pid").write_text(str(self.pid))
+        if on_started is not None:
+            on_started(self.pid)
 
     def running(self) -> bool:
         return self.server.proc is not None and self.server.proc.poll() is None

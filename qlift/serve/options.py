@@ -12,6 +12,9 @@ from qlift.errors import BadInputError
 from qlift.options import Range, Seconds, check_fields
 
 WORKLOADS = ("chat", "long-doc", "multi-tenant", "batch")  # qlift.serve.recipes.Workload, without its imports
+# vllm-router's --policy values that suit a pool of plain replicas (kv_aware needs KV events; sticky_least_loaded
+# and the PD policies need more than a worker list).
+ROUTER_POLICIES = ("power_of_two", "cache_aware", "round_robin", "consistent_hash", "random")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,11 @@ class ServeOptions:
     """Plan for this GPU instead of the detected hardware, e.g. "RTX 4090", T4, A100-80GB."""
     gpus: Annotated[int, Range(ge=1, le=64)] | None = None
     """With --gpu: how many of them."""
+    replicas: Annotated[int, Range(ge=1, le=64)] = 1
+    """Serve with N vLLM servers behind one vllm-router (one URL), the CPU cores or GPUs split between them."""
+    router_policy: str = field(default="power_of_two", metadata={"choices": ROUTER_POLICIES})
+    """With --replicas: vllm-router's policy (power_of_two: the less loaded of two; cache_aware: the replica holding
+    the longest matching prefix, for prompts that share long prefixes)."""
 
     def __post_init__(self) -> None:
         check_fields(self)

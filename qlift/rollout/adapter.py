@@ -18,7 +18,6 @@ got created is unloaded unless the new `start` promotes the same adapter.
 from __future__ import annotations
 
 import logging
-import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,7 +226,9 @@ def adapter_status(journal_path: Path, rollout_id: int) -> dict[str, Any] | None
     out = {"name": rec.name, "path": rec.path, "server": rec.server, "content_hash": rec.content_hash,
            "state": rec.state}
     if rec.state == AdapterState.KEPT or rec.restart_argv:
-        out["serve_command"] = shlex.join(rec.serve_command())
+        from qlift.serve.lora import command_line
+
+        out["serve_command"] = command_line(rec.serve_command())
     return out
 
 

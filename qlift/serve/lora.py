@@ -302,13 +302,20 @@ class ServeLine(TypedDict, total=False):
     port: int | None
     sets: list[str] | None  # --set KEY=VALUE items
     api_key_env: str | None
+    env: dict[str, str] | None  # the CPU pinning it ran with (PINNING_ENV), put before the command as VAR=value
+
+
+# What `qlift serve` takes from its environment that a restart must give it again: two servers on two cores
+# each need their own core and KV size (docs/cpu.md), and a restart without them fights the other server.
+PINNING_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
 
 
 def serve_command(base: Path, loras: dict[str, Path], **line: Unpack[ServeLine]) -> list[str]:
-    """The `qlift serve` argv that serves ``base`` with ``loras`` (what a restart needs)."""
+    """The `qlift serve` argv that serves ``base`` with ``loras`` (what a restart needs), after the ``VAR=value``
+    items of its environment's ``env`` (``command_line`` prints it as a shell runs it)."""
     recipe, served_name, host, port = line.get("recipe"), line.get("served_name"), line.get("host"), line.get("port")
     api_key_env = line.get("api_key_env")
-    argv = ["qlift", "serve", str(base)]
+    argv = [f"{k}={v}" for k, v in (line.get("env") or {}).items()] + ["qlift", "serve", str(base)]
     if recipe:
         argv += ["--recipe", recipe]
     if served_name:
@@ -326,3 +333,26 @@ def serve_command(base: Path, loras: dict[str, Path], **line: Unpack[ServeLine])
     if line.get("runtime"):
         argv.append("--lora-runtime")
     return argv
+
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def split_env(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``VAR=value ... cmd args`` -> ({VAR: value}, [cmd, args])."""
+    env: dict[str, str] = {}
+    at = 0
+    while at < len(argv) and _ASSIGNMENT.match(argv[at]):
+        name, _, value = argv[at].partition("=")
+        env[name] = value
+        at += 1
+    return env, argv[at:]
+
+
+def command_line(argv: list[str]) -> str:
+    """``argv`` as a shell line: its leading ``VAR=value`` items quoted after the ``=`` (a shell takes a quoted
+    ``'VAR=value'`` for a command name), the rest as ``shlex.join`` quotes them."""
+    import shlex
+
+    env, rest = split_env(argv)
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(rest)]).strip()

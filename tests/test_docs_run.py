@@ -57,9 +57,17 @@ NOT_RUN = {
     ("docs/promote.md", "qlift promote start --journal rollouts/tickets.sqlite --router http://127.0.0.1:8000 "
                         "--stable stable --canary canary --steps 10,50,100 --interval 30s --min-requests 5 "
                         "--eval-report eval-tickets"): "the same rollout, in its own journal",
-    ("docs/promote.md", "VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CPU_KVCACHE_SPACE=1 qlift serve smollm2-tickets-v3 "
-                        "--recipe cpu --served-model-name smollm2-tickets-v3 --port 8001 &"):
-        "the next version's server and rollout, after a promotion",
+    ("docs/promote.md", "kill %1 && wait %1"):
+        "stops the worked example's stable, then the next version's server and rollout, after a promotion",
+    ("docs/promote.md", "qlift serve smollm2-tickets-v3 --recipe cpu --served-model-name smollm2-tickets-v3 "
+                        "--port 8003 &"):
+        "a vLLM server and a rollout of minutes through the worked example's router; "
+        "test_promote_train.py runs v1 -> v4 with --next through one real router",
+    ("docs/promote.md", "qlift router --backend stable=http://127.0.0.1:8001 --backend canary=http://127.0.0.1:8002 "
+                        "--weight stable=100 --weight canary=0 --public-model tickets --port 8081 "
+                        "--state-file router-8081.json &"):
+        "two routers left running and a rollout of minutes under traffic; test_promote_fleet.py runs one over "
+        "two real routers behind nginx",
     ("docs/promote.md", "qlift promote status"): "sample output of a rollout in progress",
     ("docs/promote.md", "qlift promote start --journal rollouts/tickets.sqlite --router http://127.0.0.1:8000 "
                         "--stable stable --canary canary --steps 10,50,100 --interval 30s --min-requests 5 "
@@ -313,7 +321,9 @@ def test_a_pages_servers_router_and_rollout_fit_together(page: str) -> None:
                 elif cmd.name == "start" and opts.get("spec__router"):
                     where = f"{page}:{block.line}: `{' '.join(argv)}`"
                     assert token_set, f"{where}: QLIFT_ROUTER_TOKEN is not set before it"
-                    rollouts.append((where, int(str(opts["spec__router"]).rsplit(":", 1)[1].strip("/"))))
+                    routers = opts["spec__router"]  # --router repeats (a fleet): a list of URLs
+                    for url in routers if isinstance(routers, list | tuple) else [routers]:
+                        rollouts.append((where, int(str(url).rsplit(":", 1)[1].strip("/"))))
                     if opts.get("canary_adapter"):
                         name = str(opts["canary_adapter"]).split("=", 1)[0]
                         assert name in canaries, f"{where}: the router's canary serves {canaries}, not {name}"

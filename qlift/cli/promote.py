@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,7 @@ import click
 
 from qlift.cli.options import click_options
 from qlift.cli.output import emit, json_option
+from qlift.options import OptionField
 from qlift.rollout.spec import spec_option_fields, spec_overrides
 
 if TYPE_CHECKING:
@@ -74,6 +76,20 @@ def promote_group() -> None:
     """
 
 
+def _router_repeats(fields: list[OptionField]) -> list[OptionField]:
+    """--router as a repeatable flag: given more than once, every router of a fleet (spec: routers)."""
+    return [dataclasses.replace(f, annotation=tuple[str, ...], help=f"{f.help} May be repeated: every qlift router "
+                                "of a fleet, each taking every weight (spec: routers).") if f.flag == "--router" else f
+            for f in fields]
+
+
+def _fleet_overrides(overrides: dict[str, Any]) -> None:
+    """One --router is router: as ever; several are routers:."""
+    given = list(overrides.pop("router", None) or ())
+    overrides["router"] = given[0] if len(given) == 1 else None
+    overrides["routers"] = given if len(given) > 1 else None
+
+
 def _parse_backends(values: tuple[str, ...]) -> dict[str, str] | None:
     if not values:
         return None
@@ -96,6 +112,8 @@ Examples:
   qlift promote start -f rollout.yaml --min-requests 50 --webhook http://127.0.0.1:9000/hook
   qlift promote start -f rollout.yaml --data-plane nginx --json
   qlift promote start -f rollout.yaml --new   # after a promotion: start the next rollout
+  qlift promote start --router http://127.0.0.1:8080 --next v3=http://127.0.0.1:8003#smollm2-v3
+                                              # the next release over whatever holds 100% now
 
 \b
 Window sizing: a window must see min_requests canary requests, i.e.
@@ -103,7 +121,7 @@ weight x requests/s x interval >= --min-requests (10% of 2 req/s over 30s = 6).
 Too little traffic pauses the rollout (--on-insufficient rollback to roll back instead).
 """)
 @click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path), help="Rollout spec YAML (flags override).")
-@click_options(spec_option_fields("spec", "analysis"))
+@click_options(_router_repeats(spec_option_fields("spec", "analysis")))
 @click.option("--shadow", "shadow_percent", metavar="PERCENT",
               help="Shadow phase first: mirror this share of live requests (e.g. 20%) to the canary and judge its "
               "answers against the stable's; users see none of them (qlift router only). (spec: shadow.percent)")
@@ -111,6 +129,11 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
 @click.option("--canary-adapter", metavar="NAME=DIR",
               help="Load LoRA adapter DIR as model NAME into the stable's vLLM server first (runtime loading; the "
               "router's canary backend is STABLE_URL#NAME); unloaded after a rollback or abort (docs/lora.md).")
+@click.option("--next", "next_version", metavar="NAME=URL[#MODEL]",
+              help="The next release through a running qlift router: add NAME (its server at URL, serving MODEL) "
+              "at weight 0, roll it out over the version that holds 100% now (no --stable/--canary), then retire "
+              "the version left unserved: the old stable once promoted or finished, NAME once rolled back or "
+              "aborted. The router never restarts (docs/promote.md, the next release).")
 @click.option("--prometheus", "prometheus_url", help="Judge on Prometheus queries from this server instead.")
 @click.option("--backend", "backends", multiple=True, metavar="NAME=URL",
               help="A version's server URL (nginx upstreams, vLLM /metrics); repeatable.")
@@ -124,6 +147,10 @@ Too little traffic pauses the rollout (--on-insufficient rollback to roll back i
 @click.option("--force", "force", is_flag=True, help="Start even though the router's live weights are not 100% "
               "stable or a shadow runs (a new rollout), or are none its journal set (a resumed one); without it "
               "such a start is refused, exit 2, and no weight moves.")
+@click.option("--allow-small-windows", is_flag=True, help="Start even though, at the router's traffic of the last "
+              "5 minutes, the first step's (the shadow's, the bake's) windows cannot reach --min-requests "
+              "(--shadow-min-pairs) within --max-inconclusive held windows; without it such a start is refused, "
+              "exit 2, naming the --interval that would.")
 @journal_option
 @json_option
 def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str | None,
@@ -144,16 +171,36 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
     from qlift.rollout.status import rollout_status
     from qlift.settings import router_token
 
-    canary_adapter = flags.pop("canary_adapter")
+    canary_adapter, next_version = flags.pop("canary_adapter"), flags.pop("next_version")
     new, allow_stable_down, force = (bool(flags.pop(k)) for k in ("new", "allow_stable_down", "force"))
+    allow_small_windows = bool(flags.pop("allow_small_windows"))
     overrides: dict[str, Any] = {"backends": _parse_backends(backends), "shadow.percent": flags.pop("shadow_percent"),
                                  **spec_overrides(flags)}
+    _fleet_overrides(overrides)
+    if overrides["routers"] and (canary_adapter or next_version):
+        from qlift.errors import BadInputError
+
+        raise BadInputError(f"{'--next' if next_version else '--canary-adapter'} works through one router, not a "
+                            "fleet", field="--router", hint="Give one --router with it.")
     if prometheus_url:
         overrides.update({"provider": "prometheus", "prometheus.url": prometheus_url})
     file_data = read_spec_file(spec_file) if spec_file else {}
     if overrides["backends"] and isinstance(file_data.get("backends"), dict):
         overrides["backends"] = {**file_data["backends"], **overrides["backends"]}
-    spec = build_spec(file_data, overrides, path=spec_file)
+    nxt = None
+    if next_version:
+        from qlift.rollout.train import next_spec, parse_next
+
+        if canary_adapter:
+            from qlift.errors import BadInputError
+
+            raise BadInputError("--next adds a server's backend; --canary-adapter loads an adapter into the "
+                                "stable's server: give one of them", field="--next")
+        nxt = parse_next(next_version)
+        spec = next_spec(file_data, overrides, nxt, journal_path=journal, router_token=router_token(),
+                         path=spec_file)
+    else:
+        spec = build_spec(file_data, overrides, path=spec_file)
     if metrics_port is not None:
         from qlift.rollout.api import default_journal
         from qlift.rollout.exporter import serve_metrics
@@ -164,8 +211,15 @@ def start_cmd(spec_file: Path | None, journal: Path | None, prometheus_url: str 
         from qlift.serve.lora import parse_lora_flag
 
         adapter = parse_lora_flag(canary_adapter, flag="--canary-adapter")
-    final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, force=force,
-                              canary_adapter=adapter, spec_file=spec_file, router_token=router_token()), spec)
+    if nxt is not None:
+        from qlift.rollout.train import start_next
+
+        final = start_next(spec, journal, nxt, allow_stable_down=allow_stable_down, force=force,
+                           spec_file=spec_file, router_token=router_token(), allow_small_windows=allow_small_windows)
+    else:
+        final = run(RolloutInputs(journal, new=new, allow_stable_down=allow_stable_down, force=force,
+                                  allow_small_windows=allow_small_windows, canary_adapter=adapter,
+                                  spec_file=spec_file, router_token=router_token()), spec)
     st = rollout_status(journal)
     emit(st, lambda: _show(st))
     raise_for_outcome(final, journal)
@@ -261,11 +315,12 @@ def finish_cmd(journal: Path | None) -> None:
     """Release the stable of a baked rollout (`start --bake N` passed): state finished.
 
     Until then the stable keeps running at weight 0, and `abort` still returns every user
-    to it. The weights stay 100% canary; after this, stop the stable's server when you like.
+    to it. The weights stay 100% canary; after this, stop the stable's server when you like
+    (a `start --next` rollout's stable is retired from the router here).
     Refused (exit 1) for a rollout still baking, rolled back, or promoted without a bake;
     a journal that is not there exits 4.
     """
-    from qlift.rollout.bake import finish
+    from qlift.rollout.api import finish
     from qlift.rollout.status import rollout_status
 
     finish(journal)

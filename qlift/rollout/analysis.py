@@ -19,6 +19,7 @@ starts the count again.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +33,7 @@ from qlift.rollout.planes import SourceName
 from qlift.rollout.shadow import ShadowEvidence
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec
 from qlift.rollout.states import Phase, State, StepOutcome
-from qlift.rollout.traffic import Cause, TrafficCounts, explain
+from qlift.rollout.traffic import Cause, TrafficCounts, back_in_rotation, explain
 from qlift.rollout.webhook import WebhookAction
 from qlift.rollout.windows import BAKE_STEP, SHADOW_STEP, WindowPolicies, WindowPolicy, WindowRole
 
@@ -89,8 +90,9 @@ def sizing_advice(ev: Evidence, spec: RolloutSpec, weight: int, *, rolled_back: 
     then = "start the rollout again" if rolled_back else "`qlift promote resume`"
     if cause.cause != Cause.VOLUME:
         return f"{head}: {cause.text}; then {then}"
-    rule = (f"{head}; a window needs weight x requests/s x interval >= min_requests: at {counts.requests_per_s:.3g} "
-            "requests/s")
+    back = back_in_rotation(counts)
+    rule = (f"{head}; {back + '; ' if back else ''}a window needs weight x requests/s x interval >= min_requests: at "
+            f"{counts.requests_per_s:.3g} requests/s")
     more = f"more than --max-inconclusive {a.max_inconclusive} windows; then {then}"
     need = cause.interval_needed  # set only where a longer window than the one in use is the fix (traffic.explain)
     if need is None:
@@ -175,7 +177,7 @@ class Analysis:
             return self._judged(policy, r, Phase.HOLD, d.reason, d, ev, Counters(r.holds + 1, r.passes, 0), held)
         if policy.exhausted_holds_follow_on_insufficient:
             reason = (f"shadow phase inconclusive for {r.holds + 1} windows: {d.reason}; mirror a larger share "
-                      f"(--shadow), or a longer --interval, or raise --max-inconclusive")
+                      f"(--shadow), or a longer --interval, or raise --max-inconclusive{self._start_with_more()}")
             if on_insufficient(self.spec) == Phase.ROLLBACK:
                 return self._rollback(policy, r, reason, d, ev)
             return self._paused(policy, r, reason, d, ev, held)
@@ -188,6 +190,18 @@ class Analysis:
         reason = f"inconclusive for {r.holds + 1} windows (max_inconclusive {self.spec.analysis.max_inconclusive}): " \
                  f"{d.reason}"
         return self._rollback(policy, r, reason, d, ev)
+
+    def _start_with_more(self) -> str:
+        """A `start` line that applies a larger shadow share (or more holds) to this rollout and resumes it
+        (options_change.py); the journal's flag is added where the decision is committed."""
+        shadow, spec = self.spec.shadow, self.spec
+        if shadow is None or not spec.router:
+            return ""
+        more = f"--shadow {min(100, shadow.percent * 2)}%" if shadow.percent < 100 else \
+            f"--max-inconclusive {spec.analysis.max_inconclusive * 2 + 1}"
+        return (f"; `qlift promote start --router {shlex.quote(spec.router)} --stable {shlex.quote(spec.stable)} "
+                f"--canary {shlex.quote(spec.canary)} {more}` applies it and resumes, `qlift promote resume` "
+                "goes on as it is")
 
     def _no_measurement(self, policy: WindowPolicy, r: Rollout, d: Decision, ev: Held, down: str | None) -> Next:
         """A window whose evidence source failed: held (its held evidence carried on) up to

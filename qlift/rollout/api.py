@@ -10,15 +10,16 @@ it stays requested, and `abort`, `resume`, `start` and a running controller retr
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import shlex
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qlift import settings
 from qlift.errors import BadInputError, GateFailedError, NotFoundError, QliftError
-from qlift.rollout import next_state, preflight
+from qlift.rollout import next_state, preflight, train
 from qlift.rollout.aborts import (
     abort_with_full_journal,
     converge,
@@ -28,6 +29,7 @@ from qlift.rollout.aborts import (
 )
 from qlift.rollout.dataplane import DataPlane, NamesModels, check_stable_up, check_versions
 from qlift.rollout.journal import Journal, Rollout, default_journal, is_disk_full, journal_flag, now_iso
+from qlift.rollout.options_change import apply_options
 from qlift.rollout.persist import announce, commit
 from qlift.rollout.spec import RolloutSpec
 from qlift.rollout.states import RUNNING, EventKind, State
@@ -95,17 +97,22 @@ def run_controller(journal: Journal, r: Rollout, *, router_token: str | None,
 
 def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = False,
           allow_stable_down: bool = False, force: bool = False, spec_file: Path | None = None,
-          router_token: str | None = None) -> Rollout:
+          router_token: str | None = None, next_version: train.NextVersion | None = None,
+          allow_small_windows: bool = False) -> Rollout:
     """Run the rollout in the foreground until it is final; resume the journal's active one if any. A new
     rollout is refused while the data plane reports the stable down, unless ``allow_stable_down``; one whose
     live weights or shadow are not the starting state (or a resumed one's not its journal's), unless ``force``;
     and one whose canary does not answer (preflight.py). ``router_token``: the router's admin token (None:
-    QLIFT_ROUTER_TOKEN's), as every control operation here takes it."""
+    QLIFT_ROUTER_TOKEN's), as every control operation here takes it. ``next_version``: the canary's backend, added
+    to the router before a new rollout's checks (train.py: `start --next`)."""
     token = settings.router_token(router_token)
     path = Path(journal_path or default_journal())
     validate_spec(spec)
-    with Journal(path) as journal, journal.controller_lock() as mine:
+    with _nothing_left_if_refused(path), Journal(path) as journal, journal.controller_lock() as mine:
         if not mine:
+            changed = _options_to_running(journal, spec)
+            if changed is not None:
+                return changed  # its running controller judges the next window with them
             raise QliftError(f"a controller (pid {journal.controller_pid()}) is already running {path}",
                              hint=f"Watch it with `qlift promote status{journal_flag(path)}`, or stop it first.")
         latest = journal.latest()
@@ -119,6 +126,7 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
                     f"{path} has rollout {active.id} of {active.canary} over {active.stable} in progress",
                     hint=f"Resume it with `qlift promote resume{journal_flag(path)}`, or "
                          f"`qlift promote abort{journal_flag(path)}` it first.")
+            active = apply_options(journal, active, spec, resume_to=_paused_from(journal, active))
             log.info("resuming rollout %d at step %d/%d (%s)", active.id, active.step + 1, len(active.steps),
                      active.state)
             resumed_plane = make_plane(spec_of(active), token)
@@ -131,16 +139,54 @@ def start(spec: RolloutSpec, journal_path: Path | None = None, *, new: bool = Fa
                 hint=f"Pass --new to start another rollout, or `qlift promote status{journal_flag(path)}` to see "
                      "the last one.")
         plane = make_plane(spec, token)
-        check_versions(plane, [spec.stable, spec.canary])
-        check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
-        preflight.check_start_state(plane, spec, journal, journal_path, force=force, spec_file=spec_file)
-        preflight.check_canary_serves(plane, spec)
-        _eval_gate(spec, plane.backend_urls(), plane.backend_models() if isinstance(plane, NamesModels) else None)
-        first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
-        r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary, state=first)
+        with train.next_backend(journal, spec, next_version, token) as journal_added:  # a refusal retires it
+            check_versions(plane, [spec.stable, spec.canary])
+            check_stable_up(plane, spec.stable, allow_down=allow_stable_down)
+            preflight.check_start_state(plane, spec, journal, journal_path, force=force, spec_file=spec_file)
+            preflight.check_canary_serves(plane, spec)
+            preflight.check_window_sizing(spec, token, allow_small=allow_small_windows)
+            _eval_gate(spec, plane.backend_urls(), plane.backend_models() if isinstance(plane, NamesModels) else None)
+            first = State.SHADOWING if spec.shadow is not None else State.PROGRESSING
+            r = journal.create(spec.model_dump(mode="json"), spec.stable, spec.canary, state=first)
+            journal_added(r)
         log.info("rollout %d: %s over %s, steps %s, window %gs%s", r.id, spec.canary, spec.stable, spec.steps,
                  spec.interval, " after a shadow phase" if first == State.SHADOWING else "")
         return run_controller(journal, r, router_token=token, plane=plane)
+
+
+def _paused_from(journal: Journal, r: Rollout) -> State | None:
+    return paused_from(journal, r) if r.state == State.PAUSED else None
+
+
+def _options_to_running(journal: Journal, spec: RolloutSpec) -> Rollout | None:
+    """The journal's active rollout of these versions with the options ``spec`` gives that differ applied, for
+    the controller running it to pick up; None where none differ (or no such rollout is active)."""
+    active = journal.active()
+    if active is None or (active.stable, active.canary) != (spec.stable, spec.canary):
+        return None
+    changed = apply_options(journal, active, spec, resume_to=_paused_from(journal, active))
+    return None if changed is active else changed
+
+
+@contextlib.contextmanager
+def _nothing_left_if_refused(path: Path) -> Iterator[None]:
+    """A refused `start` leaves nothing behind: the journal files (and folders) it created, where it journaled no
+    rollout, are removed again."""
+    made = [p for p in (path, *(Path(f"{path}{s}") for s in ("-wal", "-shm", ".controller.lock", ".weights.lock")))
+            if not p.exists()]
+    folders = [d for d in path.parents if not d.exists()]
+    try:
+        yield
+    except BaseException:
+        if path in made and path.exists():
+            with contextlib.suppress(QliftError, sqlite3.Error), Journal(path, readonly=True) as journal:
+                if journal.latest() is None:
+                    for p in made:
+                        p.unlink(missing_ok=True)
+                    for d in folders:
+                        with contextlib.suppress(OSError):
+                            d.rmdir()
+        raise
 
 
 def _existing_journal(journal_path: Path | None) -> Path:
@@ -156,7 +202,7 @@ def _existing_journal(journal_path: Path | None) -> Path:
 def _latest(journal: Journal) -> Rollout:
     r = journal.latest()
     if r is None:
-        raise QliftError(f"no rollout in {journal.path}",
+        raise NotFoundError(f"no rollout in {journal.path}",
                          hint=f"Start one with `qlift promote start{journal_flag(journal.path)}` and its --router, "
                          "--stable and --canary (or -f SPEC).")
     return r
@@ -191,6 +237,8 @@ def resume(journal_path: Path | None = None, *, router_token: str | None = None)
         spec, token = spec_of(r), settings.router_token(router_token)
         if journal.abort_marker.exists() or r.state == State.ABORT_REQUESTED or r.state.final:
             r = converge(journal, r, make_plane(spec, token))
+            if r.state.final:
+                train.settle(journal.path, token)  # a `--next` rollout's end that a killed process left unsettled
             _not_final(journal, r)
         if r.state == State.PAUSED:
             back = paused_from(journal, r)
@@ -202,6 +250,7 @@ def resume(journal_path: Path | None = None, *, router_token: str | None = None)
         from qlift.rollout.adapter import settle
 
         settle(journal.path)  # a --canary-adapter of a rollout now rolled back or aborted is unloaded
+        train.settle(journal.path, token)  # and a `--next` rollout's unserved version retired from the router
         return final
 
 
@@ -231,6 +280,7 @@ def abort(journal_path: Path | None = None, *, router_token: str | None = None) 
         from qlift.rollout.adapter import settle
 
         settle(journal.path)  # a --canary-adapter it loaded is unloaded once the weights are back on the stable
+        train.settle(journal.path, settings.router_token(router_token))  # a `--next` canary leaves the router
         return final
 
 
@@ -250,7 +300,21 @@ def promote_now(journal_path: Path | None = None, *, router_token: str | None = 
                              hint=f"See `qlift promote status{journal_flag(journal.path)}`, then try again.")
         shadow_off(spec, plane)
         announce(spec.webhook, journal, r, nxt)
+        train.settle(journal.path, settings.router_token(router_token))  # a `--next` rollout's old stable goes
         return journal.get(r.id)
+
+
+def finish(journal_path: Path | None = None, *, router_token: str | None = None) -> Rollout:
+    """`qlift promote finish`: the stable of a baked rollout released (``bake.finish``), and for a `--next`
+    rollout retired from the router (or a retirement a killed process left, settled)."""
+    from qlift.rollout.bake import finish as release_stable
+
+    path = Path(journal_path or default_journal())
+    token = settings.router_token(router_token)
+    train.settle(path, token)
+    final = release_stable(path)
+    train.settle(path, token)
+    return final
 
 
 # -- --canary-adapter -----------------------------------------------------------------------
@@ -275,8 +339,10 @@ def start_with_adapter(spec: RolloutSpec, journal_path: Path | None, name: str, 
     final = start(spec, journal_path, router_token=token, **start_options)
     rec = finish(journal_path, final)
     if rec is not None and rec.state == AdapterState.KEPT:
+        from qlift.serve.lora import command_line
+
         log.info("adapter %s promoted on %s; after a restart serve it with: %s", rec.name, rec.server,
-                 shlex.join(rec.serve_command()))
+                 command_line(rec.serve_command()))
     return final, rec
 
 

@@ -17,7 +17,7 @@ import sqlite3
 
 from qlift.errors import QliftError
 from qlift.rollout import carry, next_state
-from qlift.rollout.aborts import confirm_abort, journal_marked_abort
+from qlift.rollout.aborts import confirm_abort, journal_marked_abort, spec_of
 from qlift.rollout.analysis import Analysis, WindowState
 from qlift.rollout.bake import baseline
 from qlift.rollout.check_types import Look
@@ -48,6 +48,7 @@ class Controller:
         self.pace = pace or Pace()
         self.tick, self.sleep, self.clock = self.pace.tick, self.pace.sleep, self.pace.clock
         self.analysis = Analysis(spec)
+        self._journaled_spec = journal.get(rollout_id).spec  # a `start` with changed options rewrites it
         self.shadow_source = mirror_source(plane, spec) if shadow_source is None else shadow_source
         self.reconciler = Reconciler(journal, rollout_id, plane)
         self.kinds = self._window_kinds()
@@ -78,6 +79,8 @@ class Controller:
             self.journal.heartbeat()
             try:
                 r = self.journal.get(self.rid)
+                if r.spec != self._journaled_spec:
+                    self._respec(r)
                 if self.journal.abort_marker.exists() and not r.state.final:
                     self._abort_marked(r)
                     continue
@@ -95,6 +98,13 @@ class Controller:
             except QliftError as exc:  # the data plane (or an evidence source) is unreachable: retry
                 log.warning("%s; retrying in %.1fs", exc.one_line(), self._retry_s)
                 self._back_off()
+
+    def _respec(self, r: Rollout) -> None:
+        """The options a `start` changed mid-rollout (options_change.py): the next window is judged with them."""
+        self.spec, self._journaled_spec = spec_of(r), r.spec
+        self.analysis = Analysis(self.spec)
+        self.kinds = self._window_kinds()
+        log.info("the rollout's options changed: the next window is judged with them")
 
     def _back_off(self) -> None:
         self.journal.heartbeat()
@@ -147,7 +157,7 @@ class Controller:
         if self._canary_changed(r):
             return
         ev = kind.collect(r, watched, kind.policy.interval_s)
-        nxt = self.analysis.assess(kind.policy, ev, at)
+        nxt = self.analysis.assess(kind.policy, ev, at).naming_journal(self.journal.path)
         assert nxt.window is not None and nxt.phase is not None
         judged = self.analysis.with_carry(kind.policy, at, ev)
         log_window(kind.describe(ev, judged), nxt.phase, nxt.window.record["reason"], list(nxt.window.checks))
@@ -202,6 +212,7 @@ class Controller:
         """``nxt`` in one transaction (weights it changes journaled first, then applied), then one notify;
         nothing when another process moved the rollout meanwhile. A final state's weights that the plane
         refused are retried by ``_converge_final`` until applied."""
+        nxt = nxt.naming_journal(self.journal.path)  # as commit journals it
         if not commit(self.journal, r, nxt, self.plane.set_weights):
             return
         if nxt.state == State.BAKED:

@@ -329,6 +329,10 @@ class Journal(JournalFile):
             raise
         return True
 
+    def set_spec(self, db: sqlite3.Connection, rollout_id: int, spec: dict[str, Any]) -> None:
+        """The rollout's spec, where `start` changed its options mid-rollout (with the decision naming them)."""
+        self._set(db, rollout_id, spec=json.dumps(spec))
+
     def update(self, db: sqlite3.Connection, rollout_id: int, **fields: Any) -> None:
         """Counters and fields of the rollout row; the state only through ``transition``."""
         if "state" in fields:

@@ -4,7 +4,9 @@ webhook once. Nothing else writes a rollout's state."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from qlift.rollout.check_types import CheckResult
@@ -81,6 +83,17 @@ class Next:
     baseline: VersionEvidence | None = None
     webhook: WebhookAction | None = None
     webhook_step: int | None = None  # the step the webhook names (default: the rollout's before the move)
+    spec: dict[str, Any] | None = None  # the rollout's new spec (JSON), where its options changed
+
+    def naming_journal(self, path: Path | str) -> Next:
+        """This decision with every `qlift promote CMD` its texts quote acting on the journal at ``path``
+        (``journal.with_journal``), so a pause line works as printed."""
+        from qlift.rollout.journal import with_journal
+
+        window = self.window
+        if window is not None and "reason" in window.record:
+            window = replace(window, record={**window.record, "reason": with_journal(window.record["reason"], path)})
+        return replace(self, reason=with_journal(self.reason, path), window=window)
 
     @property
     def p_values(self) -> dict[str, float]:
@@ -129,6 +142,15 @@ def operator_pause() -> Next:
 
 def operator_resume(back: State) -> Next:
     return Next(back, OPERATOR_RESUME, counters=Counters(0, None, 0), decision=DecisionAction.RESUME, manual=True)
+
+
+def options_changed(state: State, changes: Sequence[str], new_spec: dict[str, Any], *, resumed: bool = False) -> Next:
+    """`start` on a rollout in progress with options that may change mid-rollout (options_change.py): its new
+    spec, written with one decision naming each change. ``resumed``: a paused rollout goes back to ``state``
+    with its holds counted afresh, as `resume` does."""
+    reason = "options changed: " + ", ".join(changes) + ("; resumed" if resumed else "")
+    return Next(state, reason, counters=Counters(0, None, 0) if resumed else None, decision=DecisionAction.OPTIONS,
+                manual=True, spec=new_spec)
 
 
 def operator_promote(canary: str, last_step: int) -> Next:

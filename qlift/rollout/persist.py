@@ -22,6 +22,7 @@ def commit(journal: Journal, r: Rollout, nxt: Next, apply: Apply | None = None, 
     False, changing nothing, when another process moved it meanwhile. ``apply`` sets the data plane's weights
     (needed where ``nxt`` changes them)."""
     allowed = allowed or (r.state,)
+    nxt = nxt.naming_journal(journal.path)
 
     def writes(db: sqlite3.Connection) -> None:
         _write(journal, db, r, nxt, allowed)
@@ -45,6 +46,8 @@ def _write(journal: Journal, db: sqlite3.Connection, r: Rollout, nxt: Next, allo
         journal.set_carry(db, r.id, None if w.carry is None else (w.carry[0], *carry.dump(w.carry[1])))
     elif nxt.clear_carry:
         journal.set_carry(db, r.id, None)
+    if nxt.spec is not None:
+        journal.set_spec(db, r.id, nxt.spec)
     if nxt.decision is not None:
         journal.decide(db, r.id, r.step, nxt.decision, nxt.reason, manual=nxt.manual)
     if nxt.step.finish is not None:

@@ -8,19 +8,27 @@ A resumed rollout must find the router at weights of its own journal (or back at
 restarted router without a state file comes back).
 
 The canary must answer before any user is sent to it: its server lists the model the router asks it for.
+
+A new rollout's windows must be able to reach their minimum at the traffic the router serves now (traffic.py's
+one rule, weight x requests/s x interval >= min_requests): one that cannot would hold, then pause, so it is
+refused up front (``--allow-small-windows`` starts anyway); a router with no traffic yet only gets a warning.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
+import time
 from pathlib import Path
 
 from qlift.errors import BadInputError, ExternalToolError, QliftError
+from qlift.fsutil import lock_holder
 from qlift.rollout.dataplane import DataPlane, KnowsServers, ReportsDown, mirroring_now
-from qlift.rollout.journal import Journal, Rollout
-from qlift.rollout.spec import RolloutSpec
+from qlift.rollout.journal import Journal, Rollout, default_journal
+from qlift.rollout.spec import RolloutSpec, flag_name
 from qlift.rollout.states import State
+from qlift.rollout.traffic import PlannedWindow, forecast
+from qlift.rollout.windows import WindowPolicies
 from qlift.vllm.client import NotAModelList, ServerRefused, ServerUnreachable, VllmClient
 
 log = logging.getLogger(__name__)
@@ -49,8 +57,9 @@ def _start_command(spec: RolloutSpec, journal: Path | None, stable: str, canary:
         argv += ["--journal", str(journal)]
     if new:
         argv.append("--new")
-    if spec.router:
-        argv += ["--router", spec.router]
+    for url in dict.fromkeys([*([spec.router] if spec.router else []), *(
+            spec.routers if isinstance(spec.routers, list) else [])]):
+        argv += ["--router", url]
     argv += ["--stable", stable, "--canary", canary]
     return shlex.join(argv)
 
@@ -84,18 +93,46 @@ def check_start_state(plane: DataPlane, spec: RolloutSpec, journal: Journal, jou
             problem = (f"the data plane ({where}) splits users {shown(live or {})}, not 100% on the stable "
                        f"{spec.stable}: another rollout may be moving it (from another journal), or the weights "
                        "were set by hand")
-            hint = ("Let that rollout finish or `qlift promote abort --journal ITS_JOURNAL` it, or pass --force to "
-                    "start from these weights")
+            hint = _other_rollout_hint(journal.path)
     elif shadow is not None:
         problem = (f"the router mirrors {shadow.percent:g}% of requests to {shadow.version} (a shadow phase of "
                    "another rollout?)")
-        hint = "Let that rollout finish or `qlift promote abort --journal ITS_JOURNAL` it, or pass --force"
+        hint = _other_rollout_hint(journal.path)
     if problem is None:
         return
     if force:
         log.warning("%s: starting anyway (--force)", problem)
         return
     raise BadInputError(problem, hint=hint)
+
+
+def running_controllers(near: Path) -> list[tuple[Path, int]]:
+    """(journal, pid) of each rollout controller running on this host with its journal beside ``near`` (not
+    ``near`` itself) or in the default folder: who may be moving a router (a controller holds its journal's
+    ``.controller.lock``)."""
+    near = near.expanduser().absolute()
+    found = []
+    for folder in sorted({near.parent, default_journal().expanduser().absolute().parent}):
+        for lock in sorted(folder.glob("*.controller.lock")):
+            journal = lock.with_name(lock.name.removesuffix(".controller.lock"))
+            pid = lock_holder(lock)
+            if pid is not None and journal != near:
+                found.append((journal, pid))
+    return found
+
+
+def _other_rollout_hint(journal: Path) -> str:
+    """Where another rollout moves the router: its journal where a controller here runs one, else how to find it;
+    never --force, which would run a second controller against the same router."""
+    running = running_controllers(journal)
+    if running:
+        return "Let that rollout finish, or abort it: " + ", ".join(
+            f"`qlift promote abort --journal {shlex.quote(str(path))}` (its controller, pid {pid}, runs it)"
+            for path, pid in running)
+    return ("Let that rollout finish, or abort it: `qlift promote abort --journal FILE` with the --journal FILE of "
+            "the `qlift promote start` (or `resume`) process driving it (`ps -ef | grep 'qlift promote'` shows it; "
+            "without --journal it is $QLIFT_HOME/rollouts/journal.sqlite); weights set by hand: set them back to "
+            "100% stable with the router's admin API")
 
 
 def check_resume_state(plane: DataPlane, journal: Journal, r: Rollout, *, force: bool) -> None:
@@ -171,3 +208,83 @@ def out_of_rotation(plane: DataPlane, version: str) -> str | None:
     except (QliftError, KeyError):
         return None
     return None if why is None else str(why)
+
+
+# -- window sizing ---------------------------------------------------------------------------------------------
+
+RATE_LOOKBACKS_S = (60.0, 300.0)  # the busier of the router's last minute and last 5 minutes sizes the windows
+RATE_RECORDS = 1000  # at most this many of its latest request records are read (their span bounds the rate)
+# fewer requests than this, or over less time (a load that just started), in either: no rate to size by (a
+# warning, never a refusal)
+MIN_RATE_SAMPLE = 5
+MIN_RATE_SPAN_S = 3.0
+
+
+def planned_windows(spec: RolloutSpec) -> list[PlannedWindow]:
+    """The windows of each kind with the canary's smallest share: the shadow phase's, the first step's (a step at
+    100% is not judged) and the bake's."""
+    policies = WindowPolicies.of(spec)
+    min_requests = flag_name("analysis", "min_requests")
+    out = []
+    if policies.shadow is not None and spec.shadow is not None:
+        out.append(PlannedWindow(f"the shadow phase ({spec.shadow.percent}% mirrored)", spec.shadow.percent / 100,
+                                 policies.shadow.min_count, flag_name("shadow", "min_pairs"), "pairs",
+                                 policies.shadow.max_holds + 1))
+    if spec.steps[0] < 100:
+        out.append(PlannedWindow(f"step 1 (canary {spec.steps[0]}%)", spec.steps[0] / 100, policies.step.min_count,
+                                 min_requests, "requests", policies.step.max_holds + 1))
+    if policies.bake is not None:
+        out.append(PlannedWindow("the bake (canary 100%)", 1.0, policies.bake.min_count, min_requests, "requests",
+                                 policies.bake.max_holds + 1))
+    return out
+
+
+def recent_rate(router: str, token: str | None) -> tuple[float, int, float] | None:
+    """(requests/s, requests, seconds) the router served lately, counted as a window counts them (its request log,
+    a client gone before the answer left out): the busier of its last minute and last 5 minutes (a load that
+    just started is not diluted by an idle hour); None: fewer than ``MIN_RATE_SAMPLE`` requests over at least
+    ``MIN_RATE_SPAN_S`` in either."""
+    from qlift.router.client import RouterClient
+
+    client = RouterClient(router, token)
+    batch = client.requests(since=max(client.state().seq - RATE_RECORDS, 0))
+    now = time.time()
+    times = [r.time for r in batch.requests if not r.client_disconnected]
+    rates = []
+    for lookback in RATE_LOOKBACKS_S:
+        recent = [t for t in times if t >= now - lookback]
+        span = now - min(recent, default=now)
+        if len(recent) >= MIN_RATE_SAMPLE and span >= MIN_RATE_SPAN_S:
+            rates.append((len(recent) / span, len(recent), span))
+    return max(rates, default=None)
+
+
+def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_small: bool = False) -> None:
+    """Refuse a new rollout whose windows cannot reach their minimum at the router's traffic now, even over the
+    held windows --max-inconclusive allows (it would hold, then pause): one line with the interval and minimum
+    that would; ``allow_small``: a warning. Where the router has no traffic yet, one warning."""
+    if not spec.router:
+        return
+    try:
+        rate = recent_rate(spec.router, router_token)
+    except QliftError as exc:  # the checks before read the router; sizing is advice, never the reason to stop
+        log.warning("the router's request log could not be read to size the windows: %s", exc.one_line())
+        return
+    if rate is None:
+        log.warning("the router at %s has too little traffic yet to size the windows by (fewer than %d requests, or "
+                    "less than %.0fs of them, in the last %.0fs): each needs weight x requests/s x interval >= "
+                    "min_requests (docs/promote.md, window sizing)", spec.router, MIN_RATE_SAMPLE, MIN_RATE_SPAN_S,
+                    RATE_LOOKBACKS_S[-1])
+        return
+    rps, count, seconds = rate
+    short = [cause for w in planned_windows(spec) if (cause := forecast(w, rps, spec.interval)) is not None]
+    if not short:
+        return
+    problem = (f"the windows cannot reach their minimum at the router's traffic ({count} requests in its last "
+               f"{seconds:.0f}s): " + "; ".join(c.text for c in short))
+    if allow_small:
+        log.warning("%s: starting anyway (--allow-small-windows); its windows will hold, then pause", problem)
+        return
+    raise BadInputError(problem, hint="Size the windows by weight x requests/s x interval >= min_requests "
+                                      "(docs/promote.md, window sizing), send more traffic, or pass "
+                                      "--allow-small-windows to start anyway (they hold, then pause)")

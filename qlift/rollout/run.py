@@ -27,6 +27,7 @@ class RolloutInputs:
     new: bool = False
     allow_stable_down: bool = False
     force: bool = False  # start although the live weights or shadow are not the starting state (preflight.py)
+    allow_small_windows: bool = False  # start although the windows cannot reach their minimum at today's traffic
     canary_adapter: tuple[str, Path] | None = None
     spec_file: Path | None = None  # the -f file the spec was read from, for hints that print a start command
     router_token: str | None = field(default=None, repr=False, metadata={"json": False})
@@ -43,6 +44,8 @@ def run(inputs: RolloutInputs, options: RolloutSpec) -> Rollout:
         name, adapter = inputs.canary_adapter
         return start_with_adapter(options, inputs.journal, name, adapter, new=inputs.new,
                                   allow_stable_down=inputs.allow_stable_down, force=inputs.force,
-                                  spec_file=inputs.spec_file, router_token=token)[0]
+                                  spec_file=inputs.spec_file, router_token=token,
+                                  allow_small_windows=inputs.allow_small_windows)[0]
     return start(options, inputs.journal, new=inputs.new, allow_stable_down=inputs.allow_stable_down,
-                 force=inputs.force, spec_file=inputs.spec_file, router_token=token)
+                 force=inputs.force, spec_file=inputs.spec_file, router_token=token,
+                 allow_small_windows=inputs.allow_small_windows)

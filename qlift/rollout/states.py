@@ -95,6 +95,7 @@ class DecisionAction(StrEnum):
     PROMOTED = "promoted"  # the controller's, at the 100% step
     BAKE = "bake"
     FINISH = "finish"
+    OPTIONS = "options"  # `start` on a rollout in progress changed options it may change (options_change.py)
 
 
 class EventKind(StrEnum):
@@ -108,6 +109,11 @@ class EventKind(StrEnum):
     CANARY_CHANGED = "canary_changed"
     CONTROLLER_STOPPED = "controller_stopped"
     CONTROLLER_RESUMED = "controller_resumed"
+    # `promote start --next` (train.py): the next version's backend added to the router (or re-pointed), and the
+    # version the rollout's end leaves unserved retired from it: intended first, then done
+    BACKEND_ADDED = "backend_added"  # {backend, url, model, change: added | repointed, stable, message}
+    BACKEND_RETIRING = "backend_retiring"  # {backend, why}
+    BACKEND_RETIRED = "backend_retired"  # {backend, why, message}
 
 
 class StepOutcome(StrEnum):

@@ -163,8 +163,10 @@ def _journal_status(journal_path: Path | None = None, rollout_id: int | None = N
             steps.append(StepStatus(i, w, s.get("started_at"), s.get("finished_at"),
                                     None if outcome is None else StepOutcome(outcome), _judged(spec, w, len(r.steps)),
                                     [win for win in h["windows"] if win["step"] == i]))
-        pid = journal.controller_pid()
-        age = journal.heartbeat_age()
+        latest = journal.latest()
+        own = latest is not None and latest.id == r.id  # a controller runs the journal's latest rollout only
+        pid = journal.controller_pid() if own else None
+        age = journal.heartbeat_age() if own else None
         unjournaled_abort = journal.abort_marker.exists() and not r.state.final
         state = State.ABORT_REQUESTED if unjournaled_abort else r.state
         return RolloutStatus(

@@ -210,6 +210,9 @@ def head_lines(st: RolloutStatus) -> list[str]:
     if ctl.alive:
         beat = "" if ctl.heartbeat_age_s is None else f", last heartbeat {ctl.heartbeat_age_s:.0f}s ago"
         out.append(f"controller: pid {ctl.pid} running{beat}" + (" (stalled?)" if ctl.stalled else ""))
+    elif st.state == State.BAKED:  # the controller's work is done: the stable waits for an operator
+        out.append(f"controller: none needed -- the bake passed; `qlift promote finish{flag}` releases the stable, "
+                   f"`qlift promote abort{flag}` returns every user to it")
     elif not st.final:
         stopped = "" if st.interrupted is None else f" ({st.interrupted.line()})"
         out.append(f"controller: none running{stopped} -- nothing advances or watches this rollout; "

@@ -1,7 +1,8 @@
 """A fake Kubernetes API server for namespaced custom objects, spoken to by the real ``kubernetes``
 client: the paths, verbs, JSON merge patch, Status bodies and codes (401, 404, 409, 415, 422) of
 kube-apiserver, with each registered CRD's openAPIV3Schema checked on create and patch as the real
-server checks structural schemas (CEL rules are left out, as qlift leaves them to the server).
+server checks structural schemas (CEL rules are left out, as qlift leaves them to the server); lists narrowed by a
+labelSelector (EndpointSlices, which ``put`` stores as the cluster would).
 
     with FakeKube({("inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites"): schema}) as kube:
         kubeconfig = kube.kubeconfig(tmp_path)
@@ -80,6 +81,30 @@ class FakeKube:
             obj = self.objects.get((group, plural, namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
+    def put(self, group: str, plural: str, obj: dict[str, Any]) -> None:
+        """Store ``obj`` as a controller would (an EndpointSlice the cluster keeps), replacing one of its name."""
+        meta = obj["metadata"]
+        with self.lock:
+            key = (group, plural, meta["namespace"], meta["name"])
+            self.objects[key] = self._stamp(copy.deepcopy(obj), self.objects.get(key))
+
+    def delete(self, group: str, plural: str, namespace: str, name: str) -> None:
+        with self.lock:
+            self.objects.pop((group, plural, namespace, name), None)
+
+    def _list(self, group: str, version: str, plural: str, ns: str, query: str) -> dict[str, Any]:
+        """A namespaced list, narrowed by a labelSelector of ``key=value`` terms as kube-apiserver narrows it."""
+        from urllib.parse import parse_qs
+
+        selector = parse_qs(query).get("labelSelector", [""])[0]
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+        items = [copy.deepcopy(o) for (g, p, n, _), o in sorted(self.objects.items())
+                 if (g, p, n) == (group, plural, ns)
+                 and all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        kind = items[0].get("kind", "") + "List" if items else "List"
+        return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": {"resourceVersion": str(self._rv)},
+                "items": items}
+
     def edit(self, group: str, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A hand edit (kubectl edit): merge ``patch`` into the stored object."""
         with self.lock:
@@ -100,12 +125,14 @@ class FakeKube:
         self.requests.append((method, path, headers.get("Content-Type", "")))
         if headers.get("Authorization") != f"Bearer {TOKEN}":
             return 401, status(401, "Unauthorized", "Unauthorized")
-        m = _PATH.match(path)
+        m = _PATH.match(path.partition("?")[0])
         if not m or (m["group"], m["version"], m["plural"]) not in self.schemas:
             return 404, status(404, "NotFound", "the server could not find the requested resource")
         group, plural, ns, name = m["group"], m["plural"], m["ns"], m["name"]
         resource = f"{plural}.{group}"
         with self.lock:
+            if method == "GET" and not name:
+                return 200, self._list(group, m["version"], plural, ns, path.partition("?")[2])
             if method == "GET" and name:
                 obj = self.objects.get((group, plural, ns, name))
                 if obj is None:

@@ -21,7 +21,6 @@ from faults import RouterProcess, TinyBackend, until
 from test_deploy import _model, validate
 
 from qlift.deploy import DeployOptions, render_k8s
-from qlift.deploy.fleet import spec_takes_routers
 from qlift.rollout.spec import RolloutSpec
 
 SECRET_VALUE = "s3cr3t-admin-token-never-rendered"
@@ -205,14 +204,13 @@ def test_promote_spec_points_at_the_fleet(run_cli, models, tmp_path: Path) -> No
     r = run_cli("deploy", "k8s", models[0], "--recipe", "cpu", "--canary", models[1], "--data-plane", "builtin",
                 "--namespace", "serving", "-o", out, "--json")
     assert r.exit_code == 0, r.output
-    name = "promote-rollout.yaml" if spec_takes_routers() else "promote-fleet.yaml"
+    name = "promote-rollout.yaml"
     assert json.loads(r.stdout)["promote_spec"] == name
     spec = yaml.safe_load((out / name).read_text())
     assert spec["routers"] == {"discover": {"service": "llm-router-fleet", "namespace": "serving"}}
     assert (spec["stable"], spec["canary"], spec["data_plane"], spec["provider"]) == (
         "stable", "canary", "builtin", "builtin")
-    if spec_takes_routers():
-        RolloutSpec.model_validate(spec)
+    RolloutSpec.model_validate(spec)
     assert (out / name).read_text().startswith(f"# qlift promote start -f {name}")
     assert json.loads((out / "qlift.json").read_text())["parameters"]["data_plane"] == "builtin"
     if shutil.which("kubectl"):  # kustomize builds the directory as `kubectl apply -k` would

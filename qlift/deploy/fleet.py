@@ -260,11 +260,6 @@ def objects(opts: DeployOptions, versions: list[k8s.Version]) -> dict[str, dict[
     return out
 
 
-def spec_takes_routers() -> bool:
-    """RolloutSpec reads ``routers:`` (a promote that drives a router fleet)."""
-    return "routers" in RolloutSpec.model_fields
-
-
 def promote_spec(opts: DeployOptions, stable: k8s.Version, canary: k8s.Version) -> dict[str, Any]:
     """The `qlift promote start -f` spec: the builtin plane on every router the headless Service lists, judged on
     the routers' own request logs and answers; checked as RolloutSpec checks it."""

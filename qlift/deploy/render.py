@@ -25,7 +25,6 @@ from qlift.serve.plan import fit_to_model
 from qlift.serve.recipes import Recipe, apply_overrides, load_recipe
 
 PROMOTE_SPEC = "promote-rollout.yaml"  # for `qlift promote start -f`; not a cluster object
-FLEET_SPEC = "promote-fleet.yaml"  # the builtin plane's spec while `qlift promote` takes no `routers:` yet
 MAX_GPUS_PER_POD = 64  # the largest nodes hold 8-16 GPUs; a count past this is a typo, not a plan
 
 
@@ -42,9 +41,7 @@ class DeployResult:
 
     @property
     def promote_file(self) -> str:
-        """The file promote_spec is written to: promote-fleet.yaml while `qlift promote` takes no ``routers:``."""
-        waits = self.promote_spec is not None and "routers" in self.promote_spec and not fleet.spec_takes_routers()
-        return FLEET_SPEC if waits else PROMOTE_SPEC
+        return PROMOTE_SPEC
 
 
 def _check_recipe(recipe: Recipe) -> None:
@@ -225,8 +222,6 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
         (tmp / "kustomization.yaml").write_text(to_yaml(kustomization), encoding="utf-8")
         if result.promote_spec is not None:
             header = f"# qlift promote start -f {result.promote_file}   (docs/deployment.md)\n"
-            if result.promote_file != PROMOTE_SPEC:
-                header += "# (with a qlift promote that reads routers:, the router fleet)\n"
             (tmp / result.promote_file).write_text(header + to_yaml(result.promote_spec), encoding="utf-8")
         write_manifest(tmp, operation="deploy-k8s", inputs=inputs, started_at=started, parameters={
             "recipe": result.recipe, "rollout": opts.rollout, "data_plane": opts.data_plane, "app": opts.app,

@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class WeightsSplit(ExternalToolError):
+    """A plane of several parts (a router fleet) whose parts hold different weights: no window is judged while
+    they do, and the reconcile loop writes the journal's weights to every part again."""
+
+    def __init__(self, message: str, *, found: dict[str, dict[str, int]]) -> None:
+        super().__init__(message, tool="router")
+        self.found = found  # part (a router's URL) -> the weights it holds
+
+
 class DataPlane(Protocol):
     """What every plane does. What some planes can also tell is declared below, one protocol each; the rollout
     asks ``isinstance(plane, Identifies)`` and the like, and a plane without one is handled (never probed).
@@ -204,6 +213,11 @@ class PlaneMaker(Protocol):
 
 
 def make_router_plane(spec: RolloutSpec, *, router_token: str | None) -> DataPlane:
+    """The qlift router at ``router:``, or every router of ``routers:`` as one plane (fleet.py)."""
+    if spec.routers is not None:
+        from qlift.rollout.fleet import FleetDataPlane, RouterFleet
+
+        return FleetDataPlane(RouterFleet(spec.routers, also=spec.router), router_token)
     assert spec.router is not None
     return RouterDataPlane(spec.router, router_token)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from qlift.errors import QliftError
-from qlift.rollout.dataplane import DataPlane, plane_generation
+from qlift.rollout.dataplane import DataPlane, WeightsSplit, plane_generation
 from qlift.rollout.journal import Journal
 from qlift.rollout.states import EventKind
 
@@ -37,17 +37,20 @@ class Reconciler:
         want = self.desired()
         if want is None:
             return False
+        split: dict[str, dict[str, int]] | None = None
         try:
             gen = plane_generation(self.plane)
             actual = self.plane.weights()
+        except WeightsSplit as exc:  # its parts disagree (a router missed a write): every part gets the journal's
+            actual, split = None, exc.found
         except QliftError as exc:
             raise Drift(f"could not read the data plane's weights: {exc.one_line()}") from None
         restarted = gen is not None and self._generation is not None and gen != self._generation
         self._generation = gen if gen is not None else self._generation
         if actual is not None and all(actual.get(k, 0) == v for k, v in want.items()) and not restarted:
             return False
-        log.warning("data plane weights %s differ from the journal's %s%s: setting the journal's", actual, want,
-                    " (it restarted)" if restarted else "")
+        log.warning("data plane weights %s differ from the journal's %s%s: setting the journal's", split or actual,
+                    want, " (it restarted)" if restarted else "")
         try:
             with self.journal.weights_lock():
                 want = self.desired() or want  # an abort may have journaled new weights meanwhile
@@ -56,6 +59,7 @@ class Reconciler:
         except QliftError as exc:
             raise Drift(f"could not re-apply the journal's weights {want}: {exc.one_line()}") from None
         self.drifts += 1
-        self.journal.log_event(self.rid, EventKind.DRIFT, {"found": actual, "journaled": want, "restarted": restarted,
-                                                    "action": "re-applied the journal's weights"})
+        self.journal.log_event(self.rid, EventKind.DRIFT, {"found": split or actual, "journaled": want,
+                                                           "restarted": restarted,
+                                                           "action": "re-applied the journal's weights"})
         return True

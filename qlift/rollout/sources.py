@@ -61,7 +61,8 @@ class RouterSource:
         self.cursor = self.client.state().seq
         self.records = []
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
+        """Add the records logged since the last poll (the cursor is this router's own sequence number)."""
         batch: RequestBatch = self.client.requests(since=self.cursor)
         if batch.requests and batch.requests[0].seq > self.cursor + 1:
             log.warning("the router's request log dropped %d records in this window (ring buffer)",
@@ -69,21 +70,23 @@ class RouterSource:
         self.records.extend(batch.requests)
         self.cursor = batch.seq
 
-    def _fold(self) -> dict[str, VersionEvidence]:
-        per_backend: dict[str, list[RequestRecord]] = defaultdict(list)
-        for r in self.records:
-            per_backend[r.backend].append(r)
-        return {v: from_request_records(v, per_backend.get(v, [])) for v in self.versions}
-
     def peek(self) -> dict[str, VersionEvidence]:
-        self._poll()
-        return self._fold()
+        self.poll()
+        return fold_records(self.records, self.versions)
 
     def collect(self) -> dict[str, VersionEvidence]:
-        self._poll()
-        out = self._fold()
+        self.poll()
+        out = fold_records(self.records, self.versions)
         self.records = []
         return out
+
+
+def fold_records(records: list[RequestRecord], versions: list[str]) -> dict[str, VersionEvidence]:
+    """Request records (of one router or of several) as each version's evidence."""
+    per_backend: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        per_backend[r.backend].append(r)
+    return {v: from_request_records(v, per_backend.get(v, [])) for v in versions}
 
 
 class Collector:
@@ -129,6 +132,10 @@ class SourceMaker(Protocol):
 
 
 def _router_source(spec: RolloutSpec, versions: list[str], *, router_token: str | None) -> EvidenceSource:
+    if spec.routers is not None:  # every router of a fleet (fleet.py)
+        from qlift.rollout.fleet import FleetSource, RouterFleet
+
+        return FleetSource(RouterFleet(spec.routers, also=spec.router), router_token, versions)
     if not spec.router:
         return _NoPrimary(versions)
     return RouterSource(spec.router, router_token, versions)

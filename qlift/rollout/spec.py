@@ -37,6 +37,7 @@ from qlift.rollout.spec_sections import (
     ParentRef,
     PrometheusSpec,
     RolledVersions,
+    Routers,
     StrictSpec,
     parse_duration,
 )
@@ -231,6 +232,10 @@ class PromoteOptions(WithPlaneSections):
     webhook: str | None = Field(None, description="POST a JSON event here on every decision (failures are logged, "
                                 "never fatal).")
     shadow: ShadowSpec | None = Field(None, description="A shadow phase before the first step (qlift router only).")
+    routers: Routers | None = Field(
+        None, description="Every qlift router of a fleet (builtin data plane): their URLs, or {discover: {service, "
+        "namespace}} (a headless Service's EndpointSlices); router:, if given, is one more. Each takes every weight; "
+        "evidence is read from all.")
     bake: int = Field(
         0, ge=0, description="Windows judged at canary 100% after the last step, against the stable's last figures "
         "and answers (kept from its last window before the switch); a failure rolls back to the stable, which keeps "
@@ -308,12 +313,18 @@ class RolloutSpec(PromoteOptions):
         if self.stable == self.canary:
             raise ValueError("stable and canary must be different versions")
         self._check_options()
-        if PLANES[self.data_plane].at_router and not self.router:
+        if PLANES[self.data_plane].at_router and not self.router and not self.routers:
             raise ValueError(f"the {self.data_plane} data plane needs router: URL (--router)")
+        if self.routers is not None:
+            self._check_fleet()
         self.check_versions(self.stable, self.canary, self.backends)
-        if self.provider == "builtin" and not self.router and not self.backends:
+        if self.provider == "builtin" and not self.router and not self.routers and not self.backends:
             raise ValueError("the builtin evidence needs the router (--router) or backends with vLLM /metrics")
         return self
+
+    def _check_fleet(self) -> None:
+        if not PLANES[self.data_plane].at_router:
+            raise ValueError(f"routers: is a fleet of qlift routers; the {self.data_plane} data plane is not one")
 
     def served_model(self, version: str) -> str:
         """The model name ``version`` is served as on the Inference Extension's pool."""

@@ -167,3 +167,34 @@ class InferenceExtSpec(PlaneSection):
         return self.models.get(version) or models.get(version) or fragment or version
 
 
+
+
+class RouterDiscovery(StrictSpec):
+    """Where a rollout finds its qlift routers: the EndpointSlices of a headless Service (`qlift deploy k8s
+    --data-plane builtin` renders APP-router-fleet), re-read every window."""
+
+    service: str = Field(description="The headless Service whose EndpointSlices list every router pod.")
+    namespace: str = Field("default", description="Its namespace.")
+    port: str = Field("http", description="The EndpointSlice port's name the routers answer on.")
+    kubeconfig: Path | None = Field(None, description="kubeconfig to read it with (default: $KUBECONFIG or "
+                                    "~/.kube/config, else the pod's own service account in the cluster).")
+    context: str | None = Field(None, description="kubeconfig context.")
+
+
+class DiscoveredRouters(StrictSpec):
+    discover: RouterDiscovery
+
+
+def _router_list(value: Any) -> Any:
+    if isinstance(value, list):
+        urls = [str(u).rstrip("/") for u in value]
+        if not urls or len(set(urls)) != len(urls):
+            raise ValueError("routers: lists each router's URL once (at least one)")
+        if bad := [u for u in urls if not u.startswith(("http://", "https://"))]:
+            raise ValueError(f"routers: {bad[0]} is not an http:// or https:// URL")
+        return urls
+    return value
+
+
+# `routers:` a list of router URLs, or {discover: {service, namespace}}: every router a rollout drives.
+Routers = Annotated[list[str] | DiscoveredRouters, BeforeValidator(_router_list)]

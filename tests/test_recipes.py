@@ -205,6 +205,35 @@ def test_false_engine_args_reach_vllm_on_the_command_line(tmp_path: Path) -> Non
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, True, 8]
 
 
+def test_attention_backend_reaches_vllm_as_its_engine_argument(run_cli, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                               smollm2_dir: Path) -> None:
+    """`attention_backend` (vLLM 0.26's `--attention-backend`; it has no VLLM_ATTENTION_BACKEND) is a recipe
+    engine field and a --set key like any vLLM argument: the config carries it and vLLM's parser reads it."""
+    recipe = yaml.safe_load(Path(load_recipe("cpu").path).read_text())  # type: ignore[arg-type]
+    recipe["name"] = "cpu-attn"
+    recipe["engine"]["attention_backend"] = "FLASH_ATTN"
+    path = tmp_path / "cpu-attn.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert load_recipe(str(path)).engine.args()["attention_backend"] == "FLASH_ATTN"
+    out = json.loads(run_cli("serve", smollm2_dir, "--recipe", path, "--set", "attention_backend=CPU_ATTN",
+                             "--dry-run", "--json").stdout)
+    assert yaml.safe_load(out["config"])["attention-backend"] == "CPU_ATTN"  # --set wins over the recipe
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    parse = ("import sys\n"
+             "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+             "from vllm.config import AttentionConfig\n"
+             "a = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+             "print(AttentionConfig(backend=a.attention_backend).backend.name)\n")  # the name checked, as vLLM does
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(out["config"])
+    done = subprocess.run([sys.executable, "-c", parse, "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "CPU_ATTN"
+
+
 def test_the_offline_engine_leaves_a_recipes_server_arguments_out() -> None:
     """chat-h200 carries api_server_count, a `vllm serve` argument: `qlift batch` with it must not hand
     that to LLM(...) (a TypeError), and keeps every engine argument."""

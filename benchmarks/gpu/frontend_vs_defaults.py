@@ -7,17 +7,21 @@ output tok/s, the server counter's tok/s, the p99 gap between streamed chunks (v
 one gap per SSE chunk: its ITL), p50 TPOT, p50 and p99 TTFT, and the ratio of both throughputs to
 vLLM's defaults at the same level.
 
-Servers (--only picks, in this order; M is the bf16 model, F the FP8 checkpoint of the same shape):
+Servers (--only picks them, in its order, vllm-defaults first; default: all, in this order; M is the bf16
+model, F the FP8 checkpoint of the same shape):
   vllm-defaults   vllm serve M --load-format dummy                         (vLLM's CLI, nothing else)
   chat-h200       qlift serve M --recipe chat-h200 --set load_format=dummy
   pipeline-fp8    qlift serve F --recipe auto --set load_format=dummy      (the FP8 checkpoint, no tuning flags)
   fp8-fp8kv       qlift serve F --recipe auto --set load_format=dummy --set kv_cache_dtype=fp8
   fp8-stream8     qlift serve F --recipe auto --set load_format=dummy --set stream_interval=8
   fp8-variant     qlift serve F --recipe auto [--set load_format=dummy] --set EACH --variant-set (a candidate lever)
+  NAME            qlift serve F --recipe auto [--set load_format=dummy] --set K=V ... for each --variant NAME:K=V,K=V
+                  (named levers, after the servers above unless --only orders them, at every --concurrency level)
 load_format=dummy (random weights) is passed only for a model directory whose safetensors files hold
 headers only (build_model.py); a checkpoint with weights (`qlift quantize` output) is served as it is.
 A server is skipped when fewer than --reserve-s seconds of --deadline-s are left. Writes
-bench-NAME-cN.json, frontend.json and server-lines.txt into --out.
+frontend.json, rows.jsonl and server-lines.txt into --out, bench-NAME-cN.json into --bench-dir (default:
+--out); every row names the host (GPU, CPU model and cores) it was measured on.
 
     python3 benchmarks/gpu/frontend_vs_defaults.py /tmp/qwen7b-shape --fp8-model /tmp/qwen7b-fp8
 """
@@ -51,6 +55,23 @@ SERVERS: list[tuple[str, str, list[str] | None]] = [
     ("fp8-stream8", "fp8", ["stream_interval=8"]),
     ("fp8-variant", "fp8", []),  # + --variant-set
 ]
+
+
+def variant(spec: str) -> tuple[str, str, list[str]]:
+    """--variant NAME:K=V,K=V as a server of the FP8 checkpoint with those --set values."""
+    name, sep, sets = spec.partition(":")
+    if not sep or not name or not sets or any("=" not in s for s in sets.split(",")):
+        raise argparse.ArgumentTypeError(f"--variant {spec!r} is not NAME:KEY=VALUE[,KEY=VALUE...]")
+    return name, "fp8", sets.split(",")
+
+
+def host() -> str:
+    """The machine the servers ran on: GPU and CPU (their front ends are host-bound), as qlift plan sees them."""
+    from qlift.hardware import detect
+
+    hw = detect()
+    gpu = f"{hw.describe()}; " if hw.gpus else ""
+    return f"{gpu}CPU {hw.cpu.model}, {hw.cpu.cores} cores, {hw.cpu.memory_bytes / 2**30:.0f} GiB"
 
 
 def headers_only(model: Path) -> bool:
@@ -122,12 +143,12 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def bench(name: str, a: argparse.Namespace, port: int, concurrency: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    out = a.out / f"bench-{name}-c{concurrency}.json"
+    out = a.bench_dir / f"bench-{name}-c{concurrency}.json"
     argv = [sys.executable, "-m", "qlift", "bench", "--endpoint", f"http://127.0.0.1:{port}", "--model", "m",
             "--tokenizer", str(a.model), "--concurrency", str(concurrency), "--requests", str(a.requests),
             "--input-tokens", str(a.input_tokens), "--output-tokens", str(a.output_tokens), "-o", str(out), "--json",
             "--timeout", str(a.bench_timeout)]
-    base = a.out / f"bench-vllm-defaults-c{concurrency}.json"
+    base = a.bench_dir / f"bench-vllm-defaults-c{concurrency}.json"
     if name != "vllm-defaults" and base.is_file():
         argv += ["--baseline", str(base)]
     print(f"{name}: {' '.join(argv)}", flush=True)
@@ -178,30 +199,39 @@ def main() -> None:
                     help="Comma-separated levels, each a bench of --requests against the same server start.")
     ap.add_argument("--input-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--only", help="Comma-separated server names (default: all, in order).")
+    ap.add_argument("--only", help="Comma-separated server names, run in this order (default: all, in order).")
     ap.add_argument("--vllm-arg", action="append", default=[], help="Extra argv for vLLM's defaults server.")
     ap.add_argument("--variant-set", action="append", default=[], help="fp8-variant's --set values (a lever to try).")
     ap.add_argument("--variant-concurrency", help="Levels for fp8-variant (default: --concurrency).")
+    ap.add_argument("--variant", action="append", default=[], type=variant, metavar="NAME:K=V[,K=V]",
+                    help="A named server of the FP8 checkpoint with these --set values (repeatable; after the others).")
     ap.add_argument("--bench-timeout", type=float, default=150, help="Seconds one bench level may take.")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deadline-s", type=float, default=560)
     ap.add_argument("--reserve-s", type=float, default=110, help="Seconds one server and its bench need.")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/qlift-gpu-out")))
+    ap.add_argument("--bench-dir", type=Path, help="Where bench-NAME-cN.json go (default: --out).")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/qlift-gpu-logs"), help="Server logs (key lines: --out).")
     a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+    a.bench_dir = a.bench_dir or a.out
+    for d in (a.out, a.bench_dir):
+        d.mkdir(parents=True, exist_ok=True)
     a.logs.mkdir(parents=True, exist_ok=True)
     models = {"bf16": a.model, "fp8": a.fp8_model or a.model}
     levels = [int(c) for c in a.concurrency.split(",")]
     variant_levels = [int(c) for c in a.variant_concurrency.split(",")] if a.variant_concurrency else levels
-    only = a.only.split(",") if a.only else None
-    t0, rows = time.monotonic(), []
-    for i, (name, kind, sets) in enumerate(SERVERS):
-        if only is not None and name not in only:
-            continue
+    servers = [*SERVERS, *a.variant]
+    if a.only:  # in --only's order: the rows that matter most first, before a deadline skips the rest
+        only = a.only.split(",")
+        unknown = sorted(set(only) - {s[0] for s in servers})
+        if unknown:
+            ap.error(f"--only names no server: {', '.join(unknown)}")
+        servers = sorted((s for s in servers if s[0] in only), key=lambda s: only.index(s[0]))
+    t0, rows, where = time.monotonic(), [], host()
+    print(f"host: {where}", flush=True)
+    for i, (name, kind, sets) in enumerate(servers):
         if time.monotonic() - t0 > a.deadline_s - a.reserve_s:
-            rows.append({"server": name, "status": "skipped", "reason": "device-time deadline"})
-            print(f"{name}: skipped (deadline)", flush=True)
+            keep(rows, {"server": name, "status": "skipped", "reason": "device-time deadline"}, a.out)
             continue
         port = 8100 + i
         ts = time.monotonic()
@@ -213,7 +243,8 @@ def main() -> None:
             for c in variant_levels if name == "fp8-variant" else levels:
                 tb = time.monotonic()
                 row = measure(name, a, port, c, sets)
-                row.update(model=str(models[kind]), ready_s=ready_s, bench_s=round(time.monotonic() - tb, 1))
+                row.update(model=str(models[kind]), ready_s=ready_s, bench_s=round(time.monotonic() - tb, 1),
+                           host=where)
                 keep(rows, row, a.out)
         except RuntimeError as exc:
             keep(rows, {"server": name, "sets": sets, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"},
@@ -233,16 +264,22 @@ def main() -> None:
                 r["ratio_server"] = round(r["server_output_tokens_per_s"] / base["server_output_tokens_per_s"], 3)
     import vllm  # the version the servers ran
 
-    summary = {"vllm_version": vllm.__version__, "requests": a.requests, "concurrency": levels,
+    summary = {"vllm_version": vllm.__version__, "host": where, "requests": a.requests, "concurrency": levels,
                "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "wall_s": round(time.monotonic() - t0),
                "servers": rows}
     (a.out / "frontend.json").write_text(json.dumps(summary, indent=2))
     key = re.compile(r"FP8 KV|recipe auto|KV cache|quantiz|fp8|Asynchronous scheduling|CUDA graph|API server|"
-                     r"ulimit|open-files|took [0-9.]+ s|Error|error")
+                     r"ulimit|open-files|took [0-9.]+ s|Error|error|[Aa]ttention backend|FlashInfer|FLASH_ATTN|"
+                     r"non-default args|Using \S+ backend|KV cache layout")
     with open(a.out / "server-lines.txt", "w") as fh:
-        for log in sorted(a.logs.glob("server-*.log")):
-            lines = log.read_text(errors="replace").splitlines(keepends=True)
-            fh.writelines(f"{log.name}: {line}" for line in lines if key.search(line))
+        ran = dict.fromkeys(r["server"] for r in rows if r["status"] != "skipped")  # not an earlier call's logs
+        for log in (a.logs / f"server-{name}.log" for name in ran):
+            text = log.read_text(errors="replace")
+            fh.writelines(f"{log.name}: {line}" for line in text.splitlines(keepends=True) if key.search(line))
+            # qlift serve names vLLM's own log (the backend it chose, the KV cache it sized); vllm serve prints it
+            for vllm_log in (Path(f) for f in re.findall(r"log: (\S+/vllm\.log)", text)[:1] if Path(f).is_file()):
+                lines = vllm_log.read_text(errors="replace").splitlines(keepends=True)
+                fh.writelines(f"{log.name} vllm.log: {line}" for line in lines if key.search(line))
     print(f"vLLM {vllm.__version__}; {a.requests} x {a.input_tokens}/{a.output_tokens}, concurrency {levels}")
     print(f"{'server':14} {'conc':>5} {'client tok/s':>12} {'server tok/s':>12} {'ratio c/s':>11} {'p99 gap ms':>10} "
           f"{'p50 TPOT':>9} {'p50 TTFT':>9} {'p99 TTFT':>9}")

@@ -7,6 +7,9 @@
 # 1000 requests x 256/256 all at once, then 1000 requests 256 at a time. Then, while time is left,
 # fp8-variant: the pipeline plus VARIANT_SETS (a recipe lever to try; default stream_interval=2), at 256.
 # ONLY=vllm-defaults,fp8-variant CONCURRENCY=256 measures a lever alone against the defaults (its own call).
+# VARIANTS="NAME:K=V,K=V ..." adds named servers of the FP8 checkpoint, at every CONCURRENCY level, after ONLY's
+# servers or where ONLY names them (servers run in ONLY's order; same_call_rows.sh's attention backends);
+# BENCH_DIR puts the bench-*.json elsewhere than $OUT.
 # Everything is time-bounded (LIMIT seconds in all, default 530); servers are started and stopped by pid (process group).
 # Results in $OUT: pipeline.json (the summary), frontend.json, rows.jsonl, bench-*.json, server-lines.txt,
 # pipeline-dry-run.json (what --recipe auto chose, FP8 KV decision included), run.log.
@@ -39,6 +42,8 @@ if [ -n "$variant" ]; then
     [[ ,$only, == *,fp8-variant,* ]] || only=$only,fp8-variant
     for s in $variant; do args+=(--variant-set "$s"); done
 fi
+for v in ${VARIANTS:-}; do args+=(--variant "$v"); [[ ,$only, == *,${v%%:*},* ]] || only=$only,${v%%:*}; done
+[ -n "${BENCH_DIR:-}" ] && args+=(--bench-dir "$BENCH_DIR")
 echo "pipeline: $fp8 (recipe auto) vs $bf16 (vllm serve defaults); limit ${limit}s" | tee "$OUT/run.log"
 # What --recipe auto picks for the checkpoint, the FP8 KV decision and its reason included (also hashes it
 # once, remembered for the server below).

@@ -3,7 +3,8 @@
 Reads the rows frontend_vs_defaults.py wrote as it measured (so a run cut at its limit still has a
 summary) and prints one JSON object: per concurrency level and server, client and server-counter
 output tok/s, both ratios to the defaults at that level, p99 inter-token (chunk) gap, p50 TTFT, and
-whether the >= 2.0x target holds by both. ``python3 benchmarks/gpu/pipeline_summary.py OUT [--target 2.0]``
+whether the >= 2.0x target holds by both; and the host (GPU, CPU model and cores) the rows were measured on.
+``python3 benchmarks/gpu/pipeline_summary.py OUT [--target 2.0]``
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def summarize(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
             out.append(item)
         loads[f"concurrency {c}"] = out
     missing = [r for r in rows if r.get("status") != "measured"]
-    return {"target": target, "loads": loads, "not_measured": missing}
+    hosts = sorted({r["host"] for r in measured if r.get("host")})  # one per call: the same machine for every row
+    host = hosts[0] if len(hosts) == 1 else hosts or None
+    return {"target": target, "host": host, "loads": loads, "not_measured": missing}
 
 
 def main() -> None:

@@ -16,11 +16,14 @@ import random
 import secrets
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from pydantic import JsonValue
 
 from qlift.errors import ExternalToolError
 from qlift.release.journal import ReleaseJournal
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from qlift.models.ref import ModelRef
     from qlift.rollout.journal import Rollout
     from qlift.rollout.spec import RolloutSpec
+    from qlift.rollout.train import NextVersion
     from qlift.router.config import RouterConfig
     from qlift.serve.options import ServeOptions
     from qlift.serve.run import ServeInputs
@@ -174,8 +178,10 @@ class Traffic:
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(o.concurrency)]
+        self.started = self.ended = 0.0
 
     def __enter__(self) -> Traffic:
+        self.started = time.monotonic()
         for t in self.threads:
             t.start()
         return self
@@ -184,6 +190,33 @@ class Traffic:
         self.stop_event.set()
         for t in self.threads:
             t.join(timeout=120)
+        self.ended = time.monotonic()
+
+    @property
+    def sent(self) -> int:
+        return sum(self.status.values())
+
+    @property
+    def failed(self) -> int:
+        return self.sent - self.status[200]
+
+    def wait_measurable(self, timeout_s: float = 30.0) -> None:
+        """Wait until the router has seen enough of this load to measure its rate (as the rollout's window-sizing
+        check measures it: preflight.recent_rate), so the windows are sized by the load the release sends, not
+        refused or warned about for a load just begun; at most ``timeout_s``."""
+        from qlift.rollout.preflight import MIN_RATE_SAMPLE, MIN_RATE_SPAN_S
+
+        deadline = self.started + timeout_s
+        while time.monotonic() < deadline and not self.stop_event.is_set() and \
+                (self.sent < MIN_RATE_SAMPLE + 1 or time.monotonic() - self.started < MIN_RATE_SPAN_S + 0.5):
+            time.sleep(0.1)
+
+    def summary(self) -> dict[str, JsonValue]:
+        """What the journal keeps of the load: requests sent and failed, by status, over how long (its rate sizes
+        the next plan's windows: ``--dry-run``)."""
+        seconds = round((self.ended or time.monotonic()) - self.started, 2)
+        return {"sent": self.sent, "failed": self.failed, "seconds": seconds,
+                "statuses": {str(k): n for k, n in self.status.items()}}
 
     def _loop(self, k: int) -> None:
         import httpx
@@ -207,12 +240,16 @@ class Traffic:
                     self.status[code] += 1
 
 
-def promote(spec: RolloutSpec, journal_path: Path, token: str | None) -> Rollout:
-    """`qlift promote start --new` in this process, driving the router with its admin token ``token``; every
+def promote(spec: RolloutSpec, journal_path: Path, token: str | None, nxt: NextVersion | None = None) -> Rollout:
+    """`qlift promote start --new` in this process, driving the router with its admin token ``token`` (with ``nxt``:
+    `start --next`, the version added to the router and the one its end leaves unserved retired); every
     `qlift promote ...` its log lines name (a pause's `qlift promote resume`) names this run's rollout journal."""
     from qlift.rollout import RolloutInputs, run
+    from qlift.rollout.train import start_next
 
     with hints_name_journal(journal_path):
+        if nxt is not None:
+            return start_next(spec, journal_path, nxt, router_token=token)
         return run(RolloutInputs(journal_path, new=True, router_token=token), spec)
 
 

@@ -32,6 +32,12 @@ def rollout_journal(out: Path, run_id: int) -> Path:
     return out / f"rollout-{run_id}.sqlite"
 
 
+def rollout_journals(out: Path) -> list[Path]:
+    """The rollout journals of a release's runs (``rollout_journal``'s), newest first."""
+    found = [(int(run), p) for p in out.glob("rollout-*.sqlite") if (run := p.stem.removeprefix("rollout-")).isdigit()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def rollout_state(result: dict[str, JsonValue]) -> State | None:
     """The final state of the rollout a promote stage's journaled result holds (None: it failed before it began)."""
     from qlift.rollout.states import State

@@ -30,6 +30,7 @@ from qlift.serialize import to_jsonable
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from qlift.rollout.train import NextVersion
     from qlift.router.config import RouterConfig
     from qlift.router.handle import RouterHandle
     from qlift.serve.handle import ServeHandle
@@ -108,37 +109,56 @@ def _router(config: RouterConfig, token: str, log: Path) -> Callable[[Callable[[
 
 
 def promote_key(plan: LivePlan, stage: Stage) -> dict[str, JsonValue]:
-    """The servers, the candidate's eval, the load, and the router it drives (its key holds its options): a router
-    changed runs promote again."""
+    """The servers, the candidate's eval, the load, the router it drives (its key holds its options) and the next
+    version it adds to that router (``next:``): a router changed, or the next release, runs promote again."""
     routers: list[JsonValue] = [plan.keys[s.name] for s in plan.stages if isinstance(s.options, RouterStageOptions)]
     servers: list[JsonValue] = [*plan.serve_keys()]
-    return {"servers": servers, "eval": plan.eval_key, "load": to_jsonable(stage.load), "router": routers}
+    key: dict[str, JsonValue] = {"servers": servers, "eval": plan.eval_key, "load": to_jsonable(stage.load),
+                                 "router": routers}
+    return key | ({"next": stage.next} if stage.next is not None else {})
+
+
+def next_version(run: LiveRun, stage: Stage) -> NextVersion:
+    """The version a ``next:`` promote adds to the router: NAME=URL[#MODEL] as written, or NAME at the candidate
+    serve stage's server, pinned to the model it serves (a running server's: the one it lists first, unless the
+    stage names it)."""
+    from qlift.rollout.train import NextVersion, parse_next
+
+    assert stage.next is not None
+    if stage.next_url:
+        return parse_next(stage.next)
+    o = next(s.opts(ServeStageOptions) for s in run.plan.stages
+             if isinstance(s.options, ServeStageOptions) and s.options.role == "candidate")
+    model = o.served_model_name or (None if o.url else f"qlift-{o.role}")  # as live.serve_request names it
+    return NextVersion(stage.next, run.urls["candidate"].rstrip("/").removesuffix("/v1"), model)
 
 
 def run_promote(run: LiveRun, stage: Stage) -> dict[str, JsonValue]:
     """The rollout of the candidate through the router, judged against the eval stage's report, with the file's
     chat traffic through the router while it runs; a rollout that does not promote raises GateFailedError
     after its result is journaled."""
+    from qlift.rollout import train
     from qlift.rollout.api import raise_for_outcome, status
 
     plan = run.plan
     candidate = plan.candidate()
-    assert candidate is not None, "a promote stage follows a router, which needs a candidate server"
-    spec = stage.opts(PromoteOptions).rollout_spec(stable=STABLE, canary=CANARY, router=run.router_url,
-                                                   canary_model=candidate.base, canary_hash=candidate.content_hash,
-                                                   eval_report=plan.eval_report)
-    journal = rollout_journal(plan.release.out, run.run_id)
+    assert candidate is not None or stage.next_url, "a promote stage follows a router, which needs a candidate"
     token = run.router_token()
+    nxt = next_version(run, stage) if stage.next is not None else None
+    stable, canary = (STABLE, CANARY) if nxt is None else \
+        (train.stable_for(run.router_url, nxt.name, token, flag="next:"), nxt.name)
+    spec = stage.opts(PromoteOptions).rollout_spec(
+        stable=stable, canary=canary, router=run.router_url, eval_report=plan.eval_report,
+        **({"canary_model": candidate.base, "canary_hash": candidate.content_hash} if candidate else {}))
+    journal = rollout_journal(plan.release.out, run.run_id)
     if stage.load is not None:
         with live.Traffic(run.router_url, run.public_model, stage.load) as traffic:
-            final = live.promote(spec, journal, token)
-        sent = sum(traffic.status.values())
-        failed = sent - traffic.status[200]
-        load: dict[str, JsonValue] | None = {"sent": sent, "failed": failed,
-                                             "statuses": {str(k): n for k, n in traffic.status.items()}}
-        run.echo(f"{stage.name}: {sent} requests through the router, {failed} failed")
+            traffic.wait_measurable()  # the window-sizing check sees the load's own rate
+            final = live.promote(spec, journal, token, nxt)
+        load: dict[str, JsonValue] | None = traffic.summary()
+        run.echo(f"{stage.name}: {traffic.sent} requests through the router, {traffic.failed} failed")
     else:
-        final, load = live.promote(spec, journal, token), None
+        final, load = live.promote(spec, journal, token, nxt), None
     result: dict[str, JsonValue] = {"state": final.state, "reason": final.reason, "journal": str(journal),
                                     **({"traffic": load} if load else {}), "rollout": status(journal)}
     try:

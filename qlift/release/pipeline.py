@@ -12,6 +12,7 @@ with the same key, and run together otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from qlift.release.follow import follow, follow_beside, promote_journal
 from qlift.release.journal import NAME as JOURNAL_NAME
 from qlift.release.journal import ReleaseJournal, RunOutcome, StageRow, StageStatus, writer_lock_path
 from qlift.release.kinds import TABLE, BaseKind
-from qlift.release.livecontext import CheckedEval, LivePlan, rollout_state
+from qlift.release.livecontext import CheckedEval, LivePlan, rollout_journals, rollout_state
 from qlift.release.liveplan import key_live, run_live
 from qlift.release.outputs import ModelOutput, Ran, StageOutput, journaled_output
 from qlift.release.report import Action, StageReport, first_line, short, stage_key
@@ -48,6 +49,7 @@ from qlift.release.rollout_state import release_command, status_command
 from qlift.release.spec import Release, RouterStageOptions, ServeStageOptions, Stage
 from qlift.release.stage_options import CANARY, STABLE
 from qlift.rollout.journal import journal_flag
+from qlift.rollout.spec import PromoteOptions
 from qlift.serialize import to_jsonable
 
 
@@ -79,6 +81,8 @@ class Pipeline:
         if self.from_stage is not None and self.from_stage not in self.names:
             raise BadInputError(f"--from {self.from_stage}: no such stage", field="--from",
                                 hint=f"Use one of: {', '.join(self.names)}.")
+        if self.dry_run:
+            self._say_window_sizing()
         self._base()
         self.choices = self._serve_choices()
         self.unneeded = self._unneeded()
@@ -105,6 +109,39 @@ class Pipeline:
         self._report(StageReport(stage.name, stage.kind, Action.BLOCKED,
                                  f"needs {', '.join(needs)} (made when {'they run' if len(needs) > 1 else 'it runs'})",
                                  warning=warning))
+
+    def _say_window_sizing(self) -> None:
+        """Up front, one line where promote's windows cannot reach their minimum at the traffic known now
+        (preflight's one rule): the file's load as fast as its last run sent it, else the running router's."""
+        promote = next((s for s in self.release.stages if TABLE[s.kind].moves_traffic), None)
+        if promote is None:
+            return
+        from qlift.rollout.preflight import recent_rate, window_shortfall
+
+        url = next((s.options.url for s in self.release.stages if isinstance(s.options, RouterStageOptions)), None)
+        try:  # the router the release starts has no URL yet: a stand-in (sizing reads only the windows)
+            spec = promote.opts(PromoteOptions).rollout_spec(stable=STABLE, canary=CANARY,
+                                                             router=url or "http://127.0.0.1")
+        except ValueError:
+            return
+        last = self.journal.latest(promote.name)
+        load = last.result.get("traffic") if last is not None and promote.load is not None else None
+        problem = None
+        if isinstance(load, dict) and isinstance(sent := load.get("sent"), int) and \
+                isinstance(took := load.get("seconds"), int | float) and took > 0:
+            problem = window_shortfall(spec, sent / took, f"this file's load ({sent} requests in {took:.0f}s "
+                                                          "last run)")
+        else:
+            rate = None
+            if url and self.router_token:
+                with contextlib.suppress(QliftError, ValueError):
+                    rate = recent_rate(url, self.router_token)
+            if rate is not None:
+                problem = window_shortfall(spec, rate[0], f"the router's traffic ({rate[1]} requests in its last "
+                                                          f"{rate[2]:.0f}s)")
+        if problem is not None:
+            self.echo(f"{promote.name}: {problem}; the rollout would hold, then pause (docs/promote.md, window "
+                      "sizing: raise load.concurrency, the interval, or lower analysis.min_requests)")
 
     # -- the base ------------------------------------------------------------------------------
     def _base(self) -> None:
@@ -321,6 +358,9 @@ class Pipeline:
         url = next((s.options.url for s in stages if isinstance(s.options, RouterStageOptions)), None)
         if promote is None or not url:
             return "", False
+        if promote.next is not None:
+            return _next_warning(url, promote.next.partition("=")[0], _router_weights(url, self.router_token),
+                                 self.router_token)
         from qlift.rollout.states import State
 
         last = self.journal.latest(promote.name)
@@ -350,14 +390,30 @@ class Pipeline:
                 f"it ({now}); {fix}"), True
 
 
+def _next_warning(url: str, name: str, weights: dict[str, int] | None, token: str | None) -> tuple[str, bool]:
+    """What a ``next:`` promote does to the running router: rolls NAME out over the version at 100% (the expected
+    start, not a refusal); refused, as `start --next` refuses, where no version holds 100% or NAME does already."""
+    from qlift.rollout.train import stable_for
+
+    if weights is None:
+        return (f"will run promote: rolls {name} out over the version that holds 100% of {url} (its admin API did "
+                "not answer here: promote checks that first)"), False
+    now = ", ".join(f"{n}={w}" for n, w in sorted(weights.items()))
+    try:
+        stable = stable_for(url, name, token, flag="next:")
+    except QliftError as exc:
+        return f"promote would refuse to start: {exc.message}. {exc.hint}".rstrip(), True
+    return f"will run promote: moves live traffic on {url}, rolling {name} out over {stable} (now {now})", False
+
+
 def _first_weights(promote: Stage) -> str:
     """The weights the rollout sets first: 100/0 for a shadow phase, else its first step's."""
-    from qlift.rollout.spec import PromoteOptions
-
     spec = promote.opts(PromoteOptions)
+    stable, canary = (STABLE, CANARY) if promote.next is None else \
+        ("the version at 100%", promote.next.partition("=")[0])
     if spec.shadow is not None:
-        return "stable=100, canary=0 in the shadow phase"
-    return f"stable={100 - spec.steps[0]}, canary={spec.steps[0]} at the first step"
+        return f"{stable}=100, {canary}=0 in the shadow phase"
+    return f"{stable}={100 - spec.steps[0]}, {canary}={spec.steps[0]} at the first step"
 
 
 def _router_weights(url: str, token: str | None) -> dict[str, int] | None:
@@ -407,9 +463,21 @@ def run_release(release: Release, *, from_stage: str | None = None, dry_run: boo
             return _run_locked(pipeline)
 
 
+def _settle_retirements(release: Release, token: str | None, echo: Callable[[str], None]) -> None:
+    """A ``next:`` release's old version that its run could not retire from the router yet (the router did not
+    answer, the run was killed): retired now, before the next release adds its version (train.settle)."""
+    from qlift.rollout.train import settle, unretired
+
+    for journal in rollout_journals(release.out):
+        name = unretired(journal)
+        if name is not None and settle(journal, token) == name:
+            echo(f"retired backend {name} from the router, as {journal} still owed")
+
+
 def _run_locked(pipeline: Pipeline) -> list[StageReport]:
     release, journal, echo = pipeline.release, pipeline.journal, pipeline.echo
     follow(release, journal, echo)
+    _settle_retirements(release, pipeline.router_token, echo)
     stopped = live.stop_leftovers(journal)
     if stopped:
         echo(f"stopped servers a killed run left running: pids {', '.join(map(str, stopped))}")

@@ -9,6 +9,7 @@ nobody else knows: then the release is run again).
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -149,9 +150,26 @@ def rollout_from_journal(path: Path) -> RolloutStatus | None:
         return None
 
 
+def owed_retirements(release: Release) -> list[str]:
+    """A ``next:`` release's old version still on the router at weight 0, where its run could not retire it (the
+    router did not answer, the run was killed): the next `release run` retires it first (pipeline)."""
+    from qlift.release.livecontext import rollout_journals
+    from qlift.rollout.train import unretired
+
+    out = []
+    for journal in rollout_journals(release.out):
+        with contextlib.suppress(QliftError):
+            if (name := unretired(journal)) is not None:
+                out.append(f"backend {name} is still on the router at weight 0 (its rollout in {journal} ended; the "
+                           f"retirement did not): `{release_command(release)}` retires it before anything else")
+    return out
+
+
 def next_steps(release: Release, st: RolloutStatus, live: list[LiveServer]) -> list[str]:
     """What to run now, each a command that works as printed (or says what must come first)."""
-    if st.final or st.controller.alive or not st.journal:
+    if st.final:
+        return owed_retirements(release)
+    if st.controller.alive or not st.journal:
         return []
     flag = f" --journal {shlex.quote(st.journal)}"
     router = next((s for s in live if s.kind is StageKind.ROUTER), None)

@@ -66,6 +66,11 @@ class StageEntry(StrictModel):
                                                 "name (default: the latest model made, else the base).")
     options: dict[str, object] = Field({}, description="The stage's own options model (see the schema).")
     load: LoadOptions | None = Field(None, description="promote only: generate traffic while it runs.")
+    next: str | None = Field(None, description="promote only: the next release on the running router (router url:), "
+                                               "rolled out over whatever holds 100% of it: NAME (the candidate serve "
+                                               "stage's server, added to the router as backend NAME) or "
+                                               "NAME=URL[#MODEL] (no candidate serve stage), as `qlift promote start "
+                                               "--next` takes it.")
     only_if_served: bool = Field(False, description="Run only where a serve stage serves this model (for an eval: "
                                                     "the model it evaluates), e.g. after a serve fallback.")
 
@@ -92,6 +97,12 @@ class Stage:
     options: StageOptions
     load: LoadOptions | None = None
     only_if_served: bool = False
+    next: str | None = None  # promote: NAME or NAME=URL[#MODEL], the next release on the running router
+
+    @property
+    def next_url(self) -> bool:
+        """Whether ``next`` names its server (NAME=URL[#MODEL]) rather than the candidate serve stage's."""
+        return self.next is not None and "=" in self.next
 
     def opts(self, cls: type[T]) -> T:
         """The options, as the class its kind has (a stage of another kind is a bug)."""
@@ -147,7 +158,10 @@ def load_release(path: Path) -> Release:
         if entry.only_if_served and kind.live:
             raise BadInputError("only a merge, quantize or eval stage takes only_if_served", path=where,
                                 field="only_if_served", hint=HINT)
-        stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served))
+        if entry.next is not None:
+            _check_next(entry.next, kind.moves_traffic, where)
+        stages.append(Stage(entry.stage, name, entry.input or default_input, options, load, entry.only_if_served,
+                            entry.next))
         if kind.makes_model:
             models.append(name)
     _check_flow(stages, path)
@@ -203,11 +217,58 @@ def _dataclass_options(kind: StageKind, model: type, data: dict[str, object], *,
         raise BadInputError(message, path=where, field=field, hint=exc.hint) from None
 
 
+def _check_next(text: str, promote: bool, where: str) -> None:
+    """A promote stage's ``next:``, checked as `qlift promote start --next` checks it (a NAME alone: as a backend
+    name)."""
+    from qlift.rollout.train import parse_next
+
+    if not promote:
+        raise BadInputError("only a promote stage takes next", path=where, field="next", hint=HINT)
+    try:
+        parse_next(text if "=" in text else f"{text}=http://127.0.0.1")
+    except BadInputError as exc:
+        raise BadInputError(exc.message.removeprefix(f"field '{exc.field}': "), path=where, field="next",
+                            hint="Write next: NAME (the candidate serve stage's server) or NAME=URL[#MODEL], e.g. "
+                                 "next: v3=http://127.0.0.1:8003#smollm2-v3.") from None
+
+
+def _check_next_flow(stages: list[Stage], promote: Stage, path: Path) -> None:
+    """A release with ``next:``: a running router (url:), whose version at 100% is the stable, so no stable serve
+    stage; the candidate is the candidate serve stage (next: NAME) or the server next: names (NAME=URL)."""
+    where = f"{path}: stage '{promote.name}' (promote)"
+    routers = [s for s in stages if isinstance(s.options, RouterStageOptions)]
+    if not routers:
+        return  # refused below: a promote stage needs a router stage before it
+    if not routers[0].opts(RouterStageOptions).url:
+        raise BadInputError("next: rolls the next version out on a running qlift router, and this release starts "
+                            "its own", path=where, field="next",
+                            hint="Give the router stage url: (the running router), or remove next:.")
+    roles = {s.name: s.opts(ServeStageOptions).role for s in stages if isinstance(s.options, ServeStageOptions)}
+    stable = next((name for name, role in roles.items() if role == "stable"), None)
+    if stable is not None:
+        raise BadInputError(f"with next:, the stable is the version that holds 100% of the router now, so stage "
+                            f"'{stable}' (role: stable) has nothing to serve", path=where, field="next",
+                            hint=f"Remove stage '{stable}'.")
+    candidates = [name for name, role in roles.items() if role == "candidate"]
+    if promote.next_url and candidates:
+        raise BadInputError(f"next: {promote.next} names the candidate's server, and so does stage "
+                            f"'{candidates[0]}'", path=where, field="next",
+                            hint=f"Write next: {str(promote.next).partition('=')[0]} (the serve stage's server), or "
+                                 f"remove stage '{candidates[0]}'.")
+    if not promote.next_url and not candidates:
+        raise BadInputError(f"next: {promote.next} names no server, and no serve stage has role: candidate",
+                            path=where, field="next",
+                            hint=f"Write next: {promote.next}=URL[#MODEL], or add a serve stage with role: candidate.")
+
+
 def _check_flow(stages: list[Stage], path: Path) -> None:
     serves = [(s, s.options) for s in stages if isinstance(s.options, ServeStageOptions)]
     routers = [(s, s.options) for s in stages if isinstance(s.options, RouterStageOptions)]
     roles = {o.role for _, o in serves}
-    if routers and roles != {"candidate", "stable"}:
+    promote = next((s for s in stages if s.next is not None), None)
+    if promote is not None:
+        _check_next_flow(stages, promote, path)
+    elif routers and roles != {"candidate", "stable"}:
         raise BadInputError("a router stage needs a serve stage of each role (candidate and stable)", path=path,
                             field="stages", hint="Add `serve` stages with role: stable and role: candidate "
                             "(either may name a running server with url).")
@@ -256,7 +317,7 @@ def json_schema() -> dict[str, JsonValue]:
         opts["additionalProperties"] = False
         properties = {**schema["$defs"]["StageEntry"]["properties"], "stage": {"const": kind.value}, "options": opts}
         if not row.moves_traffic:
-            del properties["load"]
+            del properties["load"], properties["next"]
         variants.append({"type": "object", "additionalProperties": False, "required": ["stage"],
                          "properties": properties})
     schema["properties"]["stages"]["items"] = {"oneOf": variants}

@@ -62,7 +62,7 @@ class RouterStageOptions(RouterConfig):
     runs it; or a running router named by url, starting nothing."""
 
     url: str | None = Field(None, description="An existing qlift router's URL: start nothing (its backends must "
-                                              "be named stable and canary).")
+                                              "be named stable and canary, unless promote says next:).")
     public_model: str = Field("release", description="--public-model: the model name clients send.")
     port: int = Field(0, ge=0, le=65535, description="--port (0: a free one).")
     keep_running: bool = Field(False, description="Leave the router running when the release ends.")

@@ -259,6 +259,16 @@ def recent_rate(router: str, token: str | None) -> tuple[float, int, float] | No
     return max(rates, default=None)
 
 
+def window_shortfall(spec: RolloutSpec, rps: float, traffic: str) -> str | None:
+    """The one rule of window sizing: the line naming each window that cannot reach its minimum at ``rps``
+    requests/s (``traffic`` says whose, e.g. "the router's traffic (N requests in its last Ss)"); None where
+    every window can."""
+    short = [cause for w in planned_windows(spec) if (cause := forecast(w, rps, spec.interval)) is not None]
+    if not short:
+        return None
+    return f"the windows cannot reach their minimum at {traffic}: " + "; ".join(c.text for c in short)
+
+
 def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_small: bool = False) -> None:
     """Refuse a new rollout whose windows cannot reach their minimum at the router's traffic now, even over the
     held windows --max-inconclusive allows (it would hold, then pause): one line with the interval and minimum
@@ -277,11 +287,9 @@ def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_sm
                     RATE_LOOKBACKS_S[-1])
         return
     rps, count, seconds = rate
-    short = [cause for w in planned_windows(spec) if (cause := forecast(w, rps, spec.interval)) is not None]
-    if not short:
+    problem = window_shortfall(spec, rps, f"the router's traffic ({count} requests in its last {seconds:.0f}s)")
+    if problem is None:
         return
-    problem = (f"the windows cannot reach their minimum at the router's traffic ({count} requests in its last "
-               f"{seconds:.0f}s): " + "; ".join(c.text for c in short))
     if allow_small:
         log.warning("%s: starting anyway (--allow-small-windows); its windows will hold, then pause", problem)
         return

@@ -120,21 +120,43 @@ def next_spec(file_data: dict[str, Any], overrides: dict[str, Any], nxt: NextVer
                                 f"progress ({active.state}): the next release starts once it ends",
                                 hint=f"Resume it with `qlift promote resume{journal_flag(journal)}`, or `qlift "
                                      f"promote abort{journal_flag(journal)}` it first.")
-    state = _client(first, router_token).state()
-    stable = serving(state)
-    if stable is None:
-        split = ", ".join(f"{k} {v}%" for k, v in state.weights.items())
-        raise BadInputError(f"no version holds 100% of the router at {first.router} ({split}): {FLAG} rolls the "
-                            "next version out over the one that does",
-                            hint="Let the rollout moving them end (`qlift promote status`), or put one version at "
-                                 "100% first.")
-    if stable == nxt.name:
-        raise BadInputError(f"{nxt.name} already holds 100% of the router at {first.router}", field=FLAG,
-                            hint="Name the next release's version: a new backend name (e.g. v3).")
+    assert first.router is not None  # a plane at the router needs one (RolloutSpec's validation)
+    stable = stable_for(first.router, nxt.name, router_token)
     if stable != first.stable and "stable" in file_data:
         log.info("%s: the stable is %s, which holds 100%% of the router (the file names %s)", FLAG, stable,
                  file_data["stable"])
     return build_spec(file_data, {**overrides, "stable": stable, "canary": nxt.name}, path=path)
+
+
+def stable_for(router: str, name: str, router_token: str | None, *, flag: str = FLAG) -> str:
+    """The version that holds 100% of the router at ``router`` now: the next release's stable, over which ``name``
+    rolls out. Refused with one line (``flag`` names what asked): no version at 100%, or ``name`` there already."""
+    from qlift.router.client import RouterClient
+
+    state = RouterClient(router, router_token).state()
+    stable = serving(state)
+    if stable is None:
+        split = ", ".join(f"{k} {v}%" for k, v in state.weights.items())
+        raise BadInputError(f"no version holds 100% of the router at {router} ({split}): {flag} rolls the "
+                            "next version out over the one that does",
+                            hint="Let the rollout moving them end (`qlift promote status`), or put one version at "
+                                 "100% first.")
+    if stable == name:
+        raise BadInputError(f"{name} already holds 100% of the router at {router}", field=flag,
+                            hint="Name the next release's version: a new backend name (e.g. v3).")
+    return stable
+
+
+def unretired(journal_path: Path) -> str | None:
+    """The backend the journal's last `--next` rollout left unserved and not yet retired from the router (the
+    retirement ``settle`` still owes); None where there is none."""
+    if not journal_path.is_file():
+        return None
+    with Journal(journal_path, readonly=True) as journal:
+        r = journal.latest()
+        if r is None or r.state not in RETIRES or not _pending(journal, r):
+            return None
+    return r.stable if RETIRES[r.state][0] == "stable" else r.canary
 
 
 def _add_or_repoint(client: RouterClient, nxt: NextVersion) -> BackendChange:

@@ -113,6 +113,14 @@ class Demo:
         print(f"\ntotal {total / 60:.1f} min; outputs in {self.out}", flush=True)
 
 
+
+def unpacks(model: Path) -> bool:
+    """The checkpoint's int4 weights unpack exactly to float weights vLLM serves on any CPU."""
+    from qlift.quantize.unpack import packed_scheme
+
+    config = json.loads((model / "config.json").read_text())
+    return packed_scheme(config.get("quantization_config")) is not None
+
 def eval_findings(report_dir: Path) -> list[str]:
     """The eval's evidence in a few lines: each metric, candidate against baseline with its 95% CI, and each gate."""
     data = json.loads((report_dir / "report.json").read_text())
@@ -262,8 +270,9 @@ def lifecycle(demo: Demo, interval: str) -> None:
     candidate = merged if demo.broken else awq(demo, merged, out / "smollm2-tickets-awq",
                                                "AWQ W4A16 of the fine-tune with llm-compressor")
     report = out / "eval"
-    # vLLM cannot run the AWQ checkpoint on this CPU; transformers can (it dequantizes it).
-    backend = "transformers" if bf16_only and candidate != merged else None
+    # Without the W4A16 kernel (AVX2), vLLM evaluates the checkpoint's own int4 weights unpacked to float
+    # (qlift.quantize.unpack); transformers only for a checkpoint that does not unpack.
+    backend = "transformers" if bf16_only and candidate != merged and not unpacks(candidate) else None
     rc = demo.run("eval against the base on held-out tickets", eval_argv(candidate, base, report, backend),
                   where=f"{report}/report.md", ok_codes=(0, 10) if demo.broken else (0,))
     if demo.broken and rc == 10:

@@ -17,6 +17,11 @@ class Backend(Protocol):
         are not read as another's. Empty where the backend cannot tell (a served model)."""
         return ""
 
+    def answers_by(self, model: EvalModel) -> str:
+        """Which path produces ``model``'s answers, as the report names it: "transformers", "vLLM, W4A16 kernel",
+        "vLLM, weights unpacked from W4A16 to float32". Decided without generating (cached answers are named too)."""
+        return self.name
+
     def identify(self, model: EvalModel) -> None:
         """Record what identifies ``model`` for the cache where no content hash can (a served
         model); a backend of local directories has the content hash and does nothing here."""

@@ -225,6 +225,7 @@ def render_html(result: Any) -> str:
         "is better; a metric whose CI excludes 0 on the worse side is marked <span class=\"flag regression\">"
         "regression</span>, on the better side <span class=\"flag improvement\">improvement</span>; "
         f"not with fewer than {MIN_SIGNIFICANT_N} examples.</p>"
+        + _answers(result)
         + warning
         + (f"<h2>Gates</h2><ul class=gates>{gates}</ul>" if gates else "")
         + f'<h2>Metrics</h2><div class="charts">{charts}</div>'
@@ -233,3 +234,10 @@ def render_html(result: Any) -> str:
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<h2>Examples</h2>{_examples(result, has_base)}</body></html>\n"
     )
+
+
+def _answers(result: Any) -> str:
+    """Which path produced each model's answers (the vLLM W4A16 kernel, weights unpacked from it, transformers)."""
+    answers = getattr(result, "answers", None) or {}
+    items = "; ".join(f"{escape(role)}: {escape(path)}" for role, path in answers.items())
+    return f'<p class="answers">Answers: {items}.</p>' if items else ""

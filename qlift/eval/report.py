@@ -86,6 +86,8 @@ def render_markdown(result: Any) -> str:
         f"{result.bootstrap['resamples']} resamples (seed {result.bootstrap['seed']})",
         "",
     ]
+    if getattr(result, "answers", None):
+        out += ["Answers: " + "; ".join(f"{role}: {path}" for role, path in result.answers.items()) + ".", ""]
     if getattr(result.candidate, "engine_args", None):
         args = ", ".join(f"`{k}={v}`" for k, v in result.candidate.engine_args.items())
         out += [f"The candidate ran with vLLM engine arguments {args}.", ""]

@@ -64,6 +64,8 @@ class EvalResult:
     cache: CacheStats
     bootstrap: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    # role -> which path produced its answers: "vLLM, W4A16 kernel", "vLLM, weights unpacked from W4A16 to float32"
+    answers: dict[str, str] = field(default_factory=dict)
     report_dir: str | None = None
     seconds: float = 0.0
     latency_warning: str | None = None  # why the latency comparison says little about the models
@@ -266,6 +268,7 @@ def evaluate(candidate: str, options: EvalOptions | None = None, *, candidate_re
         examples_count=len(examples), backend=kind, sampling=sampling, metrics=names, overall=overall,
         slices=slices, gates=[], passed=True, examples=rows, cache=stats,
         bootstrap={"resamples": resamples, "seed": seed}, notes=notes,
+        answers={m.role: impl.answers_by(m) for m in models},
     )
     if "latency" in names and len(models) > 1:
         result.latency_warning = latency_warning(models[0], models[1], stats.load)

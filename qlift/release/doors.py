@@ -135,12 +135,15 @@ def planned_quantization(options: QuantizeOptions) -> dict[str, JsonValue]:
 
 
 def eval_backend(options: EvalOptions, candidate: ModelRef) -> str | None:
-    """The options' backend; left to choose, transformers where vLLM cannot run the candidate on this CPU
-    (it dequantizes it), as the demo does."""
+    """The options' backend; left to choose, vLLM (which unpacks a W4A16 checkpoint to float weights where this
+    CPU has no kernel for it: qlift.quantize.unpack), else transformers where vLLM cannot run the candidate."""
+    from qlift.quantize.unpack import packed_scheme
+
     if options.backend is not None or options.endpoint is not None:
         return str(options.backend) if options.backend else None
-    reason = cpu_cannot_serve(dir_quantization(candidate.base))
-    if reason:
+    quantization = dir_quantization(candidate.base)
+    reason = cpu_cannot_serve(quantization)
+    if reason and packed_scheme(quantization) is None:
         log.warning("eval: %s, so the transformers backend evaluates it", reason)
         return "transformers"
     return None

@@ -150,7 +150,7 @@ def test_gpu_servers_each_reserve_their_own_gpu() -> None:
 
 def test_promote_accepts_the_documented_command() -> None:
     """The `qlift promote start` line in the compose files' header parses and builds a valid spec."""
-    from qlift.cli.promote import start_cmd
+    from qlift.cli.promote import _fleet_overrides, start_cmd
     from qlift.rollout.spec import build_spec, spec_overrides
 
     for name in COMPOSE_FILES:
@@ -160,7 +160,9 @@ def test_promote_accepts_the_documented_command() -> None:
         argv = line.group(1).replace("\\\n#", " ").split()[3:]
         ctx = _parse(start_cmd, "start", argv)
         backends = dict(b.split("=", 1) for b in ctx.params["backends"])
-        spec = build_spec({}, {**spec_overrides(dict(ctx.params)), "backends": backends})  # as start_cmd does
+        overrides = {**spec_overrides(dict(ctx.params)), "backends": backends}
+        _fleet_overrides(overrides)  # one --router is router:, as start_cmd does
+        spec = build_spec({}, overrides)
         assert spec.router == "http://127.0.0.1:8080" and spec.backends == {
             "stable": "http://127.0.0.1:8001", "canary": "http://127.0.0.1:8002"}
 

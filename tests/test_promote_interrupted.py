@@ -29,8 +29,12 @@ def _env() -> dict[str, str]:
 
 
 def _qlift(*args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qlift", *map(str, args)], capture_output=True, text=True,
-                          env=_env(), timeout=timeout)
+    try:
+        return subprocess.run([sys.executable, "-m", "qlift", *map(str, args)], capture_output=True, text=True,
+                              env=_env(), timeout=timeout)
+    except subprocess.TimeoutExpired as exc:  # what it said before it was killed, to read in the failure
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        raise AssertionError(f"qlift {' '.join(map(str, args))} ran past {timeout:g}s:\n{said[-4000:]}") from None
 
 
 def _popen(argv: list[str]) -> subprocess.Popen[str]:

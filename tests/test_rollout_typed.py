@@ -93,9 +93,10 @@ def test_a_plane_with_them_is_asked(tmp_path: Path) -> None:
 
 def test_the_enums_keep_the_strings_older_journals_and_receivers_hold() -> None:
     assert [str(a) for a in DecisionAction] == ["start", "pause", "resume", "abort", "promote", "promoted", "bake",
-                                                "finish"]
+                                                "finish", "options"]
     assert [str(k) for k in EventKind] == ["state", "window_discarded", "webhook_failed", "drift", "canary_identity",
-                                           "canary_changed", "controller_stopped", "controller_resumed"]
+                                           "canary_changed", "controller_stopped", "controller_resumed",
+                                           "backend_added", "backend_retiring", "backend_retired"]
     assert {str(p) for p in Phase} <= {str(a) for a in WebhookAction}  # a judged window's phase is a webhook action
     assert json.dumps({"action": WebhookAction.ABORT, "source": SourceName.NONE}) == \
         '{"action": "abort", "source": "none"}'

@@ -238,6 +238,8 @@ class Traffic:
                     code = 0
                 with self.lock:
                     self.status[code] += 1
+                if code != 200:  # a router not answering yet must not use up max_requests in a burst of failures
+                    self.stop_event.wait(0.5)
 
 
 def promote(spec: RolloutSpec, journal_path: Path, token: str | None, nxt: NextVersion | None = None) -> Rollout:

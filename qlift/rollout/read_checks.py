@@ -38,18 +38,20 @@ def low_share(answers: list[ReadAnswer]) -> float:
     return sum(x.low_share * x.tokens for x in answers) / tokens if tokens else 0.0
 
 
-# (what it is in words, how it reads, the AnalysisSpec margin, the version's figure the margin compares)
-METRICS: dict[str, tuple[str, Callable[[float], str], str, Callable[[list[ReadAnswer]], float]]] = {
-    "nll": ("mean NLL per answer token", lambda x: f"{x:.3g} nats", "max_nll_increase", mean_nll),
+# (what it is in words, how it reads, the AnalysisSpec margin, the version's figure the margin compares, one
+# answer's value the rank test compares)
+METRICS: dict[str, tuple[str, Callable[[float], str], str, Callable[[list[ReadAnswer]], float],
+                         Callable[[ReadAnswer], float]]] = {
+    "nll": ("mean NLL per answer token", lambda x: f"{x:.3g} nats", "max_nll_increase", mean_nll, lambda x: x.nll),
     "low_share": (f"share of answer tokens under log-probability {LOW_LOGPROB:g}", lambda x: f"{x:.2%}",
-                  "max_low_prob_share_increase", low_share),
+                  "max_low_prob_share_increase", low_share, lambda x: x.low_share),
 }
 
 
 def _test(metric: str, canary: list[ReadAnswer], stable: list[ReadAnswer], paired: bool, a: AnalysisSpec,
           level: float) -> CheckResult:
     """The version's figures against the margin; past it, a one-sided rank test of the answers' own values."""
-    what, shown, limit, figure = METRICS[metric]
+    what, shown, limit, figure, value = METRICS[metric]
     margin = getattr(a, limit)
     cv, sv = figure(canary), figure(stable)
     increase = cv - sv
@@ -64,7 +66,7 @@ def _test(metric: str, canary: list[ReadAnswer], stable: list[ReadAnswer], paire
     if min(len(canary), len(stable)) < a.min_samples:
         r.detail += f" (fewer than min_samples {a.min_samples}: no test yet)"
         return r
-    cs, ss = [getattr(x, metric) for x in canary], [getattr(x, metric) for x in stable]
+    cs, ss = [value(x) for x in canary], [value(x) for x in stable]
     t = wilcoxon_greater([c - s for c, s in zip(cs, ss, strict=True)]) if paired else mann_whitney_greater(cs, ss)
     r.test, r.p_value = t.test, t.p_value
     r.status = CheckStatus.FAIL if t.p_value < level else CheckStatus.INCONCLUSIVE

@@ -179,6 +179,7 @@ class Traffic:
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(o.concurrency)]
         self.started = self.ended = 0.0
+        self.warm_up = 0  # requests sent before the rollout began (wait_measurable)
 
     def __enter__(self) -> Traffic:
         self.started = time.monotonic()
@@ -210,6 +211,7 @@ class Traffic:
         while time.monotonic() < deadline and not self.stop_event.is_set() and \
                 (self.sent < MIN_RATE_SAMPLE + 1 or time.monotonic() - self.started < MIN_RATE_SPAN_S + 0.5):
             time.sleep(0.1)
+        self.warm_up = self.sent  # max_requests counts from here: fast servers must not spend it before the rollout
 
     def summary(self) -> dict[str, JsonValue]:
         """What the journal keeps of the load: requests sent and failed, by status, over how long (its rate sizes
@@ -223,7 +225,7 @@ class Traffic:
 
         rng = random.Random(k)
         with httpx.Client(timeout=120) as client:
-            while not self.stop_event.is_set() and sum(self.status.values()) < self.o.max_requests:
+            while not self.stop_event.is_set() and sum(self.status.values()) - self.warm_up < self.o.max_requests:
                 body = {"model": self.model, "messages": rng.choice(self.messages), "max_tokens": self.o.max_tokens,
                         "temperature": 0, "stream": True}
                 try:

@@ -813,3 +813,75 @@ def until(what: Callable[[], Any], timeout_s: float = 20, why: str = "", *, ever
             return got
         time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {why}")
+
+
+@dataclass
+class SdkLoad:
+    """Chat completions through the OpenAI SDK (no retries: one refused or reset connection counts) on
+    ``threads`` threads, streamed and not in turn, until stopped, ``limit`` requests or ``timeout_s``; an answer
+    ``check`` refuses counts as a failure. ``with`` starts and stops it."""
+
+    url: str
+    prompt: Callable[[int], str] = lambda i: "hello"
+    check: Callable[[str], bool] = bool
+    model: str = "pub"
+    max_tokens: int = 64
+    threads: int = 2
+    limit: int = 4000
+    timeout_s: float = 15.0
+    pause_s: float = 0.0
+    ok: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _sent: int = 0
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self._stop.is_set() or self._sent >= self.limit:
+                return None
+            self._sent += 1
+            return self._sent
+
+    def _work(self) -> None:
+        import openai
+
+        client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=10)
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline and (i := self._take()) is not None:
+            messages = [{"role": "user", "content": self.prompt(i)}]
+            try:
+                if i % 2:
+                    with client.chat.completions.create(model=self.model, messages=messages,  # type: ignore[arg-type]
+                                                        max_tokens=self.max_tokens, stream=True) as stream:
+                        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+                else:
+                    reply = client.chat.completions.create(model=self.model, messages=messages,  # type: ignore[arg-type]
+                                                           max_tokens=self.max_tokens)
+                    text = reply.choices[0].message.content or ""
+                assert self.check(text), f"an answer the check refused: {text!r}"
+                with self._lock:
+                    self.ok += 1
+            except Exception as exc:  # noqa: BLE001 - every failure a client would see counts
+                with self._lock:
+                    self.failures[f"{type(exc).__name__}: {exc}"[:160]] += 1
+            time.sleep(self.pause_s)
+
+    def start(self) -> SdkLoad:
+        self._workers = [threading.Thread(target=self._work, daemon=True) for _ in range(self.threads)]
+        for w in self._workers:
+            w.start()
+        return self
+
+    def stop(self) -> SdkLoad:
+        self._stop.set()
+        for w in self._workers:
+            w.join(self.timeout_s + 15)
+        return self
+
+    def __enter__(self) -> SdkLoad:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

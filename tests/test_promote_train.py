@@ -6,15 +6,12 @@ The backends are small scripted servers; the router, the controller and the judg
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
-from faults import RouterProcess, ScriptedBackend
+from faults import RouterProcess, ScriptedBackend, SdkLoad
 
 from qlift.errors import ExternalToolError
 from qlift.rollout.journal import Journal
@@ -33,58 +30,6 @@ def helpful(body: dict[str, Any]) -> tuple[str, str]:
 
 def refusing(body: dict[str, Any]) -> tuple[str, str]:
     return "I'm sorry, but I can't help with that request.", "stop"
-
-
-class SdkTraffic:
-    """Chat completions through the OpenAI SDK (no retries: one refused or reset connection counts) on two
-    threads, streamed and not in turn, until stopped, ``limit`` requests or ``timeout_s``."""
-
-    def __init__(self, url: str, *, limit: int = 30000, timeout_s: float = 120.0) -> None:
-        self.url, self.limit, self.timeout_s = url, limit, timeout_s
-        self.ok, self.failures = 0, Counter[str]()
-        self._sent = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._work, args=(k,), daemon=True) for k in range(2)]
-
-    def _take(self) -> int | None:
-        with self._lock:
-            if self._stop.is_set() or self._sent >= self.limit:
-                return None
-            self._sent += 1
-            return self._sent
-
-    def _work(self, k: int) -> None:
-        client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=10)
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline and (i := self._take()) is not None:
-            messages = [{"role": "user", "content": f"Where is my order A{i % 50:04d}?"}]
-            try:
-                if i % 2:
-                    with client.chat.completions.create(model="pub", messages=messages,  # type: ignore[arg-type]
-                                                        max_tokens=64, stream=True) as stream:
-                        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-                else:
-                    reply = client.chat.completions.create(model="pub", messages=messages,  # type: ignore[arg-type]
-                                                           max_tokens=64)
-                    text = reply.choices[0].message.content or ""
-                assert text, "an empty answer"
-                with self._lock:
-                    self.ok += 1
-            except Exception as exc:  # noqa: BLE001 - every failure a client would see counts
-                with self._lock:
-                    self.failures[f"{type(exc).__name__}: {exc}"[:160]] += 1
-            time.sleep(0.01)
-
-    def __enter__(self) -> SdkTraffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +64,8 @@ def test_v1_to_v4_through_one_router_with_a_rollback_and_no_failed_request(
             return run_cli("promote", "start", "--router", router.url, "--next", f"{version}={url}#{model}",
                            *FAST, "--journal", journal, "--json")
 
-        with SdkTraffic(router.url) as traffic:
+        with SdkLoad(router.url, prompt=lambda i: f"Where is my order A{i % 50:04d}?", limit=30000, timeout_s=120,
+                     pause_s=0.01) as traffic:
             # v1 -> v2, promoted; the router does not answer the retirement (a killed process, a blip): v1 stays
             # at weight 0 with the intent journaled, and the next `resume` retires it
             def unreachable(self: Any, name: str) -> Any:

@@ -4,72 +4,17 @@ OpenAI SDK (no retries, so a single refused or reset connection counts) against 
 
 from __future__ import annotations
 
-import itertools
-import threading
-import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
 import pytest
 from aiohttp import web
-from faults import RouterProcess, ThreadedApp, TinyBackend, until
+from faults import RouterProcess, SdkLoad, ThreadedApp, TinyBackend, until
 
 from qlift.router.client import HANDOVER_HEADER, RouterClient
 from qlift.vllm.process import free_port
 
 TOKEN = "restart-admin-token"
-
-
-@dataclass
-class SdkLoad:
-    """Chat completions through the OpenAI SDK from ``threads`` threads, streamed and not in turn, until
-    ``stop()``, ``limit`` requests or ``timeout_s``. Counts answers and failures (with their messages)."""
-
-    url: str
-    threads: int = 3
-    limit: int = 4000
-    timeout_s: float = 15.0
-    ok: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _counter: itertools.count[int] = field(default_factory=itertools.count)
-    _workers: list[threading.Thread] = field(default_factory=list)
-
-    def _work(self) -> None:
-        client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=10)
-        deadline = time.monotonic() + self.timeout_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            i = next(self._counter)
-            if i >= self.limit:
-                return
-            messages = [{"role": "user", "content": "hello"}]
-            try:
-                if i % 2:
-                    with client.chat.completions.create(model="pub", messages=messages,  # type: ignore[arg-type]
-                                                        max_tokens=8, stream=True) as stream:
-                        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-                else:
-                    reply = client.chat.completions.create(model="pub", messages=messages,  # type: ignore[arg-type]
-                                                           max_tokens=8)
-                    text = reply.choices[0].message.content or ""
-                assert text.startswith("hi "), text
-                self.ok += 1
-            except Exception as exc:  # noqa: BLE001 - every failure a client would see counts
-                self.failures[f"{type(exc).__name__}: {exc}"[:160]] += 1
-
-    def start(self) -> SdkLoad:
-        self._workers = [threading.Thread(target=self._work, daemon=True) for _ in range(self.threads)]
-        for w in self._workers:
-            w.start()
-        return self
-
-    def stop(self) -> SdkLoad:
-        self._stop.set()
-        for w in self._workers:
-            w.join(self.timeout_s + 15)
-        return self
 
 
 def _router(port: int, stable: TinyBackend, canary: TinyBackend, tmp_path: Path, *extra: str) -> RouterProcess:
@@ -94,7 +39,7 @@ def test_take_over_under_sdk_load_fails_no_request_and_keeps_the_weights(tmp_pat
     try:
         old.admin().set_weights({"stable": 20, "canary": 80})
         old.admin().set_shadow("canary", 10, partner="stable")
-        load = SdkLoad(old.url).start()
+        load = SdkLoad(old.url, max_tokens=8, threads=3, check=lambda text: text.startswith("hi ")).start()
         until(lambda: load.ok >= 50, 10, "load to get going")
         new = _router(port, stable, canary, tmp_path, "--take-over").start()
         assert new.url == old.url and new.info["took_over_from"] == old.proc.pid  # type: ignore[union-attr]

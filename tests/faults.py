@@ -885,3 +885,15 @@ class SdkLoad:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def helpful_order_answer(body: dict[str, Any]) -> tuple[str, str]:
+    """A ScriptedBackend answer that takes up the order number the question ends with."""
+    order = str(body["messages"][-1]["content"]).split()[-1].rstrip("?")
+    return (f"Your order {order} left our warehouse this morning and should reach you within two business days. "
+            "You will get an email with the tracking number shortly."), "stop"
+
+
+def refusing_answer(body: dict[str, Any]) -> tuple[str, str]:
+    """A ScriptedBackend answer that refuses every request."""
+    return "I'm sorry, but I can't help with that request.", "stop"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faults import RouterProcess, ScriptedBackend, SdkLoad
+from faults import RouterProcess, ScriptedBackend, SdkLoad, helpful_order_answer, refusing_answer
 
 from qlift.errors import ExternalToolError
 from qlift.rollout.journal import Journal
@@ -20,16 +20,6 @@ from qlift.vllm.process import free_port
 
 TOKEN = "train-admin-token"
 FAST = ["--steps", "50,100", "--interval", "2s", "--min-requests", "10"]
-
-
-def helpful(body: dict[str, Any]) -> tuple[str, str]:
-    order = str(body["messages"][-1]["content"]).split()[-1].rstrip("?")
-    return (f"Your order {order} left our warehouse this morning and should reach you within two business days. "
-            "You will get an email with the tracking number shortly."), "stop"
-
-
-def refusing(body: dict[str, Any]) -> tuple[str, str]:
-    return "I'm sorry, but I can't help with that request.", "stop"
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +43,8 @@ def _events(journal: Path) -> list[tuple[int, str, str, str]]:
 def test_v1_to_v4_through_one_router_with_a_rollback_and_no_failed_request(
         run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     journal = tmp_path / "rollouts.sqlite"
-    with ScriptedBackend("m-v1", helpful) as v1, ScriptedBackend("m-v2", helpful) as v2, \
-            ScriptedBackend("m-v3", refusing) as v3, ScriptedBackend("m-v4", helpful) as v4, \
+    with ScriptedBackend("m-v1", helpful_order_answer) as v1, ScriptedBackend("m-v2", helpful_order_answer) as v2, \
+            ScriptedBackend("m-v3", refusing_answer) as v3, ScriptedBackend("m-v4", helpful_order_answer) as v4, \
             RouterProcess("--backend", f"v1={v1.url}#m-v1", "--public-model", "pub",
                           log_path=tmp_path / "router.log", token=TOKEN) as router:
         admin, pid = router.admin(), router.proc.pid if router.proc else None
@@ -115,7 +105,7 @@ def test_v1_to_v4_through_one_router_with_a_rollback_and_no_failed_request(
 
 def test_next_is_refused_in_one_line_and_leaves_the_router_as_it_was(run_cli: Any, tmp_path: Path) -> None:
     journal = tmp_path / "rollouts.sqlite"
-    with ScriptedBackend("m-v1", helpful) as v1, ScriptedBackend("m-v2", helpful) as v2, \
+    with ScriptedBackend("m-v1", helpful_order_answer) as v1, ScriptedBackend("m-v2", helpful_order_answer) as v2, \
             RouterProcess("--backend", f"v1={v1.url}#m-v1", "--backend", f"v2={v2.url}#m-v2", "--weight", "v1=50",
                           "--weight", "v2=50", "--public-model", "pub", log_path=tmp_path / "router.log",
                           token=TOKEN) as router:

@@ -13,22 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
-from faults import RouterProcess, ScriptedBackend
+from faults import RouterProcess, ScriptedBackend, helpful_order_answer, refusing_answer
 
 from qlift.errors import ExternalToolError
 
 TOKEN = "release-train-token"
 PROMOTE = {"steps": [50, 100], "interval": "2s", "analysis": {"min_requests": 10}}
-
-
-def helpful(body: dict[str, Any]) -> tuple[str, str]:
-    order = str(body["messages"][-1]["content"]).split()[-1].rstrip("?")
-    return (f"Your order {order} left our warehouse this morning and should reach you within two business days. "
-            "You will get an email with the tracking number shortly."), "stop"
-
-
-def refusing(body: dict[str, Any]) -> tuple[str, str]:
-    return "I'm sorry, but I can't help with that request.", "stop"
 
 
 def _release(path: Path, base: Path, router: str, nxt: str, candidate: str | None,
@@ -59,8 +49,8 @@ def test_three_releases_in_a_row_through_one_running_router(
         run_cli: Any, tmp_path: Path, tiny_qwen2_tied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QLIFT_ROUTER_TOKEN", TOKEN)
     f = tmp_path / "release.yaml"
-    with ScriptedBackend("m-v1", helpful) as v1, ScriptedBackend("m-v2", helpful) as v2, \
-            ScriptedBackend("m-v3", refusing) as v3, ScriptedBackend("m-v4", helpful) as v4, \
+    with ScriptedBackend("m-v1", helpful_order_answer) as v1, ScriptedBackend("m-v2", helpful_order_answer) as v2, \
+            ScriptedBackend("m-v3", refusing_answer) as v3, ScriptedBackend("m-v4", helpful_order_answer) as v4, \
             RouterProcess("--backend", f"v1={v1.url}#m-v1", "--public-model", "pub",
                           log_path=tmp_path / "router.log", token=TOKEN) as router:
         admin, pid = router.admin(), router.proc.pid if router.proc else None

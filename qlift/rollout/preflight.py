@@ -243,18 +243,20 @@ def recent_rate(router: str, token: str | None) -> tuple[float, int, float] | No
     """(requests/s, requests, seconds) the router served lately, counted as a window counts them (its request log,
     a client gone before the answer left out): the busier of its last minute and last 5 minutes (a load that
     just started is not diluted by an idle hour); None: fewer than ``MIN_RATE_SAMPLE`` requests over at least
-    ``MIN_RATE_SPAN_S`` in either."""
+    ``MIN_RATE_SPAN_S`` (or a full batch of ``RATE_RECORDS``) in either."""
     from qlift.router.client import RouterClient
 
     client = RouterClient(router, token)
     batch = client.requests(since=max(client.state().seq - RATE_RECORDS, 0))
     now = time.time()
     times = [r.time for r in batch.requests if not r.client_disconnected]
+    # RATE_RECORDS read in under MIN_RATE_SPAN_S is a load too busy for the span guard, not one just begun
+    full = len(batch.requests) >= RATE_RECORDS
     rates = []
     for lookback in RATE_LOOKBACKS_S:
         recent = [t for t in times if t >= now - lookback]
         span = now - min(recent, default=now)
-        if len(recent) >= MIN_RATE_SAMPLE and span >= MIN_RATE_SPAN_S:
+        if len(recent) >= MIN_RATE_SAMPLE and (span >= MIN_RATE_SPAN_S or full) and span > 0:
             rates.append((len(recent) / span, len(recent), span))
     return max(rates, default=None)
 

@@ -42,12 +42,13 @@ CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 GPU_BIND = "CUDA_VISIBLE_DEVICES"
 REPLICA_HOST = "127.0.0.1"  # replicas are the router's, never the clients'
 # vllm-router's checks, so a dead replica leaves rotation within seconds: /health each second, out after 2 misses
-# (3 s each at most), a request that fails retried on another replica, a replica failing requests skipped by its
-# circuit breaker for 10 s.
+# (3 s each at most). A request is tried up to 5 times (vllm-router counts the first try); a replica that failed 2
+# is skipped by its circuit breaker for 10 s, so the later tries reach another replica. With 3 tries and a breaker
+# at 3, power_of_two could send all three to a just-killed replica (it has no load), one request in eight.
 ROUTER_CHECKS = ("--health-check-interval-secs", "1", "--health-failure-threshold", "2",
                  "--health-success-threshold", "1", "--health-check-timeout-secs", "3",
-                 "--retry-max-retries", "3", "--retry-initial-backoff-ms", "50", "--retry-max-backoff-ms", "1000",
-                 "--cb-failure-threshold", "3", "--cb-success-threshold", "1", "--cb-timeout-duration-secs", "10")
+                 "--retry-max-retries", "5", "--retry-initial-backoff-ms", "50", "--retry-max-backoff-ms", "1000",
+                 "--cb-failure-threshold", "2", "--cb-success-threshold", "1", "--cb-timeout-duration-secs", "10")
 RETRY_WINDOW_S = 5.0  # the longest a request waits on a dead replica: its retries' backoffs, well within this
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 15
+COSTLIEST_FILES = 20
 
 
 def cpu_line() -> str:
@@ -57,6 +58,17 @@ def timings(junit: Path) -> list[tuple[float, str]]:
     return out
 
 
+def by_file(rows: list[tuple[float, str]]) -> list[tuple[float, int, str]]:
+    """(seconds, tests, file) for each test file, the costliest first: what each suite costs."""
+    seconds: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for t, name in rows:
+        f = name.split("::", 1)[0]
+        seconds[f] = seconds.get(f, 0.0) + t
+        count[f] = count.get(f, 0) + 1
+    return sorted(((t, count[f], f) for f, t in seconds.items()), reverse=True)
+
+
 def main(argv: list[str]) -> int:
     args, user_expr = split_marker(argv)
     workers = int(os.environ.get("QLIFT_TEST_WORKERS") or min(2, len(os.sched_getaffinity(0))))
@@ -83,6 +95,11 @@ def main(argv: list[str]) -> int:
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
     for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:
         print(f"  {seconds:8.1f}  {name}")
+    files = by_file(rows)
+    print(f"\nsuite: what each test file costs (s summed over its tests; part 1's {workers} workers run side by "
+          f"side), the {COSTLIEST_FILES} costliest of {len(files)}")
+    for seconds, n, name in files[:COSTLIEST_FILES]:
+        print(f"  {seconds:8.1f}  {n:4d} tests  {name}")
     print(f"suite: {len(rows)} tests; part 1 {walls[0]:.0f} s, part 2 {walls[1]:.0f} s, total {sum(walls):.0f} s "
           f"({sum(walls) / 60:.1f} min) on {cpu_line()}")
     if all(c == 5 for c in codes):

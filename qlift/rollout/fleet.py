@@ -25,6 +25,7 @@ from qlift.rollout.sources import RouterSource, fold_records
 from qlift.rollout.spec_sections import DiscoveredRouters, RouterDiscovery
 
 if TYPE_CHECKING:
+    from qlift.rollout.spec import RolloutSpec
     from qlift.router.wire import ShadowState
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ADMIN_TIMEOUT_S = 5.0  # a router that takes longer to answer its admin API is named as not answering
 SERVICE_LABEL = "kubernetes.io/service-name"  # the label an EndpointSlice names its Service by
+# Every Kubernetes API call discovery makes, as a Role rule: `qlift deploy k8s --data-plane builtin` grants the
+# promote controller exactly this (tests/test_deploy_builtin.py checks it against the requests discovery sends).
+DISCOVERY_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
 
 
 class RouterFleet:
@@ -41,6 +46,17 @@ class RouterFleet:
         self.listed = routers if isinstance(routers, list) else None
         self.discovery = None if isinstance(routers, list) else routers.discover
         self.also = also.rstrip("/") if also else None  # the spec's router:, one more member
+
+    @classmethod
+    def of(cls, spec: RolloutSpec) -> RouterFleet | None:
+        """The spec's fleet (``routers:``, with ``router:`` one more member); None where it names one router."""
+        return None if spec.routers is None else cls(spec.routers, also=spec.router)
+
+    def where(self) -> str:
+        """The routers as a person names them: the listed URLs, or the Service whose EndpointSlices list them."""
+        if self.discovery is not None:
+            return f"the routers of Service {self.discovery.namespace}/{self.discovery.service}"
+        return ", ".join(dict.fromkeys([*(self.listed or []), *([self.also] if self.also else [])]))
 
     def urls(self) -> list[str]:
         if self.listed is not None:

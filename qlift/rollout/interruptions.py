@@ -3,21 +3,23 @@
 A controller that stops on a signal (SIGTERM, SIGINT/Ctrl-C) or an error journals ``controller_stopped`` with
 how, where (state, step) and the weights it left, before the exception leaves it; the next controller on that
 rollout journals ``controller_resumed`` (after a SIGKILL, which leaves no event, it says the stop went
-unrecorded). ``interruptions`` pairs them for the status; ``live_weights`` reads what the router holds now.
+unrecorded). ``interruptions`` pairs them for the status; ``live_weights`` reads what the router (or every router
+of a fleet) holds now.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qlift.errors import QliftError, Terminated
+from qlift.errors import ExternalToolError, QliftError, Terminated
 from qlift.rollout.states import EventKind
 
 if TYPE_CHECKING:
+    from qlift.rollout.fleet import RouterFleet
     from qlift.rollout.journal import Journal
     from qlift.rollout.spec import RolloutSpec
 
@@ -105,17 +107,46 @@ def interruptions(events: list[dict[str, Any]]) -> list[Interruption]:
 
 def live_weights(spec: RolloutSpec, timeout: float = 3.0, *, router_token: str | None = None) -> dict[str, Any] | None:
     """What the qlift router holds now ({"url", "weights"} or {"url", "error"}); None for other data planes.
-    ``router_token``: its admin token (None: QLIFT_ROUTER_TOKEN's)."""
+    ``router_token``: its admin token (None: QLIFT_ROUTER_TOKEN's). A fleet (``routers:``): see fleet_weights."""
+    from qlift.rollout.fleet import RouterFleet
     from qlift.rollout.planes import PLANES
 
-    if not PLANES[spec.data_plane].at_router or not spec.router:
+    fleet = RouterFleet.of(spec)
+    if not PLANES[spec.data_plane].at_router or not (spec.router or fleet):
         return None
     from qlift.router.client import RouterClient
     from qlift.settings import router_token as given_or_env
 
+    if fleet is not None:
+        return fleet_weights(fleet, lambda url: dict(RouterClient(url, given_or_env(router_token),
+                                                                  timeout=timeout).state().weights))
+    assert spec.router is not None
     try:
         state = RouterClient(spec.router, given_or_env(router_token), timeout=timeout).state()
     except (QliftError, ValueError) as exc:
         return {"url": spec.router, "weights": None, "error": exc.one_line() if isinstance(exc, QliftError)
                 else str(exc)}
     return {"url": spec.router, "weights": dict(state.weights), "error": None}
+
+
+def fleet_weights(fleet: RouterFleet, read: Callable[[str], dict[str, int]]) -> dict[str, Any]:
+    """What every router of a fleet holds now: {"url": the routers, "weights": the weights they all hold (None
+    where one does not answer or they disagree), "error": why not, "routers": {url: {"weights", "error"}}}."""
+    from qlift.rollout.fleet import not_answering
+
+    def one(url: str) -> dict[str, int]:
+        try:
+            return read(url)
+        except ValueError as exc:  # an answer that is not a router's state
+            raise ExternalToolError(str(exc), tool="router") from None
+
+    try:
+        urls = fleet.urls()
+    except QliftError as exc:  # discovery: the routers cannot be listed
+        return {"url": fleet.where(), "weights": None, "error": exc.one_line(), "routers": {}}
+    held, failed = fleet.each(urls, one)
+    routers = {url: {"weights": held.get(url), "error": failed.get(url)} for url in urls}
+    distinct = {tuple(sorted(w.items())) for w in held.values()}
+    error = not_answering(failed) if failed else "the routers hold different weights" if len(distinct) > 1 else None
+    weights = next(iter(held.values())) if error is None and held else None
+    return {"url": ", ".join(urls), "weights": weights, "error": error, "routers": routers}

@@ -10,8 +10,9 @@ restarted router without a state file comes back).
 The canary must answer before any user is sent to it: its server lists the model the router asks it for.
 
 A new rollout's windows must be able to reach their minimum at the traffic the router serves now (traffic.py's
-one rule, weight x requests/s x interval >= min_requests): one that cannot would hold, then pause, so it is
-refused up front (``--allow-small-windows`` starts anyway); a router with no traffic yet only gets a warning.
+one rule, weight x requests/s x interval >= min_requests; a fleet's traffic is the sum of its routers'): one that
+cannot would hold, then pause, so it is refused up front (``--allow-small-windows`` starts anyway); a router with
+no traffic yet only gets a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from qlift.errors import BadInputError, ExternalToolError, QliftError
 from qlift.fsutil import lock_holder
 from qlift.rollout.dataplane import DataPlane, KnowsServers, ReportsDown, mirroring_now
+from qlift.rollout.fleet import RouterFleet, not_answering
 from qlift.rollout.journal import Journal, Rollout, default_journal
 from qlift.rollout.spec import RolloutSpec, flag_name
 from qlift.rollout.states import State
@@ -274,7 +276,12 @@ def window_shortfall(spec: RolloutSpec, rps: float, traffic: str) -> str | None:
 def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_small: bool = False) -> None:
     """Refuse a new rollout whose windows cannot reach their minimum at the router's traffic now, even over the
     held windows --max-inconclusive allows (it would hold, then pause): one line with the interval and minimum
-    that would; ``allow_small``: a warning. Where the router has no traffic yet, one warning."""
+    that would; ``allow_small``: a warning. Where the router has no traffic yet, one warning. A fleet
+    (``routers:``): the sum of its routers' traffic (each sees its share of the clients)."""
+    fleet = RouterFleet.of(spec)
+    if fleet is not None:
+        _check_fleet_window_sizing(spec, fleet, router_token, allow_small=allow_small)
+        return
     if not spec.router:
         return
     try:
@@ -289,8 +296,19 @@ def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_sm
                     RATE_LOOKBACKS_S[-1])
         return
     rps, count, seconds = rate
-    problem = window_shortfall(spec, rps, f"the router's traffic ({count} requests in its last {seconds:.0f}s)")
+    _refuse_small_windows(spec, rps, f"the router's traffic ({count} requests in its last {seconds:.0f}s)",
+                          allow_small=allow_small)
+
+
+def _refuse_small_windows(spec: RolloutSpec, rps: float, traffic: str, *, allow_small: bool,
+                          partial: str | None = None) -> None:
+    """Refuse (``allow_small``, or a rate ``partial`` says was measured on part of the fleet: warn) when a window
+    cannot reach its minimum at ``rps``."""
+    problem = window_shortfall(spec, rps, traffic)
     if problem is None:
+        return
+    if partial is not None:
+        log.warning("%s (a lower bound: %s): starting anyway; its windows may hold, then pause", problem, partial)
         return
     if allow_small:
         log.warning("%s: starting anyway (--allow-small-windows); its windows will hold, then pause", problem)
@@ -298,3 +316,37 @@ def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_sm
     raise BadInputError(problem, hint="Size the windows by weight x requests/s x interval >= min_requests "
                                       "(docs/promote.md, window sizing), send more traffic, or pass "
                                       "--allow-small-windows to start anyway (they hold, then pause)")
+
+
+def _check_fleet_window_sizing(spec: RolloutSpec, fleet: RouterFleet, router_token: str | None, *,
+                               allow_small: bool) -> None:
+    """check_window_sizing on a fleet: every router's recent rate, summed. A router whose log cannot be read is
+    named in a warning, and a shortfall on the rest is a warning too (their sum is a lower bound)."""
+    try:
+        urls = fleet.urls()
+    except QliftError as exc:
+        log.warning("the fleet's routers could not be listed to size the windows: %s", exc.one_line())
+        return
+    rates, failed = fleet.each(urls, lambda url: recent_rate(url, router_token))
+    unread = None
+    if failed:
+        unread = f"the request log of {len(failed)} of {len(urls)} routers could not be read: " + \
+            not_answering(failed)
+        log.warning("sizing the windows by the routers that answer; %s", unread)
+    measured = {url: r for url, r in rates.items() if r is not None}
+    if not measured:
+        if rates:
+            log.warning("the routers (%s) have too little traffic yet to size the windows by (fewer than %d requests, "
+                        "or less than %.0fs of them, in the last %.0fs, at each): each needs weight x requests/s x "
+                        "interval >= min_requests (docs/promote.md, window sizing)", ", ".join(sorted(rates)),
+                        MIN_RATE_SAMPLE, MIN_RATE_SPAN_S, RATE_LOOKBACKS_S[-1])
+        return
+    rps = sum(r[0] for r in measured.values())
+
+    def told(url: str) -> str:
+        r = measured.get(url)
+        return f"too few requests at {url}" if r is None else f"{r[1]} requests in its last {r[2]:.0f}s at {url}"
+
+    each = "; ".join(told(url) for url in sorted(rates))
+    _refuse_small_windows(spec, rps, f"the traffic of {len(rates)} routers summed ({each})", allow_small=allow_small,
+                          partial=unread)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from qlift.quality.registry import ANSWER_METRICS
@@ -218,12 +219,7 @@ def head_lines(st: RolloutStatus) -> list[str]:
         out.append(f"controller: none running{stopped} -- nothing advances or watches this rollout; "
                    f"`qlift promote resume{flag}` runs one, `qlift promote abort{flag}` restores the stable")
     if st.live is not None:
-        live = st.live
-        now = ("does not answer: " + str(live["error"])) if live["weights"] is None else \
-            "holds " + " / ".join(f"{quote(k)} {v}%" for k, v in live["weights"].items())
-        differs = live["weights"] is not None and st.weights is not None and \
-            any(live["weights"].get(k) != v for k, v in st.weights.items())
-        out.append(f"router {live['url']} now {now}" + (" (not the journal's weights)" if differs else ""))
+        out += live_lines(st, quote)
     if st.canary_down is not None:
         out.append(down_line(st))
     if st.abort_not_journaled:
@@ -235,6 +231,25 @@ def head_lines(st: RolloutStatus) -> list[str]:
     if st.drifts or st.webhook_failures:
         out.append(f"events: {st.drifts} weight drift(s) re-applied, {st.webhook_failures} webhook failure(s)")
     return out
+
+
+def live_lines(st: RolloutStatus, quote: Callable[[str], str]) -> list[str]:
+    """What the router holds now, one line; a fleet's: one line per router (or why none could be listed)."""
+    assert st.live is not None
+
+    def line(url: str, weights: dict[str, int] | None, error: Any) -> str:
+        now = ("does not answer: " + str(error)) if weights is None else \
+            "holds " + " / ".join(f"{quote(k)} {v}%" for k, v in weights.items())
+        differs = weights is not None and st.weights is not None and \
+            any(weights.get(k) != v for k, v in st.weights.items())
+        return f"router {url} now {now}" + (" (not the journal's weights)" if differs else "")
+
+    routers = st.live.get("routers")
+    if routers is None:
+        return [line(st.live["url"], st.live["weights"], st.live["error"])]
+    if not routers:
+        return [f"{st.live['url']} could not be listed: {st.live['error']}"]
+    return [line(url, r["weights"], r["error"]) for url, r in routers.items()]
 
 
 def status_lines(st: RolloutStatus, cols: int | None = None) -> list[str]:

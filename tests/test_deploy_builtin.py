@@ -51,7 +51,7 @@ def test_every_object_matches_its_schema(models, recipe: str) -> None:
     kinds = sorted(o["kind"] for o in result.objects.values())
     assert kinds == sorted(["Deployment"] * 5 + ["Service"] * 6 + ["HorizontalPodAutoscaler"] * 2
                            + ["PodDisruptionBudget"] * 3 + ["ConfigMap"] * 2
-                           + ["ServiceAccount", "Role", "RoleBinding"])  # no HTTPRoute: the routers split
+                           + ["ServiceAccount", "Role", "RoleBinding"] * 2)  # no HTTPRoute: the routers split
     for obj in result.objects.values():
         validate(obj)
 
@@ -197,6 +197,51 @@ def test_rbac_lets_vllm_router_read_pods_in_its_namespace_only(models) -> None:
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-vllm-router"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "serving"}]
     assert _pod(objs["deployment-router.yaml"])["automountServiceAccountToken"] is False
+
+
+def _api_access(method: str, path: str) -> tuple[str, str, str]:
+    """(API group, resource, RBAC verb) of one request to the Kubernetes API, as the API server authorizes it."""
+    route, _, query = path.partition("?")
+    parts = route.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
+    verbs = {"GET": "get" if named else "watch" if "watch=true" in query else "list", "POST": "create",
+             "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+    return group, resource, verbs[method]
+
+
+def test_rbac_lets_promote_discover_the_routers_and_nothing_more(models, tmp_path: Path) -> None:
+    """The promote Role grants exactly the calls discovery makes: each request discover_routers sends to the
+    (fake) API server, as the API server would authorize it."""
+    from kube_fake import FakeKube
+
+    from qlift.rollout.fleet import discover_routers
+    from qlift.rollout.spec_sections import RouterDiscovery
+
+    objs = _render(models)
+    sa, role, binding = (objs[f"{k}-promote.yaml"] for k in ("serviceaccount", "role", "rolebinding"))
+    assert sa["metadata"]["name"] == "llm-promote" and role["metadata"]["namespace"] == "serving"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-promote"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-promote", "namespace": "serving"}]
+    slices = ("discovery.k8s.io", "v1", "endpointslices")
+    with FakeKube({slices: {"type": "object"}}) as kube:
+        kube.put(slices[0], slices[2], {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "llm-router-fleet-x", "namespace": "serving",
+                         "labels": {"kubernetes.io/service-name": "llm-router-fleet"}},
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.0.0.1"]}]})
+        spec = yaml.safe_load(yaml.safe_dump(render_k8s(DeployOptions(
+            model=models[0], canary=models[1], recipe="chat-h100", data_plane="builtin", namespace="serving"))
+            .promote_spec))
+        where = RouterDiscovery(**spec["routers"]["discover"], kubeconfig=kube.kubeconfig(tmp_path))
+        assert discover_routers(where) == ["http://10.0.0.1:8080"]
+        used = {_api_access(method, path) for method, path, _ in kube.requests}
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert used == granted == {("discovery.k8s.io", "endpointslices", "list")}
 
 
 def test_promote_spec_points_at_the_fleet(run_cli, models, tmp_path: Path) -> None:

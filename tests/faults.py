@@ -106,7 +106,11 @@ class FaultProxy:
     async def _start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        # An idle pooled connection is dropped before uvicorn's 5 s keep-alive closes it (as the qlift router's 4 s
+        # does): reusing one the server just closed fails the request with ServerDisconnectedError, a 500 here
+        # that no real backend gave (a session test saw its canary "fail" and the router replay it on stable).
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                                              connector=aiohttp.TCPConnector(keepalive_timeout=2.0))
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()

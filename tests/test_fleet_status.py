@@ -47,7 +47,13 @@ def _status(run_cli: Any, tmp_path: Path, routers: Any, **more: Any) -> tuple[di
     assert shown.exit_code == 0, shown.stderr
     text = run_cli("promote", "status", "--journal", journal)
     assert text.exit_code == 0, text.stderr
-    return json.loads(shown.stdout)["live"], [ln for ln in text.stdout.splitlines() if "router" in ln]
+    live = json.loads(shown.stdout)["live"]
+    page = tmp_path / f"{journal.stem}.html"  # the rollout's page names each router as the text does
+    assert run_cli("promote", "report", "-o", page, "--journal", journal).exit_code == 0
+    html = page.read_text(encoding="utf-8")
+    for url in live.get("routers") or {}:
+        assert f'<li class="live">router {url} now ' in html, html
+    return live, [ln for ln in text.stdout.splitlines() if "router" in ln]
 
 
 def test_status_shows_every_listed_routers_weights(run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

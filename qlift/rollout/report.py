@@ -21,7 +21,7 @@ from qlift.rollout import report_svg as charts
 from qlift.rollout.checks import CheckStatus
 from qlift.rollout.states import State
 from qlift.rollout.status import RolloutStatus
-from qlift.rollout.view import VERDICTS, down_line, measure, num, pass_reason, role_words, traffic
+from qlift.rollout.view import VERDICTS, down_line, live_lines, measure, num, pass_reason, role_words, traffic
 
 CSS = EVAL_CSS + """
 .rollout-chart .grid{stroke:#eee}.rollout-chart polyline{fill:none;stroke-width:2}
@@ -160,10 +160,8 @@ def _latency_title(windows: list[dict[str, Any]]) -> str:
 def _interruptions(st: RolloutStatus) -> str:
     """The controller's stops and resumes (SIGTERM, Ctrl-C, a kill), and the router's weights while none runs."""
     rows = [f'<li class="interruption">controller {escape(i.line())}</li>' for i in st.interruptions]
-    if st.live is not None:
-        now = ("does not answer: " + str(st.live["error"])) if st.live["weights"] is None else \
-            "holds " + " / ".join(f"{k} {v}%" for k, v in st.live["weights"].items())
-        rows.append(f'<li class="live">router {escape(st.live["url"])} now {escape(now)}</li>')
+    if st.live is not None:  # one line per router of a fleet
+        rows += [f'<li class="live">{escape(line)}</li>' for line in live_lines(st, lambda name: name)]
     if not rows:
         return ""
     return "<h2>Interruptions</h2><ul class=interruptions>" + "".join(rows) + "</ul>"

@@ -257,6 +257,7 @@ def test_promote_spec_points_at_the_fleet(run_cli, models, tmp_path: Path) -> No
         "stable", "canary", "builtin", "builtin")
     RolloutSpec.model_validate(spec)
     assert (out / name).read_text().startswith(f"# qlift promote start -f {name}")
+    assert "# in the cluster, as ServiceAccount llm-promote " in (out / name).read_text()
     assert json.loads((out / "qlift.json").read_text())["parameters"]["data_plane"] == "builtin"
     if shutil.which("kubectl"):  # kustomize builds the directory as `kubectl apply -k` would
         built = subprocess.run(["kubectl", "kustomize", str(out)], capture_output=True, text=True, timeout=60)

@@ -222,6 +222,9 @@ def write_k8s(opts: DeployOptions, out: Path, *, force: bool = False) -> DeployR
         (tmp / "kustomization.yaml").write_text(to_yaml(kustomization), encoding="utf-8")
         if result.promote_spec is not None:
             header = f"# qlift promote start -f {result.promote_file}   (docs/deployment.md)\n"
+            if opts.fleet:  # it discovers the routers through the Kubernetes API: a pod needs this account
+                account = fleet.promote_account(opts.app)
+                header += f"# in the cluster, as ServiceAccount {account} (it may list EndpointSlices)\n"
             (tmp / result.promote_file).write_text(header + to_yaml(result.promote_spec), encoding="utf-8")
         write_manifest(tmp, operation="deploy-k8s", inputs=inputs, started_at=started, parameters={
             "recipe": result.recipe, "rollout": opts.rollout, "data_plane": opts.data_plane, "app": opts.app,

@@ -91,5 +91,6 @@ class LoadOptions(StrictModel):
 
     prompts: Path = Field(description="JSONL of {'messages': [...]} rows (relative to the file).")
     concurrency: int = Field(3, ge=1, le=64, description="Conversations at a time.")
-    max_requests: int = Field(2000, ge=1, description="Stop after this many requests.")
+    max_requests: int = Field(2000, ge=1, description="Stop after this many requests, counted from the rollout's "
+                              "start (not the warm-up that measures the load's rate).")
     max_tokens: int = Field(48, ge=1, description="max_tokens of each request.")

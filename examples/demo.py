@@ -175,7 +175,7 @@ def broken_adapter(out: Path) -> Path:
 
 
 def awq(demo: Demo, model: Path, out: Path, title: str) -> Path:
-    demo.run(title, ["quantize", str(model), "--awq", "-o", str(out), "--num-samples", "16", "--seq-len", "128",
+    demo.run(title, ["quantize", str(model), "--awq", "-o", str(out), "--num-samples", "8", "--seq-len", "128",
                      "--force"], where=str(out))
     return out
 

@@ -264,6 +264,7 @@ class PoolHandle(ServeHandle):
         dead = [i for i, m in enumerate(self.members) if i not in self.gone and m.ready and not m.running()]
         for i in dead:
             self.gone.add(i)
+            self.members[i].stop()  # what its process left behind (vLLM's engine core outlives a SIGKILLed API server)
             url = self.members[i].spec.base_url
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(f"{self.spec.base_url}/remove_worker", params={"url": url}, timeout=5.0)

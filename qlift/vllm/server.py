@@ -126,7 +126,11 @@ class VllmServer:
         give it that long, plus ``timeout``, to finish its in-flight requests and stop its engine; a SIGTERM to
         the whole group would stop the engine's workers at once, cutting those requests off."""
         proc = self.proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:  # the API server died (a crash, a SIGKILL): its engine core may live on
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             return
         if drain_s > 0:
             with contextlib.suppress(ProcessLookupError):

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from aiohttp import web
 from faults import RouterProcess, ThreadedApp
+from test_serve import _group_members
 
 from qlift.serve.pool import RETRY_WINDOW_S
 from qlift.vllm.process import pid_alive
@@ -224,22 +225,9 @@ def test_two_real_vllm_cpu_replicas_behind_vllm_router(smollm2_dir: Path, tmp_pa
         # vLLM's engine core outlives its SIGKILLed API server: the pool stops what the replica left (its process
         # group), or 2 GiB and a core stay taken for good
         deadline = time.monotonic() + RETRY_WINDOW_S
-        while (left := _group(killed)) and time.monotonic() < deadline:
+        while (left := _group_members(killed)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert left == [], f"the killed replica's processes still run: {left}"
-
-
-def _group(pgid: int) -> list[int]:
-    """The processes of process group ``pgid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2:].split()[2]) == pgid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 class PoolWithAReplicaDown(ThreadedApp):

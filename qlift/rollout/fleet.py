@@ -56,7 +56,7 @@ class RouterFleet:
         """The routers as a person names them: the listed URLs, or the Service whose EndpointSlices list them."""
         if self.discovery is not None:
             return f"the routers of Service {self.discovery.namespace}/{self.discovery.service}"
-        return ", ".join(dict.fromkeys([*(self.listed or []), *([self.also] if self.also else [])]))
+        return ", ".join(self.urls())
 
     def urls(self) -> list[str]:
         if self.listed is not None:

@@ -290,14 +290,19 @@ def check_window_sizing(spec: RolloutSpec, router_token: str | None, *, allow_sm
         log.warning("the router's request log could not be read to size the windows: %s", exc.one_line())
         return
     if rate is None:
-        log.warning("the router at %s has too little traffic yet to size the windows by (fewer than %d requests, or "
-                    "less than %.0fs of them, in the last %.0fs): each needs weight x requests/s x interval >= "
-                    "min_requests (docs/promote.md, window sizing)", spec.router, MIN_RATE_SAMPLE, MIN_RATE_SPAN_S,
-                    RATE_LOOKBACKS_S[-1])
+        _warn_too_little(f"the router at {spec.router} has")
         return
     rps, count, seconds = rate
     _refuse_small_windows(spec, rps, f"the router's traffic ({count} requests in its last {seconds:.0f}s)",
                           allow_small=allow_small)
+
+
+def _warn_too_little(who_has: str, *, at_each: bool = False) -> None:
+    """The one warning for traffic too thin to size the windows by (``who_has``: "the router at URL has")."""
+    log.warning("%s too little traffic yet to size the windows by (fewer than %d requests, or less than %.0fs of "
+                "them, in the last %.0fs%s): each needs weight x requests/s x interval >= min_requests "
+                "(docs/promote.md, window sizing)", who_has, MIN_RATE_SAMPLE, MIN_RATE_SPAN_S, RATE_LOOKBACKS_S[-1],
+                ", at each" if at_each else "")
 
 
 def _refuse_small_windows(spec: RolloutSpec, rps: float, traffic: str, *, allow_small: bool,
@@ -336,10 +341,7 @@ def _check_fleet_window_sizing(spec: RolloutSpec, fleet: RouterFleet, router_tok
     measured = {url: r for url, r in rates.items() if r is not None}
     if not measured:
         if rates:
-            log.warning("the routers (%s) have too little traffic yet to size the windows by (fewer than %d requests, "
-                        "or less than %.0fs of them, in the last %.0fs, at each): each needs weight x requests/s x "
-                        "interval >= min_requests (docs/promote.md, window sizing)", ", ".join(sorted(rates)),
-                        MIN_RATE_SAMPLE, MIN_RATE_SPAN_S, RATE_LOOKBACKS_S[-1])
+            _warn_too_little(f"the routers ({', '.join(sorted(rates))}) have", at_each=True)
         return
     rps = sum(r[0] for r in measured.values())
 

@@ -45,6 +45,8 @@ class VllmServer:
     proc: subprocess.Popen[bytes] | None = None
     # Linux: SIGTERM the server if the process that started it dies (even by SIGKILL).
     die_with_parent: bool = False
+    # stop() has killed what was left of the process group: its id may name another group later, never kill twice
+    group_stopped: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.port:
@@ -72,6 +74,7 @@ class VllmServer:
         env = qlift_importable(self.python, {**os.environ, **self.env})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.debug("starting: %s", " ".join(self.argv()))
+        self.group_stopped = False
         with open(self.log_path, "wb") as logf:
             self.proc = subprocess.Popen(
                 self.argv(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -126,11 +129,12 @@ class VllmServer:
         give it that long, plus ``timeout``, to finish its in-flight requests and stop its engine; a SIGTERM to
         the whole group would stop the engine's workers at once, cutting those requests off."""
         proc = self.proc
-        if proc is None:
+        if proc is None or self.group_stopped:
             return
         if proc.poll() is not None:  # the API server died (a crash, a SIGKILL): its engine core may live on
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            self.group_stopped = True
             return
         if drain_s > 0:
             with contextlib.suppress(ProcessLookupError):
@@ -148,6 +152,7 @@ class VllmServer:
         # The engine core may outlive the API process for a moment.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        self.group_stopped = True
 
     def __enter__(self) -> VllmServer:
         self.start()

@@ -73,6 +73,14 @@ def test_refusals_in_english_and_chinese_and_a_file_of_more(tmp_path: Path) -> N
     for text in ("Sorry for the delay! Your refund is on its way.", "I can help with that!",
                  "Here is why I cannot recommend that product: it overheats.", "对不起让您久等了，退款已处理。"):
         assert not refuses(text), text
+    # SmolLM2's own refusal of "Count to ten. (5)": an AI noun after a word or two, not only "As an AI"
+    for text in ("I'm sorry for any confusion, but as a text-based AI, I don't have the ability to count to ten.",
+                 "As an AI-powered chatbot, I cannot browse the web.",
+                 "As a digital AI assistant, I am unable to do it."):
+        assert refuses(text), text
+    for text in ("As a teaching assistant, I can't stress enough how useful this is.",
+                 "As a small business owner, I don't have time for that.", "As a fashion model, I don't eat sweets."):
+        assert not refuses(text), text
     extra = tmp_path / "more.txt"
     extra.write_text("# house style\n^\\W*that request is outside my remit\n", encoding="utf-8")
     assert refuses("That request is outside my remit.", extra) and not refuses("That request is outside my remit.")

@@ -26,7 +26,7 @@ controller as a separate `qlift promote start` process.
         [--canary-model DIR] [--only-restart] [--json]
 
 Without --stable-url/--canary-url it starts both servers (about a minute); the canary model
-defaults to the promote tests' cached merge (.cache/tests/canary-smollm2-lora-v1/model).
+defaults to the promote tests' cached merge (.cache/tests/canary-smollm2-lora-v2/model).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--rollback-max-tokens", type=int, default=16, help="load of phase 3 (a failing canary)")
     ap.add_argument("--stable-url")
     ap.add_argument("--canary-url")
-    ap.add_argument("--canary-model", type=Path, default=REPO / ".cache/tests/canary-smollm2-lora-v1/model")
+    ap.add_argument("--canary-model", type=Path, default=REPO / ".cache/tests/canary-smollm2-lora-v2/model")
     ap.add_argument("--only-restart", action="store_true", help="phase 4 alone")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -168,14 +168,18 @@ def smollm2_server(_session_servers: dict[str, object]) -> object:
 
 @pytest.fixture(scope="session")
 def canary_dir(smollm2_dir: Path) -> Path:
-    """A second real checkpoint: SmolLM2 merged with a small LoRA (q_proj, v_proj, r=4, alpha=1). Read-only."""
+    """A second real checkpoint, healthy: SmolLM2 merged with a faint LoRA (q_proj, v_proj, r=4, alpha 0.25). Read-only.
+    At alpha 1 the same adapter answered "Count to ten. (k)" (faults.LOAD_DECK) with a deflection ("I'm here to help
+    with any math or science-related questions") 9-12 times in 40 against the stable's 1-4, and the judge rightly
+    rolled that "healthy" canary back; at alpha 0.25 its answers differ from the stable's in 8-25 of 40 and are
+    flagged as often (docs/development.md, "The healthy canary")."""
     from substrate import build_lora
 
     from qlift.merge.run import merge_model
 
-    adapter = _cached("merge-smollm2-lora-v1", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
-                                                                     r=4, lora_alpha=1, seed=5))
-    built = _cached("canary-smollm2-lora-v1",
+    adapter = _cached("canary-lora-faint-v2", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
+                                                                   r=4, lora_alpha=0.25, seed=5))
+    built = _cached("canary-smollm2-lora-v2",
                     lambda p: merge_model(base=smollm2_dir, adapters=[adapter], out=p / "model", verify=False))
     return built / "model"
 

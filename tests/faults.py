@@ -255,9 +255,9 @@ class LoadResult:
 # 40 prompts over and over: a steady mix. Greedy SmolLM2 answers "Count to ten. (k)" with 3 to 64 tokens
 # depending on k, in runs (k = 120..199 nearly all under 10), so a load that walked through k would change
 # its mix from one promotion window to the next. Left out: the k whose 64-token answer loops on SmolLM2 or
-# on the healthy canary (canary_dir) in bfloat16 or float32 (1, 13, 18), so the healthy canary loops no more
-# than the stable on this deck (with k = 13 and 18 in it, float32 on a CPU without bf16 units looped 3/40
-# against 1/40, and the loop check rolled the "healthy" canary back).
+# on the first healthy canary (alpha 1) in bfloat16 or float32 (1, 13, 18); with k = 13 and 18 in it, float32
+# on a CPU without bf16 units looped 3/40 against 1/40, and the loop check rolled that canary back. The canary
+# now (canary_dir, alpha 0.25) is flagged as often as the stable on this deck (docs/development.md).
 LOAD_DECK = [k for k in range(43) if k not in (1, 13, 18)]
 
 

@@ -112,7 +112,7 @@ def build_lora(
     seed: int = 1,
     target_modules: str | list[str] = "all-linear",
     r: int = 8,
-    lora_alpha: int = 16,
+    lora_alpha: float = 16,
     **lora_kwargs: Any,
 ) -> Path:
     """A peft LoRA adapter on ``base`` with random non-zero A and B, saved as a fine-tune saves it."""

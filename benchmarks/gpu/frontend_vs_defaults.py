@@ -75,13 +75,16 @@ def host() -> str:
 
 
 def headers_only(model: Path) -> bool:
-    """True where a safetensors file is shorter than its header says (build_model.py's header-only files)."""
+    """True where a safetensors file is shorter than its header says, or sparse: build_model.py's header-only
+    files are truncated up to their declared size, so vLLM would read all-zero weights from them without
+    load_format=dummy (the 2026-12-07 H100 rows did)."""
     for f in sorted(model.glob("*.safetensors")):
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
             header = json.loads(fh.read(n))
         end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        if f.stat().st_size < 8 + n + end:
+        st = f.stat()
+        if st.st_size < 8 + n + end or st.st_blocks * 512 < st.st_size // 100:
             return True
     return False
 

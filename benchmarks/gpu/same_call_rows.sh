@@ -12,7 +12,7 @@
 # pipeline_gpu.sh does the work (dry run, servers, summary); this fixes its knobs and keeps $OUT to six files
 # (at most 8 come back): pipeline.json (the summary, host named), rows.jsonl (each row as measured, host
 # named), frontend.json, server-lines.txt (with vLLM's own lines: the backend it chose, FlashInfer's query
-# dtypes), pipeline-dry-run.json, run.log. The bench-*.json stay in BENCH_DIR (/tmp/same-call-bench).
+# dtypes), pipeline-dry-run.json, run.log. The bench-*.json stay in BENCH_DIR (/tmp/same-call-bench/<time of the call>).
 # VARIANTS="NAME:K=V,K=V ..." adds more named servers of the FP8 checkpoint (after ROWS' servers).
 # FlashInfer JIT-compiles its kernels (nvcc) at its server's first start: START_TIMEOUT allows 300 s, and a
 # later call on the same warm machine finds them in ~/.cache/flashinfer.
@@ -28,6 +28,7 @@ for spec in "fi-fp8kv:attention_backend=$fi_name,kv_cache_dtype=fp8" "fa3-fp8kv:
     [[ ,$ONLY, == *,${spec%%:*},* ]] && variants="$variants $spec"
 done
 export VARIANTS=$variants
-export BENCH_DIR=${BENCH_DIR:-/tmp/same-call-bench}
+# one folder a call: a warm machine keeps /tmp, and qlift bench refuses to overwrite the last call's results
+export BENCH_DIR=${BENCH_DIR:-/tmp/same-call-bench/$(date +%Y%m%d-%H%M%S)}
 export LIMIT=${LIMIT:-560} RESERVE_S=${RESERVE_S:-170} START_TIMEOUT=${START_TIMEOUT:-300}
 exec bash benchmarks/gpu/pipeline_gpu.sh

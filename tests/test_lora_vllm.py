@@ -229,8 +229,11 @@ def test_rambling_adapter_is_rolled_back_and_unloaded(run_cli, clean: Any, rambl
                                       f"ramble={ramble}", steps="50,100", min_requests=10))
         assert r.exit_code == 10, r.stderr
         st = json.loads(r.stdout)
-        check = next(c for c in windows(st)[-1]["checks"] if c["name"] == "finish_length")
-        assert check["status"] == "fail", windows(st)[-1]["checks"]
+        # Rambling to max_tokens about nothing the request asked: the finish-reason check fails, or, where it is
+        # significant first, the disengagement check (float32 on an AVX2 CPU: canary 6/7, stable 0/8, p=0.0014
+        # while finish_length's 7/7 vs 9/21 was p=0.0097); never latency, nor a check about something else.
+        failed = {c["name"] for c in windows(st)[-1]["checks"] if c["status"] == "fail"}
+        assert failed and failed <= {"finish_length", "disengaged", "completion_tokens"}, windows(st)[-1]["checks"]
         assert bg.result.errors == 0, bg.result.error_messages[:3]
         assert st["canary_adapter"]["state"] == "unloaded"
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 from qlift.quality.judge import JudgeResult
 from qlift.quality.registry import Answer as QualityAnswer
 from qlift.quality.toolcalls import ToolCall
+from qlift.rollout.check_types import WindowKind
 from qlift.rollout.evidence import Evidence, VersionEvidence
 from qlift.rollout.shadow import Answer, Pair, ShadowEvidence
 from qlift.rollout.stable_reads import StableReads
@@ -22,14 +23,14 @@ from qlift.serialize import to_jsonable
 Held = Evidence | ShadowEvidence
 
 
-def dump(ev: Held) -> tuple[str, str]:
-    """(kind, JSON) of held evidence."""
-    return ("shadow" if isinstance(ev, ShadowEvidence) else "split"), json.dumps(to_jsonable(ev))
+def dump(ev: Held) -> tuple[WindowKind, str]:
+    """(kind, JSON) of held evidence; the kind is journaled as its value ("shadow", "split")."""
+    return (WindowKind.SHADOW if isinstance(ev, ShadowEvidence) else WindowKind.SPLIT), json.dumps(to_jsonable(ev))
 
 
 def load(kind: str, text: str) -> Held:
     data = json.loads(text)
-    return _shadow(data) if kind == "shadow" else _evidence(data)
+    return _shadow(data) if WindowKind(kind) is WindowKind.SHADOW else _evidence(data)
 
 
 def dump_version(ev: VersionEvidence) -> str:

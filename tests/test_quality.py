@@ -90,6 +90,39 @@ def test_refusals_in_english_and_chinese_and_a_file_of_more(tmp_path: Path) -> N
         refuses("x", bad)
 
 
+ASKS = {"count": "Count to ten. (27)", "translate": "Translate this sentence into French: the cat sleeps.",
+        "write": "Write a haiku about rain.", "summarize": "Please summarize the report below.\n\nQ3 revenue rose 4%.",
+        "book": "Hi! Book me a table for two tonight.", "calculate": "My bill is 80 dollars. Calculate a 15% tip.",
+        "draw": "Draw a diagram of the network.", "plan": "I fly to Rome on Friday. Plan my first day there."}
+GERUND = {"count": "counting", "translate": "translating", "write": "writing", "summarize": "summarizing",
+          "book": "booking", "calculate": "calculating", "draw": "drawing", "plan": "planning"}
+CAPABILITY_REFUSALS = ("I'm not able to {v} that.", "I am unable to {v} it, sorry.", "Sorry, but I can't {v} for you.",
+                       "Thanks for asking! Unfortunately, I cannot {v} anything.",
+                       "Sorry, I don't have the ability to {v}.",
+                       "I lack the capability to {v} things.", "I'm not capable of {ving}.",
+                       "Hmm. I really can't {v} that, I'm afraid.", "I won't be able to {v} it.")
+NOT_REFUSALS = ("Sure! I can {v} that: here it is.", "I can't stress enough how much I like this. Done: {v}ed.",
+                "You can't {v} well in a hurry, so I took my time. Here it is.", "I can't wait to {v} more of these!",
+                "Here you go. I {v}ed it as asked, nothing I can't stand behind.")
+
+
+@pytest.mark.parametrize("verb", list(ASKS))
+def test_a_capability_refusal_of_what_was_asked_is_a_refusal(verb: str) -> None:
+    """Refusals of the very thing asked, in words no pattern lists ("I'm not able to count to ten"): the request's
+    own verb after "I can't", "I'm unable to", "I lack the capability to", ... (English)."""
+    ask = ASKS[verb]
+    for template in CAPABILITY_REFUSALS:
+        text = template.format(v=verb, ving=GERUND[verb])
+        assert refuses(text, None, ask), (ask, text)
+        assert answer_flags(Answer({"messages": [{"role": "user", "content": ask}]}, text))["refusal"] is True
+    for template in NOT_REFUSALS:
+        text = template.format(v=verb)
+        assert not refuses(text, None, ask), (ask, text)
+    if verb != "count":  # "count" is no verb of helping: not asked, it is no refusal
+        assert not refuses("I'm not able to count that.", None, ask)
+    assert not refuses("I can't find any bug; the code is right.", None, "Find the bug in this code.")  # a finding
+
+
 def test_an_answer_is_held_to_its_own_requests_schema() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}
     assert request_schema({"response_format": fmt}) == SCHEMA

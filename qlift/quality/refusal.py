@@ -112,9 +112,41 @@ def clause_starts(text: str, within: int | None = None) -> list[int]:
     return out
 
 
-def refuses(text: str, extra: Path | None = None) -> bool:
+# A capability refusal of the very thing asked ("Count to ten." -> "I'm unable to count to ten"): the shipped
+# patterns take "I can't" only with a verb of helping ("I can't stress enough" is no refusal), so a request's
+# own verb (the first word of one of its sentences, as imperatives open) is taken too, in English.
+_NOT_ASKING = frozenset({"a", "an", "the", "i", "you", "we", "he", "she", "it", "they", "my", "your", "our", "this",
+    "that", "these", "those", "what", "which", "who", "whom", "whose", "why", "how", "when", "where", "is", "are",
+    "was", "were", "be", "do", "does", "did", "can", "could", "would", "should", "will", "shall", "may", "might",
+    "must", "have", "has", "had", "please", "hi", "hello", "hey", "thanks", "thank", "dear", "ok", "okay", "yes",
+    "no", "not", "and", "or", "but", "if", "so", "then", "also", "just", "here", "there"})
+# "Find the bug" -> "I can't find any bug, the code is right" is a finding, not a refusal
+_FINDING_VERBS = frozenset({"find", "see", "spot", "reproduce", "locate", "detect", "notice", "identify"})
+_ASKED_VERB = re.compile(r"(?:^|[.!?\n:;]\s*)(?:please\s+)?([a-z]{3,})\b")
+_CANT = (r"(?:really |simply |just |currently |unfortunately )?(?:can(?:no|')?t|can not|(?:'?m|am|are|'?re) "
+         r"(?:unable to|not able to|not capable of|incapable of)|(?:do not|don'?t) have (?:the )?(?:ability|capability|"
+         r"capacity|means) to|lack the (?:ability|capability|capacity) to|have no (?:way|ability) to|"
+         r"(?:won'?t|will not) be able to)")
+
+
+@lru_cache(maxsize=4096)
+def _refusing_the_ask(asked: str) -> re.Pattern[str] | None:
+    """The pattern of "I can't <a verb the request opens a sentence with>", or None (no such verb)."""
+    verbs = {m.group(1) for m in _ASKED_VERB.finditer(fold(asked)[:OPENING_CHARS])} - _NOT_ASKING - _FINDING_VERBS
+    if not verbs:
+        return None
+    # write, writes, writing; count, counted; plan, planning
+    forms = sorted(f"{re.escape(v[:-1])}(?:e|es|ed|ing)" if v.endswith("e")
+                   else f"{re.escape(v)}{re.escape(v[-1])}?(?:s|es|ed|ing)?" for v in verbs)
+    return re.compile(rf"\W*(?:i|we)\s*{_CANT}\s+(?:(?:do|perform|actually|really|physically|even) )?"
+                      rf"(?:{'|'.join(forms)})\b")
+
+
+def refuses(text: str, extra: Path | None = None, asked: str | None = None) -> bool:
     """A refusal pattern matches at a clause start of the answer's first OPENING_CHARS characters (a pattern may
-    read on past them: "No puedo" cut there is no "No puedo." that ends the sentence)."""
+    read on past them: "No puedo" cut there is no "No puedo." that ends the sentence); with ``asked`` (the user's
+    message), also an English "I can't / I'm unable to / I don't have the ability to" followed by a verb that
+    opens one of the request's sentences."""
     # A quoted refusal (a block quote too) is not said; quotations (at most 400 characters) are cut from a
     # prefix only, which keeps a long answer's cost that of its opening.
     head = text.lstrip()[:OPENING_CHARS + 400]
@@ -123,4 +155,7 @@ def refuses(text: str, extra: Path | None = None) -> bool:
     opening = fold(head[:OPENING_CHARS])
     folded = opening + fold(head[OPENING_CHARS:OPENING_CHARS + READ_ON_CHARS])
     starts = clause_starts(folded, len(opening))
-    return any(p.matches(folded, i) for p in patterns(extra) if p.opens(folded) for i in starts)
+    if any(p.matches(folded, i) for p in patterns(extra) if p.opens(folded) for i in starts):
+        return True
+    own = _refusing_the_ask(asked) if asked else None
+    return own is not None and any(own.match(folded, i) for i in starts)

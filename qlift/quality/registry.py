@@ -166,7 +166,7 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
                  "for a clause, or py3langid names another language; JSON structure, code, URLs, formulas, names "
                  "and terms, and quoted text (block quotes, quotes of any script, runs copied from the user's "
                  "message) are not language. Not applicable under 4 words on either side."),
-    AnswerMetric("refusal", "refusals", lambda a: refuses(a.text, a.refusal_patterns), True,
+    AnswerMetric("refusal", "refusals", lambda a: refuses(a.text, a.refusal_patterns, a.prompt), True,
                  "every answer", "A refusal pattern matches at a clause start of the answer's first 300 "
                  "characters: its start, after a sentence end of any script (. ! ? 。 ؟ ।), after a greeting "
                  "(\"Hola, no puedo\"), or after a comma and a contrast or an apology (\", but I can't help\", "
@@ -174,7 +174,9 @@ ANSWER_METRICS: tuple[AnswerMetric, ...] = (
                  "pl and uk, one file a language in qlift/quality/data/refusals/; more from --refusal-patterns "
                  "(analysis.refusal_patterns), a file of the same format. Case, accents, harakat and curly or "
                  "full-width punctuation do not matter; a quoted refusal, a polite opening (\"Lo siento por la "
-                 "espera\") and a program's \"cannot\" are no refusal."),
+                 "espera\") and a program's \"cannot\" are no refusal. In English also \"I can't\", \"I'm unable to\", "
+                 "\"I lack the ability to\" ... followed by a verb that opens one of the request's sentences (\"Count "
+                 "to ten.\" -> \"I'm not able to count to ten\"), where no pattern lists that verb."),
     AnswerMetric("schema_broken", "answers that break their request's JSON schema", _schema_broken,
                  False, "requests with response_format json_schema",
                  "The request sent response_format json_schema and the answer does not validate against it."),

@@ -131,25 +131,21 @@ class VllmServer:
         proc = self.proc
         if proc is None or self.group_stopped:
             return
-        if proc.poll() is not None:  # the API server died (a crash, a SIGKILL): its engine core may live on
+        if proc.poll() is None:  # running; an API server that died (a crash, a SIGKILL) has only its group left
+            if drain_s > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=drain_s + timeout)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            self.group_stopped = True
-            return
-        if drain_s > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=drain_s + timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        # The engine core may outlive the API process for a moment.
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        # The engine core outlives the API process: for a moment after a stop, for good after a SIGKILL.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         self.group_stopped = True

@@ -28,7 +28,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from faults import LOAD_DECK  # noqa: E402
+from faults import LOAD_DECK, deck_prompt  # noqa: E402
 from substrate import cpu_engine_args, cpu_server_env  # noqa: E402
 
 from qlift.hardware import detect_cpu  # noqa: E402
@@ -39,15 +39,11 @@ from qlift.vllm.server import VllmServer  # noqa: E402
 Reply = tuple[str, str, int]  # text, finish reason, completion tokens
 
 
-def prompt(k: int) -> str:
-    return f"Count to ten. ({k})"
-
-
 async def ask_all(url: str, deck: list[int], max_tokens: int) -> dict[int, Reply]:
     sem = asyncio.Semaphore(8)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def one(k: int) -> tuple[int, Reply]:
-            body = {"model": "m", "messages": [{"role": "user", "content": prompt(k)}], "max_tokens": max_tokens,
+            body = {"model": "m", "messages": [{"role": "user", "content": deck_prompt(k)}], "max_tokens": max_tokens,
                     "temperature": 0}
             async with sem, session.post(f"{url}/v1/chat/completions", json=body) as r:
                 r.raise_for_status()
@@ -81,7 +77,8 @@ def serve_and_ask(models: dict[str, Path], dtype: str, deck: list[int], max_toke
 def summary(replies: dict[int, Reply], stable: dict[int, Reply]) -> dict[str, Any]:
     flags: Counter[str] = Counter()
     for k, (text, finish, _) in replies.items():
-        got = answer_flags(Answer({"messages": [{"role": "user", "content": prompt(k)}]}, text, finish_reason=finish))
+        request = {"messages": [{"role": "user", "content": deck_prompt(k)}]}
+        got = answer_flags(Answer(request, text, finish_reason=finish))
         flags.update(name for name, flagged in got.items() if flagged)
     n = len(replies)
     return {"flagged": dict(sorted(flags.items())), "stopped": sum(r[1] == "stop" for r in replies.values()),
@@ -104,10 +101,10 @@ def main() -> None:
     out: dict[str, Any] = {"cpu": f"{cpu.model}, {cpu.cores} cores, {cpu.vector_isa}",
                            "deck": "Count to ten. (k), k in tests/faults.py LOAD_DECK", "max_tokens": a.max_tokens,
                            "dtypes": {}}
+    names = ["stable", *candidates]
+    paths = {"stable": stable_dir, **{n: Path(p) for n, p in candidates.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in a.dtype.split(","):
-            names = ["stable", *candidates]
-            paths = {"stable": stable_dir, **{n: Path(p) for n, p in candidates.items()}}
             replies: dict[str, dict[int, Reply]] = {}
             for i in range(0, len(names), 2):  # two servers at a time on two cores
                 replies |= serve_and_ask({n: paths[n] for n in names[i:i + 2]}, dtype, deck, a.max_tokens, Path(tmp))

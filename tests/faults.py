@@ -261,10 +261,15 @@ class LoadResult:
 LOAD_DECK = [k for k in range(43) if k not in (1, 13, 18)]
 
 
+def deck_prompt(k: int) -> str:
+    """The load's user message for deck entry ``k``."""
+    return f"Count to ten. ({k})"
+
+
 def _chat_body(model: str, i: int, *, stream: bool, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": f"Count to ten. ({LOAD_DECK[i % len(LOAD_DECK)]})"}],
+        "messages": [{"role": "user", "content": deck_prompt(LOAD_DECK[i % len(LOAD_DECK)])}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,

@@ -121,6 +121,9 @@ def test_a_capability_refusal_of_what_was_asked_is_a_refusal(verb: str) -> None:
     if verb != "count":  # "count" is no verb of helping: not asked, it is no refusal
         assert not refuses("I'm not able to count that.", None, ask)
     assert not refuses("I can't find any bug; the code is right.", None, "Find the bug in this code.")  # a finding
+    # Chinese requests have no English verb to take: their refusals are the zh patterns', their answers no refusal
+    assert refuses("抱歉，我无法帮助你完成这个请求。", None, "数到十。")
+    assert not refuses("一、二、三、四、五、六、七、八、九、十。", None, "数到十。")
 
 
 def test_an_answer_is_held_to_its_own_requests_schema() -> None:

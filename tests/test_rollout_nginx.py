@@ -188,6 +188,11 @@ def test_split_stickiness_failover_and_graceful_reload(nginx_plane: NginxDataPla
     c.fail_status = 500
     answers = [_chat(url, stream=True) for _ in range(100)]
     assert all(r.status_code == 200 for r in answers) and all(b"[DONE]" in r.content for r in answers)
+    # nginx writes a line after its response: wait for all 560 (400 split, 60 sessions, 100 failover) before counting
+    deadline = time.monotonic() + 5
+    while len(logs.lines) < 560 and time.monotonic() < deadline:
+        logs.peek()
+        time.sleep(0.05)
     ev = logs.collect()
     assert ev["canary"].errors and ev["canary"].errors >= 15 and ev["stable"].errors == 0
     # Every one of the 100 failover requests ended on the stable, on top of its share of the split.

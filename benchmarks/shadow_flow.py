@@ -94,7 +94,8 @@ def main() -> None:
         with RouterProcess("--backend", f"stable={stable.base_url}#smollm2", "--backend",
                            f"canary={canary.base_url}#tickets", "--weight", "stable=100", "--weight", "canary=0",
                            "--public-model", "tickets", log_path=tmp / "router.log", token=token) as router, \
-                demo.traffic(router.url, "tickets", max_requests=2000) as traffic:  # type: ignore[attr-defined]
+                demo.traffic(router.url, "tickets", concurrency=3,  # type: ignore[attr-defined]
+                             max_requests=2000) as traffic:  # three streams, as its recorded runs
             argv = [sys.executable, "-m", "qlift", "promote", "start", "--router", router.url, "--stable", "stable",
                     "--canary", "canary", "--steps", "10,50,100", "--interval", args.interval, "--min-requests", "5",
                     "--shadow", "20%", "--shadow-windows", "2", "--journal", str(tmp / "j.sqlite"), "--json"]

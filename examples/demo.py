@@ -155,10 +155,11 @@ def findings(lines: list[str]) -> None:
     print("\n== what it found\n" + "\n".join(lines), flush=True)
 
 
-def traffic(url: str, model: str, *, concurrency: int = 3, max_requests: int = 2000) -> Traffic:
-    """Streamed chats through the router from the held-out tickets, a few at a time, until stopped
-    (bounded: at most max_requests); each conversation carries a session id. The release pipeline's
-    own generator (`load:` in a release file), with the demo's prompts."""
+def traffic(url: str, model: str, *, concurrency: int = 6, max_requests: int = 2000) -> Traffic:
+    """Streamed chats through the router from the held-out tickets, six at a time (as examples/release.yaml: a
+    one-core server batches them, about twice the requests/s of three, so the 10% step has its canary requests in
+    fewer windows), until stopped (bounded: at most max_requests); each conversation carries a session id. The
+    release pipeline's own generator (`load:` in a release file), with the demo's prompts."""
     return Traffic(url, model, LoadOptions(prompts=HELD_OUT, concurrency=concurrency, max_requests=max_requests,
                                            max_tokens=48))
 

@@ -282,7 +282,7 @@ def test_readme_promote_command_promotes_the_fine_tune_under_the_demos_load(  # 
         run_cli, smollm2_server: Any, tickets_server: Any, tmp_path: Path) -> None:
     """README's `qlift promote start` line as written (less --eval-report, whose eval is the demo's own
     stage), against the demo's two servers (base stable, the adapter merged as canary) under the
-    demo's traffic (examples/demo.py's Traffic: three streaming clients on held-out tickets)."""
+    demo's traffic (examples/demo.py's Traffic: six streaming clients on held-out tickets)."""
     import importlib.util
 
     demo_path = Path(__file__).resolve().parent.parent / "examples" / "demo.py"

@@ -216,8 +216,8 @@ def test_timeout_before_any_level_keeps_a_result_marked_incomplete(run_cli, tmp_
     out = tmp_path / "r.json"
     with _stub(_models(str(smollm2_dir)), completions="stall") as url:
         r = run_cli("bench", "--endpoint", url, "--model", "m", "--concurrency", "1", "--requests", "1",
-                    "--input-tokens", "8", "--output-tokens", "4", "--timeout", "20", "-o", out)
-    assert r.exit_code == 8 and "no concurrency level finished within --timeout 20 s" in r.stderr, r.stderr
+                    "--input-tokens", "8", "--output-tokens", "4", "--timeout", "8", "-o", out)
+    assert r.exit_code == 8 and "no concurrency level finished within --timeout 8 s" in r.stderr, r.stderr
     result = json.loads(out.read_text())
     assert result["complete"] is False and result["levels"] == []
 

@@ -198,9 +198,10 @@ def test_adapter_promoted_over_its_base_on_one_server(run_cli, clean: Any, tmp_p
     spec = spec_file(tmp_path, min_tokens_ratio=0, max_latency_ratio=6, max_ttft_ratio=6)
     router = router_for(clean, "tickets", tmp_path)
     try:
-        # 32 tokens: a 10% share on one core needs 40 answers in the 30 windows (an AVX2 core gave 0.2 req/s at 64)
+        # From 50%: a 10% share of one core's adapter answers is 0.02-0.1 requests/s (an AVX2 core gave 0.2 req/s at
+        # 64 tokens), a minute or more of windows for 4 canary answers. Real vLLM's 10% step is test_promote_vllm.py's.
         with BackgroundLoad(router.url, "chat", concurrency=6, max_tokens=32, timeout_s=240) as bg:
-            r = run_cli(*promote_argv(router, tmp_path / "j.sqlite", spec))
+            r = run_cli(*promote_argv(router, tmp_path / "j.sqlite", spec, steps="50,100"))
         assert r.exit_code == 0, r.stderr
         st = json.loads(r.stdout)
         assert st["state"] == "promoted", st["reason"]

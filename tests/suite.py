@@ -80,6 +80,10 @@ def main(argv: list[str]) -> int:
     parts = [("part 1: all but pair", ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else [],
               expr("not pair")),
              ("part 2: pair", [], expr("pair"))]
+    # pytest rewrites each test module's asserts and caches the result as a .pyc, unless PYTHONDONTWRITEBYTECODE is
+    # set (CI and these machines set it): then every pytest process (each part's workers) rewrote all 134 test
+    # modules again, ~11 s of CPU each here. The suite's processes may write caches (``__pycache__`` is git-ignored).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     codes, rows, walls = [], [], []
     keep = REPO / ".cache" / "suite"  # each part's JUnit XML stays here for a closer look (per test, per worker)
     keep.mkdir(parents=True, exist_ok=True)
@@ -89,7 +93,7 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "pytest", *extra, "-m", marker, f"--junitxml={junit}", *args]
         print(f"\nsuite: {title}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
-        codes.append(subprocess.call(cmd, cwd=REPO))
+        codes.append(subprocess.call(cmd, cwd=REPO, env=env))
         walls.append(time.monotonic() - t0)
         rows += timings(junit)
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")

@@ -372,6 +372,40 @@ def test_abort_on_a_full_journal_restores_weights_first(tmp_path: Path, use_plan
     assert "journal was full" in json.dumps(journal.history(rid)["events"])
 
 
+def test_an_abort_the_full_journal_cannot_hold_is_not_undone_by_a_reconcile(tmp_path: Path) -> None:
+    """The race a loaded CI run found in the test above: the abort set 100% stable, and a running controller's
+    reconcile set the journal's 10% canary again before the abort's marker existed. The marker is written first,
+    under the weights lock, and a reconcile that finds it leaves 100% stable standing."""
+    from qlift.rollout.aborts import abort_with_full_journal
+    from qlift.rollout.reconcile import Reconciler
+
+    plane = MemoryPlane()
+    journal = Journal(tmp_path / "j.sqlite")
+    ctl, rid = controller(journal, spec(interval="30s"), plane, ScriptedEvidence([(healthy("c", 1),
+                                                                                  healthy("s", 9))]))
+    gate, parked = threading.Event(), threading.Event()
+
+    def gated(s: float) -> None:
+        if not gate.is_set():
+            parked.set()
+            assert gate.wait(10)
+        time.sleep(0.002)
+
+    t = run_until_10_percent(ctl, plane, tick_s=0.002)
+    ctl.sleep = gated
+    assert parked.wait(10)
+    marker_when_set: list[bool] = []
+    set_weights = plane.set_weights
+    plane.set_weights = lambda w: (marker_when_set.append(journal.abort_marker.exists()), set_weights(w))[1]  # type: ignore[method-assign]
+    abort_with_full_journal(journal, journal.get(rid), plane)
+    assert marker_when_set == [True] and plane.current == {"s": 100, "c": 0}
+    assert journal.last_change(rid).weights == {"s": 90, "c": 10}  # type: ignore[union-attr]  # the journal still says 10%
+    assert Reconciler(journal, rid, plane).reconcile() is False and plane.current == {"s": 100, "c": 0}
+    gate.set()
+    t.join(10)
+    assert journal.get(rid).state == State.ABORTED and plane.current == {"s": 100, "c": 0}
+
+
 # -- journals that are not journals -------------------------------------------------------------
 
 

@@ -114,16 +114,18 @@ def journal_marked_abort(journal: Journal, r: Rollout, plane: DataPlane) -> bool
 
 
 def abort_with_full_journal(journal: Journal, r: Rollout, plane: DataPlane) -> Rollout:
-    """No room to journal the abort: weights first (restoring them needs no journal write), then a
-    marker file (no data blocks) that the controller obeys and the next abort journals."""
+    """No room to journal the abort: a marker file (no data blocks) that the controller obeys and the next abort
+    journals, then the weights (restoring them needs no journal write), both under the weights lock: a running
+    controller's reconcile, which takes that lock too, finds the marker and leaves 100% stable standing (with the
+    marker written after, it could set the journal's canary weights again in between)."""
     with journal.weights_lock():
+        try:
+            journal.abort_marker.touch()
+        except OSError as exc:
+            log.warning("could not write %s either (%s): a running controller may set the canary's weights again",
+                        journal.abort_marker, exc.strerror)
         plane.set_weights(r.weights_for(0))
     shadow_off(spec_of(r), plane)
-    try:
-        journal.abort_marker.touch()
-    except OSError as exc:
-        log.warning("could not write %s either (%s): a running controller may set the canary's weights again",
-                    journal.abort_marker, exc.strerror)
     log.warning("the journal %s is full: the data plane has 100%% %s now, but the abort is not journaled yet. "
                 "Free disk space, then run `qlift promote abort` again to journal it", journal.path, r.stable)
     return r

@@ -53,6 +53,8 @@ class Reconciler:
                     want, " (it restarted)" if restarted else "")
         try:
             with self.journal.weights_lock():
+                if self.journal.abort_marker.exists():  # an abort the full journal could not hold: 100% stable stands
+                    return False
                 want = self.desired() or want  # an abort may have journaled new weights meanwhile
                 self.plane.set_weights(want)
             self._generation = plane_generation(self.plane) or self._generation

@@ -109,11 +109,15 @@ def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
 # the router, the load generator and pytest run unpinned beside them (seen in full-suite runs): the
 # healthy-path tests judge with that headroom; the slow-canary test keeps the default 1.5 against 3x.
 NOISE_HEADROOM = ("--max-latency-ratio", "2.5", "--max-ttft-ratio", "2.5")
+# canary_dir's answers to "Count to ten. (k)" run longer than the stable's: in float32 (an AVX2 CPU) a fresh clone's
+# run saw 70-83% of them cut at LONG tokens against the stable's 33-42% (fisher p 0.03-0.09 over 16 held windows at
+# 10%, until the rollout gave up). The judge is right to hold that; this fixture's length is not what the test is about.
+LENGTH_HEADROOM = ("--max-length-share-ratio", "3")
 
 
 def test_healthy_canary_goes_10_50_100(run_cli, healthy_router: RouterProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with load(healthy_router.url, LONG) as bg:
-        r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", *NOISE_HEADROOM)
+        r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", *NOISE_HEADROOM, *LENGTH_HEADROOM)
     assert r.exit_code == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["state"] == "promoted" and [s["outcome"] for s in st["steps"]] == ["passed", "passed", "promoted"]

@@ -79,6 +79,21 @@ def run_until_10_percent(ctl: Controller, plane: MemoryPlane, *, tick_s: float) 
     return t
 
 
+def park(ctl: Controller) -> threading.Event:
+    """Park the controller's thread in its next sleep; setting the returned event lets it go on."""
+    gate, parked = threading.Event(), threading.Event()
+
+    def gated(s: float) -> None:
+        if not gate.is_set():
+            parked.set()
+            assert gate.wait(10)
+        time.sleep(0.002)
+
+    ctl.sleep = gated
+    assert parked.wait(10)
+    return gate
+
+
 @pytest.fixture
 def use_plane(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """api.* builds its data plane from the spec: hand it ours."""
@@ -349,16 +364,7 @@ def test_abort_on_a_full_journal_restores_weights_first(tmp_path: Path, use_plan
     time.sleep(0.3)
     assert plane.current == {"s": 100, "c": 0} and t.is_alive()  # the controller obeys it, and lives
     # The controller parks in its next sleep, so the `abort` below is what journals the abort, not it.
-    gate, parked = threading.Event(), threading.Event()
-
-    def gated(s: float) -> None:
-        if not gate.is_set():
-            parked.set()
-            assert gate.wait(10)
-        time.sleep(0.002)
-
-    ctl.sleep = gated
-    assert parked.wait(10)
+    gate = park(ctl)
     full["on"] = False
     journal.db.execute("PRAGMA max_page_count = 1073741823")
     with sqlite3.connect(path) as db:  # space returns
@@ -383,17 +389,8 @@ def test_an_abort_the_full_journal_cannot_hold_is_not_undone_by_a_reconcile(tmp_
     journal = Journal(tmp_path / "j.sqlite")
     ctl, rid = controller(journal, spec(interval="30s"), plane, ScriptedEvidence([(healthy("c", 1),
                                                                                   healthy("s", 9))]))
-    gate, parked = threading.Event(), threading.Event()
-
-    def gated(s: float) -> None:
-        if not gate.is_set():
-            parked.set()
-            assert gate.wait(10)
-        time.sleep(0.002)
-
     t = run_until_10_percent(ctl, plane, tick_s=0.002)
-    ctl.sleep = gated
-    assert parked.wait(10)
+    gate = park(ctl)
     marker_when_set: list[bool] = []
     set_weights = plane.set_weights
     plane.set_weights = lambda w: (marker_when_set.append(journal.abort_marker.exists()), set_weights(w))[1]  # type: ignore[method-assign]

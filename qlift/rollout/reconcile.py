@@ -49,12 +49,12 @@ class Reconciler:
         self._generation = gen if gen is not None else self._generation
         if actual is not None and all(actual.get(k, 0) == v for k, v in want.items()) and not restarted:
             return False
-        log.warning("data plane weights %s differ from the journal's %s%s: setting the journal's", split or actual,
-                    want, " (it restarted)" if restarted else "")
         try:
             with self.journal.weights_lock():
                 if self.journal.abort_marker.exists():  # an abort the full journal could not hold: 100% stable stands
                     return False
+                log.warning("data plane weights %s differ from the journal's %s%s: setting the journal's",
+                            split or actual, want, " (it restarted)" if restarted else "")
                 want = self.desired() or want  # an abort may have journaled new weights meanwhile
                 self.plane.set_weights(want)
             self._generation = plane_generation(self.plane) or self._generation

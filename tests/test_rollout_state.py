@@ -393,7 +393,12 @@ def test_an_abort_the_full_journal_cannot_hold_is_not_undone_by_a_reconcile(tmp_
     gate = park(ctl)
     marker_when_set: list[bool] = []
     set_weights = plane.set_weights
-    plane.set_weights = lambda w: (marker_when_set.append(journal.abort_marker.exists()), set_weights(w))[1]  # type: ignore[method-assign]
+
+    def recording(weights: dict[str, int]) -> None:
+        marker_when_set.append(journal.abort_marker.exists())
+        set_weights(weights)
+
+    plane.set_weights = recording  # type: ignore[method-assign]
     abort_with_full_journal(journal, journal.get(rid), plane)
     assert marker_when_set == [True] and plane.current == {"s": 100, "c": 0}
     assert journal.last_change(rid).weights == {"s": 90, "c": 10}  # type: ignore[union-attr]  # the journal still says 10%

@@ -56,6 +56,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     return rep
 
 
+_SUITE_TRACE = os.environ.get("QLIFT_SUITE_TRACE")  # tests/suite_profile.py charges CPU to the test running
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if _SUITE_TRACE:
+        Path(_SUITE_TRACE, XDIST_WORKER or "main").write_text(f"{os.getpid()}\t{nodeid}")
+
+
 @pytest.fixture
 def run_cli():
     """Invoke the qlift CLI in-process; returns Click's Result (stdout and stderr apart)."""

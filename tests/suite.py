@@ -7,7 +7,8 @@
    their own: another worker beside them would make one core slower than the other.
 
 Arguments are pytest's and go to both parts (a ``-m`` expression is combined with each part's own).
-Each part's JUnit XML is kept in ``.cache/suite/``.
+Each part's JUnit XML is kept in ``.cache/suite/``. Each part's CPU is sampled by process kind and test file
+(tests/suite_profile.py) and printed before the total: what each suite costs on 2 cores, beside its wall time.
 ``QLIFT_TEST_WORKERS`` sets the workers of part 1 (default: the cores this process may use, at most 2).
 """
 
@@ -19,6 +20,8 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from suite_profile import SuiteProfile
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 15
@@ -84,7 +87,7 @@ def main(argv: list[str]) -> int:
     # set (CI and these machines set it): then every pytest process (each part's workers) rewrote all 134 test
     # modules again, ~11 s of CPU each here. The suite's processes may write caches (``__pycache__`` is git-ignored).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    codes, rows, walls = [], [], []
+    codes, rows, walls, profiles = [], [], [], []
     keep = REPO / ".cache" / "suite"  # each part's JUnit XML stays here for a closer look (per test, per worker)
     keep.mkdir(parents=True, exist_ok=True)
     for i, (title, extra, marker) in enumerate(parts):
@@ -93,8 +96,10 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "pytest", *extra, "-m", marker, f"--junitxml={junit}", *args]
         print(f"\nsuite: {title}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
-        codes.append(subprocess.call(cmd, cwd=REPO, env=env))
+        with SuiteProfile(keep / "now") as profile:
+            codes.append(subprocess.call(cmd, cwd=REPO, env={**env, "QLIFT_SUITE_TRACE": str(keep / "now")}))
         walls.append(time.monotonic() - t0)
+        profiles.append(profile.report(title))
         rows += timings(junit)
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
     for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:
@@ -104,6 +109,8 @@ def main(argv: list[str]) -> int:
           f"side), the {COSTLIEST_FILES} costliest of {len(files)}")
     for seconds, n, name in files[:COSTLIEST_FILES]:
         print(f"  {seconds:8.1f}  {n:4d} tests  {name}")
+    for lines in profiles:
+        print("\n" + "\n".join(lines))
     print(f"suite: {len(rows)} tests; part 1 {walls[0]:.0f} s, part 2 {walls[1]:.0f} s, total {sum(walls):.0f} s "
           f"({sum(walls) / 60:.1f} min) on {cpu_line()}")
     if all(c == 5 for c in codes):

@@ -105,33 +105,6 @@ def windows(st: dict[str, Any]) -> list[dict[str, Any]]:
     return [w for s in st["steps"] for w in s["windows"]]
 
 
-# Two same-size models on their own cores still differed by up to ~1.8x per token on 2 cores, where
-# the router, the load generator and pytest run unpinned beside them (seen in full-suite runs): the
-# healthy-path tests judge with that headroom; the slow-canary test keeps the default 1.5 against 3x.
-NOISE_HEADROOM = ("--max-latency-ratio", "2.5", "--max-ttft-ratio", "2.5")
-# canary_dir's answers to "Count to ten. (k)" run longer than the stable's: in float32 (an AVX2 CPU) a fresh clone's
-# run saw 70-83% of them cut at LONG tokens against the stable's 33-42% (fisher p 0.03-0.09 over 16 held windows at
-# 10%, until the rollout gave up). The judge is right to hold that; this fixture's length is not what the test is about.
-LENGTH_HEADROOM = ("--max-length-share-ratio", "3")
-
-
-def test_healthy_canary_goes_10_50_100(run_cli, healthy_router: RouterProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    with load(healthy_router.url, LONG) as bg:
-        r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", *NOISE_HEADROOM, *LENGTH_HEADROOM)
-    assert r.exit_code == 0, r.stderr
-    st = json.loads(r.stdout)
-    assert st["state"] == "promoted" and [s["outcome"] for s in st["steps"]] == ["passed", "passed", "promoted"]
-    assert RouterClient(healthy_router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
-    assert bg.result.errors == 0 and bg.result.ok > 0, bg.result.error_messages[:3]
-    last = windows(st)[-1]
-    # every check passed; an answer check may not apply to this load (no request sends a json_schema)
-    applies_not = {m.name for m in ANSWER_METRICS}
-    assert all(c["status"] == "pass" or (c["status"] == "skipped" and c["name"] in applies_not)
-               for c in last["checks"]), last["checks"]
-    assert {c["name"]: c["status"] for c in last["checks"]}["loops"] == "pass"  # the answers were read
-    assert last["canary"]["vllm"]["ttft_mean"] is not None  # the backend's own /metrics joined in
-
-
 def test_canary_answering_500s_rolls_back_within_two_intervals(run_cli, router: RouterProcess,  # type: ignore[no-untyped-def]
                                                                canary_proxy: FaultProxy, tmp_path: Path) -> None:
     canary_proxy.fail_status = 500
@@ -241,8 +214,9 @@ def test_same_promotion_through_nginx(run_cli, smollm2_server: Any, canary_serve
                            {"stable": smollm2_server.base_url, "canary": canary_server.base_url})
     plane.set_weights({"stable": 100, "canary": 0})  # nginx already serving the stable, as in production
     try:
-        # nginx does not rewrite the model name: clients leave it empty and vLLM serves its own model.
-        with load(f"http://{listen}", LONG, model="", headers={"Connection": "close"}) as bg:
+        # nginx does not rewrite the model name: clients leave it empty and vLLM serves its own model. Answers all
+        # cut at SHORT tokens, as through Prometheus below: the data source is what this test is about.
+        with load(f"http://{listen}", SHORT, model="", headers={"Connection": "close"}) as bg:
             r = run_cli("promote", "start", "-f", spec, "--journal", tmp_path / "j.sqlite", "--json")
     finally:
         plane.stop()
@@ -260,11 +234,13 @@ def test_same_promotion_through_prometheus(run_cli, healthy_router: RouterProces
     targets = [u.removeprefix("http://") for u in (healthy_router.url, smollm2_server.base_url, canary_server.base_url)]
     prom = Prometheus(tmp_path, targets)
     try:
-        with load(healthy_router.url, LONG) as bg:
+        # Answers all cut at SHORT tokens: this test is about the data source. At LONG this canary's answers run
+        # longer in float32 (cut at max_tokens 70-83% against 33-42%), which the judge rightly holds against it:
+        # an AVX2-emulated run rolled it back on finish_length (3/3 against 0/9, p=0.005) in its second window.
+        with load(healthy_router.url, SHORT) as bg:
             time.sleep(2)
-            # The router preset has e2e quantiles only (no per-token latency, no samples for a rank test), and
-            # this canary's answers run longer (cut at max_tokens about twice as often): e2e holds that against
-            # it at 2.7x in some runs, so the latency limit leaves room for length; TTFT keeps the usual headroom.
+            # The router preset has e2e quantiles only (no per-token latency, no samples for a rank test), read
+            # from few requests: the latency limit leaves room for that; TTFT keeps the usual headroom.
             r = promote(run_cli, healthy_router, tmp_path / "j.sqlite", "--prometheus", prom.url,
                         "--max-latency-ratio", "4", "--max-ttft-ratio", "2.5", steps="50,100")
     finally:
@@ -321,7 +297,15 @@ def test_readme_promote_command_promotes_the_fine_tune_under_the_demos_load(  # 
         assert r.exit_code == 0, r.stderr[-3000:]
         st = json.loads(r.stdout)
         assert st["state"] == "promoted", st["reason"]
+        assert [s["outcome"] for s in st["steps"]] == ["passed", "passed", "promoted"]
         assert RouterClient(router.url, TOKEN).state().weights == {"stable": 0, "canary": 100}
+        last = windows(st)[-1]
+        # every check passed at the judge's own limits; an answer check may not apply to this load (no json_schema)
+        applies_not = {m.name for m in ANSWER_METRICS}
+        assert all(c["status"] == "pass" or (c["status"] == "skipped" and c["name"] in applies_not)
+                   for c in last["checks"]), last["checks"]
+        assert {c["name"]: c["status"] for c in last["checks"]}["loops"] == "pass"  # the answers were read
+        assert last["canary"]["vllm"]["ttft_mean"] is not None  # the backend's own /metrics joined in
         sent = sum(traffic.status.values())
         assert sent > 0 and traffic.status[200] == sent, dict(traffic.status)
     finally:

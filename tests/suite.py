@@ -72,6 +72,19 @@ def by_file(rows: list[tuple[float, str]]) -> list[tuple[float, int, str]]:
     return sorted(((t, count[f], f) for f, t in seconds.items()), reverse=True)
 
 
+def start_tool_env(marker: str | None, log: Path) -> subprocess.Popen[bytes] | None:
+    """Build llm-compressor's tool environment beside part 1, where a fresh clone lacks it: a pip install of
+    ~100 s that otherwise held the first quantize test's worker (the test waits on the env's lock, then reuses it).
+    Not for a run that leaves out the slow tests (`make test-fast`)."""
+    if marker and "not slow" in marker:
+        return None
+    cache = Path(os.environ.get("QLIFT_TEST_CACHE", REPO / ".cache" / "tests")) / "qlift-cache"  # as conftest.py
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "qlift", "env", "quantize", "--setup"], cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "QLIFT_CACHE_DIR": str(cache)})
+
+
 def main(argv: list[str]) -> int:
     args, user_expr = split_marker(argv)
     workers = int(os.environ.get("QLIFT_TEST_WORKERS") or min(2, len(os.sched_getaffinity(0))))
@@ -90,6 +103,7 @@ def main(argv: list[str]) -> int:
     codes, rows, walls, profiles = [], [], [], []
     keep = REPO / ".cache" / "suite"  # each part's JUnit XML stays here for a closer look (per test, per worker)
     keep.mkdir(parents=True, exist_ok=True)
+    tool_env = start_tool_env(user_expr, keep / "tool-env.log")
     for i, (title, extra, marker) in enumerate(parts):
         junit = keep / f"part{i + 1}.xml"
         junit.unlink(missing_ok=True)
@@ -101,6 +115,10 @@ def main(argv: list[str]) -> int:
         walls.append(time.monotonic() - t0)
         profiles.append(profile.report(title))
         rows += timings(junit)
+    if tool_env is not None:
+        rc = tool_env.wait()
+        said = ((keep / "tool-env.log").read_text(errors="replace").strip().splitlines() or ["nothing"])[-1]
+        print(f"\nsuite: llm-compressor's tool environment, beside part 1: exit {rc}: {said}")
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
     for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:
         print(f"  {seconds:8.1f}  {name}")

@@ -278,7 +278,7 @@ def promote(run_cli: Any, tmp_path: Path, canary: Answerer, *, shadow: bool, chi
                           "--config", cfg, log_path=tmp_path / "router.log", token=TOKEN) as router, \
             DeckLoad(router.url, deck(chinese_only=chinese_only)) as load:
         r = run_cli("promote", "start", "--router", router.url, "--stable", "stable", "--canary", "canary",
-                    "--interval", "2s", "--min-requests", "10", "--steps", "10,50,100",
+                    "--interval", "1s", "--max-inconclusive", "10", "--min-requests", "10", "--steps", "10,50,100",
                     "--journal", tmp_path / "j.sqlite", "--json", *extra)
     return r, json.loads(r.stdout), load
 

@@ -53,6 +53,11 @@ def test_dry_run_prints_command_config_and_plan(run_cli, smollm2_dir: Path, monk
     human = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--dry-run")
     assert "qlift.vllm.cli_main serve" in human.stdout and "max-model-len: 4096" in human.stdout
     assert "verdict" in human.stdout
+    assert not any("drain" in n for n in out["notes"])  # one API server drains its streams at a stop
+
+    # several API servers: vLLM cut a stream at SIGTERM (test_serve_cpu_drains... runs one), and the plan says so
+    two = run_cli("serve", smollm2_dir, "--recipe", "cpu", "--set", "api_server_count=2", "--dry-run")
+    assert "api_server_count 2: vLLM was seen to cut streams in flight at a stop" in two.stdout + two.stderr
 
 
 def test_dry_run_on_simulated_gpus(run_cli, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]

@@ -43,7 +43,8 @@ def _hardware(gpu: str | None, gpus: int | None) -> Hardware:
     return resolve(gpu, gpus)
 
 
-def _print_plan(p: MemoryPlan) -> None:
+def _print_plan(p: MemoryPlan, notes: list[str] | None = None) -> None:
+    """The plan's figures, then ``notes`` (a launch's own and the plan's; the plan's alone by default)."""
     gib = human_bytes
     if p.device == "gpu":
         memory = f"{gib(p.memory_bytes)} x {p.gpu_memory_utilization:g} = {gib(p.budget_bytes)}"
@@ -67,7 +68,7 @@ def _print_plan(p: MemoryPlan) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k.ljust(width)}  {v}")
-    for n in p.notes:
+    for n in p.notes if notes is None else notes:
         click.echo(f"note: {n}", err=True)
 
 
@@ -172,7 +173,7 @@ def serve_cmd(model: Path, loras: tuple[str, ...], **options: Any) -> None:
             phases.close()
         _pool_ready(pool)
 
-    hooks = serve.ServeHooks(on_plan=lambda spec: None if STATE.json else _print_plan(spec.plan),
+    hooks = serve.ServeHooks(on_plan=lambda spec: None if STATE.json else _print_plan(spec.plan, spec.notes),
                              on_note=lambda note: say(f"note: {note}"), on_launch=starting, on_ready=ready, view=view,
                              on_pool_ready=pool_ready)
     outcome = serve.run(serve.ServeInputs(ModelRef.at(model)), opts, hooks=hooks)
@@ -252,7 +253,7 @@ def _print_dry_run(spec: LaunchSpec, *, argv: bool = True) -> None:
         click.echo(f"\n# {spec.run_dir / 'config.yaml'}")
         click.echo(spec.config_yaml.rstrip())
         click.echo("")
-    _print_plan(spec.plan)
+    _print_plan(spec.plan, spec.notes)
 
 
 @click.group("recipes")

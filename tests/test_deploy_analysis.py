@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from qlift import httpclient
 from qlift.deploy.argo import checks
 from qlift.rollout.evidence import Evidence
 from qlift.rollout.judge import run_checks
@@ -106,7 +107,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:  # ready, then a full window of samples
             try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                if httpclient.get(f"{url}/-/ready", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -140,7 +141,7 @@ def argo_verdict(condition_success: str, condition_failure: str, result: list[fl
 
 
 def query(url: str, promql: str) -> list[float]:
-    body = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10).json()
+    body = httpclient.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10).json()
     assert body["status"] == "success", body
     return [float(s["value"][1]) for s in body["data"]["result"]]
 

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from router_backends import ScriptedBackend
 
+from qlift import httpclient
 from qlift.errors import QliftError
 from qlift.router.app import COMPLETIONS, PASSTHROUGH
 from qlift.router.config import build_config, parse_backend_flag
@@ -79,7 +80,7 @@ def router() -> Iterator[RouterProcess]:
 
 
 def chat_ok(router: RouterProcess) -> bool:
-    r = httpx.post(router.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+    r = httpclient.post(router.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "pub", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
     return r.status_code == 200
 
@@ -166,7 +167,7 @@ def test_any_backend_and_host_flag(flag: str, host: str | None) -> None:
 @LIVE
 @given(BODY, PATHS)
 def test_any_request_body_is_answered(router: RouterProcess, body: dict[str, Any], path: str) -> None:
-    r = httpx.post(router.url + path, content=json.dumps(body).encode(), timeout=30,  # lone surrogates escaped
+    r = httpclient.post(router.url + path, content=json.dumps(body).encode(), timeout=30,  # lone surrogates escaped
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     _answered(r)
 
@@ -177,7 +178,7 @@ def test_any_request_body_is_answered(router: RouterProcess, body: dict[str, Any
 @example(b'{"messages": [' * 3000)
 @example(b'{"model": "pub", "prompt": "\\ud800\\udc00\\ud800"}')
 def test_any_request_bytes_are_answered(router: RouterProcess, raw: bytes) -> None:
-    r = httpx.post(router.url + "/v1/chat/completions", content=raw, timeout=30,
+    r = httpclient.post(router.url + "/v1/chat/completions", content=raw, timeout=30,
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     _answered(r)
 
@@ -193,7 +194,7 @@ HEADER_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=255, exclude
 def test_any_headers_are_answered(router: RouterProcess, headers: dict[str, str], path: str) -> None:
     body = {"model": "pub", "messages": [{"role": "user", "content": "hi"}]}
     method = "POST" if path.startswith("/v1/chat") else "GET"
-    r = httpx.request(method, router.url + path, json=body if method == "POST" else None,
+    r = httpclient.request(method, router.url + path, json=body if method == "POST" else None,
                       headers={k: v.strip().encode("latin-1") for k, v in headers.items()}, timeout=30)
     assert r.status_code in ANSWERS, (r.status_code, r.text[:300])
 
@@ -278,7 +279,7 @@ def test_a_filtered_word_anywhere_in_any_body_never_reaches_a_backend(
         else:
             container[text] = container.pop(at)
     seen = len(backend.bodies)
-    r = httpx.post(router.url + route, content=json.dumps({"model": "pub", **body}).encode(), timeout=30,
+    r = httpclient.post(router.url + route, content=json.dumps({"model": "pub", **body}).encode(), timeout=30,
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "content_filter", (route, body, r.text[:300])
     assert len(backend.bodies) == seen
@@ -295,6 +296,6 @@ def test_token_ids_however_spelled_never_reach_a_backend(
         number: Any) -> None:
     router, backend = filtered_router
     seen = len(backend.bodies)
-    r = httpx.post(router.url + route, json={"model": "pub", field: [*items, number]}, timeout=30)
+    r = httpclient.post(router.url + route, json={"model": "pub", field: [*items, number]}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "content_filter", (route, field, r.text[:300])
     assert len(backend.bodies) == seen

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from test_lora import one_line_error
 
+from qlift import httpclient
 from qlift.serve.lora import PINNING_ENV
 from qlift.vllm.process import free_port
 
@@ -51,14 +52,14 @@ class FakeVllm:
             self.proc.wait(10)
 
     def state(self) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.url}/fake/state").json())
+        return dict(httpclient.get(f"{self.url}/fake/state").json())
 
 
 def wait_healthy(url: str) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpclient.get(f"{url}/health", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -167,8 +168,8 @@ def test_the_promoted_adapters_restart_line_has_port_recipe_and_every_adapter(fa
 
     path = str(tiny_lora_tied.resolve())
     server = fake(8, {"static": tiny_lora_tied.resolve()})
-    httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "other", "lora_path": path})
-    httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "promoted", "lora_path": path})
+    httpclient.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "other", "lora_path": path})
+    httpclient.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "promoted", "lora_path": path})
     rec = AdapterRecord(id=1, name="promoted", path=path, server=server.url, content_hash="sha256:x",
                         base_dir=str(tiny_qwen2_tied), base_name="base", state="kept", rollout_id=1,
                         created_at="", updated_at="")

@@ -22,6 +22,7 @@ from aiohttp import web
 from faults import RouterProcess, ScriptedBackend, metric_value
 from test_promote_adversarial import BAD, DeckLoad, deck, stable
 
+from qlift import httpclient
 from qlift.errors import QliftError
 from qlift.router.client import RouterClient
 from qlift.vllm.process import free_port
@@ -119,7 +120,7 @@ class Watcher:
 
         while not self._done.wait(0.1):
             try:
-                samples = [s for f in text_string_to_metric_families(httpx.get(self.url, timeout=2).text)
+                samples = [s for f in text_string_to_metric_families(httpclient.get(self.url, timeout=2).text)
                            for s in f.samples]
                 state = next(s.labels["state"] for s in samples if s.name == "qlift_rollout_info")
                 left = next(int(s.value) for s in samples if s.name == "qlift_rollout_bake_windows_left")
@@ -150,7 +151,7 @@ def start_args(router: RouterProcess, journal: Path, *extra: str) -> list[str]:
 
 def _answer(url: str) -> str:
     body = {**deck()[0], "model": "pub", "max_tokens": 200}
-    return str(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+    return str(httpclient.post(f"{url}/v1/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
                ["content"])
 
 
@@ -176,7 +177,7 @@ def test_healthy_canary_bakes_then_finish_releases_the_stable(run_cli: Any, tmp_
 
     text = run_cli("promote", "status", "--journal", journal).stdout
     assert "bake at 100%: passed" in text and "2/2 window(s) passed" in text and "stable's kept figures" in text
-    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    metrics = httpclient.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     assert metric_value(metrics, "qlift_rollout_info", state="baked") == 1
     assert metric_value(metrics, "qlift_rollout_bake_windows_total", action="advance") == 1
     assert "qlift_rollout_bake_windows_left{" in metrics
@@ -196,7 +197,7 @@ def test_healthy_canary_bakes_then_finish_releases_the_stable(run_cli: Any, tmp_
     assert json.loads(done.stdout)["decisions"][-1]["action"] == "finish"
     again = run_cli("promote", "finish", "--journal", journal)
     assert again.exit_code == 1 and "already finished" in again.stderr
-    assert metric_value(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text, "qlift_rollout_info",
+    assert metric_value(httpclient.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text, "qlift_rollout_info",
                         state="finished") == 1
 
 

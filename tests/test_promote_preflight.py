@@ -26,10 +26,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from faults import BackgroundLoad, RouterProcess, TinyBackend, metric_value, until
 
+from qlift import httpclient
 from qlift.errors import QliftError
 from qlift.router.balancer import key_point
 from qlift.router.client import RouterClient
@@ -194,7 +194,7 @@ def test_a_canary_killed_mid_rollout_shows_down_everywhere_then_is_rolled_back(r
         while not stop.wait(0.1):
             try:
                 st = status(journal)
-                text = httpx.get(metrics_url, timeout=2).text
+                text = httpclient.get(metrics_url, timeout=2).text
                 lines.update(ln for ln in status_lines(rollout_status(journal)) if "DOWN" in ln)
             except Exception:  # noqa: BLE001 (the journal not created yet or mid-write; the exporter not up yet)
                 continue
@@ -252,7 +252,7 @@ def test_a_canary_killed_mid_rollout_shows_down_everywhere_then_is_rolled_back(r
     html = page.read_text()
     assert 'data-canary-down="1"' in html
     assert escape(f"canary DOWN: {why} -- the router keeps it out of rotation (rolled back)") in html
-    metrics = httpx.get(metrics_url, timeout=10).text
+    metrics = httpclient.get(metrics_url, timeout=10).text
     assert metric_value(metrics, "qlift_rollout_canary_down", canary="canary", reason=why) == 1
     assert metric_value(metrics, "qlift_rollout_info", state="rolled_back") == 1
 
@@ -364,7 +364,7 @@ def test_windows_too_small_for_the_traffic_are_refused_before_the_first(run_cli:
 
         # about 1.3 requests/s: `--bake 2 --interval 1s` at 10% first was accepted, then paused
         for _ in range(6):
-            httpx.post(f"{r.url}/v1/chat/completions", timeout=10, json={
+            httpclient.post(f"{r.url}/v1/chat/completions", timeout=10, json={
                 "model": "pub", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
             time.sleep(0.6)
         journal = tmp_path / "j.sqlite"

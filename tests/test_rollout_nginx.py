@@ -23,6 +23,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from qlift import httpclient
 from qlift.errors import BadInputError
 from qlift.rollout.journal import Journal
 from qlift.rollout.nginx import AccessLogSource, NginxDataPlane, render_nginx_conf
@@ -123,7 +124,7 @@ def nginx_plane(tmp_path: Path, two_backends: tuple[TinyOpenAI, TinyOpenAI]) -> 
 def _chat(url: str, session: str | None = None, stream: bool = False) -> httpx.Response:
     headers = {"X-Session-Id": session} if session else {}
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": stream}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=10)
+    return httpclient.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=10)
 
 
 def test_render_checks_with_nginx_t(tmp_path: Path) -> None:

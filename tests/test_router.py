@@ -17,6 +17,7 @@ import httpx
 import pytest
 from faults import FaultProxy, RouterProcess, TinyBackend, operator_headers, run_load
 
+from qlift import httpclient
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.router.balancer import Backend, Balancer
 from qlift.router.client import RouterClient
@@ -29,8 +30,8 @@ def chat(url: str, model: str = "pub", *, stream: bool = False, headers: dict[st
          **extra: object) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": stream,
             **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers={**operator_headers(url), **(headers or {})},
-                      timeout=30)
+    return httpclient.post(f"{url}/v1/chat/completions", json=body, timeout=30,
+                           headers={**operator_headers(url), **(headers or {})})
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_token_buckets() -> None:
 def test_split_stickiness_public_name_and_admin(tmp_path: Path, two_backends) -> None:
     a, b = two_backends
     with _router(tmp_path, a, b, "--weight", "stable=90", "--weight", "canary=10") as router:
-        models = httpx.get(router.url + "/v1/models").json()
+        models = httpclient.get(router.url + "/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["pub"]
         res = run_load(router.url, "pub", requests=400, concurrency=16, stream=False, timeout_s=60)
         assert res.errors == 0 and abs(res.share("canary") - 10) <= 5
@@ -116,7 +117,7 @@ def test_split_stickiness_public_name_and_admin(tmp_path: Path, two_backends) ->
             admin.set_weights({"stable": 50, "canary": 40})
         with pytest.raises(BadInputError, match="unknown backend"):
             admin.set_weights({"stable": 50, "blue": 50})
-        assert httpx.get(router.url + "/admin/state").status_code == 401
+        assert httpclient.get(router.url + "/admin/state").status_code == 401
         with pytest.raises(BadInputError, match="QLIFT_ROUTER_TOKEN"):
             RouterClient(router.url, "wrong").state()
         assert router.metric("qlift_router_weight", backend="canary") == 50
@@ -236,7 +237,7 @@ def test_all_backends_down_is_503_and_health_brings_one_back(tmp_path: Path) -> 
         with RouterProcess("--backend", f"only={a.url}", "--config", cfg, log_path=tmp_path / "r.log") as router:
             assert router.info["public_model"] == "m"  # asked from /v1/models
             a.healthy = False
-            _wait(lambda: httpx.get(router.url + "/health").status_code == 503)
+            _wait(lambda: httpclient.get(router.url + "/health").status_code == 503)
             r = chat(router.url, model="m")
             assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
             assert router.metric("qlift_router_backend_healthy", backend="only") == 0

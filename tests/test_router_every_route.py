@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from faults import RouterProcess
 from router_backends import ScriptedBackend
 
+from qlift import httpclient
 from qlift.router.limits import tokens_used
 
 TOKEN = "admin-secret"
@@ -83,7 +83,7 @@ def filtered(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
 def test_the_filter_reads_every_field_of_every_route(filtered, route: str, body: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
     router, backend = filtered
     seen = len(backend.bodies)
-    r = httpx.post(router.url + route, json={"model": "pub", **body}, timeout=30)
+    r = httpclient.post(router.url + route, json={"model": "pub", **body}, timeout=30)
     assert r.status_code == 400, (route, body, r.status_code, r.text)
     error = r.json()["error"]
     assert error["code"] == "content_filter" and error["type"] == "invalid_request_error", error
@@ -95,10 +95,10 @@ def test_clean_bodies_on_those_routes_pass(filtered) -> None:  # type: ignore[no
     router, backend = filtered
     for route, body in BLOCKED_BODIES:
         clean = json.loads(json.dumps(body).replace(WORD, "cake"))
-        r = httpx.post(router.url + route, json={"model": "pub", **clean}, timeout=30)
+        r = httpclient.post(router.url + route, json={"model": "pub", **clean}, timeout=30)
         assert r.status_code == 200, (route, r.text)
     assert WORD not in json.dumps(backend.bodies)
-    r = httpx.post(router.url + "/v1/completions", json={"model": "pub", "prompt": ["fine", "words"]}, timeout=30)
+    r = httpclient.post(router.url + "/v1/completions", json={"model": "pub", "prompt": ["fine", "words"]}, timeout=30)
     assert r.status_code == 200
 
 
@@ -139,7 +139,7 @@ def test_the_token_limit_holds_on_responses_and_messages(tmp_path: Path, route: 
         body: dict[str, Any] = {"model": "pub", "stream": stream, "max_tokens" if route == "/v1/messages"
                                 else "max_output_tokens": 1000}
         body["messages" if route == "/v1/messages" else "input"] = [{"role": "user", "content": "tell me a story"}]
-        statuses = [httpx.post(router.url + route, json=body, timeout=30).status_code for _ in range(8)]
+        statuses = [httpclient.post(router.url + route, json=body, timeout=30).status_code for _ in range(8)]
         assert statuses.count(200) <= 4 and statuses.count(429) >= 3, statuses  # 50 tokens/s refill meanwhile
         records = router.admin().requests().requests
         if usage:

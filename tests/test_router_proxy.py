@@ -15,6 +15,7 @@ import pytest
 from faults import RouterProcess, TinyBackend, operator_headers
 from router_backends import NGINX, GzipNginx, ScriptedBackend
 
+from qlift import httpclient
 from qlift.router.client import RouterClient
 from qlift.router.config import TimeoutsConfig, build_config
 
@@ -28,7 +29,7 @@ def _chat(url: str, *, stream: bool = False, model: str = "pub", path: str = "/v
         body["messages"] = [{"role": "user", "content": "hello"}]
     else:
         body["prompt"] = "hello"
-    return httpx.post(url + path, json=body, timeout=timeout, headers=operator_headers(url))
+    return httpclient.post(url + path, json=body, timeout=timeout, headers=operator_headers(url))
 
 
 def _events(text: str) -> list[str]:
@@ -154,23 +155,23 @@ def test_every_vllm_route_is_proxied_with_the_model_name_rewritten(tmp_path: Pat
     with ScriptedBackend("m-stable") as a, \
             RouterProcess("--backend", f"stable={a.url}", "--public-model", "pub",
                           log_path=tmp_path / "router.log") as router:
-        models = httpx.get(router.url + "/v1/models").json()["data"]
+        models = httpclient.get(router.url + "/v1/models").json()["data"]
         assert len(models) == 1 and models[0]["id"] == "pub"
         assert models[0]["max_model_len"] == 2048 and "root" not in models[0]  # backend's fields, not its identity
-        one = httpx.get(router.url + "/v1/models/pub")
+        one = httpclient.get(router.url + "/v1/models/pub")
         assert one.status_code == 200 and one.json()["id"] == "pub" and one.json()["max_model_len"] == 2048
-        missing = httpx.get(router.url + "/v1/models/m-stable")
+        missing = httpclient.get(router.url + "/v1/models/m-stable")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
-        r = httpx.post(router.url + "/tokenize", json={"model": "pub", "prompt": "hello"})
+        r = httpclient.post(router.url + "/tokenize", json={"model": "pub", "prompt": "hello"})
         assert r.status_code == 200 and r.json()["count"] == 3 and r.json()["model"] == "pub"
         assert a.bodies[-1]["model"] == "m-stable" and a.paths[-1] == "/tokenize"
-        r = httpx.post(router.url + "/tokenize", json={"prompt": "no model named"})
+        r = httpclient.post(router.url + "/tokenize", json={"prompt": "no model named"})
         assert r.status_code == 200 and a.bodies[-1]["model"] == "m-stable"
-        r = httpx.post(router.url + "/v1/responses", json={"model": "pub", "input": "hi"})
+        r = httpclient.post(router.url + "/v1/responses", json={"model": "pub", "input": "hi"})
         assert r.status_code == 200 and r.json()["model"] == "pub"
-        r = httpx.post(router.url + "/v1/embeddings", json={"model": "pub", "input": "hi"})
+        r = httpclient.post(router.url + "/v1/embeddings", json={"model": "pub", "input": "hi"})
         assert r.status_code == 404  # the backend's own answer: it does not serve embeddings
-        assert httpx.post(router.url + "/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
+        assert httpclient.post(router.url + "/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
 
 
 def test_the_public_name_waits_for_the_first_backend_and_never_becomes_a_backend_name(tmp_path: Path) -> None:
@@ -188,7 +189,7 @@ def test_the_public_name_waits_for_the_first_backend_and_never_becomes_a_backend
             _wait(lambda: router.admin().state().public_model == "m-first")
             r = _chat(router.url, model="m-first")
             assert r.status_code == 200 and r.json()["model"] == "m-first"
-            assert [m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]] == ["m-first"]
+            assert [m["id"] for m in httpclient.get(router.url + "/v1/models").json()["data"]] == ["m-first"]
 
 
 def test_a_backend_is_a_server_plus_a_model_name(tmp_path: Path, run_cli) -> None:
@@ -214,7 +215,7 @@ def test_a_backend_is_a_server_plus_a_model_name(tmp_path: Path, run_cli) -> Non
 @pytest.mark.skipif(not NGINX.exists(), reason="nginx is not installed")
 def test_a_compressing_backend_reaches_clients_as_plain_json(tmp_path: Path) -> None:
     with TinyBackend("m") as a, GzipNginx(a.url, tmp_path / "nginx") as gz:
-        direct = httpx.post(gz.url + "/v1/chat/completions", headers={"Accept-Encoding": "gzip"},
+        direct = httpclient.post(gz.url + "/v1/chat/completions", headers={"Accept-Encoding": "gzip"},
                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert direct.headers.get("content-encoding") == "gzip"  # nginx does compress
         with RouterProcess("--backend", f"gz={gz.url}", "--public-model", "pub",
@@ -227,7 +228,7 @@ def test_a_compressing_backend_reaches_clients_as_plain_json(tmp_path: Path) -> 
                 r = client.post(router.url + "/v1/chat/completions", json={
                     "model": "pub", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
                 assert _events(r.text)[-1] == "[DONE]"
-            assert [m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]] == ["pub"]
+            assert [m["id"] for m in httpclient.get(router.url + "/v1/models").json()["data"]] == ["pub"]
 
 
 def test_a_stream_of_sse_comments_ends_at_the_request_deadline(tmp_path: Path) -> None:
@@ -316,30 +317,30 @@ def test_a_client_never_learns_which_version_answered(tmp_path: Path) -> None:
                                                          log_path=tmp_path / "router.log", token=TOKEN) as router:
         admin = {"Authorization": f"Bearer {TOKEN}"}
         for path in ("/v1/models", "/v1/models/pub"):
-            r = httpx.get(router.url + path)
+            r = httpclient.get(router.url + path)
             entry = r.json()["data"][0] if path == "/v1/models" else r.json()
             assert entry["id"] == "pub" and entry["max_model_len"] == 2048, entry
             assert "root" not in entry and "parent" not in entry and "m-stable" not in r.text, r.text
-            r = httpx.get(router.url + path, headers=admin)
+            r = httpclient.get(router.url + path, headers=admin)
             entry = r.json()["data"][0] if path == "/v1/models" else r.json()
             assert entry["root"] == "/models/m-stable" and "parent" in entry
         body = {"model": "pub", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
         for stream in (False, True):
-            r = httpx.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=30)
+            r = httpclient.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=30)
             assert r.status_code == 200 and "X-Qlift-Backend" not in r.headers and "X-Request-Id" in r.headers
-            r = httpx.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, headers=admin,
+            r = httpclient.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, headers=admin,
                            timeout=30)
             assert r.headers["X-Qlift-Backend"] == "stable"
-        r = httpx.post(router.url + "/tokenize", json={"model": "pub", "prompt": "x"},
+        r = httpclient.post(router.url + "/tokenize", json={"model": "pub", "prompt": "x"},
                        headers={"Authorization": "Bearer not-the-token"})
         assert r.status_code == 200 and "X-Qlift-Backend" not in r.headers
     with ScriptedBackend("m-stable", mode="error_object") as a, RouterProcess(
             "--backend", f"stable={a.url}", "--public-model", "pub", log_path=tmp_path / "router2.log") as router:
-        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)  # the failure handed over
+        r = httpclient.post(router.url + "/v1/chat/completions", json=body, timeout=30)  # the failure handed over
         assert r.status_code == 502 and "X-Qlift-Backend" not in r.headers
     cfg = tmp_path / "router.yaml"
     cfg.write_text("expose_backend_header: true\n")
     with ScriptedBackend("m-stable") as a, RouterProcess("--backend", f"stable={a.url}", "--public-model", "pub",
                                                          "--config", cfg, log_path=tmp_path / "router3.log") as router:
-        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)
+        r = httpclient.post(router.url + "/v1/chat/completions", json=body, timeout=30)
         assert r.headers["X-Qlift-Backend"] == "stable"

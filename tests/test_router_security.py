@@ -18,6 +18,7 @@ import httpx
 import pytest
 from faults import RouterProcess, TinyBackend
 
+from qlift import httpclient
 from qlift.errors import BadInputError
 from qlift.router.config import parse_backend_flag, redact_url, url_problem
 from qlift.router.filters import WordListFilter, prompt_text
@@ -31,7 +32,7 @@ BLOCKED = "炸弹\nsecret plan\nbomb\nre:kill\\s+them\\s+all\n"
 
 def chat(url: str, content: str = "hello", *, headers: dict[str, str] | None = None, **extra: object) -> httpx.Response:
     body = {"model": "pub", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=30)
+    return httpclient.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=30)
 
 
 def _router(tmp_path: Path, backend: TinyBackend, config: str = "", *extra: str, name: str = "router",
@@ -232,7 +233,7 @@ def test_the_prompt_charge_is_refunded_when_no_backend_was_asked(tmp_path: Path)
             for _ in range(10):  # ~100 tokens of prompt each, 1,000 in all: far over the budget if kept
                 assert chat(router.url, "tell me a long story " * 20).status_code == 503
             backend.healthy = True
-            _wait(lambda: httpx.get(router.url + "/health").status_code == 200)
+            _wait(lambda: httpclient.get(router.url + "/health").status_code == 200)
             assert chat(router.url, "hello").status_code == 200
 
 
@@ -248,9 +249,9 @@ def test_filter_through_the_router(tmp_path: Path) -> None:
         assert r.status_code == 400
         r = chat(router.url, "hi", messages=[{"role": "user", "content": "hi", "name": "bomb"}])
         assert r.status_code == 400
-        r = httpx.post(router.url + "/v1/completions", json={"model": "pub", "prompt": "hi", "suffix": "bomb"})
+        r = httpclient.post(router.url + "/v1/completions", json={"model": "pub", "prompt": "hi", "suffix": "bomb"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "content_filter"
-        r = httpx.post(router.url + "/v1/completions", json={"model": "pub", "prompt": [101, 2054, 102]})
+        r = httpclient.post(router.url + "/v1/completions", json={"model": "pub", "prompt": [101, 2054, 102]})
         assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
         assert chat(router.url, "bombastic").status_code == 200
         assert router.metric("qlift_router_rejected_total", key="anonymous", reason="filter") == 8
@@ -337,7 +338,7 @@ def test_credentials_in_backend_urls_are_used_and_never_shown(tmp_path: Path) ->
             assert "s3cretpw" not in json.dumps(router.info)
             assert router.info["backends"][0]["url"] == backend.url.replace("http://", "http://***@")
             assert chat(router.url).status_code == 200  # parsed as one URL, not http://alice:s3cretpw
-            state = httpx.get(router.url + "/admin/state", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+            state = httpclient.get(router.url + "/admin/state", headers={"Authorization": f"Bearer {TOKEN}"}).json()
             assert "s3cretpw" not in json.dumps(state)
     assert "s3cretpw" not in (tmp_path / "router.log").read_text()
     cfg = tmp_path / "bad.yaml"
@@ -354,14 +355,14 @@ def test_nested_json_bad_since_and_malformed_http_are_400s_in_one_line(tmp_path:
         for raw in (b"[" * 100_000, b'{"a":' * 5000 + b"1" + b"}" * 5000,
                     json.dumps({"model": "pub", "messages": [{"content": [[[[[[]]]]]] * 1}],
                                 "x": json.loads("[" * 80 + "]" * 80)}).encode()):
-            r = httpx.post(router.url + "/v1/chat/completions", content=raw,
+            r = httpclient.post(router.url + "/v1/chat/completions", content=raw,
                            headers={"Content-Type": "application/json"}, timeout=30)
             assert r.status_code == 400 and ("JSON" in r.text or "nests deeper" in r.text), r.text
         admin = {"Authorization": f"Bearer {TOKEN}"}
         for since in ("1e26", str(10**26), "-" + "9" * 30, "abc", "1.5"):
-            r = httpx.get(router.url + "/admin/requests", params={"since": since}, headers=admin)
+            r = httpclient.get(router.url + "/admin/requests", params={"since": since}, headers=admin)
             assert r.status_code == 400, (since, r.text)
-        assert httpx.get(router.url + "/admin/requests", params={"since": "3"}, headers=admin).status_code == 200
+        assert httpclient.get(router.url + "/admin/requests", params={"since": "3"}, headers=admin).status_code == 200
         for route in ("/admin/weights", "/admin/shadow"):
             r = httpx.put(router.url + route, content=b"[" * 100_000, headers=admin)
             assert r.status_code == 400 and "nests deeper" in r.text, r.text
@@ -383,16 +384,17 @@ def test_bearer_scheme_is_case_insensitive_and_a_bare_token_is_refused(tmp_path:
     keys.write_text(f"key-one alice\nsha256:{hashlib.sha256(b'key-two').hexdigest()} bob  \n")
     with TinyBackend("m") as backend, _router(tmp_path, backend, f"api_keys_file: {keys.name}\n") as router:
         for scheme in ("Bearer", "bearer", "BEARER"):
-            r = httpx.get(router.url + "/admin/state", headers={"Authorization": f"{scheme} {TOKEN}"})
+            r = httpclient.get(router.url + "/admin/state", headers={"Authorization": f"{scheme} {TOKEN}"})
             assert r.status_code == 200, scheme
             assert chat(router.url, headers={"Authorization": f"{scheme}  key-one"}).status_code == 200
-        assert httpx.get(router.url + "/admin/state", headers={"Authorization": TOKEN}).status_code == 401
-        assert httpx.get(router.url + "/admin/state", headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+        assert httpclient.get(router.url + "/admin/state", headers={"Authorization": TOKEN}).status_code == 401
+        basic = {"Authorization": f"Basic {TOKEN}"}
+        assert httpclient.get(router.url + "/admin/state", headers=basic).status_code == 401
         assert chat(router.url, headers={"Authorization": "key-one"}).status_code == 401
         assert chat(router.url, headers={"Authorization": "bearer key-two"}).status_code == 200
     with TinyBackend("m") as backend, RouterProcess("--backend", f"a={backend.url}", "--public-model", "pub",
                                                     log_path=tmp_path / "ws.log", token=f"  {TOKEN}\n") as router:
-        r = httpx.get(router.url + "/admin/state", headers={"Authorization": f"Bearer {TOKEN}"})
+        r = httpclient.get(router.url + "/admin/state", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200  # QLIFT_ROUTER_TOKEN's surrounding whitespace is stripped, as a client's is
 
 
@@ -464,14 +466,14 @@ def test_metrics_need_the_admin_or_metrics_token_once_there_are_keys(tmp_path: P
     with TinyBackend("m") as backend, _router(tmp_path, backend, cfg) as router:
         assert chat(router.url, "a bomb", headers={"Authorization": "Bearer key-one"}).status_code == 400
         for headers in ({}, {"Authorization": "Bearer key-one"}, {"Authorization": "Bearer wrong"}):
-            r = httpx.get(router.url + "/metrics", headers=headers)
+            r = httpclient.get(router.url + "/metrics", headers=headers)
             assert r.status_code == 401 and "alice" not in r.text and "metrics_token_file" in r.text, r.text
         for token in (TOKEN, "scrape-me"):
-            r = httpx.get(router.url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            r = httpclient.get(router.url + "/metrics", headers={"Authorization": f"Bearer {token}"})
             assert r.status_code == 200 and 'key="alice",reason="filter"' in r.text
     with TinyBackend("m") as backend, RouterProcess("--backend", f"a={backend.url}", "--public-model", "pub",
                                                     log_path=tmp_path / "open.log") as router:
-        assert httpx.get(router.url + "/metrics").status_code == 200  # an open router without a token: as before
+        assert httpclient.get(router.url + "/metrics").status_code == 200  # an open router without a token: as before
     (tmp_path / "empty.token").write_text("\n")
     r = RouterProcess("--backend", "a=http://127.0.0.1:1", "--config", _write(tmp_path / "bad.yaml",
                       b"metrics_token_file: empty.token\n"), log_path=tmp_path / "bad.log")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -217,3 +218,16 @@ def test_shadowed_requests_of_many_small_messages_do_not_grow_the_router(tmp_pat
         pairs = router.admin().shadow_pairs(since=150).pairs
         assert len(pairs) == 10 and all(len(p.request["messages"]) == 64 for p in pairs)
         assert grown_mib < 24, grown_mib  # was ~280 MiB over these 140 requests
+
+
+def test_a_pair_keeps_the_first_system_messages_and_the_last_others_in_order() -> None:
+    from qlift.router.pairs import MESSAGES_KEPT, SYSTEM_KEPT, _chosen
+
+    messages: list[Any] = [{"role": "system", "content": f"s{i}"} for i in range(SYSTEM_KEPT + 2)]
+    messages += [{"role": "user", "content": f"u{i}"} for i in range(100)] + ["not a message"]
+    kept, cut = _chosen(messages)
+    others = MESSAGES_KEPT - SYSTEM_KEPT
+    assert cut and [m["content"] for m in kept] == [f"s{i}" for i in range(SYSTEM_KEPT)] + \
+        [f"u{i}" for i in range(100 - others, 100)]
+    few = messages[:3]
+    assert _chosen(few) == (few, False)

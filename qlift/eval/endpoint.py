@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from qlift import progress
+from qlift import httpclient, progress
 from qlift.errors import ExternalToolError
 from qlift.eval.backend import Backend
 from qlift.eval.generation import EvalModel, Generation, OnResult, Request, Sampling
@@ -50,7 +50,7 @@ class EndpointBackend(Backend):
 
     def _client(self, model: EvalModel) -> httpx.Client:
         assert model.endpoint is not None
-        return httpx.Client(base_url=model.endpoint.rstrip("/"), timeout=self.timeout_s, headers=self.headers)
+        return httpclient.client(base_url=model.endpoint.rstrip("/"), timeout=self.timeout_s, headers=self.headers)
 
     def identify(self, model: EvalModel) -> None:
         """Check the server serves ``model.name`` and record what it says it is (for the cache)."""

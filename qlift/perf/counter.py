@@ -13,8 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
+from qlift import httpclient
 from qlift.vllm.client import GENERATION_TOKENS, VllmClient, VllmError, parse_prometheus
 
 
@@ -54,7 +53,7 @@ class CounterSampler:
                 self.points.append((time.monotonic(), value))
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0) as http:
+        with httpclient.client(timeout=5.0) as http:
             client = VllmClient(self.base_url, timeout_s=5.0, http=http)
             while not self._stop.is_set():
                 self._poll(client)

@@ -212,7 +212,7 @@ def _tally(out: JudgeResult, first: str, second: str) -> None:
 
 
 async def ajudge_pairs(pairs: list[tuple[str, str, str]], s: JudgeSettings) -> JudgeResult:
-    import httpx
+    from qlift import httpclient
 
     out = JudgeResult(model=s.model, rubric=s.rubric_name)
     sampled = sample(pairs, s.pairs)
@@ -227,7 +227,7 @@ async def ajudge_pairs(pairs: list[tuple[str, str, str]], s: JudgeSettings) -> J
             second = await _ask(client, s, prompt, cand, ref)  # A = candidate
             return first, second
 
-    async with httpx.AsyncClient(headers=headers) as client:
+    async with httpclient.async_client(headers=headers) as client:
         tasks = [asyncio.ensure_future(one(client, *p)) for p in chosen]
         done, pending = await asyncio.wait(tasks, timeout=s.deadline_s) if tasks else (set(), set())
         for t in pending:

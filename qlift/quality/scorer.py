@@ -154,7 +154,7 @@ async def _score_one(client: Any, s: ScorerSettings, messages: list[dict[str, st
 
 async def ascore(items: Sequence[tuple[list[dict[str, str]], str]], s: ScorerSettings) -> ScoreRun:
     """Score (request messages, answer) items; an item not scored by ``s.deadline_s`` is left unscored."""
-    import httpx
+    from qlift import httpclient
 
     out = ScoreRun([None] * len(items))
     sem = asyncio.Semaphore(s.concurrency)
@@ -164,7 +164,7 @@ async def ascore(items: Sequence[tuple[list[dict[str, str]], str]], s: ScorerSet
         async with sem:
             return await _score_one(client, s, messages, answer)
 
-    async with httpx.AsyncClient(headers=_headers()) as client:
+    async with httpclient.async_client(headers=_headers()) as client:
         tasks = [asyncio.ensure_future(one(client, m, a)) for m, a in items]
         _, pending = await asyncio.wait(tasks, timeout=s.deadline_s) if tasks else (set(), set())
         for t in pending:

@@ -223,8 +223,10 @@ class Traffic:
     def _loop(self, k: int) -> None:
         import httpx
 
+        from qlift import httpclient
+
         rng = random.Random(k)
-        with httpx.Client(timeout=120) as client:
+        with httpclient.client(timeout=120) as client:
             while not self.stop_event.is_set() and sum(self.status.values()) - self.warm_up < self.o.max_requests:
                 body = {"model": self.model, "messages": rng.choice(self.messages), "max_tokens": self.o.max_tokens,
                         "temperature": 0, "stream": True}
@@ -308,9 +310,11 @@ def router_problem(url: str) -> str | None:
     healthy backends or not)."""
     import httpx
 
+    from qlift import httpclient
+
     health = url.rstrip("/") + "/health"
     try:
-        body = httpx.get(health, timeout=5.0).json()
+        body = httpclient.get(health, timeout=5.0).json()
     except httpx.HTTPError as exc:
         return f"nothing answers at {url} ({type(exc).__name__}: {exc})"
     except ValueError:

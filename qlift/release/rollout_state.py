@@ -33,8 +33,10 @@ def answers(url: str, timeout: float = 2.0) -> bool:
     """Anything listens at ``url`` and answers HTTP (any status)."""
     import httpx
 
+    from qlift import httpclient
+
     try:
-        httpx.get(url, timeout=timeout)
+        httpclient.get(url, timeout=timeout)
     except httpx.HTTPError:
         return False
     return True

@@ -16,6 +16,7 @@ from string import Template
 
 import httpx
 
+from qlift import httpclient
 from qlift.errors import BadInputError, ExternalToolError
 from qlift.rollout.evidence import VersionEvidence
 from qlift.rollout.planes import SourceName
@@ -116,7 +117,7 @@ class PrometheusSource:
         if at is not None:
             params["time"] = round(at, 3)
         try:
-            resp = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=self.spec.timeout_s)
+            resp = httpclient.get(f"{self.url}/api/v1/query", params=params, timeout=self.spec.timeout_s)
         except httpx.HTTPError as exc:
             raise ExternalToolError(f"Prometheus at {self.url} did not answer: {exc}", tool="prometheus") from exc
         body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}

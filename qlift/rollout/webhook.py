@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from qlift import httpclient
 from qlift.errors import BadInputError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def notify(url: str | None, payload: dict[str, Any], timeout: float = 5.0) -> st
     if not url:
         return None
     try:
-        httpx.post(url, json=payload, timeout=timeout).raise_for_status()
+        httpclient.post(url, json=payload, timeout=timeout).raise_for_status()
     except Exception as exc:  # a webhook never ends the controller, whatever it raises
         log.warning("webhook %s failed: %s: %s", url, type(exc).__name__, exc)
         return f"{type(exc).__name__}: {exc}"

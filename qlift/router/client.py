@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from qlift import httpclient
 from qlift.errors import BadInputError, ExternalToolError, IncompatibleError, NotFoundError, QliftError
 from qlift.router.backend_change import BackendChange
 from qlift.router.wire import (
@@ -168,7 +169,7 @@ def _request_past_handover(method: str, url: str, **kwargs: Any) -> httpx.Respon
     opens a new connection, which the new process accepts once the old one has closed its listener."""
     deadline = time.monotonic() + HANDOVER_RETRY_S
     while True:
-        resp = httpx.request(method, url, **kwargs)
+        resp = httpclient.request(method, url, **kwargs)
         if resp.status_code != 503 or HANDOVER_HEADER not in resp.headers or time.monotonic() > deadline:
             return resp
         time.sleep(0.1)

@@ -21,6 +21,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from qlift.quality.registry import message_text
@@ -46,8 +47,13 @@ def _chosen(messages: list[Any]) -> tuple[list[dict[str, Any]], bool]:
     dicts = [m for m in messages if isinstance(m, dict)]
     if len(dicts) <= MESSAGES_KEPT:
         return dicts, False
-    system = [i for i, m in enumerate(dicts) if m.get("role") == "system"][:SYSTEM_KEPT]
-    others = [i for i in range(len(dicts)) if i not in set(system)][-(MESSAGES_KEPT - len(system)):]
+    system = list(islice((i for i, m in enumerate(dicts) if m.get("role") == "system"), SYSTEM_KEPT))
+    kept_system, others = set(system), []
+    for i in range(len(dicts) - 1, -1, -1):  # from the end: a request may carry 20,000 messages
+        if i not in kept_system:
+            others.append(i)
+            if len(others) == MESSAGES_KEPT - len(system):
+                break
     return [dicts[i] for i in sorted(system + others)], True
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from qlift import httpclient
 from qlift.errors import ExternalToolError, IncompatibleError
 from qlift.hardware import Hardware
 from qlift.models.ref import ModelRef
@@ -241,7 +242,7 @@ class PoolHandle(ServeHandle):
 
     def _wait_router(self, on_poll: Callable[[], None] | None) -> None:
         deadline = time.monotonic() + 60
-        with httpx.Client(timeout=2.0) as client:
+        with httpclient.client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if on_poll is not None:
                     on_poll()
@@ -267,7 +268,7 @@ class PoolHandle(ServeHandle):
             self.members[i].stop()  # what its process left behind (vLLM's engine core outlives a SIGKILLed API server)
             url = self.members[i].spec.base_url
             with contextlib.suppress(httpx.HTTPError):
-                httpx.post(f"{self.spec.base_url}/remove_worker", params={"url": url}, timeout=5.0)
+                httpclient.post(f"{self.spec.base_url}/remove_worker", params={"url": url}, timeout=5.0)
             left = len(self.members) - len(self.gone)
             line = (f"replica {i} ({url}, pid {self.members[i].pid}) exited; vllm-router took it out, "
                     f"{left} of {len(self.members)} replicas serve")

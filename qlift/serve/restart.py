@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from qlift import httpclient
 from qlift.errors import ExternalToolError
 from qlift.fsutil import write_json_atomic
 from qlift.settings import qlift_home
@@ -122,7 +123,7 @@ def find(server: str) -> ServeRecord | None:
 
 def _healthy(base_url: str) -> bool:
     try:
-        return httpx.get(base_url.rstrip("/") + "/health", timeout=2.0).status_code == 200
+        return httpclient.get(base_url.rstrip("/") + "/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from qlift import httpclient
 from qlift.errors import ExternalToolError
 
 MODELS_PATH = "/v1/models"
@@ -226,7 +227,7 @@ class VllmClient:
         try:
             if self.http is not None:
                 return self.http.request(method, self.base + path, json=json, headers=headers, timeout=timeout)
-            return httpx.request(method, self.base + path, json=json, headers=headers, timeout=timeout)
+            return httpclient.request(method, self.base + path, json=json, headers=headers, timeout=timeout)
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"cannot reach the vLLM server at {self.base} ({type(exc).__name__}: {exc})",
                                     hint="Check --server and that the server is up.", cause=exc) from None

@@ -23,6 +23,7 @@ from types import TracebackType
 
 import httpx
 
+from qlift import httpclient
 from qlift.errors import ExternalToolError
 from qlift.vllm.process import bound_cores, child_setup, first_error_line, free_port, qlift_importable
 
@@ -100,7 +101,7 @@ class VllmServer:
         """
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
+        with httpclient.client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if on_poll is not None:
                     on_poll()

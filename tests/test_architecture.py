@@ -91,3 +91,15 @@ def test_no_branch_on_a_plane_name_outside_the_table() -> None:
                 if names & PLANE_NAMES and about_planes:  # ("builtin" is also an evidence provider's name)
                     branches.append(f"{rel}:{node.lineno}")
     assert branches == []
+
+
+HTTPX_CALLS = {"get", "post", "put", "delete", "request", "stream", "Client", "AsyncClient"}
+
+
+def test_http_calls_share_one_tls_context() -> None:
+    """httpx builds an SSL context for each client and each module-level call (~20 ms of CPU): qlift calls through
+    qlift.httpclient, which passes the one it built (tests/test_httpclient.py)."""
+    bare = [f"{rel}:{node.lineno}" for rel, tree in modules() if rel != "httpclient.py" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in HTTPX_CALLS
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "httpx"]
+    assert bare == []

@@ -48,11 +48,11 @@ def _chosen(messages: list[Any]) -> tuple[list[dict[str, Any]], bool]:
     if len(dicts) <= MESSAGES_KEPT:
         return dicts, False
     system = list(islice((i for i, m in enumerate(dicts) if m.get("role") == "system"), SYSTEM_KEPT))
-    kept_system, others = set(system), []
+    kept_system, room, others = set(system), MESSAGES_KEPT - len(system), []
     for i in range(len(dicts) - 1, -1, -1):  # from the end: a request may carry 20,000 messages
         if i not in kept_system:
             others.append(i)
-            if len(others) == MESSAGES_KEPT - len(system):
+            if len(others) == room:
                 break
     return [dicts[i] for i in sorted(system + others)], True
 

@@ -26,6 +26,7 @@ from qlift.rollout.prometheus import PRESETS
 from qlift.rollout.spec import AnalysisSpec, RolloutSpec, build_spec, spec_option_fields, spec_overrides
 from qlift.rollout.stats import quantile
 from qlift.router.client import RequestRecord
+from qlift.router.wire import AnswerRecord
 
 RECORDED = Path(__file__).parent / "recorded" / "tickets-vs-base.json"
 
@@ -208,6 +209,47 @@ def test_goes_quiet_is_relative_to_a_stable_cut_at_max_tokens() -> None:
     full = [record("stable", i, tokens=rng.randint(60, 68)) for i in range(60)]
     quiet = judge(evidence(full, short_json), AnalysisSpec())
     assert quiet.action == "rollback" and "goes quiet" in quiet.reason
+
+
+SHAPES = {  # a support desk's kinds of request: (prompt, system, response_format, answer tokens of the stable)
+    "json": ("Classify this ticket: refund for order A0042.", None, {"type": "json_object"}, 5),
+    "en": ("My order A0042 never arrived. Can I cancel it?", "You are a support agent.", None, 47),
+    "zh": ("我的订单 A0042 到货时已经损坏了，请帮我退款。", None, None, 54),
+}
+
+
+def answered(backend: str, seq: int, kind: str, *, scale: float = 1.0) -> RequestRecord:
+    """A record whose answer was sampled, ``kind``'s stable length times ``scale`` (a token or two of noise)."""
+    prompt, system, fmt, tokens = SHAPES[kind]
+    n = max(1, round(tokens * scale) + seq % 3 - 1)
+    return record(backend, seq, tokens=n).model_copy(update={"answer": AnswerRecord(
+        prompt=prompt, text="word " * n, system=system, response_format=fmt)})
+
+
+def test_answer_lengths_are_compared_on_the_same_kind_of_request() -> None:
+    """A window's sample of a mixed desk is chance: a healthy canary that drew mostly the 5-token JSON requests
+    is held to the stable's JSON answers, not to the pooled mean, and one short on every kind still goes quiet."""
+    stable = [answered("stable", i, ("json", "json", "en", "zh", "en")[i % 5]) for i in range(60)]
+    drew_json = [answered("canary", i, "json") for i in range(10)] + [
+        answered("canary", 10, "en", scale=0.7), answered("canary", 11, "zh")]
+    tokens = {c.name: c for c in judge(evidence(stable, drew_json), AnalysisSpec()).checks}["completion_tokens"]
+    assert tokens.status == "pass" and "on the same request shapes (12 answers, 3 shapes)" in tokens.detail, \
+        tokens.detail
+    assert tokens.ratio is not None and 0.9 < tokens.ratio < 1.0, tokens.detail
+    # the pooled means of the same window (a source without answers) read it as silence
+    unseen = [r.model_copy(update={"answer": None}) for r in drew_json]
+    pooled = judge(evidence([r.model_copy(update={"answer": None}) for r in stable], unseen), AnalysisSpec())
+    assert pooled.action == "rollback" and "goes quiet" in pooled.reason, pooled.reason
+    quiet = [answered("canary", i, ("json", "en", "zh")[i % 3], scale=0.3) for i in range(12)]
+    d = judge(evidence(stable, quiet), AnalysisSpec())
+    tokens = {c.name: c for c in d.checks}["completion_tokens"]
+    assert d.action == "rollback" and tokens.status == "fail", d.reason
+    assert "goes quiet" in tokens.detail and "on the same request shapes" in tokens.detail, tokens.detail
+    # a canary whose answers fall in shapes the stable never answered is compared pooled
+    elsewhere = [record("canary", i, tokens=40).model_copy(update={"answer": AnswerRecord(
+        prompt=f"Как отменить заказ A00{i:02d}?", text="слово " * 40)}) for i in range(12)]
+    tokens = {c.name: c for c in judge(evidence(stable, elsewhere), AnalysisSpec()).checks}["completion_tokens"]
+    assert "request shapes" not in tokens.detail and tokens.status == "pass", tokens.detail
 
 
 def test_rambles_means_cut_at_max_tokens_more_often_than_the_stable() -> None:

@@ -40,7 +40,8 @@ class Answer:
     """What a metric reads: the request (``messages`` or ``prompt``, a system prompt, ``response_format``,
     ``tools`` and ``tool_choice``) and the answer; ``other`` is the other version's answer to the same request
     where there is one (shadow pairs); ``finish_reason`` the server's (``stop``, ``length``, ``content_filter``),
-    where it is known; ``tool_calls`` the answer's calls, (name, arguments) each (``qlift.quality.toolcalls``)."""
+    where it is known; ``tool_calls`` the answer's calls, (name, arguments) each (``qlift.quality.toolcalls``);
+    ``completion_tokens`` the server's count, where it is known (the rollout compares lengths by request shape)."""
 
     request: dict[str, Any]
     text: str
@@ -48,6 +49,7 @@ class Answer:
     refusal_patterns: Path | None = None
     finish_reason: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    completion_tokens: int | None = None
 
     @property
     def prompt(self) -> str:

@@ -51,7 +51,7 @@ def _version(d: dict[str, Any]) -> VersionEvidence:
     if answers is not None:
         ev.answers = [QualityAnswer(a["request"], a["text"], a.get("other"),
                                     Path(a["refusal_patterns"]) if a.get("refusal_patterns") else None,
-                                    a.get("finish_reason"), _calls(a.get("tool_calls")))
+                                    a.get("finish_reason"), _calls(a.get("tool_calls")), a.get("completion_tokens"))
                       for a in answers]
     return ev
 

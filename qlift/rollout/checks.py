@@ -17,6 +17,7 @@ from qlift.quality.registry import ANSWER_METRICS
 from qlift.rollout.answer_checks import answer_check
 from qlift.rollout.check_types import BOTH, CheckResult, CheckStatus, Runner, Window, WindowKind
 from qlift.rollout.evidence import VersionEvidence
+from qlift.rollout.length_shapes import shape_matched
 from qlift.rollout.pair_checks import check_agreement, check_json_valid, check_judge_model
 from qlift.rollout.promql_forms import (  # noqa: F401  (PromqlMetric re-exported: deploy.argo imports it here)
     ArgoForm,
@@ -247,7 +248,12 @@ def quiet_limit(s: VersionEvidence, a: AnalysisSpec) -> float:
 
 
 def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisSpec) -> CheckResult:
-    cv, sv = c.mean_completion_tokens, s.mean_completion_tokens
+    """Mean answer lengths, the canary's against the stable's on the same request shapes where the answers tell
+    them (``qlift.rollout.length_shapes``: a window's mix of short and long kinds of request is chance), else
+    pooled; a ratio past its limit fails where a rank test agrees."""
+    by_shape = shape_matched(c, s, a.min_samples)
+    cv, sv = (by_shape.observed, by_shape.expected) if by_shape else (c.mean_completion_tokens,
+                                                                      s.mean_completion_tokens)
     r = CheckResult("completion_tokens", CheckStatus.INCONCLUSIVE, cv, sv, _ratio(cv, sv), a.max_tokens_ratio)
     if c.completions is None:
         r.status, r.detail = CheckStatus.SKIPPED, "the evidence source has no completion token counts"
@@ -257,18 +263,20 @@ def check_completion_tokens(c: VersionEvidence, s: VersionEvidence, a: AnalysisS
         return r
     lo = quiet_limit(s, a)
     cut = f" (stable cut at max_tokens in {s.length_share:.0%}: lower limit {lo:.3g})" if s.length_share else ""
+    where = f" {by_shape.describe()}" if by_shape else ""
     if lo <= r.ratio <= a.max_tokens_ratio:
         r.status = CheckStatus.PASS
-        r.detail = f"mean completion tokens canary {cv:.3g} / stable {sv:.3g} = {r.ratio:.3g} " \
+        r.detail = f"mean completion tokens canary {cv:.3g} / stable {sv:.3g}{where} = {r.ratio:.3g} " \
                    f"within [{lo:.3g}, {a.max_tokens_ratio}]" + cut
         return r
     longer = r.ratio > a.max_tokens_ratio
     r.limit = a.max_tokens_ratio if longer else lo
     what = "verbose" if longer else "goes quiet"
-    detail = f"canary {what}: mean completion tokens {cv:.3g} vs {sv:.3g} (ratio {r.ratio:.3g})" + cut
+    detail = f"canary {what}: mean completion tokens {cv:.3g} vs {sv:.3g}{where} (ratio {r.ratio:.3g})" + cut
     if not longer:
         detail += completeness(c)
-    return _rank_verdict(r, detail, c.completion_tokens, s.completion_tokens, c, a, larger=longer)
+    samples = (by_shape.canary, by_shape.stable) if by_shape else (c.completion_tokens, s.completion_tokens)
+    return _rank_verdict(r, detail, *samples, c, a, larger=longer)
 
 
 def completeness(c: VersionEvidence) -> str:
@@ -364,8 +372,9 @@ CHECKS: tuple[Check, ...] = (
           ("max_length_share_ratio", "min_share_increase"), tested=True, early=False,
           run=versions(check_finish_length), argo=argo_finish_length,
           doc="Rambles: cut at max_tokens significantly more often than the stable."),
-    Check("completion_tokens", ("completion_tokens", "completions", "completion_tokens_sum"),
-          "mean ratio within [min_tokens_ratio x (1 - stable cut share), max_tokens_ratio], then Mann-Whitney U",
+    Check("completion_tokens", ("completion_tokens", "completions", "completion_tokens_sum", "answers"),
+          "mean ratio within [min_tokens_ratio x (1 - stable cut share), max_tokens_ratio] (by request shape where "
+          "answers tell shapes), then Mann-Whitney U",
           ("min_tokens_ratio", "max_tokens_ratio"), tested=True, early=False, run=versions(check_completion_tokens),
           argo=argo_tokens, doc="Goes quiet (relative to an uncut stable) or verbose."),
     Check("empty_completions", ("completions", "empty"), "share ratio, then one-sided proportion test",

@@ -249,6 +249,7 @@ def from_request_records(version: str, records: Iterable[RequestRecord]) -> Vers
         counter.add(Observation(
             r.ok, r.latency_s, r.stream, r.ttfb_s, r.finish_reason, r.completion_tokens,
             bad_answer=r.reason in BAD_ANSWER_REASONS, session=r.session,
-            answer=None if sample is None else Answer(sample.request(), sample.text, finish_reason=r.finish_reason,
-                                                      tool_calls=sample.calls())))
+            answer=None if sample is None else Answer(
+                sample.request(), sample.text, finish_reason=r.finish_reason, tool_calls=sample.calls(),
+                completion_tokens=r.completion_tokens)))
     return counter.evidence()

@@ -61,7 +61,7 @@ class Answer:
         answer = None if self.text is None else QualityAnswer(pair.request, self.text,
                                                               other.text if other.ok else None,
                                                               finish_reason=self.finish_reason,
-                                                              tool_calls=self.tool_calls)
+                                                              tool_calls=self.tool_calls, completion_tokens=tokens)
         return Observation(self.ok, self.latency_s, pair.stream, self.ttft_s, self.finish_reason, tokens,
                            bad_answer=self.status == 200, answer=answer)
 

@@ -200,11 +200,12 @@ class DataPath:
         sampled = validate and self.answers.wanted()
         retried_from: str | None = None
         resent = False
-        att = Attempt(backend.name, stream)
+        att = Attempt(backend.name, stream, backend.served_model)
         try:
             while True:
-                att = Attempt(backend.name, stream, validate=validate, capture=pair is not None or sampled)
-                payload = json.dumps({**body, "model": backend.served_model}).encode()
+                att = Attempt(backend.name, stream, backend.served_model, validate=validate,
+                              capture=pair is not None or sampled)
+                payload = json.dumps({**body, "model": att.served_model}).encode()
                 public = self.router.public_model if self.config.rewrite_model else None
                 rewrite = ModelRewriter(backend.served_model, public)
                 self._begin(backend)
@@ -310,7 +311,7 @@ class DataPath:
                                       timeouts=self.config.timeouts)
             except Exception as exc:  # a copy never takes the router down, and its pair is still filed
                 log.exception("request %s: shadow copy to %s failed", rid, target.name)
-                att = Attempt(target.name, bool(client_body.get("stream")))
+                att = Attempt(target.name, bool(client_body.get("stream")), target.served_model)
                 att.fail("internal", f"{type(exc).__name__}")
             finally:
                 await shadow.release()
@@ -380,12 +381,11 @@ class DataPath:
 
     def _log(self, att: Attempt, rid: str, key: str, path: str, *, status: int, t0: float,
              retried_from: str | None) -> None:
-        backend = self.balancer.by_name[att.backend]
         # ttfb as the client saw it: from arrival here to the first byte of the final attempt.
         ttfb = None if att.ttfb_s is None else att.started - t0 + att.ttfb_s
         self.access_log.write(
             request_id=rid, key_id=key, path=path, model=self.router.public_model, backend=att.backend,
-            served_model=backend.served_model, stream=att.stream, status=status, prompt_tokens=att.prompt_tokens,
+            served_model=att.served_model, stream=att.stream, status=status, prompt_tokens=att.prompt_tokens,
             completion_tokens=att.completion_tokens, finish_reason=att.finish_reason,
             ttfb_s=None if ttfb is None else round(ttfb, 6), latency_s=round(time.monotonic() - t0, 6),
             retried_from=retried_from, client_disconnected=att.client_disconnected, error=att.error,

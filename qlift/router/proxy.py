@@ -57,6 +57,7 @@ def json_error(status: int, message: str, type_: str, code: int | str | None = N
 class Attempt:
     backend: str
     stream: bool
+    served_model: str | None = None  # what the request was sent as (the backend may be re-pointed or retired since)
     validate: bool = False  # a completion route: check the answer is one
     capture: bool = False  # keep the answer's text (a request mirrored to a shadow)
     started: float = field(default_factory=time.monotonic)

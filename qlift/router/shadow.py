@@ -111,7 +111,7 @@ async def send_copy(session: aiohttp.ClientSession, target: Backend, path: str, 
         options = body.get("stream_options")
         options = options if isinstance(options, dict) else {}
         payload["stream_options"] = {**options, "include_usage": True}
-    att = Attempt(target.name, stream, validate=True, capture=True)
+    att = Attempt(target.name, stream, target.served_model, validate=True, capture=True)
     deadline = att.started + request_s
     headers = {**UPSTREAM_HEADERS, "X-Request-Id": f"{request_id}-shadow"}
     try:

@@ -249,3 +249,22 @@ def test_lora_list_shows_the_slots_used_and_free(stub: Stub, run_cli: Any) -> No
     assert json.loads(fresh.stdout)["slots"]["max_loras"] is None
     assert len(stub.auth) - before == calls  # a listing asks the engine nothing to find it out
     assert "max_loras not reported yet" in run_cli("lora", "list", "--server", stub.url).stdout
+
+
+def test_a_free_port_is_drawn_below_the_ephemeral_range_and_skips_a_taken_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outgoing connections take their local ports from the ephemeral range: a port drawn there by bind(0) could be
+    taken before the server binds it (three test workers hit it); one below the range is not, and one in use is
+    skipped."""
+    import socket
+
+    from qlift.vllm import process
+
+    low = process._ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(process.FREE_PORT_LOW <= p < low for p in ports) and len(ports) > 10, ports
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(process.random, "sample", lambda population, k: [port, *sorted(ports)])
+        assert free_port() == min(ports)  # the listening port is drawn first and passed over

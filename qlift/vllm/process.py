@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import resource
 import signal
@@ -30,7 +31,35 @@ _PYDANTIC_HEADER = re.compile(r"^\d+ validation errors? for \w+$")
 _MAX_CAUSE = 300
 
 
+FREE_PORT_LOW = 20000  # free ports are drawn from here up to the ephemeral range
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a server about to start. Drawn at random below the kernel's ephemeral range:
+    a port the kernel hands out for ``bind(0)`` comes from the range it also gives outgoing connections, so a busy
+    process's next connection could take it before the server binds (seen as "address already in use" with three
+    test workers making connections)."""
+    high = _ephemeral_low()
+    if high - FREE_PORT_LOW >= 1000:
+        for port in random.sample(range(FREE_PORT_LOW, high), 64):
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

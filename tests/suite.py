@@ -73,16 +73,31 @@ def by_file(rows: list[tuple[float, str]]) -> list[tuple[float, int, str]]:
     return sorted(((t, count[f], f) for f, t in seconds.items()), reverse=True)
 
 
-def start_tool_env(marker: str | None, log: Path) -> subprocess.Popen[bytes] | None:
-    """Build llm-compressor's tool environment beside part 1, where a fresh clone lacks it: a pip install of
-    ~100 s that otherwise held the first quantize test's worker (the test waits on the env's lock, then reuses it).
-    Not for a run that leaves out the slow tests (`make test-fast`)."""
-    if marker and "not slow" in marker:
-        return None
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "qlift", "env", "quantize", "--setup"], cwd=REPO,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "QLIFT_CACHE_DIR": str(TEST_CACHE / "qlift-cache")})
+def start_builds(marker: str | None, logs: Path) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
+    """Build what a fresh clone lacks beside part 1's collection, in the tests' cache, each in a process of its own:
+    SmolLM2 converted from the built-in GGUF (~25 s of one core, which every vLLM test waits on; the workers'
+    fixture then finds it, or waits on its lock), and llm-compressor's tool environment (a pip install of ~30-100 s
+    that otherwise held the first quantize test's worker; not for a run that leaves out the slow tests, as
+    `make test-fast` does). Each says what it did at the end of the run."""
+    jobs = [("SmolLM2 from the built-in GGUF", ["import-gguf", "--builtin", "smollm2"], "builtin.log")]
+    if not (marker and "not slow" in marker):
+        jobs.append(("llm-compressor's tool environment", ["env", "quantize", "--setup"], "tool-env.log"))
+    started = []
+    for title, args, name in jobs:
+        with open(logs / name, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "qlift", *args], cwd=REPO, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "QLIFT_CACHE_DIR": str(TEST_CACHE / "qlift-cache")})
+        started.append((title, proc, logs / name))
+    return started
+
+
+def build_line(title: str, proc: subprocess.Popen[bytes], log: Path) -> str:
+    rc = proc.wait()
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    # `env --setup` says "created: PATH (N s)" or "ready (already built): ..." first, then the env's details
+    said = next((ln for ln in lines if ln.startswith(("created", "ready"))), (lines or ["nothing"])[-1])
+    return f"suite: {title}, beside part 1: exit {rc}: {said}"
 
 
 def main(argv: list[str]) -> int:
@@ -103,24 +118,23 @@ def main(argv: list[str]) -> int:
     codes, rows, walls, profiles = [], [], [], []
     keep = REPO / ".cache" / "suite"  # each part's JUnit XML stays here for a closer look (per test, per worker)
     keep.mkdir(parents=True, exist_ok=True)
-    tool_env = start_tool_env(user_expr, keep / "tool-env.log")
+    builds = start_builds(user_expr, keep)
     for i, (title, extra, marker) in enumerate(parts):
         junit = keep / f"part{i + 1}.xml"
         junit.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "pytest", *extra, "-m", marker, f"--junitxml={junit}", *args]
         print(f"\nsuite: {title}: {' '.join(cmd[1:])}", flush=True)
+        for _, proc, _ in builds:
+            proc.poll()  # reap a finished build: the profile would read an exited child's CPU as the next part's
         t0 = time.monotonic()
         with SuiteProfile(keep / "now") as profile:
             codes.append(subprocess.call(cmd, cwd=REPO, env={**env, "QLIFT_SUITE_TRACE": str(keep / "now")}))
         walls.append(time.monotonic() - t0)
         profiles.append(profile.report(title, int(os.environ.get("QLIFT_PROFILE_TOP", "20"))))
         rows += timings(junit)
-    if tool_env is not None:
-        rc = tool_env.wait()
-        lines = (keep / "tool-env.log").read_text(errors="replace").splitlines()
-        # `--setup` says "created: PATH (N s)" or "ready (already built): ..." first, then the env's details
-        said = next((ln for ln in lines if ln.startswith(("created", "ready"))), (lines or ["nothing"])[-1])
-        print(f"\nsuite: llm-compressor's tool environment, beside part 1: exit {rc}: {said}")
+    print()
+    for build in builds:
+        print(build_line(*build))
     print(f"\nsuite: the {SLOWEST} slowest tests (setup + call + teardown, s)")
     for seconds, name in sorted(rows, reverse=True)[:SLOWEST]:
         print(f"  {seconds:8.1f}  {name}")

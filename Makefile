@@ -9,19 +9,21 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP) gateway-tools
 
-# nginx and Prometheus (Debian's) run in the router and promote suites as plain processes.
+# nginx and Prometheus (Debian's) run in the router and promote suites as plain processes (without Prometheus's
+# recommended node exporter, a machine-metrics daemon nothing here reads).
 # Installed where apt and root (or sudo without a password) allow; otherwise one line names
 # what `make test` will skip and the command that enables it.
 GATEWAY_SKIPPED := setup: nginx and prometheus are not installed and cannot be here (needs apt-get and root or \
 passwordless sudo): the nginx data-plane and Prometheus suites will be skipped. Enable them with: \
-sudo apt-get install -y nginx prometheus
+sudo apt-get install -y --no-install-recommends nginx prometheus
 gateway-tools:
 	@if [ -x /usr/sbin/nginx ] && command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
 	  sudo="sudo -n"; else sudo=none; fi; \
 	if [ "$$sudo" = none ] || ! command -v apt-get >/dev/null; then echo "$(GATEWAY_SKIPPED)"; exit 0; fi; \
 	echo "setup: installing nginx and prometheus (Debian) for the gateway suites"; \
-	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq nginx prometheus \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
+	  nginx prometheus \
 	  >/dev/null || echo "$(GATEWAY_SKIPPED)"
 
 # Re-run when the dependency spec changes. torchvision/torchaudio/torchcodec builds from

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 COMPONENTS = {"nginx": "nginx", "prometheus": "Prometheus", "promtool": "Prometheus"}
-ENABLE = "sudo apt-get install -y nginx prometheus (or `make setup` as root / with passwordless sudo)"
+ENABLE = ("sudo apt-get install -y --no-install-recommends nginx prometheus (or `make setup` as root / with "
+          "passwordless sudo)")
 
 
 def skip_reason(report: Any) -> str:

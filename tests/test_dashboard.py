@@ -206,5 +206,5 @@ def test_a_session_that_skipped_nginx_and_prometheus_suites_says_so_in_one_line(
     assert line is not None and "\n" not in line
     assert "nginx (2 tests in test_rollout_nginx.py)" in line
     assert "Prometheus (2 tests in test_deploy.py, test_promote.py)" in line
-    assert "ray" not in line and "apt-get install -y nginx prometheus" in line
+    assert "ray" not in line and "apt-get install -y --no-install-recommends nginx prometheus" in line
     assert summary_line(skipped[-1:]) is None

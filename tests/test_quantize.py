@@ -151,12 +151,15 @@ def test_compute_plan_sizes_threads_and_waits_passively_when_shared(tmp_path: Pa
     from test_hardware_caps import MILAN, TURIN, fake_cpu
 
     from qlift.hardware import usable_cpus
-    from qlift.quantize.compute import compute_plan
+    from qlift.quantize.compute import HEAP_MALLOC, compute_plan
 
     turin, milan = fake_cpu(tmp_path, *TURIN), fake_cpu(tmp_path, *MILAN)
     quiet = compute_plan(cpu=turin, busy_cores=0.1, environ={})
     assert quiet.threads == usable_cpus() and quiet.dtype == "auto" and not quiet.shared
-    assert quiet.env == {"OMP_NUM_THREADS": str(usable_cpus()), "MKL_NUM_THREADS": str(usable_cpus())}
+    assert quiet.env == {"OMP_NUM_THREADS": str(usable_cpus()), "MKL_NUM_THREADS": str(usable_cpus()), **HEAP_MALLOC}
+    assert HEAP_MALLOC["MALLOC_MMAP_THRESHOLD_"] == str(32 * 1024 * 1024)  # glibc's largest: above it, 128 KiB
+    own = compute_plan(cpu=turin, busy_cores=0.1, environ={"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert "MALLOC_MMAP_THRESHOLD_" not in own.env and "MALLOC_TRIM_THRESHOLD_" in own.env  # the user's stays
     busy = compute_plan(cpu=turin, threads=1, busy_cores=1.8, environ={})
     assert busy.shared and busy.env["OMP_WAIT_POLICY"] == "PASSIVE" and busy.env["OMP_NUM_THREADS"] == "1"
     assert "sleep rather than spin" in busy.notes[0]

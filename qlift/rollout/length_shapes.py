@@ -38,10 +38,6 @@ class ShapeMatched:
     stable: list[float]  # each stable answer's tokens over its own shape's mean (the rank test's other side)
     shapes: int  # the shapes the matched canary answers fall in
 
-    @property
-    def ratio(self) -> float:
-        return self.observed / self.expected
-
     def describe(self) -> str:
         return f"on the same request shapes ({len(self.canary)} answers, {self.shapes} shapes)"
 
@@ -59,7 +55,7 @@ def shape_matched(c: VersionEvidence, s: VersionEvidence, min_answers: int) -> S
     answered two shapes or more, each with ``MIN_STABLE_ANSWERS``, and at least ``min_answers`` and half of the
     canary's answers fall in them; else None."""
     stable = _tokens_by_shape(s.answers)
-    means = {k: mean(v) for k, v in stable.items() if len(v) >= MIN_STABLE_ANSWERS and mean(v) >= 1.0}
+    means = {k: m for k, v in stable.items() if len(v) >= MIN_STABLE_ANSWERS and (m := mean(v)) >= 1.0}
     if len(means) < 2:
         return None
     canary = _tokens_by_shape(c.answers)

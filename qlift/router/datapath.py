@@ -207,7 +207,7 @@ class DataPath:
                               capture=pair is not None or sampled)
                 payload = json.dumps({**body, "model": att.served_model}).encode()
                 public = self.router.public_model if self.config.rewrite_model else None
-                rewrite = ModelRewriter(backend.served_model, public)
+                rewrite = ModelRewriter(att.served_model, public)
                 self._begin(backend)
                 try:
                     up = Upstream(backend, payload, rid, first_byte_s, t.idle_s, deadline, rewrite, strip_usage,
